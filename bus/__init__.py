@@ -1,0 +1,68 @@
+"""Pantheon's event bus: in-process by default, the same API over any :class:`Transport`.
+
+Light on purpose: importing ``bus`` pulls in msgspec and the standard library, nothing else.
+"""
+
+from bus._breaker import CircuitBreaker
+from bus._bus import Bus, DeliveryListener, Handler, Subscription, current_envelope
+from bus._clock import Clock, SystemClock
+from bus._config import (
+    DEFAULT_BLOCK_TIMEOUT,
+    DEFAULT_BREAKER,
+    DEFAULT_MAX_QUEUE,
+    BreakerPolicy,
+    Overflow,
+    Priority,
+    Retry,
+)
+from bus._dlq import DeadLetter, DeadLetterQueue
+from bus._envelope import Envelope
+from bus._errors import (
+    BusClosedError,
+    BusError,
+    CircuitOpenError,
+    NoRouteError,
+    PublishError,
+    QueueFullError,
+    RequestTimeout,
+    TransportError,
+)
+from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, TopicStats
+from bus._transport import InProcessHub, InProcessTransport, Transport
+
+__all__ = [
+    "DEFAULT_BLOCK_TIMEOUT",
+    "DEFAULT_BREAKER",
+    "DEFAULT_MAX_QUEUE",
+    "BreakerPolicy",
+    "Bus",
+    "BusClosedError",
+    "BusError",
+    "BusStats",
+    "CircuitBreaker",
+    "CircuitOpenError",
+    "Clock",
+    "DeadLetter",
+    "DeadLetterQueue",
+    "DeliveryListener",
+    "EdgeStats",
+    "Envelope",
+    "Handler",
+    "InProcessHub",
+    "InProcessTransport",
+    "LatencySummary",
+    "NoRouteError",
+    "Overflow",
+    "Priority",
+    "PublishError",
+    "QueueFullError",
+    "RequestTimeout",
+    "Retry",
+    "SubscriberStats",
+    "Subscription",
+    "SystemClock",
+    "TopicStats",
+    "Transport",
+    "TransportError",
+    "current_envelope",
+]

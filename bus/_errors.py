@@ -1,0 +1,75 @@
+"""Every error the bus raises, rooted at one class so a caller can catch the family.
+
+::
+
+    BusError
+    ├── PublishError                  the message was not accepted for every subscriber
+    │   ├── QueueFullError            a mailbox stayed full (reject, or block timed out)
+    │   └── NoRouteError              a request found nobody to answer it
+    ├── CircuitOpenError              a breaker is open; ``retry_after`` says for how long
+    ├── RequestTimeout                no reply arrived within the timeout
+    ├── BusClosedError                the bus is closed or not started
+    └── TransportError                a transport failed to move a message
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BusClosedError",
+    "BusError",
+    "CircuitOpenError",
+    "NoRouteError",
+    "PublishError",
+    "QueueFullError",
+    "RequestTimeout",
+    "TransportError",
+]
+
+
+class BusError(Exception):
+    """Root of every error the bus raises."""
+
+
+class PublishError(BusError):
+    """A message could not be handed to every subscriber it matched."""
+
+
+class QueueFullError(PublishError):
+    """A subscriber's mailbox was full and its overflow policy refused the message.
+
+    ``subscribers`` names every subscription that refused it; subscribers that accepted the
+    message still handle it (fan-out is not transactional, as in every broker).
+    """
+
+    def __init__(self, topic: str, subscribers: list[str]) -> None:
+        self.topic = topic
+        self.subscribers = subscribers
+        super().__init__(f"mailbox full for topic {topic!r}: {', '.join(subscribers)}")
+
+
+class NoRouteError(PublishError):
+    """A request was made on a topic that no subscription matches."""
+
+
+class CircuitOpenError(BusError):
+    """A circuit breaker is open and fails fast.
+
+    ``retry_after`` is the number of seconds until the breaker lets a probe through.
+    """
+
+    def __init__(self, name: str, retry_after: float) -> None:
+        self.name = name
+        self.retry_after = retry_after
+        super().__init__(f"circuit {name!r} is open; retry after {retry_after:.3f}s")
+
+
+class RequestTimeout(BusError, TimeoutError):
+    """No reply to a request arrived in time."""
+
+
+class BusClosedError(BusError):
+    """The bus is not running: it was never started or it is closed."""
+
+
+class TransportError(BusError):
+    """A transport failed to move a message between buses."""

@@ -1,0 +1,1 @@
+"""Terminal and web views over the session store and the live feed."""

@@ -1,0 +1,1 @@
+"""Pantheon's runtime: scenarios, sessions, the CLI. Depends on ``agents`` and ``bus``."""
