@@ -1,5 +1,49 @@
-"""The nine agent roles and their base class."""
+"""The nine agent roles of a Pantheon team and the base class they share.
 
+Perception: Observer, Monitor, Sensor. Cognition: Reasoner, Planner, Memory.
+Action: Guardian, Actor, Learner. Agents talk only through the bus; anything
+non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
+"""
+
+from agents._action import Actor, Guardian, Learner, Outbox, redact
+from agents._base import Agent, AgentOptions, Fault, InjectedFault
+from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
+from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
+from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
 
-__all__ = ["Effects", "LiveEffects"]
+#: Role name -> class, in pipeline order.
+ROLES: dict[str, type[Agent]] = {
+    cls.role: cls
+    for cls in (Observer, Sensor, Memory, Reasoner, Planner, Guardian, Actor, Learner, Monitor)
+}
+
+__all__ = [
+    "ACTION_FOR_INTENT",
+    "INTENTS",
+    "ROLES",
+    "Actor",
+    "Agent",
+    "AgentOptions",
+    "Effects",
+    "Fault",
+    "Guardian",
+    "InjectedFault",
+    "Learner",
+    "LiveEffects",
+    "Memory",
+    "ModelProvider",
+    "Monitor",
+    "Observer",
+    "OpenAIProvider",
+    "Outbox",
+    "Planner",
+    "ProviderError",
+    "Reasoner",
+    "RuleProvider",
+    "Sensor",
+    "extract_features",
+    "find_pii",
+    "read_emails",
+    "redact",
+]

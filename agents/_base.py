@@ -1,0 +1,161 @@
+"""The Agent base class: a named role that subscribes, handles, emits, asks and runs effects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from agents._effects import Effects, LiveEffects
+from bus import (
+    DEFAULT_BREAKER,
+    BreakerPolicy,
+    Bus,
+    Envelope,
+    Overflow,
+    Priority,
+    Retry,
+    current_envelope,
+)
+
+__all__ = ["Agent", "AgentOptions", "Fault", "InjectedFault"]
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a scenario's fault injection, so injected failures are told from real ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """Failure and latency a scenario injects into one agent (or one of its tools)."""
+
+    failure_rate: float = 0.0
+    latency_ms: float = 0.0
+    tool: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentOptions:
+    """How the agent's subscriptions behave on the bus: the mailbox, retry and breaker."""
+
+    concurrency: int = 1
+    max_queue: int = 10_000
+    overflow: Overflow = "block"
+    block_timeout: float = 5.0
+    retry: Retry = field(default_factory=Retry)
+    breaker: BreakerPolicy | None = DEFAULT_BREAKER
+
+
+class Agent:
+    """One member of a team. Subclasses set ``role`` and ``subscriptions`` and write
+    :meth:`handle`.
+
+    Each pattern in ``subscriptions`` becomes one bus subscription; the first is named after
+    the agent, the others ``<name>:<pattern>``, so stats, breakers and the DLQ say which agent
+    a message was for. Everything non-deterministic goes through :meth:`effect`, which uses
+    the runner the runtime put on the envelope (recording or replaying), so a session replays.
+    """
+
+    role: ClassVar[str] = "agent"
+    subscriptions: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        options: AgentOptions | None = None,
+        fault: Fault | None = None,
+        effects: Effects | None = None,
+    ) -> None:
+        self.name = name or self.role
+        self.settings: dict[str, Any] = dict(settings or {})
+        self.options = options or AgentOptions()
+        self.fault = fault or Fault()
+        self._effects: Effects = effects or LiveEffects()
+        self.bus: Bus | None = None
+
+    # -- wiring ----------------------------------------------------------------------------
+
+    async def attach(self, bus: Bus) -> None:
+        """Subscribe to the bus; called once by the runtime before any input flows."""
+        if self.subscriptions and type(self).handle is Agent.handle:
+            raise TypeError(
+                f"{type(self).__name__} subscribes to {self.subscriptions} "
+                "but does not override handle()"
+            )
+        self.bus = bus
+        opts = self.options
+        for i, pattern in enumerate(self.subscriptions):
+            bus.on(
+                pattern,
+                self._dispatch,
+                name=self.name if i == 0 else f"{self.name}:{pattern}",
+                concurrency=opts.concurrency,
+                max_queue=opts.max_queue,
+                overflow=opts.overflow,
+                block_timeout=opts.block_timeout,
+                retry=opts.retry,
+                breaker=opts.breaker,
+            )
+
+    async def start(self) -> None:
+        """Begin any background work (Observer's ingest, Monitor's sampling)."""
+
+    async def stop(self) -> None:
+        """End background work; the bus is drained after every agent has stopped."""
+
+    async def _dispatch(self, env: Envelope) -> Any:
+        fault = self.fault
+        if fault.tool is None and (fault.failure_rate or fault.latency_ms):
+            await self.inject(fault)
+        return await self.handle(env)
+
+    async def inject(self, fault: Fault) -> None:
+        """Apply a fault: latency first, then a failure drawn through the effects runner (so a
+        replay fails on the same messages)."""
+        if fault.latency_ms:
+            await asyncio.sleep(fault.latency_ms / 1000)
+        if fault.failure_rate and await self.random() < fault.failure_rate:
+            raise InjectedFault(f"{self.name}: injected failure (rate {fault.failure_rate})")
+
+    async def handle(self, env: Envelope) -> Any:
+        """Handle one message. Return a value to answer a request (``None`` answers nothing)."""
+        return None
+
+    # -- acting ----------------------------------------------------------------------------
+
+    def _bus(self) -> Bus:
+        if self.bus is None:
+            raise RuntimeError(f"agent {self.name!r} is not attached to a bus")
+        return self.bus
+
+    async def emit(
+        self, topic: str, payload: Any = None, priority: int = Priority.NORMAL
+    ) -> Envelope:
+        """Publish, caused by the message being handled (outside input when there is none)."""
+        return await self._bus().emit(topic, payload, priority)
+
+    async def request(self, topic: str, payload: Any = None, *, timeout: float = 5.0) -> Any:
+        return await self._bus().request(topic, payload, timeout=timeout)
+
+    @property
+    def effects(self) -> Effects:
+        env = current_envelope()
+        if env is not None and env.context is not None:
+            return env.context  # type: ignore[no-any-return]
+        bus = self.bus
+        if bus is not None and bus.context is not None:
+            return bus.context  # type: ignore[no-any-return]
+        return self._effects
+
+    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a side effect through the session's runner (recorded, or served on replay)."""
+        return await self.effects.effect(name, fn, *args, **kwargs)
+
+    async def now(self) -> float:
+        return await self.effects.now()
+
+    async def random(self) -> float:
+        return await self.effects.random()

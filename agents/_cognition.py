@@ -1,0 +1,210 @@
+"""Cognition: Memory (history per sender), Reasoner (intent and ranked actions), Planner."""
+
+from __future__ import annotations
+
+from collections import deque
+from datetime import datetime, timedelta
+from typing import Any
+
+from agents._base import Agent
+from agents._providers import INTENTS, ModelProvider
+from bus import Envelope, Priority
+
+__all__ = ["ACTION_FOR_INTENT", "Memory", "Planner", "Reasoner"]
+
+#: The support desk's standing policy: what each intent calls for, before the Guardian.
+ACTION_FOR_INTENT = {
+    "question": "reply",
+    "complaint": "ticket",
+    "refund": "reply",
+    "bug": "ticket",
+    "spam": "ignore",
+    "outage": "escalate",
+}
+
+
+class Memory(Agent):
+    """Keeps each sender's recent history and answers ``memory.lookup`` requests.
+
+    History is in memory and bounded (``settings.history``, default 20 per sender, oldest
+    forgotten first): a run's worth of context, not a CRM.
+    """
+
+    role = "memory"
+    subscriptions = ("memory.lookup", "action.executed")
+
+    def __init__(self, name: str | None = None, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self._limit = int(self.settings.get("history", 20))
+        self._history: dict[str, deque[dict[str, Any]]] = {}
+
+    async def handle(self, env: Envelope) -> Any:
+        if env.topic == "memory.lookup":
+            return self.lookup(str(env.payload.get("sender", "")))
+        done = env.payload
+        self.remember(
+            done["sender"],
+            {"email_id": done["email_id"], "intent": done["intent"], "action": done["action"]},
+        )
+        return None
+
+    def remember(self, sender: str, item: dict[str, Any]) -> None:
+        history = self._history.get(sender)
+        if history is None:
+            history = self._history[sender] = deque(maxlen=self._limit)
+        history.append(item)
+
+    def lookup(self, sender: str) -> dict[str, Any]:
+        history = list(self._history.get(sender, ()))
+        return {
+            "sender": sender,
+            "count": len(history),
+            "complaints": sum(1 for h in history if h["intent"] == "complaint"),
+            "recent": history[-5:],
+        }
+
+
+class Reasoner(Agent):
+    """Classifies each enriched email with the model provider and proposes ranked actions.
+
+    ``thresholds`` (per intent, tuned by the Learner) is the confidence under which the
+    Reasoner does not trust the provider's intent: it halves the confidence, which sends the
+    email to a human through the Guardian. A sender with earlier complaints who writes again
+    on the same thread is treated as a complaint follow-up.
+    """
+
+    role = "reasoner"
+    subscriptions = ("sensor.email.enriched", "learner.threshold.updated")
+
+    def __init__(self, name: str | None = None, *, provider: ModelProvider, **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self.provider = provider
+        base = float(self.settings.get("threshold", 0.4))
+        self.thresholds: dict[str, float] = {i: base for i in INTENTS}
+        self.thresholds.update(self.settings.get("thresholds", {}))
+
+    async def handle(self, env: Envelope) -> None:
+        if env.topic == "learner.threshold.updated":
+            self.thresholds[env.payload["intent"]] = float(env.payload["new"])
+            return
+        email, features = env.payload["email"], env.payload["features"]
+        sender = email["from"]
+        # Lookups and threshold reads depend on what other messages got here first, so they go
+        # through effects: recorded live, served on replay, and the replay stays exact.
+        history = await self.effect(
+            "memory.lookup", self.request, "memory.lookup", {"sender": sender}
+        )
+        verdict = await self.effect(
+            f"model.{self.provider.name}.classify",
+            self.provider.classify,
+            email.get("subject", ""),
+            email.get("body", ""),
+        )
+        thresholds = await self.effect("reasoner.thresholds", dict, self.thresholds)
+        intent, confidence = verdict["intent"], float(verdict["confidence"])
+        if (
+            features.get("follow_up")
+            and history["complaints"]
+            and intent in ("question", "complaint")
+        ):
+            intent, confidence = "complaint", max(confidence, 0.8)
+        trusted = confidence >= thresholds.get(intent, 0.0)
+        if not trusted:
+            confidence = round(confidence / 2, 4)
+        primary = ACTION_FOR_INTENT[intent]
+        actions = [{"action": primary, "score": confidence}]
+        if primary != "escalate":
+            actions.append({"action": "escalate", "score": round(1 - confidence, 4)})
+        await self.emit(
+            "reasoning.intent.classified",
+            {
+                "email_id": email["id"],
+                "sender": sender,
+                "subject": email.get("subject", ""),
+                "body": email.get("body", ""),
+                "received_at": email.get("received_at"),
+                "intent": intent,
+                "confidence": confidence,
+                "trusted": trusted,
+                "scores": verdict.get("scores", {}),
+                "actions": actions,
+                "features": features,
+                "history": history["count"],
+            },
+            Priority.HIGH if intent == "outage" else Priority.NORMAL,
+        )
+
+
+#: Hours until a first response is due, per intent.
+SLA_HOURS = {"outage": 1, "complaint": 8, "refund": 24, "bug": 24, "question": 48, "spam": 0}
+FOLLOW_UP_HOURS = 48
+
+_REPLIES = {
+    "question": "Thanks for your question. Here is what we found: {answer}",
+    "refund": "We have processed your refund of {amount} for {orders}.",
+    "complaint": "We are sorry about your experience. Ticket {ticket} tracks it.",
+    "bug": "Thanks for the report. Ticket {ticket} tracks the fix.",
+    "outage": "We are aware of the problem and engineers are on it.",
+}
+
+
+class Planner(Agent):
+    """Turns the Reasoner's top-ranked action into concrete tool steps, with the SLA due time
+    and a follow-up for anything left open. Drafts quote the customer's first line, which is
+    exactly where PII slips into replies; catching it is the Guardian's job."""
+
+    role = "planner"
+    subscriptions = ("reasoning.intent.classified",)
+
+    async def handle(self, env: Envelope) -> None:
+        c = env.payload
+        action = c["actions"][0]["action"]
+        received = _parse_time(c.get("received_at"))
+        features = c["features"]
+        amount = features.get("amount")
+        orders = ", ".join(features.get("order_ids") or []) or "your order"
+        ticket = f"T-{c['email_id']}"
+        first_line = next((ln.strip() for ln in str(c["body"]).splitlines() if ln.strip()), "")
+        quote = f'\n\nYou wrote: "{first_line[:160]}"'
+        text = _REPLIES.get(c["intent"], "Thanks for writing.").format(
+            answer="see our help centre", amount=f"{amount:.2f}" if amount else "the amount",
+            orders=orders, ticket=ticket,
+        ) + quote  # fmt: skip
+        steps: list[dict[str, Any]] = []
+        if action == "reply":
+            steps.append({"tool": "reply", "to": c["sender"], "text": text})
+        elif action == "ticket":
+            steps.append({"tool": "ticket", "id": ticket, "intent": c["intent"]})
+            steps.append({"tool": "reply", "to": c["sender"], "text": text})
+        elif action == "escalate":
+            steps.append({"tool": "escalate", "queue": "humans", "why": c["intent"]})
+        plan: dict[str, Any] = {
+            "email_id": c["email_id"],
+            "sender": c["sender"],
+            "intent": c["intent"],
+            "confidence": c["confidence"],
+            "action": action,
+            "amount": amount,
+            "steps": steps,
+            "pii": features.get("pii", []),
+        }
+        if received is not None:
+            sla = received + timedelta(hours=SLA_HOURS.get(c["intent"], 24))
+            plan["sla_due"] = sla.isoformat()
+            if action in ("ticket", "escalate"):
+                plan["follow_up_at"] = (received + timedelta(hours=FOLLOW_UP_HOURS)).isoformat()
+        await self.emit("plan.proposed", plan)
+        if "follow_up_at" in plan:
+            await self.emit(
+                "plan.followup.scheduled",
+                {"email_id": c["email_id"], "at": plan["follow_up_at"], "sla_due": plan["sla_due"]},
+            )
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None

@@ -1,0 +1,280 @@
+"""Each role's behaviour on a real bus, one agent or a small chain at a time."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agents import (
+    Actor,
+    AgentOptions,
+    Fault,
+    Guardian,
+    Learner,
+    Memory,
+    Monitor,
+    Observer,
+    Outbox,
+    Planner,
+    Reasoner,
+    RuleProvider,
+    Sensor,
+    extract_features,
+    find_pii,
+)
+from bus import BreakerPolicy, Bus, Retry
+from bus.testing import capture_events
+
+RULES = {
+    "refund": [r"(?i)\brefund"],
+    "spam": [r"(?i)\bwinner\b|\blottery\b"],
+    "outage": [r"(?i)\bdown\b|\boutage\b"],
+    "complaint": [r"(?i)\bterrible\b|\bangry\b"],
+    "bug": [r"(?i)\bcrash|\berror\b"],
+    "question": [r"(?i)\bhow\b"],
+}
+
+
+def plan(**over: Any) -> dict[str, Any]:
+    base = {
+        "email_id": "e1",
+        "sender": "a@b.example",
+        "intent": "question",
+        "confidence": 0.9,
+        "action": "reply",
+        "amount": None,
+        "steps": [{"tool": "reply", "to": "a@b.example", "text": "Thanks."}],
+        "pii": [],
+    }
+    return base | over
+
+
+# -- Sensor ------------------------------------------------------------------------------------
+
+
+def test_sensor_finds_orders_amounts_and_pii() -> None:
+    email = {
+        "subject": "Refund ORD-123456",
+        "body": "Please refund $349.99 to card 4111 1111 1111 1111, call +1 415 555 0100, "
+        "or write to jane.doe@mail.example. IBAN DE89 3704 0044 0532 0130 00.",
+        "attachments": [{"name": "invoice-88.pdf"}],
+    }
+    f = extract_features(email)
+    assert f["order_ids"] == ["ORD-123456"]
+    assert f["amount"] == 349.99
+    kinds = [s["kind"] for s in f["pii"]]
+    assert kinds == ["card", "phone", "email", "iban"]
+    assert f["has_invoice"] is True
+
+
+def test_pii_ignores_numbers_that_fail_luhn_and_order_ids() -> None:
+    assert find_pii("order ORD-123456, ref 4111 1111 1111 1112") == []
+
+
+# -- Guardian ----------------------------------------------------------------------------------
+
+
+def test_guardian_redacts_pii_from_replies() -> None:
+    g = Guardian(settings={"refund_limit": 200, "min_confidence": 0.6})
+    d = g.decide(
+        plan(steps=[{"tool": "reply", "to": "x", "text": "You wrote: card 4111111111111111"}])
+    )
+    assert d["verdict"] == "modified"
+    assert "4111" not in d["steps"][0]["text"]
+    assert "[REDACTED card]" in d["steps"][0]["text"]
+    assert any("redacted card" in r for r in d["reasons"])
+
+
+def test_guardian_sends_big_refunds_to_a_human_with_the_reason() -> None:
+    g = Guardian(settings={"refund_limit": 200, "min_confidence": 0.6})
+    d = g.decide(plan(intent="refund", amount=349.99))
+    assert (d["verdict"], d["action"]) == ("escalated", "escalate")
+    assert d["steps"] == [{"tool": "escalate", "queue": "humans", "why": d["reasons"][0]}]
+    assert "349.99 over limit 200.00" in d["reasons"][0]
+    small = g.decide(plan(intent="refund", amount=120.0))
+    assert (small["verdict"], small["action"]) == ("approved", "reply")
+
+
+def test_guardian_escalates_low_confidence_and_ignores_spam() -> None:
+    g = Guardian(settings={"min_confidence": 0.6})
+    assert g.decide(plan(confidence=0.3))["action"] == "escalate"
+    spam = g.decide(plan(intent="spam", action="ignore", steps=[]))
+    assert (spam["verdict"], spam["action"], spam["steps"]) == ("approved", "ignore", [])
+    assert g.decisions == {"escalated": 1, "approved": 1}
+
+
+# -- Memory ------------------------------------------------------------------------------------
+
+
+async def test_memory_answers_lookups_with_history() -> None:
+    async with Bus() as bus:
+        memory = Memory(settings={"history": 3})
+        await memory.attach(bus)
+        for i, intent in enumerate(["complaint", "question", "complaint", "bug"]):
+            await bus.emit(
+                "action.executed",
+                {"email_id": f"e{i}", "sender": "a@b.example", "intent": intent, "action": "x"},
+            )
+        await bus.drain()
+        answer = await bus.request("memory.lookup", {"sender": "a@b.example"}, timeout=1)
+        assert answer["count"] == 3  # bounded history: the oldest was forgotten
+        assert [h["email_id"] for h in answer["recent"]] == ["e1", "e2", "e3"]
+        assert answer["complaints"] == 1
+        empty = await bus.request("memory.lookup", {"sender": "new@b.example"}, timeout=1)
+        assert empty["count"] == 0
+
+
+# -- Learner -----------------------------------------------------------------------------------
+
+
+async def test_learner_raises_a_threshold_after_a_run_of_wrong_outcomes() -> None:
+    labels = {f"e{i}": {"intent": "question", "action": "reply"} for i in range(10)}
+    async with Bus() as bus:
+        learner = Learner(settings={"window": 4, "step": 0.1, "threshold": 0.4}, labels=labels)
+        await learner.attach(bus)
+        reasoner = Reasoner(provider=RuleProvider(RULES), settings={"threshold": 0.4})
+        await reasoner.attach(bus)
+        with capture_events(bus, "learner.*") as updates:
+            for i in range(4):
+                await bus.emit(
+                    "action.executed",
+                    {"email_id": f"e{i}", "sender": "s", "intent": "bug", "action": "ticket"},
+                )
+            await bus.drain()
+        assert [u.payload for u in updates] == [
+            {"intent": "bug", "old": 0.4, "new": 0.5, "reason": "4 wrong bug calls"}
+        ]
+        assert reasoner.thresholds["bug"] == 0.5  # the Reasoner took the update
+        assert learner.report()["intent_accuracy"] == 0.0
+
+
+async def test_learner_lowers_a_threshold_after_needless_escalations() -> None:
+    labels = {f"e{i}": {"intent": "bug", "action": "ticket"} for i in range(3)}
+    learner = Learner(settings={"window": 3, "step": 0.1, "threshold": 0.4}, labels=labels)
+    updates = []
+    for i in range(3):
+        out = {"email_id": f"e{i}", "sender": "s", "intent": "bug", "action": "escalate"}
+        updates += learner.observe("action.executed", out)
+    assert updates == [
+        {"intent": "bug", "old": 0.4, "new": 0.3, "reason": "3 needless escalations"}
+    ]
+
+
+# -- The chain ---------------------------------------------------------------------------------
+
+
+async def test_pipeline_from_inbox_to_outbox(tmp_path: Path) -> None:
+    inbox = tmp_path / "inbox.jsonl"
+    records = [
+        {
+            "id": "e1",
+            "from": "a@x.example",
+            "subject": "Refund please",
+            "body": "Refund $50 for ORD-1234",
+        },
+        {"id": "e2", "from": "b@x.example", "subject": "You are a winner", "body": "lottery!"},
+        {"id": "e3", "from": "c@x.example", "subject": "Site down", "body": "outage since 9am"},
+    ]
+    inbox.write_text("\n".join(json.dumps(r) for r in records) + "\nnot json\n")
+    outbox = Outbox(tmp_path / "outbox.jsonl")
+    async with Bus() as bus:
+        team = [
+            Observer(settings={"path": str(inbox)}),
+            Sensor(),
+            Memory(),
+            Reasoner(provider=RuleProvider(RULES)),
+            Planner(),
+            Guardian(settings={"min_confidence": 0.6}),
+            Actor(outbox=outbox),
+        ]
+        for agent in team:
+            await agent.attach(bus)
+        with (
+            capture_events(bus, "action.executed") as done,
+            capture_events(bus, "observation.email.malformed") as bad,
+        ):
+            await team[0].start()
+            await team[0].done.wait()
+            await bus.drain()
+    actions = {e.payload["email_id"]: e.payload["action"] for e in done}
+    assert actions == {"e1": "reply", "e2": "ignore", "e3": "escalate"}
+    assert [e.payload["reason"] for e in bad] == ["not JSON: Expecting value"]
+    lines = [json.loads(x) for x in (tmp_path / "outbox.jsonl").read_text().splitlines()]
+    assert [(x["email_id"], x["tool"]) for x in lines] == [("e1", "reply"), ("e3", "escalate")]
+    # Lineage: every action traces back to the Observer's outside input.
+    assert all(e.hops == 5 and e.source == "actor" for e in done)
+
+
+async def test_actor_retries_a_flaky_tool_and_dead_letters_when_exhausted(tmp_path: Path) -> None:
+    outbox = Outbox(tmp_path / "o.jsonl")
+    async with Bus() as bus:
+        actor = Actor(
+            outbox=outbox,
+            fault=Fault(failure_rate=1.0, tool="reply"),
+            options=AgentOptions(
+                retry=Retry(attempts=3),
+                breaker=BreakerPolicy(consecutive_failures=50, min_calls=50),
+            ),
+        )
+        await actor.attach(bus)
+        decision = Guardian().decide(plan())
+        await bus.emit("guardian.decision", decision)
+        await bus.drain()
+        [entry] = bus.dlq.entries()
+        assert entry.subscriber == "actor" and entry.attempts == 3
+        assert entry.error_type == "InjectedFault"
+        assert "injected failure" in (entry.traceback or "")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+async def test_monitor_raises_a_critical_alert_when_a_breaker_opens() -> None:
+    async with Bus() as bus:
+        monitor = Monitor(sample=False)
+        await monitor.attach(bus)
+
+        async def broken(env: Any) -> None:
+            raise RuntimeError("down")
+
+        bus.on("work", broken, name="worker", breaker=BreakerPolicy(consecutive_failures=2))
+        with capture_events(bus, "monitor.alert.*") as alerts:
+            for _ in range(2):
+                await bus.emit("work", {})
+            await bus.drain()
+        assert [a.topic for a in alerts] == ["monitor.alert.breaker_open"]
+        assert alerts[0].priority == 0
+        assert alerts[0].payload["breaker"] == "worker"
+
+
+async def test_monitor_sampling_alerts_on_dead_letters() -> None:
+    async with Bus() as bus:
+        monitor = Monitor(sample=False)
+        await monitor.attach(bus)
+
+        async def broken(env: Any) -> None:
+            raise RuntimeError("no")
+
+        bus.on("work", broken, name="worker")
+        await bus.emit("work", {})
+        await bus.drain()
+        with capture_events(bus, "monitor.alert.*") as alerts:
+            await monitor.check()
+            await monitor.check()  # no new dead letters: no second alert
+            await bus.drain()
+        assert [a.payload["kind"] for a in alerts] == ["dead_letters"]
+
+
+@pytest.mark.parametrize(
+    ("subject", "body", "intent"),
+    [
+        ("Refund", "I want a refund", "refund"),
+        ("hello", "you are a lottery winner", "spam"),
+        ("", "nothing matches here", "question"),
+    ],
+)
+async def test_rule_provider_classifies(subject: str, body: str, intent: str) -> None:
+    verdict = await RuleProvider(RULES).classify(subject, body)
+    assert verdict["intent"] == intent
+    assert 0 < verdict["confidence"] <= 1
