@@ -1,0 +1,167 @@
+"""End-to-end throughput and per-hop latency of the nine-agent support pipeline.
+
+    python benchmarks/pipeline_bench.py [--emails 2000] [--latency-ms 0 1] [--loop uvloop]
+
+Feeds the shipped support inbox (repeated to ``--emails``) through Observer -> Sensor ->
+Reasoner (+ Memory lookup) -> Planner -> Guardian -> Actor -> Learner/Memory, with Monitor
+watching, on the in-process bus. The model call is simulated: the rule provider plus an
+``asyncio.sleep`` of ``--latency-ms``, like the seed blog's 1 ms "LLM/API" calls. The
+Reasoner runs with ``--reasoner-concurrency`` workers (default 64) so model latency overlaps,
+as it would against any real model server. Requests/s counts emails that reached
+``action.executed`` (or were rejected as malformed) per second of wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from agents import (
+    Actor,
+    AgentOptions,
+    Guardian,
+    Learner,
+    Memory,
+    Monitor,
+    Observer,
+    Outbox,
+    Planner,
+    Reasoner,
+    RuleProvider,
+    Sensor,
+)
+from bus import Bus
+from pantheon.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOG_PIPELINE_RPS = 4237
+
+
+class SimulatedModel:
+    """The scenario's rule provider behind a fixed network-and-inference delay."""
+
+    def __init__(self, inner: RuleProvider, latency_s: float) -> None:
+        self.inner = inner
+        self.latency_s = latency_s
+        self.name = "simulated"
+
+    async def classify(self, subject: str, body: str) -> dict[str, Any]:
+        if self.latency_s:
+            await asyncio.sleep(self.latency_s)
+        return await self.inner.classify(subject, body)
+
+
+def make_inbox(n: int, directory: Path) -> Path:
+    source = [ln for ln in (ROOT / "scenarios/data/support_emails.jsonl").read_text().splitlines() if ln.strip()]
+    path = directory / f"inbox-{n}.jsonl"
+    with path.open("w") as f:
+        for i in range(n):
+            line = source[i % len(source)]
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                f.write(line + "\n")
+                continue
+            if isinstance(record, dict) and "id" in record:
+                record["id"] = f"{record['id']}-{i}"
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> dict[str, Any]:
+    scenario = load_scenario(ROOT / "scenarios/support_email.yaml")
+    provider = SimulatedModel(
+        RuleProvider(scenario.provider.rules, scenario.provider.default_intent), latency_ms / 1000
+    )
+    done = 0
+
+    async with Bus() as bus:
+        observer = Observer(settings={"path": str(inbox)})
+        team = [
+            observer,
+            Sensor(),
+            Memory(),
+            Reasoner(provider=provider, options=AgentOptions(concurrency=reasoner_concurrency)),
+            Planner(),
+            Guardian(settings=scenario.policy.model_dump()),
+            Actor(outbox=Outbox(None)),
+            Learner(),
+            Monitor(sample=False),
+        ]
+        for agent in team:
+            await agent.attach(bus)
+
+        async def count(env: Any) -> None:
+            nonlocal done
+            done += 1
+
+        bus.on("action.executed", count, name="bench.done")
+        bus.on("observation.email.malformed", count, name="bench.malformed")
+        started = time.perf_counter()
+        await observer.start()
+        await observer.done.wait()
+        await bus.drain()
+        elapsed = time.perf_counter() - started
+        stats = bus.stats()
+    hops = {
+        name: {
+            "wait_p50_us": s.queue_wait.p50_us,
+            "wait_p99_us": s.queue_wait.p99_us,
+            "handle_p50_us": s.handling.p50_us,
+            "handle_p99_us": s.handling.p99_us,
+        }
+        for name, s in stats.subscribers.items()
+        if not name.startswith("bench.")
+    }
+    return {"requests": done, "elapsed_s": elapsed, "rps": done / elapsed, "messages": stats.published, "hops": hops}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--emails", type=int, default=2000)
+    parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 1.0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--reasoner-concurrency", type=int, default=64)
+    parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/pipeline_bench.json")
+    args = parser.parse_args()
+
+    runner = asyncio.run
+    if args.loop == "uvloop":
+        import uvloop
+
+        runner = uvloop.run
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "platform": platform.platform(), "loop": args.loop},
+        "emails": args.emails,
+        "reasoner_concurrency": args.reasoner_concurrency,
+        "runs": {},
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = make_inbox(args.emails, Path(tmp))
+        for latency in args.latency_ms:
+            runs = [runner(one_run(inbox, latency, args.reasoner_concurrency)) for _ in range(args.repeats)]
+            best = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+            rps = statistics.median(r["rps"] for r in runs)
+            results["runs"][f"{latency:g}ms"] = {"median_rps": rps, "ratio_to_blog": rps / BLOG_PIPELINE_RPS, "median_run": best}
+            print(f"model latency {latency:g} ms: {rps:,.0f} requests/s "
+                  f"({rps / BLOG_PIPELINE_RPS:.1f}x the blog's {BLOG_PIPELINE_RPS:,}), "
+                  f"{best['messages'] / best['elapsed_s']:,.0f} bus msg/s")
+            print(f"  {'hop':<34}{'wait p50':>10}{'wait p99':>10}{'handle p50':>12}{'handle p99':>12}  (µs)")
+            for name, h in best["hops"].items():
+                print(f"  {name:<34}{h['wait_p50_us']:>10.1f}{h['wait_p99_us']:>10.1f}"
+                      f"{h['handle_p50_us']:>12.1f}{h['handle_p99_us']:>12.1f}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=2))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

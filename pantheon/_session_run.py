@@ -1,0 +1,59 @@
+"""Wraps one ``pantheon run`` in a recorded session (or not, with ``--no-record``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from bus import Bus
+from pantheon.scenario import Scenario
+
+__all__ = ["Recording", "recording"]
+
+
+class Recording:
+    """The bus a run uses, and how its session is hooked in and closed."""
+
+    def __init__(self, bus: Bus, recorder: Any = None, outbox_dir: Path | None = None) -> None:
+        self.bus = bus
+        self.recorder = recorder
+        self.outbox_dir = outbox_dir
+
+    async def attach(self, bus: Bus) -> None:
+        if self.recorder is not None:
+            self.recorder.attach(bus)
+
+    async def finish(self, summary: Any, *, source: str | None = None) -> None:
+        if self.recorder is None:
+            return
+        data = dataclasses.asdict(summary) | {"passed": summary.passed, "scenario_path": source}
+        await self.recorder.finish("completed" if summary.passed else "failed", data)
+
+
+@asynccontextmanager
+async def recording(
+    scenario: Scenario, store: Path | None, seed: int | None, *, enabled: bool = True
+) -> AsyncIterator[Recording]:
+    """Yield a :class:`Recording`; a run that raises is closed as ``failed`` with the error."""
+    if not enabled:
+        yield Recording(Bus())
+        return
+    from pantheon.sessions import Recorder, SessionStore
+
+    with SessionStore(store) as session_store:
+        recorder = Recorder(
+            session_store,
+            scenario=scenario.name,
+            scenario_text=scenario.text,
+            seed=scenario.seed if seed is None else seed,
+        )
+        bus = Bus(session_id=recorder.session_id)
+        rec = Recording(bus, recorder, session_store.path.parent / "outbox")
+        try:
+            yield rec
+        except BaseException as exc:
+            await recorder.finish("failed", {"error": f"{type(exc).__name__}: {exc}"})
+            raise

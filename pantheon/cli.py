@@ -1,0 +1,154 @@
+"""The ``pantheon`` command."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Coroutine
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pantheon.scenario import ScenarioError, load_scenario
+
+__all__ = ["app", "main", "run_async"]
+
+T = TypeVar("T")
+
+app = typer.Typer(
+    name="pantheon",
+    help="Run teams of agents over an event bus; watch, replay and compare their sessions.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+
+def run_async(coro: Coroutine[Any, Any, T]) -> T:
+    """Run on uvloop when it is installed (measurably faster bus, see benchmarks/), else
+    on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _load(path: Path):  # type: ignore[no-untyped-def]
+    try:
+        return load_scenario(path)
+    except ScenarioError as exc:
+        console.print(f"[red]invalid scenario[/red]\n{exc}")
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(file: Path = typer.Argument(..., help="Scenario YAML file.")) -> None:
+    """Check a scenario without running it; errors name the file, line and field."""
+    scenario = _load(file)
+    agents = [n for n in scenario.agents] or ["(defaults)"]
+    typer.echo(f"{file}: ok (scenario {scenario.name!r}, agents: {', '.join(agents)})")
+
+
+@app.command()
+def run(
+    file: Path = typer.Argument(..., help="Scenario YAML file."),
+    seed: int | None = typer.Option(None, help="Override the scenario's seed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    store: Path | None = typer.Option(
+        None, help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."
+    ),
+    record: bool = typer.Option(True, help="Record the session in the store."),
+) -> None:
+    """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
+    fails."""
+    scenario = _load(file)
+    summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
+    else:
+        _print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)
+
+
+async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool, progress: bool):  # type: ignore[no-untyped-def]
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from pantheon._runtime import run_scenario
+    from pantheon._session_run import recording
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress or not sys.stderr.isatty(),
+        transient=True,
+    )
+    task = bar.add_task(f"{scenario.name}: emails in", total=None)
+
+    def on_progress(done: int, total: int | None) -> None:
+        bar.update(task, completed=done, total=total)
+
+    with bar:
+        async with recording(scenario, store, seed, enabled=record) as rec:
+            summary = await run_scenario(
+                scenario,
+                seed=seed,
+                on_progress=on_progress,
+                bus=rec.bus,
+                attach=rec.attach,
+                outbox_dir=rec.outbox_dir,
+            )
+            await rec.finish(summary, source=str(Path(scenario.source).resolve()))
+    return summary
+
+
+def _print_summary(s: Any) -> None:
+    out = Console()
+    acc = s.accuracy or {}
+
+    def pct(v: float | None) -> str:
+        return "n/a" if v is None else f"{v:.1%}"
+
+    out.print(
+        f"[bold]{s.scenario}[/bold]  session {s.session_id or '(not recorded)'}  seed {s.seed}\n"
+        f"messages {s.messages:,} in {s.elapsed_s:.2f}s ({s.throughput:,.0f} msg/s)  "
+        f"emails {s.inputs} (+{s.malformed} malformed)\n"
+        f"accuracy vs ground truth: action {pct(acc.get('action_accuracy'))}, "
+        f"intent {pct(acc.get('intent_accuracy'))} over {acc.get('scored', 0)} labelled\n"
+        f"dead letters {sum(s.dlq.values())} {dict(s.dlq) or ''}  breaker trips {s.breaker_trips}"
+        f"  alerts {s.alerts}  accounting {'ok' if s.accounting_ok else 'BROKEN'}\n"
+        f"guardian {s.decisions}  outbox {s.outbox}"
+    )
+    table = Table(title="per-hop latency (ms): queue wait | handling")
+    for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):
+        table.add_column(col, justify="right" if col != "agent" else "left")
+    for name, h in s.hops.items():
+        table.add_row(
+            name,
+            str(h["handled"]),
+            *(f"{h[k]:.3f}" for k in ("wait_p50_ms", "wait_p95_ms", "wait_p99_ms")),
+            *(f"{h[k]:.3f}" for k in ("handle_p50_ms", "handle_p95_ms", "handle_p99_ms")),
+        )
+    out.print(table)
+    for e in s.expectations:
+        mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
+        out.print(f"{mark} {e['name']} (actual {e['actual']})")
+    out.print("[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
