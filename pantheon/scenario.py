@@ -1,0 +1,918 @@
+"""Scenarios: the YAML file that says what a Pantheon run is, validated before anything starts.
+
+A scenario names the agents and their settings, the transport, the input, the faults to inject
+and the expectations that turn a run into a test (see ``docs`` and ``scenarios/*.yaml``). It is
+read once, up front, so every mistake in it must be reported then, all at once, in the words
+of the file: ``scenarios/bad.yaml:12:5: agents.actor.overflow: Input should be 'block', 'shed'
+or 'reject'``. Hence the two halves of this module:
+
+* immutable pydantic models (``frozen``, ``extra="forbid"``: a misspelt key is an error, never
+  a silently ignored setting), whose field names are the contract the runtime codes against;
+* a loader that composes the YAML node tree to remember where every key sits, validates, and
+  maps each pydantic error location back to a line and column (:class:`ScenarioError`).
+
+Checks that span sections (an expectation about an agent that does not exist, ``kill_node`` on
+the in-process transport) run on the raw data beside field validation, so they are reported
+together with the field errors instead of only after those are fixed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeAlias
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+import bus
+
+__all__ = [
+    "ROLES",
+    "SCENARIO_VERSION",
+    "AgentConfig",
+    "AgentFaultConfig",
+    "BreakerConfig",
+    "ExpectConfig",
+    "FaultsConfig",
+    "FileInputConfig",
+    "FloodConfig",
+    "GeneratorInputConfig",
+    "InProcessTransportConfig",
+    "InputConfig",
+    "KillNodeConfig",
+    "OpenAIProviderConfig",
+    "PolicyConfig",
+    "Problem",
+    "ProviderConfig",
+    "RetryConfig",
+    "Role",
+    "RulesProviderConfig",
+    "Scenario",
+    "ScenarioError",
+    "TransportConfig",
+    "ZmqTransportConfig",
+    "load_scenario",
+    "parse_scenario",
+]
+
+#: The only scenario schema version this module reads.
+SCENARIO_VERSION = 1
+
+Role = Literal[
+    "observer",
+    "monitor",
+    "sensor",
+    "reasoner",
+    "planner",
+    "memory",
+    "guardian",
+    "actor",
+    "learner",
+]
+#: The nine roles in pipeline order: perception, cognition, action. A scenario's ``agents``
+#: always lists all nine (defaults fill the ones the file leaves out), in this order.
+ROLES: tuple[Role, ...] = typing.get_args(Role)
+
+_NAME = r"^[a-z0-9_-]+$"
+_TOPIC = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
+
+_AgentName = Annotated[str, Field(pattern=_NAME)]
+_Topic = Annotated[str, Field(pattern=_TOPIC)]
+_PositiveFloat = Annotated[float, Field(gt=0)]
+_Fraction = Annotated[float, Field(ge=0, le=1)]
+
+
+class _Model(BaseModel):
+    """Frozen and closed: a scenario is a value, and an unknown key is a typo until proven not."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def _by_kind(default: str) -> Discriminator:
+    """Pick a union member by its ``kind`` key, ``default`` when the key is absent.
+
+    Tags carry an ``@`` so the loader can drop them from error locations: pydantic puts the
+    chosen member's tag in ``loc`` (``transport.@zmq.broker``), which is no key of the file.
+    """
+
+    def discriminate(value: Any) -> str | None:
+        if isinstance(value, Mapping):
+            kind = value.get("kind", default)
+        else:
+            kind = getattr(value, "kind", None)
+        return None if kind is None else f"@{kind}"
+
+    return Discriminator(discriminate)
+
+
+# -- transport ---------------------------------------------------------------------------------
+
+
+class InProcessTransportConfig(_Model):
+    """Every agent in this process on one asyncio bus: the default, zero copy."""
+
+    kind: Literal["inprocess"] = "inprocess"
+
+
+class ZmqTransportConfig(_Model):
+    """A ZeroMQ broker and nodes; ``nodes`` places agents (by name) on named nodes.
+
+    An agent listed on several nodes runs there as competing consumers.
+    """
+
+    kind: Literal["zmq"]
+    broker: str = "tcp://127.0.0.1:5555"
+    nodes: dict[_AgentName, tuple[_AgentName, ...]] = Field(default_factory=dict)
+
+
+TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig
+_Transport = Annotated[
+    Annotated[InProcessTransportConfig, Tag("@inprocess")]
+    | Annotated[ZmqTransportConfig, Tag("@zmq")],
+    _by_kind("inprocess"),
+]
+
+# -- provider ----------------------------------------------------------------------------------
+
+
+def _compile(value: Any) -> Any:
+    """Compile a rule now, so a bad regex fails at load time with its index, not mid-run."""
+    if isinstance(value, str):
+        try:
+            return re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+    return value
+
+
+_Rule = Annotated[re.Pattern[str], BeforeValidator(_compile)]
+
+
+class RulesProviderConfig(_Model):
+    """The offline, deterministic provider: intents recognised by regular expressions.
+
+    ``rules`` maps an intent to its patterns, compiled at load (``pattern.pattern`` gives the
+    source back); an email matching none gets ``default_intent``.
+    """
+
+    kind: Literal["rules"] = "rules"
+    rules: dict[str, tuple[_Rule, ...]] = Field(default_factory=dict)
+    default_intent: str = "question"
+
+
+def _env_base_url() -> str:
+    return os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+
+
+class OpenAIProviderConfig(_Model):
+    """Any OpenAI-compatible chat server, local or remote.
+
+    The key itself never goes in a scenario (scenarios are stored with every session): only
+    the name of the environment variable holding it.
+    """
+
+    kind: Literal["openai"]
+    base_url: str = Field(default_factory=_env_base_url)
+    model: str = Field(min_length=1)
+    api_key_env: str = "OPENAI_API_KEY"
+    timeout: _PositiveFloat = 30.0
+    default_intent: str = "question"
+
+
+ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig
+_Provider = Annotated[
+    Annotated[RulesProviderConfig, Tag("@rules")] | Annotated[OpenAIProviderConfig, Tag("@openai")],
+    _by_kind("rules"),
+]
+
+# -- policy ------------------------------------------------------------------------------------
+
+
+class PolicyConfig(_Model):
+    """What the Guardian enforces before any action runs."""
+
+    refund_limit: Annotated[float, Field(ge=0)] = 200.0
+    """Refunds above this need human approval (escalate); at or below, the Actor may reply."""
+    min_confidence: _Fraction = 0.6
+    """A proposal below this confidence is escalated instead of executed."""
+    block_pii_in_replies: bool = True
+
+
+# -- input -------------------------------------------------------------------------------------
+
+
+class _InputLimits(_Model):
+    count: Annotated[int, Field(gt=0)] | None = None
+    """Stop after this many messages."""
+    duration: _PositiveFloat | None = None
+    """Stop after this many seconds."""
+    rate: Annotated[float, Field(ge=0)] = 0.0
+    """Messages per second; 0 means as fast as the bus accepts them."""
+
+
+class FileInputConfig(_InputLimits):
+    """Records from a JSON-lines file, one message per line.
+
+    ``path`` is relative to the scenario file's directory and is absolute once loaded; a
+    missing file is a load error, not a run that quietly ingests nothing (unless the loader
+    was told not to look, as a replay that never reads the input does).
+    """
+
+    kind: Literal["file"] = "file"
+    path: Path
+
+    @field_validator("path")
+    @classmethod
+    def _resolve(cls, value: Path, info: ValidationInfo) -> Path:
+        context = info.context or {}
+        path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+        if context.get("check_files", True) and not path.is_file():
+            raise ValueError(f"input file not found: {path}")
+        return path
+
+
+class GeneratorInputConfig(_InputLimits):
+    """Synthetic messages on ``topic``, each a copy of ``payload``; needs an end."""
+
+    kind: Literal["generator"]
+    topic: _Topic
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _bounded(self) -> GeneratorInputConfig:
+        if self.count is None and self.duration is None:
+            raise ValueError("a generator input needs count or duration, or it never ends")
+        return self
+
+
+InputConfig: TypeAlias = FileInputConfig | GeneratorInputConfig
+_Input = Annotated[
+    Annotated[FileInputConfig, Tag("@file")] | Annotated[GeneratorInputConfig, Tag("@generator")],
+    _by_kind("file"),
+]
+
+# -- agents ------------------------------------------------------------------------------------
+
+
+class RetryConfig(_Model):
+    """Mirrors :class:`bus.Retry`: ``attempts`` counts every call, the first included."""
+
+    attempts: Annotated[int, Field(ge=1)] = 1
+    backoff: Annotated[float, Field(ge=0)] = 0.0
+    multiplier: Annotated[float, Field(ge=1)] = 2.0
+    max_backoff: Annotated[float, Field(ge=0)] = 30.0
+
+    def to_policy(self) -> bus.Retry:
+        return bus.Retry(self.attempts, self.backoff, self.multiplier, self.max_backoff)
+
+
+class BreakerConfig(_Model):
+    """Mirrors :class:`bus.BreakerPolicy`; the defaults are the bus's."""
+
+    consecutive_failures: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.consecutive_failures
+    failure_rate: Annotated[float, Field(gt=0, le=1)] = bus.DEFAULT_BREAKER.failure_rate
+    window: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.window
+    min_calls: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.min_calls
+    cooldown: Annotated[float, Field(ge=0)] = bus.DEFAULT_BREAKER.cooldown
+    probes: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.probes
+
+    @model_validator(mode="after")
+    def _reachable(self) -> BreakerConfig:
+        # The rate rule only looks at the last `window` calls, so it could never fire.
+        if self.min_calls > self.window:
+            raise ValueError(
+                f"min_calls ({self.min_calls}) exceeds window ({self.window}): "
+                "the failure-rate rule could never open the breaker"
+            )
+        return self
+
+    def to_policy(self) -> bus.BreakerPolicy:
+        return bus.BreakerPolicy(
+            consecutive_failures=self.consecutive_failures,
+            failure_rate=self.failure_rate,
+            window=self.window,
+            min_calls=self.min_calls,
+            cooldown=self.cooldown,
+            probes=self.probes,
+        )
+
+
+class AgentConfig(_Model):
+    """One agent: its mailbox, backpressure, retries, breaker and role-specific settings.
+
+    ``role`` is optional in the file for the nine built-in names and required for extra
+    instances (``actor_2: {role: actor}``); on a loaded :class:`Scenario` it is always set.
+    """
+
+    role: Role | None = None
+    enabled: bool = True
+    concurrency: Annotated[int, Field(ge=1)] = 1
+    max_queue: Annotated[int, Field(ge=1)] = bus.DEFAULT_MAX_QUEUE
+    overflow: bus.Overflow = "block"
+    block_timeout: Annotated[float, Field(ge=0)] = bus.DEFAULT_BLOCK_TIMEOUT
+    retry: RetryConfig = RetryConfig()
+    breaker: BreakerConfig | None = BreakerConfig()
+    """``null`` in the file disables the consumer-side breaker."""
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+class AgentFaultConfig(_Model):
+    """Injected into one agent's handling: random failures and added latency."""
+
+    failure_rate: _Fraction = 0.0
+    latency_ms: Annotated[float, Field(ge=0)] = 0.0
+    tool: Literal["reply", "ticket", "escalate"] | None = None
+    """Only calls of this tool fail (Actor); ``None``: every call may fail."""
+
+
+class FloodConfig(_Model):
+    """A runaway publisher: ``count`` extra messages on ``topic`` at ``rate`` per second."""
+
+    topic: _Topic
+    rate: _PositiveFloat
+    count: Annotated[int, Field(gt=0)]
+    priority: Literal["critical", "high", "normal"] = "normal"
+
+
+class KillNodeConfig(_Model):
+    """Kill ZeroMQ node ``node`` ``at`` seconds into the run."""
+
+    node: _AgentName
+    at: Annotated[float, Field(ge=0)]
+
+
+class FaultsConfig(_Model):
+    agents: dict[str, AgentFaultConfig] = Field(default_factory=dict)
+    flood: FloodConfig | None = None
+    kill_node: KillNodeConfig | None = None
+
+
+# -- expectations ------------------------------------------------------------------------------
+
+
+def _p99_kind(value: Any) -> str:
+    return "@per_agent" if isinstance(value, Mapping) else "@all"
+
+
+class ExpectConfig(_Model):
+    """Checked after the run; any failing one makes ``pantheon run`` exit non-zero.
+
+    ``None`` (the default for each) means not checked.
+    """
+
+    max_p99_ms: (
+        Annotated[
+            Annotated[_PositiveFloat, Tag("@all")]
+            | Annotated[dict[str, _PositiveFloat], Tag("@per_agent")],
+            Discriminator(_p99_kind),
+        ]
+        | None
+    ) = None
+    """One bound for every agent's p99 handling latency, or a bound per agent name."""
+    zero_lost: bool = False
+    """Every message published is accounted for: delivered, dead-lettered or shed."""
+    max_dlq: Annotated[int, Field(ge=0)] | None = None
+    min_accuracy: _Fraction | None = None
+    max_breaker_trips: Annotated[int, Field(ge=0)] | None = None
+    min_throughput: Annotated[float, Field(ge=0)] | None = None
+    """Messages per second over the run."""
+
+
+# -- the scenario ------------------------------------------------------------------------------
+
+
+class Scenario(_Model):
+    """A validated scenario. Build one with :func:`load_scenario` or :func:`parse_scenario`."""
+
+    version: int
+    name: str = Field(pattern=_NAME)
+    description: str = ""
+    seed: int = 0
+    transport: _Transport = InProcessTransportConfig()
+    provider: _Provider = RulesProviderConfig()
+    policy: PolicyConfig = PolicyConfig()
+    input: _Input
+    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
+    """All nine roles in :data:`ROLES` order (defaults for those the file omits), then extras."""
+    faults: FaultsConfig = FaultsConfig()
+    expect: ExpectConfig = ExpectConfig()
+
+    _text: str = PrivateAttr(default="")
+    _source: str = PrivateAttr(default="<string>")
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _supported(cls, value: Any) -> Any:
+        if type(value) is not int or value != SCENARIO_VERSION:
+            raise ValueError(
+                f"unsupported scenario version {value!r}: this Pantheon reads version "
+                f"{SCENARIO_VERSION}"
+            )
+        return value
+
+    @field_validator("agents", mode="after")
+    @classmethod
+    def _complete(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        # Names that are neither a role nor carry one are reported by _cross_field_problems.
+        full = {
+            role: agents[role].model_copy(update={"role": role})
+            if role in agents
+            else AgentConfig(role=role)
+            for role in ROLES
+        }
+        full.update((name, cfg) for name, cfg in agents.items() if name not in full)
+        return full
+
+    @model_validator(mode="before")
+    @classmethod
+    def _cross_checks(cls, data: Any, info: ValidationInfo) -> Any:
+        problems = _cross_field_problems(data)
+        sink = (info.context or {}).get("cross_problems")
+        if sink is not None:
+            sink.extend(problems)  # the loader reports them beside the field errors
+        elif problems:
+            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in problems))
+        return data
+
+    @property
+    def text(self) -> str:
+        """The YAML text this scenario was read from (stored with each session)."""
+        return self._text
+
+    @property
+    def source(self) -> str:
+        """Where the text came from: the path as given to :func:`load_scenario`, or a label."""
+        return self._source
+
+    def agent(self, name: str) -> AgentConfig:
+        """The configuration of agent ``name``; any of the nine roles always has one."""
+        try:
+            return self.agents[name]
+        except KeyError:
+            if name in ROLES:  # only reachable on a hand-built Scenario
+                return AgentConfig(role=name)  # type: ignore[arg-type]
+            raise KeyError(f"no agent {name!r} in scenario {self.name!r}") from None
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
+    """Checks that need more than one section, on the raw mapping.
+
+    Raw, because they must run even when field validation fails elsewhere; each guards its
+    own shape and leaves type errors to the fields.
+    """
+    if not isinstance(data, Mapping):
+        return []
+    out: list[tuple[tuple[Any, ...], str]] = []
+    names: list[str] = list(ROLES)
+
+    agents = data.get("agents")
+    if isinstance(agents, Mapping):
+        for name, cfg in agents.items():
+            role = cfg.get("role") if isinstance(cfg, Mapping) else None
+            if name in ROLES:
+                if role is not None and role != name:
+                    out.append(
+                        (
+                            ("agents", name, "role"),
+                            f"{name!r} is the built-in {name} agent and cannot take role "
+                            f"{role!r}; give the extra instance its own name",
+                        )
+                    )
+                continue
+            if isinstance(name, str):
+                names.append(name)
+            if role is None:
+                out.append(
+                    (
+                        ("agents", name),
+                        f"unknown agent {name!r}{_suggest(str(name), ROLES)}: use one of "
+                        f"{', '.join(ROLES)}, or add a role: for an extra instance",
+                    )
+                )
+
+    def check_names(loc: tuple[Any, ...], mapping: Any, what: str) -> None:
+        if isinstance(mapping, Mapping):
+            out.extend(
+                ((*loc, key), f"{what} names unknown agent {key!r}{_suggest(str(key), names)}")
+                for key in mapping
+                if key not in names
+            )
+
+    faults = data.get("faults")
+    faults = faults if isinstance(faults, Mapping) else {}
+    check_names(("faults", "agents"), faults.get("agents"), "a fault")
+
+    expect = data.get("expect")
+    if isinstance(expect, Mapping):
+        check_names(("expect", "max_p99_ms"), expect.get("max_p99_ms"), "a latency bound")
+
+    transport = data.get("transport")
+    transport = transport if isinstance(transport, Mapping) else {}
+    kind = transport.get("kind", "inprocess")
+    nodes = transport.get("nodes")
+    if kind == "zmq" and isinstance(nodes, Mapping):
+        for node, placed in nodes.items():
+            if isinstance(placed, list | tuple):
+                for i, agent in enumerate(placed):
+                    if agent not in names:
+                        out.append(
+                            (
+                                ("transport", "nodes", node, i),
+                                f"node {node!r} hosts unknown agent {agent!r}"
+                                f"{_suggest(str(agent), names)}",
+                            )
+                        )
+
+    kill = faults.get("kill_node")
+    if kill is not None:
+        if kind != "zmq":
+            out.append(
+                (
+                    ("faults", "kill_node"),
+                    f"kill_node needs transport kind 'zmq' (this scenario's is {kind!r}): "
+                    "there is no node to kill in one process",
+                )
+            )
+        elif isinstance(kill, Mapping) and isinstance(nodes, Mapping) and nodes:
+            node = kill.get("node")
+            if node is not None and node not in nodes:
+                out.append(
+                    (
+                        ("faults", "kill_node", "node"),
+                        f"unknown node {node!r}{_suggest(str(node), map(str, nodes))}; "
+                        f"transport.nodes has {', '.join(map(str, nodes))}",
+                    )
+                )
+    return out
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a scenario, located in its file (line and column are 1-based)."""
+
+    file: str
+    line: int
+    column: int
+    field: str
+    """Dotted path to the offending key (``agents.actor.retry.attempts``, ``rules.spam[2]``);
+    empty for problems with the document as a whole (YAML syntax)."""
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+class ScenarioError(ValueError):
+    """A scenario could not be loaded; ``problems`` lists every reason, in file order.
+
+    The message has one ``file:line:column: field: message`` line per problem, so an editor or
+    CI log can jump to each.
+    """
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line, p.column, p.field))
+        self.source = self.problems[0].file if self.problems else "<string>"
+        lines = [str(p) for p in self.problems]
+        if len(lines) > 1:
+            lines.insert(0, f"{len(lines)} problems in scenario {self.source}:")
+        super().__init__("\n".join(lines))
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+_Loc: TypeAlias = tuple[Any, ...]
+
+
+#: Key paths a scenario may expand to. A real one has a few hundred; aliases to aliases
+#: ("billion laughs") reach millions, which validation would then walk one by one.
+_MAX_PATHS = 50_000
+
+
+class _MarkingLoader(yaml.SafeLoader):
+    """A safe loader; :func:`_marks` walks the node tree it composes for key positions."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _marks(
+    loader: _MarkingLoader, root: yaml.Node, source: str
+) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
+    """Position (1-based line, column) of every key path, and any duplicate keys.
+
+    A mapping entry is placed at its key, a sequence item at its first character, so an error
+    about a value points at the line that names it. Keys brought in by a ``<<`` merge keep the
+    position of the anchored mapping; the mapping's own keys win, as in YAML.
+    """
+    marks: dict[_Loc, tuple[int, int]] = {}
+    duplicates: list[Problem] = []
+
+    def at(node: yaml.Node) -> tuple[int, int]:
+        return node.start_mark.line + 1, node.start_mark.column + 1
+
+    def walk(node: yaml.Node, loc: _Loc, merged: bool, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias cycle; YAML allows them, we need not follow
+            return
+        if len(marks) > _MAX_PATHS:
+            raise _TooLarge
+        seen = seen | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            own: list[tuple[yaml.Node, yaml.Node]] = []
+            merges: list[yaml.Node] = []
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    if isinstance(value_node, yaml.SequenceNode):
+                        merges.extend(value_node.value)
+                    else:
+                        merges.append(value_node)
+                else:
+                    own.append((key_node, value_node))
+            first: dict[Any, tuple[int, int]] = {}
+            for key_node, value_node in own:
+                key = _key(loader, key_node)
+                child = (*loc, key)
+                if key in first and not merged:
+                    line, _ = first[key]
+                    duplicates.append(
+                        Problem(
+                            source,
+                            *at(key_node),
+                            _dotted(child),
+                            f"duplicate key {key!r} (first defined on line {line}); "
+                            "YAML keeps only the last",
+                        )
+                    )
+                first.setdefault(key, at(key_node))
+                if merged:
+                    marks.setdefault(child, at(key_node))
+                else:
+                    marks[child] = at(key_node)
+                walk(value_node, child, merged, seen)
+            for merge in merges:
+                walk(merge, loc, True, seen)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                child = (*loc, i)
+                if merged:
+                    marks.setdefault(child, at(item))
+                else:
+                    marks[child] = at(item)
+                walk(item, child, merged, seen)
+
+    marks[()] = at(root)
+    walk(root, (), False, set())
+    return marks, duplicates
+
+
+def _key(loader: _MarkingLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        try:
+            return loader.construct_object(node)
+        except yaml.YAMLError:
+            return node.value
+    return f"<{node.id} key>"
+
+
+def _dotted(loc: _Loc) -> str:
+    """``("rules", "spam", 2)`` -> ``rules.spam[2]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _clean_loc(loc: _Loc) -> _Loc:
+    """Drop union tags (``@zmq``), which pydantic adds to ``loc`` but the file never has."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("@")))
+
+
+def _model_at(loc: _Loc) -> type[BaseModel] | None:
+    """The model class validating the value at raw pydantic ``loc`` (tags included), if any."""
+    tp: Any = Scenario
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(part, str) and part.startswith("@"):
+            tp = _tagged_member(tp, part)
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return None
+            tp = field.annotation
+            if any(isinstance(m, Discriminator) for m in field.metadata):
+                continue  # the next part is the tag
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        elif typing.get_origin(tp) in (tuple, list):
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+        if tp is None:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip ``Annotated`` and a trailing ``| None`` (but keep tagged unions whole)."""
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+            continue
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
+
+
+def _tagged_member(tp: Any, tag: str) -> Any:
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Annotated:
+            inner, *meta = typing.get_args(arg)
+            if any(isinstance(m, Tag) and m.tag == tag for m in meta):
+                return inner
+        found = _tagged_member(arg, tag) if typing.get_origin(arg) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
+    """A pydantic error as (location in the file, message a scenario author understands)."""
+    raw: _Loc = tuple(error["loc"])
+    loc = _clean_loc(raw)
+    kind = error["type"]
+    msg: str = error["msg"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        key = loc[-1] if loc else "?"
+        model = _model_at(raw[:-1])
+        if model is not None:
+            fields = list(model.model_fields)
+            hint = _suggest(str(key), fields)
+            msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
+        else:
+            msg = f"unknown key {key!r}"
+    elif kind == "union_tag_invalid":
+        tags = [
+            t.strip().strip("'").lstrip("@") for t in str(ctx.get("expected_tags", "")).split(",")
+        ]
+        msg = f"Input should be {_or(tags)}"
+        loc = (*loc, "kind")
+    elif kind == "union_tag_not_found":
+        msg = "Input should be a mapping"
+    elif kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_HELP:
+        msg = _PATTERN_HELP[ctx["pattern"]]
+    elif loc and loc[-1] == "[key]":
+        loc = loc[:-1]
+        msg = f"invalid name: {msg}"
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    return loc, msg
+
+
+_PATTERN_HELP = {
+    _NAME: "use lowercase letters, digits, '_' and '-' only",
+    _TOPIC: "should be a dotted topic name such as observation.email.received",
+}
+
+
+def _or(words: list[str]) -> str:
+    quoted = [f"'{w}'" for w in words]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _locate(marks: Mapping[_Loc, tuple[int, int]], loc: _Loc) -> tuple[int, int]:
+    """The position of ``loc``, or of its nearest ancestor the file has (a missing key)."""
+    while loc not in marks and loc:
+        loc = loc[:-1]
+    return marks.get(loc, (1, 1))
+
+
+def parse_scenario(
+    text: str,
+    source: str = "<string>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = True,
+) -> Scenario:
+    """Validate scenario ``text``; ``source`` names it in errors, ``base_dir`` anchors
+    ``input.path`` (default: the working directory).
+
+    ``check_files=False`` skips the check that the input file exists, for callers that
+    rebuild a recorded scenario without reading its input (replay, redrive).
+
+    Raises :class:`ScenarioError` listing every problem found, YAML syntax errors included.
+    """
+    loader = _MarkingLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
+        try:
+            marks, problems = _marks(loader, root, source)
+        except _TooLarge:
+            message = f"the scenario expands to over {_MAX_PATHS} keys (aliases of aliases?)"
+            raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        what = "; ".join(filter(None, [exc.context, exc.problem]))
+        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
+    except yaml.YAMLError as exc:  # unmarked: e.g. a reader error on a control character
+        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+
+    def problem(loc: _Loc, message: str) -> Problem:
+        return Problem(source, *_locate(marks, loc), _dotted(loc), message)
+
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            [problem((), f"a scenario is a mapping of keys, not a {type(data).__name__}")]
+        )
+    version = data.get("version", SCENARIO_VERSION)
+    if version != SCENARIO_VERSION or type(version) is not int:
+        # Another version is another schema: its other keys would only add noise.
+        raise ScenarioError(
+            [
+                problem(
+                    ("version",),
+                    f"unsupported scenario version {version!r}: this Pantheon reads version "
+                    f"{SCENARIO_VERSION}",
+                )
+            ]
+        )
+
+    cross: list[tuple[_Loc, str]] = []
+    context = {"base_dir": base_dir, "check_files": check_files, "cross_problems": cross}
+    try:
+        scenario = Scenario.model_validate(data, context=context)
+    except ValidationError as exc:
+        problems.extend(problem(*_describe(e)) for e in exc.errors())
+    problems.extend(problem(loc, msg) for loc, msg in cross)
+    if problems:
+        raise ScenarioError(problems)
+    scenario._text = text
+    scenario._source = source
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate the scenario file at ``path``.
+
+    Relative paths inside it (``input.path``) are taken from the file's directory. Raises
+    :class:`ScenarioError` for anything wrong with the content and ``OSError`` if the file
+    cannot be read.
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ScenarioError(
+            [Problem(str(path), line, column, "", "not UTF-8 text: a scenario is a YAML text file")]
+        ) from None
+    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent)
