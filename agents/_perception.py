@@ -6,6 +6,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,16 @@ def _malformed_reason(record: dict[str, Any]) -> str | None:
         return "empty subject and body"
     if "@" not in record["from"]:
         return f"sender {record['from']!r} is not an address"
+    body = record["body"]
+    control = sum(1 for ch in body if ord(ch) < 32 and ch not in "\t\n\r")
+    if control > max(2, len(body) // 20):
+        return f"body is binary garbage ({control} control characters)"
+    received = record.get("received_at")
+    if received is not None:
+        try:
+            datetime.fromisoformat(str(received).replace("Z", "+00:00"))
+        except ValueError:
+            return f"received_at {received!r} is not an ISO-8601 time"
     return None
 
 

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -49,7 +49,7 @@ def _load(path: Path):  # type: ignore[no-untyped-def]
 
 
 @app.command()
-def validate(file: Path = typer.Argument(..., help="Scenario YAML file.")) -> None:
+def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
     """Check a scenario without running it; errors name the file, line and field."""
     scenario = _load(file)
     agents = [n for n in scenario.agents] or ["(defaults)"]
@@ -58,13 +58,14 @@ def validate(file: Path = typer.Argument(..., help="Scenario YAML file.")) -> No
 
 @app.command()
 def run(
-    file: Path = typer.Argument(..., help="Scenario YAML file."),
-    seed: int | None = typer.Option(None, help="Override the scenario's seed."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
-    store: Path | None = typer.Option(
-        None, help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."
-    ),
-    record: bool = typer.Option(True, help="Record the session in the store."),
+    file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
+    ] = None,
+    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
 ) -> None:
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
@@ -94,6 +95,7 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
         transient=True,
     )
     task = bar.add_task(f"{scenario.name}: emails in", total=None)
+    source = str(Path(scenario.source).resolve())  # noqa: ASYNC240 - once, before the run
 
     def on_progress(done: int, total: int | None) -> None:
         bar.update(task, completed=done, total=total)
@@ -108,7 +110,7 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
                 attach=rec.attach,
                 outbox_dir=rec.outbox_dir,
             )
-            await rec.finish(summary, source=str(Path(scenario.source).resolve()))
+            await rec.finish(summary, source=source)
     return summary
 
 
@@ -143,7 +145,9 @@ def _print_summary(s: Any) -> None:
     for e in s.expectations:
         mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
         out.print(f"{mark} {e['name']} (actual {e['actual']})")
-    out.print("[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]")
+    out.print(
+        "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
+    )
 
 
 def main() -> None:
