@@ -160,7 +160,7 @@ class Actor(Agent):
     async def _call(self, email_id: str, index: int, step: Mapping[str, Any]) -> dict[str, Any]:
         fault = self.fault
         if fault.tool == step["tool"] and (fault.failure_rate or fault.latency_ms):
-            await self.inject(Fault(fault.failure_rate, fault.latency_ms))
+            await self.inject(Fault(fault.failure_rate, fault.latency_ms), f"{email_id}/{index}")
         return self.outbox.write(email_id, index, step)
 
 

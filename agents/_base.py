@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import random
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -68,8 +70,11 @@ class Agent:
         options: AgentOptions | None = None,
         fault: Fault | None = None,
         effects: Effects | None = None,
+        seed: int = 0,
     ) -> None:
         self.name = name or self.role
+        self.seed = seed
+        self._draws: Counter[str] = Counter()
         self.settings: dict[str, Any] = dict(settings or {})
         self.options = options or AgentOptions()
         self.fault = fault or Fault()
@@ -109,16 +114,30 @@ class Agent:
     async def _dispatch(self, env: Envelope) -> Any:
         fault = self.fault
         if fault.tool is None and (fault.failure_rate or fault.latency_ms):
-            await self.inject(fault)
+            payload = env.payload
+            key = (
+                payload.get("email_id") or payload.get("id") if isinstance(payload, dict) else None
+            )
+            await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
         return await self.handle(env)
 
-    async def inject(self, fault: Fault) -> None:
-        """Apply a fault: latency first, then a failure drawn through the effects runner (so a
-        replay fails on the same messages)."""
+    async def inject(self, fault: Fault, key: str) -> None:
+        """Apply a fault to the call identified by ``key``: latency, then maybe a failure.
+
+        The draw depends only on (seed, agent, key, how many times this key was tried), not on
+        the order messages happen to interleave, so the same seed fails the same calls, and a
+        retry of a failed call gets a fresh draw. It goes through an effect, so a replay fails
+        exactly where the recording did."""
         if fault.latency_ms:
             await asyncio.sleep(fault.latency_ms / 1000)
-        if fault.failure_rate and await self.random() < fault.failure_rate:
-            raise InjectedFault(f"{self.name}: injected failure (rate {fault.failure_rate})")
+        if fault.failure_rate:
+            self._draws[key] += 1
+            tag = f"{self.seed}/{self.name}/{key}/{self._draws[key]}"
+            draw = await self.effect("fault.draw", lambda: random.Random(tag).random())
+            if draw < fault.failure_rate:
+                raise InjectedFault(
+                    f"{self.name}: injected failure on {key} (rate {fault.failure_rate})"
+                )
 
     async def handle(self, env: Envelope) -> Any:
         """Handle one message. Return a value to answer a request (``None`` answers nothing)."""

@@ -34,6 +34,8 @@ from pantheon.scenario import Scenario
 __all__ = ["RunSummary", "Team", "build_team", "run_scenario", "team_setup"]
 
 Setup = Callable[[Bus], Awaitable[None]]
+#: Dead letters listed by name in a summary; the session store has all of them.
+MAX_LISTED_DEAD_LETTERS = 100
 
 
 @dataclass
@@ -80,7 +82,11 @@ def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
 
 
 def build_team(
-    scenario: Scenario, *, replay: bool = False, outbox_path: Path | None = None
+    scenario: Scenario,
+    *,
+    replay: bool = False,
+    outbox_path: Path | None = None,
+    seed: int | None = None,
 ) -> Team:
     """The scenario's agents, configured. ``replay`` leaves out everything that creates
     outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
@@ -122,7 +128,14 @@ def build_team(
             kwargs["outbox"] = outbox
         elif cls is Monitor:
             kwargs["sample"] = not replay
-        agents[name] = cls(name, settings=settings, options=options, fault=fault, **kwargs)
+        agents[name] = cls(
+            name,
+            settings=settings,
+            options=options,
+            fault=fault,
+            seed=scenario.seed if seed is None else seed,
+            **kwargs,
+        )
     return Team(agents, outbox)
 
 
@@ -157,6 +170,7 @@ class RunSummary:
     hops: dict[str, dict[str, float]]
     edges: list[dict[str, Any]]
     dlq: dict[str, int]
+    dead_letters: list[dict[str, Any]]
     breaker_trips: int
     accuracy: dict[str, Any]
     decisions: dict[str, int]
@@ -212,6 +226,7 @@ async def run_scenario(
         bus.context = LiveEffects(seed)
     team = build_team(
         scenario,
+        seed=seed,
         outbox_path=(outbox_dir / f"{bus.session_id or 'run'}.jsonl") if outbox_dir else None,
     )
     observers: list[Observer] = team.of_role(Observer)
@@ -298,6 +313,19 @@ def _summarize(scenario: Scenario, bus: Bus, team: Team, seed: int, elapsed: flo
         hops=hops,
         edges=edges,
         dlq=dict(dlq),
+        dead_letters=[
+            {
+                "subscriber": e.subscriber,
+                "topic": e.envelope.topic,
+                "email_id": e.envelope.payload.get("email_id")
+                if isinstance(e.envelope.payload, dict)
+                else None,
+                "reason": e.reason,
+                "error": e.error,
+            }
+            for e in bus.dlq.entries()
+            if e.reason != "shed"
+        ][:MAX_LISTED_DEAD_LETTERS],
         breaker_trips=sum(s.breaker_trips for s in stats.subscribers.values()),
         accuracy=accuracy,
         decisions=dict(decisions),

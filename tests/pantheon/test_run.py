@@ -1,0 +1,116 @@
+"""``pantheon run`` and ``pantheon validate`` end to end, as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = ROOT / "scenarios"
+
+
+def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    """A copy of the scenarios in a scratch directory, so runs write their store there."""
+    shutil.copytree(SCENARIOS, tmp_path / "scenarios")
+    return tmp_path
+
+
+def test_support_scenario_runs_passes_and_is_recorded(workdir: Path) -> None:
+    proc = pantheon("run", "scenarios/support_email.yaml", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["passed"] is True
+    assert summary["inputs"] + summary["malformed"] == 600
+    assert summary["malformed"] >= 7
+    assert summary["accounting_ok"] is True
+    acc = summary["accuracy"]
+    assert acc["scored"] == 598 and 0.7 <= acc["action_accuracy"] <= 1.0
+    assert {"sensor", "reasoner", "planner", "guardian", "actor", "learner"} <= set(summary["hops"])
+    assert summary["decisions"]["escalated"] > 0 and summary["decisions"]["modified"] > 0
+    # The Actor's outbox is a real file next to the store, one line per tool call.
+    outbox = workdir / ".pantheon" / "outbox" / f"{summary['session_id']}.jsonl"
+    lines = outbox.read_text().splitlines()
+    assert len(lines) == sum(summary["outbox"].values())
+    assert all("4111" not in line for line in lines)
+    assert (workdir / ".pantheon" / "sessions.db").exists()
+
+
+def test_human_summary_prints_accuracy_and_hops(workdir: Path) -> None:
+    proc = pantheon("run", "scenarios/support_email.yaml", "--no-record", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "accuracy vs ground truth: action" in proc.stdout
+    assert "per-hop latency" in proc.stdout
+    assert "all expectations passed" in proc.stdout
+    assert not (workdir / ".pantheon" / "sessions.db").exists()
+
+
+def test_failed_expectation_exits_non_zero(workdir: Path) -> None:
+    path = workdir / "scenarios" / "support_email.yaml"
+    path.write_text(path.read_text().replace("min_accuracy: 0.7", "min_accuracy: 0.99"))
+    proc = pantheon("run", "scenarios/support_email.yaml", "--json", "--no-record", cwd=workdir)
+    assert proc.returncode == 1
+    summary = json.loads(proc.stdout)
+    [failed] = [e for e in summary["expectations"] if not e["passed"]]
+    assert failed["name"] == "accuracy >= 0.99" and failed["actual"] < 0.99
+
+
+def test_bad_scenario_fails_before_anything_runs(workdir: Path) -> None:
+    path = workdir / "scenarios" / "support_email.yaml"
+    text = path.read_text().replace("    concurrency: 8", "    concurrency: -1", 1)
+    path.write_text(text)
+    line = next(n for n, ln in enumerate(text.splitlines(), 1) if "concurrency: -1" in ln)
+    for command in ("validate", "run"):
+        proc = pantheon(command, "scenarios/support_email.yaml", cwd=workdir)
+        assert proc.returncode == 2
+        assert f"support_email.yaml:{line}:" in proc.stderr
+        assert "agents.reasoner.concurrency" in proc.stderr
+    assert not (workdir / ".pantheon").exists()
+
+
+def test_flood_is_shed_and_every_message_accounted(workdir: Path) -> None:
+    proc = pantheon("run", "scenarios/flood.yaml", "--json", "--no-record", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["dlq"].get("shed", 0) > 1000
+    assert summary["accounting_ok"] is True
+
+
+def test_flaky_actor_dead_letters_exhausted_retries(workdir: Path) -> None:
+    proc = pantheon("run", "scenarios/flaky_actor.yaml", "--json", "--no-record", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    # 30% failure, 3 attempts: about 2.7% of actions exhaust their retries.
+    assert 0 < summary["dlq"]["failed"] <= 60
+    assert summary["hops"]["actor"]["handled"] > 500
+
+
+def test_seed_changes_the_injected_faults(workdir: Path) -> None:
+    runs = [
+        json.loads(
+            pantheon(
+                "run", "scenarios/flaky_actor.yaml", "--json", "--no-record", "--seed", seed,
+                cwd=workdir,
+            ).stdout
+        )
+        for seed in ("1", "1", "2")
+    ]  # fmt: skip
+    assert runs[0]["seed"] == 1 and runs[2]["seed"] == 2
+    failed = [{d["email_id"] for d in run["dead_letters"]} for run in runs]
+    assert failed[0] and failed[0] == failed[1]
+    assert failed[0] != failed[2]
