@@ -19,7 +19,7 @@ _ids = itertools.count((int.from_bytes(os.urandom(3), "big") << 40) | 1)
 next_id = _ids.__next__
 
 
-class Envelope(msgspec.Struct, gc=False):
+class Envelope(msgspec.Struct, gc=False, array_like=True):
     """One message: its topic, its payload (passed by reference in-process) and its lineage.
 
     A msgspec Struct rather than a plain class because building one is what every emit pays

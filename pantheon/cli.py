@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pantheon._cli_sessions import register as register_sessions
 from pantheon.scenario import ScenarioError, load_scenario
 
 __all__ = ["app", "main", "run_async"]
@@ -28,6 +29,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
+register_sessions(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

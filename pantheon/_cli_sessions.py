@@ -1,0 +1,394 @@
+"""``pantheon sessions | dlq | export | diff | replay``: the session store from the shell.
+
+Exit codes: 0 success (for ``replay`` and ``diff``: the runs match), 1 the runs diverge,
+2 a usage or store error (no such session, ambiguous prefix, unknown schema version...).
+Session arguments accept any unique prefix of an id. ``--store`` (or ``$PANTHEON_STORE``)
+names the store file; the default is ``.pantheon/sessions.db`` under the current directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as _dt
+import importlib
+import importlib.util
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from pantheon.sessions import (
+    STORE_ENV,
+    SessionError,
+    SessionStore,
+    Setup,
+    diff_sessions,
+    export_jsonl,
+    redrive,
+    replay_session,
+    resolve_store_path,
+)
+
+__all__ = ["register"]
+
+StoreOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--store",
+        envvar=STORE_ENV,
+        help="Session store file (default .pantheon/sessions.db under the current directory).",
+        show_default=False,
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+SetupOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--setup",
+        help="MODULE:FACTORY (or path/to/file.py:FACTORY) called with the scenario text to "
+        "build the team's setup(bus); default: pantheon._runtime.team_setup.",
+        show_default=False,
+    ),
+]
+
+
+def _console() -> Console:
+    return Console(highlight=False, soft_wrap=True)
+
+
+def _err(message: str, code: int = 2) -> typer.Exit:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+@contextmanager
+def _open(path: Path | None) -> Iterator[SessionStore]:
+    resolved = resolve_store_path(path)
+    try:
+        store = SessionStore(resolved, create=False)
+    except SessionError as exc:
+        raise _err(str(exc)) from None
+    try:
+        yield store
+    except SessionError as exc:
+        raise _err(str(exc)) from None
+    finally:
+        store.close()
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return "-"
+    return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _dump(obj: Any) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=repr, sort_keys=False))
+
+
+def _load_setup(spec: str | None, scenario_text: str | None) -> Setup:
+    """The team for a replay/redrive: ``spec``'s factory, or the runtime's."""
+    if spec is None:
+        try:
+            from pantheon._runtime import team_setup  # type: ignore[import-not-found]
+        except ImportError as exc:
+            raise _err(
+                f"cannot build the team: pantheon._runtime.team_setup is not available ({exc}); "
+                "pass --setup MODULE:FACTORY"
+            ) from None
+        factory: Callable[[str | None], Setup] = team_setup
+    else:
+        module_name, _, attr = spec.rpartition(":")
+        if not module_name or not attr:
+            raise _err(f"--setup must look like MODULE:FACTORY, got {spec!r}")
+        try:
+            if module_name.endswith(".py"):
+                path = Path(module_name).resolve()
+                loaded = sys.modules.get(path.stem)
+                if loaded is not None and Path(getattr(loaded, "__file__", "")) == path:
+                    module = loaded
+                else:
+                    mod_spec = importlib.util.spec_from_file_location(path.stem, path)
+                    if mod_spec is None or mod_spec.loader is None:
+                        raise ImportError(f"cannot load {path}")
+                    module = importlib.util.module_from_spec(mod_spec)
+                    mod_spec.loader.exec_module(module)
+            else:
+                module = importlib.import_module(module_name)
+            factory = getattr(module, attr)
+        except (ImportError, AttributeError, OSError) as exc:
+            raise _err(f"--setup {spec!r}: {exc}") from None
+    return factory(scenario_text)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``sessions``, ``dlq``, ``export``, ``diff`` and ``replay`` to ``app``."""
+    sessions = typer.Typer(help="List and inspect recorded sessions.", no_args_is_help=True)
+    dlq = typer.Typer(help="Dead letters of a recorded session.", no_args_is_help=True)
+    app.add_typer(sessions, name="sessions")
+    app.add_typer(dlq, name="dlq")
+
+    @sessions.command("list")
+    def sessions_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
+        """Every session, newest first."""
+        with _open(store) as st:
+            rows = st.sessions()
+            counts = st.envelope_counts()
+            if as_json:
+                _dump([{**s.to_dict(), "messages": counts.get(s.id, 0)} for s in rows])
+                return
+            table = Table(title=f"sessions in {st.path}")
+            for col in ("id", "kind", "scenario", "status", "started", "duration", "messages"):
+                table.add_column(
+                    col,
+                    justify="right" if col == "messages" else "left",
+                    no_wrap=col in ("id", "status"),
+                )
+            table.add_column("replay of")
+            for s in rows:
+                table.add_row(
+                    s.id,
+                    s.kind,
+                    s.scenario or "-",
+                    _status(s.status),
+                    _when(s.started),
+                    "-" if s.duration is None else f"{s.duration:.2f}s",
+                    str(counts.get(s.id, 0)),
+                    s.replay_of or "",
+                )
+            _console().print(table)
+
+    @sessions.command("show")
+    def sessions_show(
+        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        store: StoreOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """One session: its status, counts, summary and dead letters."""
+        with _open(store) as st:
+            info = st.session(session)
+            counts = st.counts(info.id)
+            letters = st.dead_letters(info.id)
+            if as_json:
+                _dump(
+                    {
+                        **info.to_dict(),
+                        "scenario_text": info.scenario_text,
+                        "counts": counts,
+                        "dead_letters": [d.to_dict() for d in letters],
+                    }
+                )
+                return
+            con = _console()
+            con.print(f"[bold]{info.id}[/bold]  {info.kind}  {_status(info.status)}")
+            con.print(f"scenario  {info.scenario or '-'}   seed {info.seed}")
+            con.print(f"started   {_when(info.started)}   ended {_when(info.ended)}")
+            if info.replay_of:
+                con.print(f"replay of {info.replay_of}")
+            con.print(
+                "recorded  "
+                + ", ".join(
+                    f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if k != "journal_chunks"
+                )
+            )
+            if info.summary:
+                con.print("summary   " + json.dumps(info.summary, default=repr)[:2000])
+            if letters:
+                con.print(f"dead letters: {len(letters)} (pantheon dlq list {info.id})")
+
+    @dlq.command("list")
+    def dlq_list(
+        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        store: StoreOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """The session's dead letters, with the failing payload and traceback in --json."""
+        with _open(store) as st:
+            sid = st.resolve(session)
+            letters = st.dead_letters(sid)
+            envs = {e.id: e for e in st.envelopes(sid)}
+            if as_json:
+                out = []
+                for d in letters:
+                    env = envs.get(d.envelope_id)
+                    out.append({**d.to_dict(), "payload": None if env is None else env.payload})
+                _dump(out)
+                return
+            table = Table(title=f"dead letters of {sid}")
+            for col in ("entry", "subscriber", "topic", "reason", "error", "attempts", "redriven"):
+                table.add_column(col)
+            for d in letters:
+                error = f"{d.error_type}: {d.error}" if d.error_type else "-"
+                table.add_row(
+                    str(d.entry_id),
+                    d.subscriber,
+                    d.topic,
+                    d.reason,
+                    error,
+                    str(d.attempts),
+                    d.redriven_by or ("yes" if d.redriven else ""),
+                )
+            _console().print(table)
+
+    @dlq.command("redrive")
+    def dlq_redrive(
+        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        entry: Annotated[
+            int | None, typer.Argument(help="Entry id (default: all not yet redriven).")
+        ] = None,
+        store: StoreOpt = None,
+        setup: SetupOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Re-deliver a finished session's dead letters to the team as it is now, in a new
+        session; entries delivered this time are marked redriven."""
+        with _open(store) as st:
+            info = st.session(session)
+            team = _load_setup(setup, info.scenario_text)
+            report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
+            if as_json:
+                _dump(report.to_dict())
+                return
+            con = _console()
+            con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
+            for entry_id, outcome in report.outcomes.items():
+                colour = "green" if outcome == "delivered" else "red"
+                con.print(f"  entry {entry_id}: [{colour}]{outcome}[/{colour}]")
+            if not report.outcomes:
+                con.print("  nothing to redrive")
+
+    @app.command("export")
+    def export(
+        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        fmt: Annotated[str, typer.Option("--format", help="Only jsonl.")] = "jsonl",
+        output: Annotated[
+            Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
+        ] = None,
+        store: StoreOpt = None,
+    ) -> None:
+        """Export a session's envelopes, one JSON object per line."""
+        if fmt != "jsonl":
+            raise _err(f"unknown format {fmt!r} (supported: jsonl)")
+        with _open(store) as st:
+            if output is None:
+                export_jsonl(st, session, sys.stdout)
+                return
+            with output.open("w", encoding="utf-8") as f:
+                n = export_jsonl(st, session, f)
+            Console(stderr=True).print(f"{n} envelopes written to {output}")
+
+    @app.command("diff")
+    def diff(
+        a: Annotated[str, typer.Argument(help="First session (the reference).")],
+        b: Annotated[str, typer.Argument(help="Second session.")],
+        store: StoreOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Align B onto A hop by hop: the first divergent message and per-hop latency deltas.
+        Exits 1 when they diverge."""
+        with _open(store) as st:
+            result = diff_sessions(st, a, b)
+        if as_json:
+            _dump(result.to_dict())
+        else:
+            con = _console()
+            con.print(
+                f"{result.a} -> {result.b}: {result.hops_compared} hops compared "
+                f"({result.messages_a} vs {result.messages_b} messages)"
+            )
+            if result.divergence is None:
+                con.print("[green]no divergence[/green]")
+            else:
+                con.print(f"[red]first divergence:[/red] {result.divergence}")
+            table = Table(title="per-hop latency (µs): p50 / p99")
+            for col in (
+                "scope",
+                "hop",
+                "metric",
+                "A p50",
+                "A p99",
+                "B p50",
+                "B p99",
+                "Δp50",
+                "Δp99",
+            ):
+                table.add_column(col, justify="right" if col[0] in "ABΔ" else "left")
+            for d in result.latency:
+                table.add_row(
+                    d.scope,
+                    d.name,
+                    d.metric,
+                    f"{d.a.p50_us:.1f}",
+                    f"{d.a.p99_us:.1f}",
+                    f"{d.b.p50_us:.1f}",
+                    f"{d.b.p99_us:.1f}",
+                    f"{d.delta_p50_us:+.1f}",
+                    f"{d.delta_p99_us:+.1f}",
+                )
+            con.print(table)
+        if result.divergence is not None:
+            raise typer.Exit(1)
+
+    @app.command("replay")
+    def replay(
+        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        live_effects: Annotated[
+            bool, typer.Option("--live-effects", help="Call effects for real, not from the record.")
+        ] = False,
+        from_ts: Annotated[
+            float | None,
+            typer.Option("--from", help="Start at the first input this many seconds in."),
+        ] = None,
+        store: StoreOpt = None,
+        setup: SetupOpt = None,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Re-run a session with recorded effects and check every hop matches.
+        Exits 0 on a match, 1 on a divergence (printed)."""
+        with _open(store) as st:
+            info = st.session(session)
+            team = _load_setup(setup, info.scenario_text)
+            con = _console()
+
+            async def run() -> Any:
+                return await replay_session(
+                    st, info.id, team, live_effects=live_effects, from_ts=from_ts
+                )
+
+            if as_json:
+                report = asyncio.run(run())
+            else:
+                with con.status(f"replaying {info.id} ..."):
+                    report = asyncio.run(run())
+        if as_json:
+            _dump(report.to_dict())
+        else:
+            con.print(
+                f"replay of {report.original_session_id} recorded as {report.new_session_id}: "
+                f"{report.hops_compared} hops compared, {report.inputs_replayed} inputs "
+                f"({report.inputs_skipped} skipped), effects served {report.effects_served}, "
+                f"called {report.effects_called}"
+            )
+            for f in report.failures:
+                con.print(
+                    f"  reproduced failure: {f.subscriber} on {f.topic} "
+                    f"({f.outcome}: {f.error_type}: {f.error})"
+                )
+            if report.divergence is None:
+                con.print("[green]matched[/green]")
+            else:
+                con.print(f"[red]diverged:[/red] {report.divergence}")
+        if report.divergence is not None:
+            raise typer.Exit(1)
+
+
+def _status(status: str) -> str:
+    colour = {"completed": "green", "running": "cyan", "failed": "red", "aborted": "yellow"}
+    c = colour.get(status, "white")
+    return f"[{c}]{status}[/{c}]"

@@ -1,0 +1,102 @@
+"""Sessions: every run recorded, listable, diffable and replayable exactly.
+
+A :class:`Recorder` attached to a bus writes the run into a :class:`SessionStore` (one
+SQLite file, WAL). :func:`replay_session` re-runs a recorded session on a fresh bus with
+every effect served from the record and reports the first hop where it diverges;
+:func:`diff_sessions` aligns two recorded sessions the same way; :func:`redrive`
+re-delivers a finished session's dead letters to a (fixed) team.
+
+Errors::
+
+    SessionError
+    ├── StoreError
+    │   ├── SchemaVersionError
+    │   └── SessionNotFound
+    ├── RecordingError
+    └── ReplayDivergence
+"""
+
+from pantheon.sessions._align import FailureMatch
+from pantheon.sessions._diff import LatencyDelta, LatencyStats, SessionDiff, diff_sessions
+from pantheon.sessions._effects import EffectsContext, RecordingEffects, ReplayEffects
+from pantheon.sessions._errors import (
+    RecordedError,
+    RecordingError,
+    ReplayDivergence,
+    SchemaVersionError,
+    SessionError,
+    SessionNotFound,
+    StoreError,
+)
+from pantheon.sessions._export import export_jsonl
+from pantheon.sessions._recorder import (
+    DEFAULT_COMMIT_INTERVAL,
+    DEFAULT_COMMIT_ROWS,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_METRICS_INTERVAL,
+    Recorder,
+)
+from pantheon.sessions._replay import (
+    RedriveReport,
+    ReplayReport,
+    Setup,
+    redrive,
+    replay_session,
+)
+from pantheon.sessions._store import (
+    DEFAULT_STORE_PATH,
+    SCHEMA_VERSION,
+    STORE_ENV,
+    BreakerTransition,
+    MetricSnapshot,
+    SessionInfo,
+    SessionStore,
+    StoredDeadLetter,
+    StoredDelivery,
+    StoredEffect,
+    StoredEnvelope,
+    new_session_id,
+    resolve_store_path,
+)
+
+__all__ = [
+    "DEFAULT_COMMIT_INTERVAL",
+    "DEFAULT_COMMIT_ROWS",
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_METRICS_INTERVAL",
+    "DEFAULT_STORE_PATH",
+    "SCHEMA_VERSION",
+    "STORE_ENV",
+    "BreakerTransition",
+    "EffectsContext",
+    "FailureMatch",
+    "LatencyDelta",
+    "LatencyStats",
+    "MetricSnapshot",
+    "RecordedError",
+    "Recorder",
+    "RecordingEffects",
+    "RecordingError",
+    "RedriveReport",
+    "ReplayDivergence",
+    "ReplayEffects",
+    "ReplayReport",
+    "SchemaVersionError",
+    "SessionDiff",
+    "SessionError",
+    "SessionInfo",
+    "SessionNotFound",
+    "SessionStore",
+    "Setup",
+    "StoreError",
+    "StoredDeadLetter",
+    "StoredDelivery",
+    "StoredEffect",
+    "StoredEnvelope",
+    "diff_sessions",
+    "export_jsonl",
+    "new_session_id",
+    "redrive",
+    "replay_session",
+    "resolve_store_path",
+]

@@ -1,0 +1,303 @@
+"""The recording and replaying :class:`agents.Effects` runners.
+
+An effect is keyed by (session, causing envelope id, subscriber, ordinal): the causing
+envelope is ``bus.current_envelope()`` (id 0 outside handlers), the subscriber is the bus
+worker running the handler, and the ordinal counts that subscriber's effects for that
+envelope. Keying by subscriber as well as envelope keeps two subscribers of one message from
+interleaving their ordinals differently on replay, where served effects never wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from bus import current_envelope
+from pantheon.sessions._codec import decode, encode
+from pantheon.sessions._errors import RecordedError, ReplayDivergence
+from pantheon.sessions._store import (
+    EFFECT_DIVERGED,
+    EFFECT_ERROR,
+    EFFECT_OK,
+    EFFECT_REPR,
+    StoredEffect,
+)
+
+__all__ = [
+    "EffectsContext",
+    "RecordingEffects",
+    "ReplayEffects",
+    "rebuild_error",
+    "type_name",
+]
+
+EffectSink = Callable[[tuple[Any, ...]], None]
+
+#: In-flight (envelope, subscriber) ordinal counters kept. An envelope whose handler is still
+#: making effects after this many newer envelopes started theirs would restart at ordinal 0;
+#: far beyond any mailbox bound (10 000 per subscriber by default).
+MAX_TRACKED_ENVELOPES = 65_536
+
+_TASK_PREFIX = "bus:"
+
+
+async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def current_subscriber() -> str | None:
+    """The subscription whose worker runs the current task (bus workers are named
+    ``bus:<subscription>:<n>``), or None for any other task."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:
+        return None
+    if task is None:
+        return None
+    name = task.get_name()
+    if not name.startswith(_TASK_PREFIX):
+        return None
+    return name[len(_TASK_PREFIX) :].rpartition(":")[0] or None
+
+
+def type_name(exc: BaseException) -> str:
+    cls = type(exc)
+    if isinstance(exc, RecordedError):
+        return exc.type_name
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+
+
+_recorded_types: dict[str, type[RecordedError]] = {}
+
+
+def rebuild_error(qualified: str, message: str) -> Exception:
+    """The exception an effect raised in the original run, for re-raising on replay.
+
+    Rebuilt as the same type when that type is already loaded (we never import a module
+    named by a store) and takes a single message; otherwise a :class:`RecordedError`
+    subclass carrying the same type name and message."""
+    module, _, qualname = qualified.rpartition(".") if "." in qualified else ("", "", qualified)
+    if not module:
+        module, qualname = "builtins", qualified
+    obj: Any = sys.modules.get(module)
+    # Nested classes: the module part may itself contain class names; walk from the longest
+    # loaded module prefix.
+    if obj is None:
+        parts = qualified.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            mod = sys.modules.get(".".join(parts[:i]))
+            if mod is not None:
+                obj, qualname = mod, ".".join(parts[i:])
+                break
+    if obj is not None:
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                break
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            try:
+                exc = obj(message)
+                if str(exc) == message:
+                    return exc
+            except Exception:
+                pass
+    short = qualified.rpartition(".")[2] or qualified
+    cls = _recorded_types.get(qualified)
+    if cls is None:
+        cls = type(short, (RecordedError,), {"__module__": __name__})
+        _recorded_types[qualified] = cls
+    return cls(qualified, message)
+
+
+class EffectsContext(msgspec.Struct, array_like=True, dict=True):
+    """What a recorder puts in ``bus.context`` (so on every envelope): an :class:`Effects`
+    that forwards to its ``runner``.
+
+    Why not the runner itself: envelopes are journaled by encoding them whole with msgspec,
+    and a msgspec Struct with no fields encodes as ``[]`` in C, while any other object would
+    cost a Python hook call per message (a third of the encoding time)."""
+
+    @classmethod
+    def wrap(cls, runner: RecordingEffects) -> EffectsContext:
+        ctx = cls()
+        ctx.runner = runner
+        return ctx
+
+    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await self.runner.effect(name, fn, *args, **kwargs)
+
+    async def now(self) -> float:
+        return await self.runner.now()  # type: ignore[no-any-return]
+
+    async def random(self) -> float:
+        return await self.runner.random()  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"EffectsContext({self.runner!r})"
+
+
+class RecordingEffects:
+    """Calls every effect for real and records its result (or exception) in the session.
+
+    ``now()`` and ``random()`` are effects too (``clock.now``, ``random.random``), drawn from
+    a generator seeded with the session's seed. Results are stored as msgpack: return plain
+    data (dict, list, str, numbers, bool, None, bytes; tuples come back as lists on replay).
+    A result msgspec cannot encode is stored as its repr and cannot be served on replay.
+    """
+
+    __slots__ = ("_ordinals", "_random", "_sink", "active", "calls")
+
+    def __init__(self, sink: EffectSink, seed: int | None = None) -> None:
+        self._sink = sink
+        #: (envelope id, subscriber) -> effects of that handler running right now: messages
+        #: it publishes meanwhile are the effect's own (see ``_align``).
+        self.active: dict[tuple[int, str | None], int] = {}
+        self._ordinals: dict[tuple[int, str | None], int] = {}
+        self._random = random.Random(seed)
+        #: Effects actually executed (not served from a record).
+        self.calls = 0
+
+    def _key(self) -> tuple[int, str | None, int]:
+        env = current_envelope()
+        if env is None:
+            key: tuple[int, str | None] = (0, None)
+        else:
+            key = (env.id, current_subscriber())
+        ordinals = self._ordinals
+        n = ordinals.pop(key, 0)
+        # Re-insert at the end: the dict's order is least recently used first.
+        ordinals[key] = n + 1
+        if len(ordinals) > MAX_TRACKED_ENVELOPES:
+            del ordinals[next(iter(ordinals))]
+        return key[0], key[1], n
+
+    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env_id, sub, n = self._key()
+        return await self._run(env_id, sub, n, name, fn, args, kwargs)
+
+    async def _run(
+        self,
+        env_id: int,
+        sub: str | None,
+        n: int,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        self.calls += 1
+        started = time.monotonic_ns()
+        key = (env_id, sub)
+        active = self.active
+        active[key] = active.get(key, 0) + 1
+        try:
+            result = await call_maybe_async(fn, *args, **kwargs)
+        except Exception as exc:
+            self._sink(
+                ("effect", env_id, sub, n, name, EFFECT_ERROR, None, type_name(exc), str(exc),
+                 time.time(), started, time.monotonic_ns())
+            )  # fmt: skip
+            raise
+        finally:
+            left = active.pop(key) - 1
+            if left:
+                active[key] = left
+        blob, as_repr = encode(result)
+        flag = EFFECT_REPR if as_repr else EFFECT_OK
+        self._sink(
+            ("effect", env_id, sub, n, name, flag, blob, None, None, time.time(), started,
+             time.monotonic_ns())
+        )  # fmt: skip
+        return result
+
+    async def now(self) -> float:
+        return float(await self.effect("clock.now", time.time))
+
+    async def random(self) -> float:
+        return float(await self.effect("random.random", self._random.random))
+
+
+class ReplayEffects(RecordingEffects):
+    """Serves each effect from the original session instead of calling it, and records what
+    it served into the replay's session.
+
+    ``recorded`` maps (original envelope id, subscriber) to that pair's effects in ordinal
+    order; ``to_original`` maps a replay envelope id to the original's (see
+    :func:`~pantheon.sessions.replay_session`). A call whose name differs from the recorded
+    one at that position, or that has no recorded counterpart, is a divergence: it is
+    reported to ``on_divergence`` and raises :class:`ReplayDivergence` in the handler
+    without calling anything. With ``live=True`` every effect is called for real (and still
+    checked by name and order).
+    """
+
+    __slots__ = ("_live", "_on_divergence", "_recorded", "_to_original", "served")
+
+    def __init__(
+        self,
+        sink: EffectSink,
+        recorded: Mapping[tuple[int, str | None], Sequence[StoredEffect]],
+        to_original: Callable[[int], int | None],
+        *,
+        live: bool = False,
+        seed: int | None = None,
+        on_divergence: Callable[[ReplayDivergence], None] | None = None,
+    ) -> None:
+        super().__init__(sink, seed)
+        self._recorded = recorded
+        self._to_original = to_original
+        self._live = live
+        self._on_divergence = on_divergence
+        #: Effects served from the record.
+        self.served = 0
+
+    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env_id, sub, n = self._key()
+        orig_id = 0 if env_id == 0 else self._to_original(env_id)
+        records = self._recorded.get((orig_id, sub), ()) if orig_id is not None else ()
+        rec = records[n] if n < len(records) else None
+        problem = None
+        if rec is None or rec.name != name:
+            problem = "no recorded effect at this position" if rec is None else None
+        elif rec.flag == EFFECT_REPR and not self._live:
+            problem = "the original result could not be stored (not msgpack-encodable)"
+        if rec is None or rec.name != name or problem:
+            div = ReplayDivergence(
+                "effect",
+                original_id=orig_id,
+                replay_id=env_id,
+                agent=sub,
+                expected=None if rec is None else rec.name,
+                actual=name,
+                detail=f"effect #{n}" + (f": {problem}" if problem else ""),
+            )
+            now_ns = time.monotonic_ns()
+            self._sink(
+                ("effect", env_id, sub, n, name, EFFECT_DIVERGED, None, None, str(div),
+                 time.time(), now_ns, now_ns)
+            )  # fmt: skip
+            if self._on_divergence is not None:
+                self._on_divergence(div)
+            raise div
+        if self._live:
+            return await self._run(env_id, sub, n, name, fn, args, kwargs)
+        self.served += 1
+        now_ns = time.monotonic_ns()
+        self._sink(
+            ("effect", env_id, sub, n, name, rec.flag, rec.result, rec.error_type, rec.error,
+             time.time(), now_ns, now_ns)
+        )  # fmt: skip
+        if rec.flag == EFFECT_ERROR:
+            raise rebuild_error(rec.error_type or "Exception", rec.error or "")
+        return decode(rec.result)

@@ -1,0 +1,613 @@
+"""The recorder: hooks a bus's listeners and writes the run into the session store.
+
+Where the cost goes, and why it is arranged this way (measured with
+``tests/pantheon/sessions_bench.py``):
+
+* Per message, the bus thread only appends: the publish listener *is* ``list.append`` (a C
+  call storing a reference to the envelope) and the delivery listener appends one small
+  record (a ``gc=False`` Struct: a tuple per message woke the cycle collector often enough
+  to cost ~7 % of throughput by itself).
+* Every ``commit_interval`` the recorder's ticker (a task on the bus's loop) swaps those two
+  lists for fresh ones and hands the full ones to the writer thread, which encodes them in C
+  (msgspec) into journal chunks and group-commits them with the rare rows (dead letters,
+  breaker transitions, effects, metrics) in one transaction (see ``_journal``).
+* The writer hands the lists back and the ticker drops them, so envelopes are freed on the
+  bus thread as they are without a recorder. Freeing them on the writer thread cost 15-20 %
+  of throughput: refcounts of shared objects (payloads, the effects runner, topic strings)
+  bounced between cores.
+
+The commit cadence therefore follows the loop: a publisher that never yields to the loop
+(no ``await`` that suspends) for a stretch also commits nothing during that stretch; it
+does not lose anything unless the process dies inside it. Bus workers yield every 128
+messages, so a running team ticks on time.
+
+Payloads are encoded by the writer thread, up to one commit interval after publish. They are
+shared by reference with every subscriber anyway, so treat them as immutable: a payload
+mutated after it was emitted is recorded as mutated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from bus import Bus, DeadLetter, Envelope
+from pantheon.sessions._codec import safe_repr
+from pantheon.sessions._effects import EffectsContext, RecordingEffects
+from pantheon.sessions._errors import RecordingError
+from pantheon.sessions._journal import (
+    CHUNK_ROWS,
+    ChunkEncoder,
+    Delivery,
+    Materializer,
+    insert_rows,
+)
+from pantheon.sessions._store import (
+    SessionStore,
+    Status,
+    connect,
+    to_db,
+)
+
+__all__ = [
+    "DEFAULT_COMMIT_INTERVAL",
+    "DEFAULT_COMMIT_ROWS",
+    "DEFAULT_MAX_PENDING",
+    "DEFAULT_METRICS_INTERVAL",
+    "Recorder",
+]
+
+log = logging.getLogger("pantheon.sessions")
+
+#: Seconds between group commits. A SIGKILL loses at most what was published in the last
+#: interval, plus one ticker period (10 ms) and the commit in flight.
+DEFAULT_COMMIT_INTERVAL = 0.05
+#: A batch is handed to the writer early once this many rows wait, so a burst does not
+#: build one huge transaction.
+DEFAULT_COMMIT_ROWS = 20_000
+#: Rows handed to the writer and not yet committed, past which the recorder pauses the event
+#: loop until the writer is down to half. Recording never drops a row: when the disk cannot
+#: keep up it slows the run instead, and the pause shows in the run's latencies.
+DEFAULT_MAX_PENDING = 200_000
+#: Seconds between ``bus.stats()`` snapshots.
+DEFAULT_METRICS_INTERVAL = 1.0
+#: While the loop is busy, the row tables still advance by one journal chunk this often (s).
+_MAX_LAG = 1.0
+#: Longest stretch (s) the writer materializes before looking at the loop and its queue again.
+_MATERIALIZE_SLICE = 0.02
+_TICK = 0.01
+
+_SENTINEL_GONE = object()
+
+_Batch = tuple[list[Envelope], list[Delivery]]
+
+
+class _Buffers:
+    """What the listeners append to; swapped wholesale by the ticker (bus thread only)."""
+
+    __slots__ = ("dels", "envs")
+
+    def __init__(self) -> None:
+        self.envs: list[Envelope] = []
+        self.dels: list[Delivery] = []
+
+
+class _Writer(threading.Thread):
+    """The one thread that touches SQLite for a recording.
+
+    It commits each batch it is handed in one transaction: envelopes and deliveries as
+    journal chunks, with the rare rows (dead letters, breaker transitions, effects, metrics)
+    that were queued by then. Between batches it materializes journal chunks into rows
+    while the event loop's thread is less than half busy (measured from that thread's CPU
+    clock, where the platform has one), and one chunk every ``max_lag`` seconds regardless,
+    so the row tables keep moving during a saturated run without taking its GIL. Whatever
+    is left is materialized on close.
+    """
+
+    def __init__(
+        self, path: Path, synchronous: str, session_id: str, wall_base: float, mono_base: int
+    ) -> None:
+        super().__init__(name=f"pantheon-recorder-{session_id}", daemon=True)
+        self.path = path
+        self.synchronous = synchronous
+        self.session_id = session_id
+        self.max_lag = _MAX_LAG
+        self.loop_clock: int | None = None
+        #: Batches from the bus thread, and the same batches handed back for it to free.
+        self.inbox: deque[_Batch] = deque()
+        self.spent: deque[_Batch] = deque()
+        #: Rare rows, appended by the bus thread at any time.
+        self.events: deque[tuple[Any, ...]] = deque()
+        self.backlog = 0  # rows handed over and not committed yet
+        self.error: BaseException | None = None
+        self.commits = 0
+        self.rows = 0
+        self.max_commit_s = 0.0
+        self.materialized = 0
+        self._encoder = ChunkEncoder(wall_base, mono_base)
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._submitted = 0
+        self._committed = 0
+        self._journal: deque[float] = deque()  # creation times of our unmaterialized chunks
+        self._jseq = 0
+        self._seq = {"envelopes": 0, "deliveries": 0, "breakers": 0, "effects": 0, "metrics": 0}
+        self._cpu_mark: tuple[float, float] | None = None
+        self._forced = 0.0
+
+    # -- called from other threads ----------------------------------------------------------
+
+    def submit(self, batch: _Batch | None) -> int:
+        """Queue a batch (None: only the pending events) and return its ticket."""
+        with self._cond:
+            if batch is not None:
+                self.inbox.append(batch)
+                self.backlog += len(batch[0]) + len(batch[1])
+            self._submitted += 1
+            self._cond.notify_all()
+            return self._submitted
+
+    def wait(self, ticket: int, timeout: float | None = None) -> None:
+        """Block until batch ``ticket`` and everything before it is committed (or failed)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self._committed >= ticket or self.error is not None or not self.is_alive(),
+                timeout,
+            )
+
+    def wait_below(self, rows: int, timeout: float = 60.0) -> None:
+        """Block until at most ``rows`` rows wait (backpressure from the bus thread)."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: self.backlog <= rows or self.error is not None or not self.is_alive(),
+                timeout,
+            )
+
+    def close(self, timeout: float | None = None) -> None:
+        """Commit what is queued, materialize the journal, stop the thread and wait."""
+        if not self.is_alive():
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self.join(timeout)
+
+    # -- the thread -------------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            conn = connect(self.path, self.synchronous)
+        except BaseException as exc:
+            self._fail(exc)
+            return
+        try:
+            materializer = Materializer(conn, self.session_id, fresh=True)
+            while True:
+                with self._cond:
+                    if not self._stopping and self._committed == self._submitted:
+                        # Sleep until handed work; wake on a timer only while journal chunks
+                        # wait to be materialized. Every wake-up is a GIL handoff that a
+                        # busy loop pays for, so there is no idle polling.
+                        self._cond.wait(0.05 if self._journal else None)
+                    stopping = self._stopping
+                    target = self._submitted
+                if target != self._committed or (stopping and (self.inbox or self.events)):
+                    batches = []
+                    while self.inbox:
+                        batches.append(self.inbox.popleft())
+                    self._commit(conn, batches)
+                    with self._cond:
+                        self.backlog -= sum(len(b[0]) + len(b[1]) for b in batches)
+                        self._committed = target
+                        self._cond.notify_all()
+                    # Give the lists back: the bus thread frees the envelopes.
+                    self.spent.extend(batches)
+                    del batches
+                if self._journal:
+                    self._materialize(materializer, time.monotonic(), everything=stopping)
+                if stopping and not self.inbox and not self.events and not self._journal:
+                    break
+        except BaseException as exc:
+            self._fail(exc)
+        finally:
+            conn.close()
+            with self._cond:
+                self._cond.notify_all()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.error = exc
+        log.error("session %s: recording stopped: %r", self.session_id, exc)
+        with self._cond:
+            self._cond.notify_all()
+
+    def _loop_idle(self, now: float) -> bool:
+        """Was the event loop's thread less than half busy over the last window?
+
+        A window is at least 50 ms during which this thread did not materialize: while it
+        materializes it holds the GIL, and the loop thread's CPU time would then understate
+        how busy the loop wants to be."""
+        if self.loop_clock is None:
+            return False
+        try:
+            cpu = time.clock_gettime(self.loop_clock)
+        except OSError:  # that thread is gone: nothing to compete with
+            self.loop_clock = None
+            return True
+        mark = self._cpu_mark
+        if mark is None or now - mark[0] < 0.05:
+            if mark is None:
+                self._cpu_mark = (now, cpu)
+            return False
+        idle = (cpu - mark[1]) < 0.5 * (now - mark[0])
+        self._cpu_mark = None if idle else (now, cpu)
+        return idle
+
+    def _materialize(self, materializer: Materializer, now: float, everything: bool) -> None:
+        journal = self._journal
+        if everything:
+            while journal and materializer.step():
+                journal.popleft()
+                self.materialized += 1
+            journal.clear()
+            return
+        if self._loop_idle(now):
+            deadline = time.monotonic() + _MATERIALIZE_SLICE
+            while journal and not self.inbox and time.monotonic() < deadline:
+                if not materializer.step():
+                    journal.clear()
+                    break
+                journal.popleft()
+                self.materialized += 1
+        elif now - journal[0] > self.max_lag and now - self._forced > self.max_lag:
+            # Busy for long: keep the row tables moving at a trickle (one chunk per max_lag).
+            self._forced = now
+            if materializer.step():
+                journal.popleft()
+                self.materialized += 1
+
+    def _commit(self, conn: Any, batches: list[_Batch]) -> None:
+        started = time.perf_counter()
+        # Events are taken after the batches were handed over: a failed delivery's dead
+        # letter is appended before the delivery itself, so it lands in this transaction or
+        # an earlier one (materializing the delivery looks its error up there).
+        events = self.events
+        batch_events = [events.popleft() for _ in range(len(events))]
+        sid = self.session_id
+        seq = self._seq
+        wall = time.time()
+
+        journal_rows = []
+        n_rows = 0
+        for envs, dels in batches:
+            for kind, batch, encode in (
+                ("envelopes", envs, self._encoder.envelopes),
+                ("deliveries", dels, self._encoder.deliveries),
+            ):
+                for i in range(0, len(batch), CHUNK_ROWS):
+                    part = batch[i : i + CHUNK_ROWS]
+                    journal_rows.append(
+                        (sid, self._jseq, kind, seq[kind], len(part), wall, encode(part))
+                    )
+                    self._jseq += 1
+                    seq[kind] += len(part)
+                    n_rows += len(part)
+
+        dlq_rows, breaker_rows, effect_rows, metric_rows = [], [], [], []
+        for ev in batch_events:
+            kind = ev[0]
+            if kind == "effect":
+                effect_rows.append((sid, seq["effects"], to_db(ev[1]), *ev[2:]))
+                seq["effects"] += 1
+            elif kind == "dlq":
+                d: DeadLetter = ev[1]
+                env = d.envelope
+                dlq_rows.append(
+                    (sid, d.entry_id, to_db(env.id), env.topic, d.subscriber, d.reason,
+                     d.error_type, d.error, d.traceback, d.attempts, d.time, 0, None)
+                )  # fmt: skip
+            elif kind == "breaker":
+                breaker_rows.append((sid, seq["breakers"], *ev[1:]))
+                seq["breakers"] += 1
+            elif kind == "metrics":
+                metric_rows.append(
+                    (sid, seq["metrics"], ev[1], json.dumps(ev[2], default=safe_repr))
+                )
+                seq["metrics"] += 1
+        del batch_events
+
+        if not (dlq_rows or breaker_rows or effect_rows or metric_rows):
+            # The common case: one statement, its own transaction, one GIL handoff.
+            insert_rows(conn, "journal", journal_rows)
+        else:
+            conn.execute("BEGIN")
+            try:
+                insert_rows(conn, "journal", journal_rows)
+                insert_rows(conn, "dead_letters", dlq_rows, "INSERT OR REPLACE")
+                insert_rows(conn, "breaker_transitions", breaker_rows)
+                insert_rows(conn, "effects", effect_rows)
+                insert_rows(conn, "metrics", metric_rows)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        created = time.monotonic()
+        self._journal.extend(created for _ in journal_rows)
+        self.commits += 1
+        self.rows += (
+            n_rows + len(dlq_rows) + len(breaker_rows) + len(effect_rows) + len(metric_rows)
+        )
+        self.max_commit_s = max(self.max_commit_s, time.perf_counter() - started)
+
+
+class Recorder:
+    """Records one bus run as a session: every envelope, delivery, dead letter, breaker
+    transition, effect and (each second) a metrics snapshot.
+
+    ``Recorder(store, session_id)`` creates the session row (``running``, owned by this
+    process; a new id when ``session_id`` is None) and starts the writer thread.
+    :meth:`attach` hooks a bus (inside its running event loop); :meth:`finish` commits
+    everything and closes the session. ``async with Recorder(...) as rec`` finishes it on
+    exit, ``completed`` or ``failed`` by whether the block raised.
+
+    Writes are group-committed every ``commit_interval`` seconds (sooner once
+    ``commit_rows`` rows wait). Rows handed to the writer and not committed are bounded by
+    ``max_pending``: past it the ticker blocks the event loop until the writer is down to
+    half, so a run that outpaces the disk slows down rather than losing records or growing
+    without bound. If the writer fails (disk full...), recording stops, the run goes on
+    untouched, and :meth:`finish` raises :class:`RecordingError`.
+    """
+
+    def __init__(
+        self,
+        store: SessionStore,
+        session_id: str | None = None,
+        *,
+        scenario: str | None = None,
+        scenario_text: str | None = None,
+        seed: int | None = None,
+        replay_of: str | None = None,
+        kind: str = "run",
+        commit_interval: float = DEFAULT_COMMIT_INTERVAL,
+        commit_rows: int = DEFAULT_COMMIT_ROWS,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        metrics_interval: float = DEFAULT_METRICS_INTERVAL,
+    ) -> None:
+        if commit_interval <= 0 or commit_rows < 1 or max_pending < 2:
+            raise ValueError("commit_interval, commit_rows and max_pending must be positive")
+        self.store = store
+        self.session_id = store.begin_session(
+            session_id,
+            scenario=scenario,
+            scenario_text=scenario_text,
+            seed=seed,
+            replay_of=replay_of,
+            kind=kind,
+        )
+        self.seed = seed
+        self.commit_interval = commit_interval
+        self.commit_rows = commit_rows
+        self.max_pending = max_pending
+        self.metrics_interval = metrics_interval
+        self._writer = _Writer(
+            store.path, store.synchronous, self.session_id, time.time(), time.monotonic_ns()
+        )
+        self._writer.start()
+        self._effects = EffectsContext.wrap(RecordingEffects(self._writer.events.append, seed))
+        self._bus: Bus | None = None
+        self._ticker: asyncio.Task[None] | None = None
+        self._finished = False
+        self._prev_context: Any = None
+        self._prev_delivery: Any = _SENTINEL_GONE
+        self._last_swap = time.monotonic()
+        bufs = self._bufs = _Buffers()
+
+        def on_delivery(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
+            bufs.dels.append(Delivery(sub, env.id, env.created, start, end, outcome))
+
+        self._on_delivery = on_delivery
+        self._on_publish = bufs.envs.append
+        atexit.register(self._atexit)
+
+    def __repr__(self) -> str:
+        return f"Recorder({self.session_id!r}, store={str(self.store.path)!r})"
+
+    async def __aenter__(self) -> Recorder:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if not self._finished:
+            await self.finish("completed" if exc_type is None else "failed")
+
+    @property
+    def effects(self) -> EffectsContext:
+        """The :class:`agents.Effects` of this session, also ``bus.context`` once attached;
+        ``.runner`` is the recording (or replaying) runner behind it."""
+        return self._effects
+
+    @property
+    def attached(self) -> bool:
+        return self._bus is not None
+
+    def statistics(self) -> dict[str, Any]:
+        """Writer counters: rows committed, commits, rows waiting, slowest commit (s),
+        journal chunks materialized."""
+        w = self._writer
+        return {
+            "rows": w.rows,
+            "commits": w.commits,
+            "pending": w.backlog + len(self._bufs.envs) + len(self._bufs.dels),
+            "max_commit_s": w.max_commit_s,
+            "materialized_chunks": w.materialized,
+            "error": None if w.error is None else repr(w.error),
+        }
+
+    def attach(self, bus: Bus) -> None:
+        """Start recording ``bus``: sets ``bus.session_id`` and ``bus.context`` (the effects
+        runner) and hooks its publish, delivery, dead-letter and breaker listeners. Call it
+        from inside the running event loop, before the team starts emitting."""
+        if self._finished:
+            raise RuntimeError(f"session {self.session_id} is finished")
+        if self._bus is not None:
+            raise RuntimeError(f"{self!r} is already attached to a bus")
+        loop = asyncio.get_running_loop()
+        self._bus = bus
+        bus.session_id = self.session_id
+        self._prev_context = bus.context
+        bus.context = self._effects
+        bus.publish_listeners.append(self._on_publish)
+        prev = bus.delivery_listener
+        self._prev_delivery = prev
+        if prev is None:
+            bus.delivery_listener = self._on_delivery
+        else:
+            # The slot is taken: call both (costs one more call per delivery).
+            mine = self._on_delivery
+
+            def both(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
+                prev(sub, env, start, end, outcome)
+                mine(sub, env, start, end, outcome)
+
+            bus.delivery_listener = both
+        bus.dlq.listeners.append(self._on_dead_letter)
+        bus.breaker_listeners.append(self._on_breaker)
+        if hasattr(time, "pthread_getcpuclockid"):
+            with contextlib.suppress(OSError):
+                self._writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
+        self._ticker = loop.create_task(self._tick(), name=f"pantheon-recorder:{self.session_id}")
+
+    def _on_dead_letter(self, entry: DeadLetter) -> None:
+        self._writer.events.append(("dlq", entry))
+
+    def _on_breaker(self, name: str, old: str, new: str, reason: str) -> None:
+        self._writer.events.append(("breaker", time.time(), name, old, new, reason))
+
+    def snapshot(self) -> None:
+        """Queue a ``bus.stats()`` snapshot now (the ticker takes one every second)."""
+        if self._bus is not None:
+            self._writer.events.append(("metrics", time.time(), self._bus.stats().to_dict()))
+
+    def _swap(self) -> int:
+        """Hand the filled buffers to the writer (bus thread only); returns the ticket."""
+        bufs = self._bufs
+        envs, dels = bufs.envs, bufs.dels
+        self._last_swap = time.monotonic()
+        if not envs and not dels:
+            return self._writer.submit(None)
+        bufs.envs = []
+        bufs.dels = []
+        new_append = bufs.envs.append
+        bus = self._bus
+        if bus is not None:
+            listeners = bus.publish_listeners
+            for i, listener in enumerate(listeners):
+                if listener == self._on_publish:
+                    listeners[i] = new_append
+                    break
+        self._on_publish = new_append
+        return self._writer.submit((envs, dels))
+
+    def _release(self) -> None:
+        spent = self._writer.spent
+        while spent:
+            spent.popleft()
+
+    def _detach(self) -> None:
+        bus = self._bus
+        if bus is None:
+            return
+        self._bus = None
+        with contextlib.suppress(ValueError):
+            bus.publish_listeners.remove(self._on_publish)
+        with contextlib.suppress(ValueError):
+            bus.dlq.listeners.remove(self._on_dead_letter)
+        with contextlib.suppress(ValueError):
+            bus.breaker_listeners.remove(self._on_breaker)
+        if self._prev_delivery is not _SENTINEL_GONE:
+            bus.delivery_listener = self._prev_delivery
+        if bus.context is self._effects:
+            bus.context = self._prev_context
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        writer = self._writer
+        bufs = self._bufs
+        next_metrics = loop.time() + self.metrics_interval
+        while True:
+            await asyncio.sleep(_TICK)
+            if writer.error is not None or not writer.is_alive():
+                # The run goes on unrecorded; finish() reports why.
+                self._detach()
+                return
+            self._release()
+            now = time.monotonic()
+            if (bufs.envs or bufs.dels or writer.events) and (
+                now - self._last_swap >= self.commit_interval
+                or len(bufs.envs) + len(bufs.dels) >= self.commit_rows
+            ):
+                self._swap()
+            if writer.backlog > self.max_pending:
+                # Deliberately blocks the loop: the only backpressure a synchronous listener
+                # can apply. Waiting releases the GIL, so the writer runs flat out meanwhile.
+                writer.wait_below(self.max_pending // 2)
+            if loop.time() >= next_metrics:
+                self.snapshot()
+                next_metrics += self.metrics_interval
+
+    async def flush(self) -> None:
+        """Wait until everything recorded so far is committed (readers can see it)."""
+        ticket = self._swap()
+        await asyncio.to_thread(self._writer.wait, ticket)
+        self._release()
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._writer.error is not None:
+            raise RecordingError(
+                f"session {self.session_id}: recording to {self.store.path} failed: "
+                f"{self._writer.error!r}"
+            ) from self._writer.error
+
+    async def finish(
+        self, status: Status = "completed", summary: dict[str, Any] | None = None
+    ) -> None:
+        """Stop recording, commit everything and close the session with ``status``
+        (``completed``, ``failed`` or ``aborted``) and ``summary`` (stored as JSON).
+
+        Raises :class:`RecordingError` if the writer failed at any point; the session is
+        still closed (its summary says so)."""
+        if self._finished:
+            return
+        if status not in ("completed", "failed", "aborted"):
+            raise ValueError(f"status must be completed, failed or aborted, not {status!r}")
+        self._finished = True
+        atexit.unregister(self._atexit)
+        self.snapshot()
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+            self._ticker = None
+        self._swap()
+        self._detach()
+        await asyncio.to_thread(self._writer.close)
+        self._release()
+        summary = dict(summary or {})
+        if self._writer.error is not None:
+            summary["recording_error"] = repr(self._writer.error)
+        await asyncio.to_thread(self.store.end_session, self.session_id, status, summary)
+        self._raise_if_failed()
+
+    def _atexit(self) -> None:
+        # Interpreter exit without finish(): commit what is buffered; the session stays
+        # 'running' and the next open of the store marks it aborted.
+        with contextlib.suppress(Exception):
+            self._swap()
+        self._writer.close(timeout=10.0)

@@ -1,0 +1,178 @@
+"""``pantheon sessions | dlq | export | diff | replay`` through Typer's runner."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import typer
+from sessions_team import CALLS, email, make_setup
+from typer.testing import CliRunner
+
+from bus import Bus
+from pantheon._cli_sessions import register
+from pantheon.sessions import Recorder, SessionStore
+
+TEAM = str(Path(__file__).with_name("sessions_team.py")) + ":team_setup"
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+    register(app)
+    return app
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+async def _record(path: Path, variant: str = "base") -> str:
+    with SessionStore(path) as store:
+        recorder = Recorder(store, scenario="emails", scenario_text=variant, seed=3)
+        async with Bus() as bus:
+            recorder.attach(bus)
+            await make_setup(variant)(bus)
+            for i in range(5):
+                await bus.emit("email.received", email(i))
+            await bus.drain()
+        await recorder.finish("completed", {"emails": 5})
+        return recorder.session_id
+
+
+@pytest.fixture
+async def recorded(tmp_path: Path) -> tuple[Path, str]:
+    path = tmp_path / "sessions.db"
+    return path, await _record(path)
+
+
+def test_sessions_list_and_show(app: typer.Typer, runner: CliRunner, recorded) -> None:  # type: ignore[no-untyped-def]
+    path, sid = recorded
+    result = runner.invoke(app, ["sessions", "list", "--store", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    (row,) = json.loads(result.output)
+    assert row["id"] == sid and row["status"] == "completed" and row["messages"] == 14
+
+    result = runner.invoke(app, ["sessions", "list", "--store", str(path)])
+    assert result.exit_code == 0 and sid in result.output and "completed" in result.output
+
+    result = runner.invoke(app, ["sessions", "show", sid[:18], "--store", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["id"] == sid and shown["counts"]["envelopes"] == 14
+    assert shown["dead_letters"][0]["error_type"] == "ValueError"
+
+    result = runner.invoke(app, ["sessions", "show", sid, "--store", str(path)])
+    assert result.exit_code == 0 and "1 dead letters" in result.output
+
+
+def test_errors_exit_2_with_a_message(app: typer.Typer, runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(app, ["sessions", "list", "--store", str(tmp_path / "none.db")])
+    assert result.exit_code == 2 and "no session store" in result.output
+    SessionStore(tmp_path / "s.db").close()
+    result = runner.invoke(app, ["sessions", "show", "nope", "--store", str(tmp_path / "s.db")])
+    assert result.exit_code == 2 and "no session 'nope'" in result.output
+
+
+def test_store_from_the_environment(
+    app: typer.Typer,
+    runner: CliRunner,
+    recorded,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    path, sid = recorded
+    monkeypatch.setenv("PANTHEON_STORE", str(path))
+    result = runner.invoke(app, ["sessions", "list", "--json"])
+    assert result.exit_code == 0 and json.loads(result.output)[0]["id"] == sid
+
+
+def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> None:  # type: ignore[no-untyped-def]
+    path, sid = recorded
+    result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    (entry,) = json.loads(result.output)
+    assert entry["subscriber"] == "actor" and entry["payload"] == {"n": 3, "label": "spam"}
+    assert "Traceback" in entry["traceback"]
+
+    result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path)])
+    assert result.exit_code == 0 and "ValueError" in result.output
+
+    # The recorded scenario text says "base": the team still fails, nothing is redriven.
+    args = ["dlq", "redrive", sid, str(entry["entry_id"]), "--store", str(path)]
+    result = runner.invoke(app, [*args, "--setup", TEAM, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["redriven"] == []
+
+    fixed = str(Path(__file__).with_name("sessions_team.py")) + ":fixed_team"
+    result = runner.invoke(app, [*args, "--setup", fixed])
+    assert result.exit_code == 0, result.output
+    assert "delivered" in result.output
+    with SessionStore(path) as store:
+        assert store.dead_letters(sid)[0].redriven
+
+
+def test_export_jsonl(app: typer.Typer, runner: CliRunner, recorded, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    path, sid = recorded
+    out = tmp_path / "out.jsonl"
+    result = runner.invoke(
+        app, ["export", sid, "--format", "jsonl", "-o", str(out), "--store", str(path)]
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 14 and rows[0]["topic"] == "email.received"
+    result = runner.invoke(app, ["export", sid, "--store", str(path)])
+    assert result.exit_code == 0 and len(result.output.splitlines()) == 14
+    result = runner.invoke(app, ["export", sid, "--format", "csv", "--store", str(path)])
+    assert result.exit_code == 2
+
+
+def test_replay_and_diff(app: typer.Typer, runner: CliRunner, recorded) -> None:  # type: ignore[no-untyped-def]
+    path, sid = recorded
+    CALLS["classify"] = 0
+    store_args = ["--store", str(path), "--setup", TEAM]
+    result = runner.invoke(app, ["replay", sid, *store_args, "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["matched"] and report["failures"][0]["error_type"] == "ValueError"
+    assert CALLS["classify"] == 0
+
+    result = runner.invoke(app, ["replay", sid, *store_args])
+    assert result.exit_code == 0 and "matched" in result.output
+    assert "reproduced failure: actor" in result.output
+
+    result = runner.invoke(app, ["replay", sid, *store_args, "--live-effects", "--json"])
+    assert result.exit_code == 1  # the live clock changes the stamps
+    assert CALLS["classify"] == 5
+
+    changed = str(Path(__file__).with_name("sessions_team.py")) + ":changed_team"
+    result = runner.invoke(app, ["replay", sid, "--store", str(path), "--setup", changed])
+    assert result.exit_code == 1
+    assert "diverged" in result.output and "classifier" in result.output
+    assert "payload.label: 'ham' -> 'urgent'" in result.output
+    with SessionStore(path) as store:
+        replay_id = store.sessions()[0].id
+
+    result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path), "--json"])
+    assert result.exit_code == 1
+    diff = json.loads(result.output)
+    assert diff["divergence"]["field"] == "payload" and diff["divergence"]["agent"] == "classifier"
+    result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path)])
+    assert result.exit_code == 1 and "first divergence" in result.output
+
+    result = runner.invoke(
+        app, ["replay", sid, "--store", str(path), "--setup", TEAM, "--from", "1000"]
+    )
+    assert result.exit_code == 0 and "5 skipped" in result.output
+
+
+def test_replay_without_a_runtime_or_setup_says_so(
+    app: typer.Typer,
+    runner: CliRunner,
+    recorded,
+    monkeypatch: pytest.MonkeyPatch,  # type: ignore[no-untyped-def]
+) -> None:
+    path, sid = recorded
+    result = runner.invoke(app, ["replay", sid, "--store", str(path), "--setup", "nomodule"])
+    assert result.exit_code == 2 and "MODULE:FACTORY" in result.output
