@@ -59,7 +59,11 @@ class SimulatedModel:
 
 
 def make_inbox(n: int, directory: Path) -> Path:
-    source = [ln for ln in (ROOT / "scenarios/data/support_emails.jsonl").read_text().splitlines() if ln.strip()]
+    source = [
+        ln
+        for ln in (ROOT / "scenarios/data/support_emails.jsonl").read_text().splitlines()
+        if ln.strip()
+    ]
     path = directory / f"inbox-{n}.jsonl"
     with path.open("w") as f:
         for i in range(n):
@@ -120,17 +124,27 @@ async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> 
         for name, s in stats.subscribers.items()
         if not name.startswith("bench.")
     }
-    return {"requests": done, "elapsed_s": elapsed, "rps": done / elapsed, "messages": stats.published, "hops": hops}
+    return {
+        "requests": done,
+        "elapsed_s": elapsed,
+        "rps": done / elapsed,
+        "messages": stats.published,
+        "hops": hops,
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--emails", type=int, default=2000)
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 1.0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--reasoner-concurrency", type=int, default=64)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
-    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/pipeline_bench.json")
+    parser.add_argument(
+        "--json", type=Path, default=ROOT / "benchmarks/results/pipeline_bench.json"
+    )
     args = parser.parse_args()
 
     runner = asyncio.run
@@ -139,7 +153,11 @@ def main() -> None:
 
         runner = uvloop.run
     results: dict[str, Any] = {
-        "machine": {"python": platform.python_version(), "platform": platform.platform(), "loop": args.loop},
+        "machine": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "loop": args.loop,
+        },
         "emails": args.emails,
         "reasoner_concurrency": args.reasoner_concurrency,
         "runs": {},
@@ -147,17 +165,31 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inbox = make_inbox(args.emails, Path(tmp))
         for latency in args.latency_ms:
-            runs = [runner(one_run(inbox, latency, args.reasoner_concurrency)) for _ in range(args.repeats)]
+            runs = [
+                runner(one_run(inbox, latency, args.reasoner_concurrency))
+                for _ in range(args.repeats)
+            ]
             best = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
             rps = statistics.median(r["rps"] for r in runs)
-            results["runs"][f"{latency:g}ms"] = {"median_rps": rps, "ratio_to_blog": rps / BLOG_PIPELINE_RPS, "median_run": best}
-            print(f"model latency {latency:g} ms: {rps:,.0f} requests/s "
-                  f"({rps / BLOG_PIPELINE_RPS:.1f}x the blog's {BLOG_PIPELINE_RPS:,}), "
-                  f"{best['messages'] / best['elapsed_s']:,.0f} bus msg/s")
-            print(f"  {'hop':<34}{'wait p50':>10}{'wait p99':>10}{'handle p50':>12}{'handle p99':>12}  (µs)")
+            results["runs"][f"{latency:g}ms"] = {
+                "median_rps": rps,
+                "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
+                "median_run": best,
+            }
+            print(
+                f"model latency {latency:g} ms: {rps:,.0f} requests/s "
+                f"({rps / BLOG_PIPELINE_RPS:.1f}x the blog's {BLOG_PIPELINE_RPS:,}), "
+                f"{best['messages'] / best['elapsed_s']:,.0f} bus msg/s"
+            )
+            print(
+                f"  {'hop (µs)':<34}{'wait p50':>10}{'wait p99':>10}"
+                f"{'handle p50':>12}{'handle p99':>12}"
+            )
             for name, h in best["hops"].items():
-                print(f"  {name:<34}{h['wait_p50_us']:>10.1f}{h['wait_p99_us']:>10.1f}"
-                      f"{h['handle_p50_us']:>12.1f}{h['handle_p99_us']:>12.1f}")
+                print(
+                    f"  {name:<34}{h['wait_p50_us']:>10.1f}{h['wait_p99_us']:>10.1f}"
+                    f"{h['handle_p50_us']:>12.1f}{h['handle_p99_us']:>12.1f}"
+                )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")

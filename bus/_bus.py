@@ -91,6 +91,13 @@ _SYSTEM_BREAKER_TOPIC = "system.breaker."
 _monotonic_ns = time.monotonic_ns
 
 
+def _cancelling() -> int:
+    """Non-zero when this task is being cancelled, as opposed to a handler's own await
+    raising CancelledError (e.g. it awaited a future someone else cancelled)."""
+    task = asyncio.current_task()
+    return task.cancelling() if task is not None else 0
+
+
 class _Worker:
     """What a running handler knows about itself: emits read it to fill in causation."""
 
@@ -241,7 +248,12 @@ def _as_async(handler: Callable[[Envelope], Any]) -> Handler:
         return handler
 
     async def call(env: Envelope) -> Any:
-        return handler(env)
+        result = handler(env)
+        # A plain function may hand back a coroutine (``lambda env: agent.handle(env)``);
+        # run it, or the work is silently dropped with a "never awaited" warning.
+        if result is not None and inspect.isawaitable(result):
+            result = await result
+        return result
 
     return call
 
@@ -265,6 +277,8 @@ class Bus:
         publisher_breaker: BreakerPolicy | None = DEFAULT_PUBLISHER_BREAKER,
     ) -> None:
         self.transport: Transport = transport if transport is not None else InProcessTransport()
+        if route_cache < 1:
+            raise ValueError(f"route_cache must be >= 1, got {route_cache}")
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.session_id = session_id
         self.dlq = DeadLetterQueue(self._redeliver, dlq_size)
@@ -335,7 +349,7 @@ class Bus:
         for sub in self._subs.values():
             sub.workers.clear()
             self._flush(sub, "bus_closed")
-        self._routes.clear()
+        self._routes_changed()  # folds per-topic counts into the totals, so stats() keeps them
         await self.transport.aclose()
 
     def _start_workers(self, sub: Subscription) -> None:
@@ -444,8 +458,9 @@ class Bus:
         return dict(self._subs)
 
     def _advertise(self) -> None:
+        # From the index, not ``_subs``: off() advertises before its subscription is gone.
         if self._running:
-            self.transport.advertise({s.pattern for s in self._subs.values()})
+            self.transport.advertise({s.pattern for s in self._index.items()})
 
     def _routes_changed(self) -> None:
         for topic, route in self._routes.items():
@@ -609,7 +624,11 @@ class Bus:
             assert self._loop is not None
             self._loop.create_task(self.transport.send(env))
         if rejected:
-            self._refuse(env, rejected)
+            if not blocked:
+                self._refuse(env, rejected)
+            # Raising now would skip the wait for the ``block`` subscribers and lose their
+            # copy silently: _wait_blocked refuses these after it, with any that time out.
+            blocked.extend(rejected)
         if self._publisher_breakers and not blocked:
             breaker = self._publisher_breakers.get(topic)
             if breaker is not None and breaker.dirty:
@@ -631,9 +650,10 @@ class Bus:
                 return None
         if sub.sample_rate < 1.0:
             # Deterministic sampling: exactly ``rate`` of messages, evenly spread, and the same
-            # ones again on replay (a random draw would make replays diverge).
+            # ones again on replay (a random draw would make replays diverge). The tolerance
+            # absorbs binary rounding: ten additions of 0.1 sum to 0.9999999999999999.
             sub.sample_acc += sub.sample_rate
-            if sub.sample_acc < 1.0:
+            if sub.sample_acc < 1.0 - 1e-9:
                 sub.filtered += 1
                 return None
             sub.sample_acc -= 1.0
@@ -686,6 +706,9 @@ class Bus:
         assert self._loop is not None
         late = []
         for sub in subs:
+            if sub.overflow == "reject":  # refused already in _dispatch
+                late.append(sub)
+                continue
             deadline = self._loop.time() + sub.block_timeout
             while sub.size >= sub.max_queue:
                 fut = self._loop.create_future()
@@ -819,6 +842,12 @@ class Bus:
                     result = await handler(env)
                 except Exception as exc:
                     outcome = await self._failed(sub, env, exc)
+                except asyncio.CancelledError as exc:
+                    if _cancelling():  # aclose cancelled this worker: account, then stop
+                        self._abandon(sub, env)
+                        raise
+                    # The handler's own await was cancelled: a failure like any other.
+                    outcome = await self._failed(sub, env, exc)
                 else:
                     sub.delivered += 1
                     if breaker.dirty:
@@ -861,7 +890,7 @@ class Bus:
                 batch = 0
                 await asyncio.sleep(0)
 
-    async def _failed(self, sub: Subscription, env: Envelope, exc: Exception) -> str:
+    async def _failed(self, sub: Subscription, env: Envelope, exc: BaseException) -> str:
         """Retry per the subscription's policy; dead-letter when it is exhausted.
 
         Returns the outcome: ``delivered`` when a retry succeeded, else ``failed``."""
@@ -874,12 +903,22 @@ class Bus:
             breaker.record_failure(sub.delivered)
             if attempts >= retry.attempts or breaker.state != CLOSED:
                 break
-            await self.clock.sleep(retry.delay(attempts))
+            try:
+                await self.clock.sleep(retry.delay(attempts))
+            except asyncio.CancelledError:
+                self._abandon(sub, env)
+                raise
             attempts += 1
             sub.retries += 1
             try:
                 result = await sub.handler(env)
             except Exception as again:
+                exc = again
+                continue
+            except asyncio.CancelledError as again:
+                if _cancelling():
+                    self._abandon(sub, env)
+                    raise
                 exc = again
                 continue
             sub.delivered += 1
@@ -893,8 +932,19 @@ class Bus:
         self._fail_request(env, exc)
         return "failed"
 
+    def _abandon(self, sub: Subscription, env: Envelope) -> None:
+        """The worker handling ``env`` was cancelled (the bus is closing): dead-letter it
+        with reason ``bus_closed`` so closing never loses an in-flight message silently."""
+        sub.in_flight -= 1
+        sub.dead_lettered += 1
+        self._outstanding -= 1
+        self.dlq.add(env, sub.name, "bus_closed")
+        self._fail_request(env, BusClosedError(f"subscription {sub.name!r} closed"))
+        if not self._outstanding and self._drain_waiters:
+            self._wake_drainers()
+
     @staticmethod
-    def _fail_request(env: Envelope, exc: Exception) -> None:
+    def _fail_request(env: Envelope, exc: BaseException) -> None:
         if env.reply is not None and not env.reply.done():
             env.reply.set_exception(exc)
 
@@ -937,13 +987,14 @@ class Bus:
         if sub is None or not self._running:
             return False
         # The dead letter already left the subscription's accounting; taking it back is a
-        # new publish to that one subscription.
-        sub.dead_lettered -= entry.reason != "shed"
-        sub.shed -= entry.reason == "shed"
-        sub.published -= 1
+        # new publish to that one subscription. Uncount it only once the mailbox took it: a
+        # refusal (QueueFullError) leaves the entry listed, so it must stay counted.
         blocked = self._dispatch(entry.envelope, only=sub.name)
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
+        sub.dead_lettered -= entry.reason != "shed"
+        sub.shed -= entry.reason == "shed"
+        sub.published -= 1
         return True
 
     def breaker(self, name: str) -> CircuitBreaker:

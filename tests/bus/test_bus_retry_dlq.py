@@ -1,0 +1,280 @@
+"""Retries on the bus clock, and the dead letter queue: contents, redrive, bound."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bus import Bus, DeadLetter, Envelope, QueueFullError, Retry
+from bus.testing import FakeClock
+
+
+class Flaky:
+    """Fails its first ``failures`` calls with ValueError, then succeeds."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.calls: list[object] = []
+
+    async def __call__(self, env: Envelope) -> str:
+        self.calls.append(env.payload)
+        if len(self.calls) <= self.failures:
+            explode_in_handler(len(self.calls))
+        return "ok"
+
+
+def explode_in_handler(n: int) -> None:
+    raise ValueError(f"failure number {n}")
+
+
+async def test_retry_then_succeed(bus: Bus) -> None:
+    flaky = Flaky(failures=2)
+    bus.on("t", flaky, name="flaky", retry=Retry(attempts=3))
+    await bus.emit("t", "m")
+    await bus.drain()
+    assert flaky.calls == ["m", "m", "m"]
+    stats = bus.stats().subscribers["flaky"]
+    assert (stats.delivered, stats.dead_lettered, stats.failures, stats.retries) == (1, 0, 2, 2)
+    assert len(bus.dlq) == 0
+
+
+async def test_retries_exhausted_go_to_the_dlq_with_the_traceback(bus: Bus) -> None:
+    flaky = Flaky(failures=10)
+    bus.on("t", flaky, name="flaky", retry=Retry(attempts=3))
+    sent = await bus.emit("t", "m")
+    await bus.drain()
+    assert len(flaky.calls) == 3
+    [entry] = bus.dlq.entries()
+    assert isinstance(entry, DeadLetter)
+    assert entry.envelope is sent
+    assert entry.subscriber == "flaky"
+    assert entry.reason == "failed"
+    assert entry.attempts == 3
+    assert entry.error_type == "ValueError"
+    assert entry.error == "failure number 3"  # the last attempt's error
+    assert entry.traceback is not None
+    assert "explode_in_handler" in entry.traceback
+    assert "ValueError: failure number 3" in entry.traceback
+    stats = bus.stats().subscribers["flaky"]
+    assert (stats.delivered, stats.dead_lettered, stats.failures, stats.retries) == (0, 1, 3, 2)
+
+
+async def test_no_retry_by_default(bus: Bus) -> None:
+    flaky = Flaky(failures=1)
+    bus.on("t", flaky, name="flaky")
+    await bus.emit("t")
+    await bus.drain()
+    assert len(flaky.calls) == 1
+    assert bus.dlq.entries()[0].attempts == 1
+
+
+async def test_backoff_waits_on_the_bus_clock(bus: Bus, clock: FakeClock, until) -> None:
+    flaky = Flaky(failures=2)
+    bus.on("t", flaky, name="flaky", retry=Retry(attempts=3, backoff=1.0, multiplier=3.0))
+    await bus.emit("t")
+    await until(lambda: clock.sleepers == 1)
+    assert len(flaky.calls) == 1
+    await clock.advance(0.999)
+    assert len(flaky.calls) == 1  # not before the first backoff (1.0) has passed
+    await clock.advance(0.001)
+    await until(lambda: len(flaky.calls) == 2)
+    await until(lambda: clock.sleepers == 1)
+    await clock.advance(2.9)
+    assert len(flaky.calls) == 2  # the second backoff is 1.0 * 3
+    await clock.advance(0.1)
+    await bus.drain()
+    assert len(flaky.calls) == 3
+    assert bus.stats().subscribers["flaky"].delivered == 1
+
+
+def test_retry_delay_and_validation() -> None:
+    r = Retry(attempts=5, backoff=0.5, multiplier=2.0, max_backoff=3.0)
+    assert [r.delay(n) for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 3.0]
+    with pytest.raises(ValueError):
+        Retry(attempts=0)
+    with pytest.raises(ValueError):
+        Retry(backoff=-1)
+    with pytest.raises(ValueError):
+        Retry(multiplier=0.5)
+
+
+async def test_a_failing_handler_lands_in_the_dlq_and_others_are_unaffected(bus: Bus) -> None:
+    good: list[int] = []
+
+    @bus.on("t", name="bad")
+    async def bad(env: Envelope) -> None:
+        if env.payload == 2:
+            raise KeyError("two")
+
+    bus.on("t", lambda env: good.append(env.payload), name="good")
+    for i in range(4):
+        await bus.emit("t", i)
+    await bus.drain()
+    assert good == [0, 1, 2, 3]
+    [entry] = bus.dlq.entries()
+    assert (entry.reason, entry.subscriber, entry.error_type) == ("failed", "bad", "KeyError")
+    assert entry.envelope.payload == 2
+    assert "in bad" in entry.traceback
+    assert entry.time > 0
+    assert bus.dlq.get(entry.entry_id) is entry
+    with pytest.raises(KeyError):
+        bus.dlq.get(entry.entry_id + 1000)
+    assert bus.dlq.entries(subscriber="good") == []
+    assert bus.dlq.entries(reason="shed") == []
+
+
+async def test_redrive_redelivers_to_that_subscription_only(bus: Bus) -> None:
+    broken = True
+    bad_got: list[int] = []
+    good_got: list[int] = []
+
+    @bus.on("t", name="bad")
+    async def bad(env: Envelope) -> None:
+        if broken:
+            raise RuntimeError("down")
+        bad_got.append(env.payload)
+
+    bus.on("t", lambda env: good_got.append(env.payload), name="good")
+    for i in range(3):
+        await bus.emit("t", i)
+    await bus.drain()
+    assert len(bus.dlq) == 3 and good_got == [0, 1, 2]
+    published_before = bus.stats().subscribers["bad"].published
+
+    broken = False
+    assert await bus.dlq.redrive() == 3
+    await bus.drain()
+    assert bad_got == [0, 1, 2]
+    assert good_got == [0, 1, 2]  # not delivered twice
+    assert len(bus.dlq) == 0
+    stats = bus.stats().subscribers["bad"]
+    assert stats.published == published_before == 3
+    assert stats.delivered == 3 and stats.dead_lettered == 0
+    assert stats.published == stats.delivered + stats.dead_lettered + stats.shed
+
+
+async def test_redrive_selected_entries_and_failing_again(bus: Bus) -> None:
+    @bus.on("t", name="bad")
+    async def bad(env: Envelope) -> None:
+        raise RuntimeError(f"down {env.payload}")
+
+    for i in range(3):
+        await bus.emit("t", i)
+    await bus.drain()
+    first = bus.dlq.entries()[0]
+    assert await bus.dlq.redrive([first.entry_id]) == 1
+    await bus.drain()
+    entries = bus.dlq.entries()
+    # The redriven one failed again: a new entry, the old one is gone, the others untouched.
+    assert [e.envelope.payload for e in entries] == [1, 2, 0]
+    assert first.entry_id not in {e.entry_id for e in entries}
+    stats = bus.stats().subscribers["bad"]
+    assert stats.published == 3 and stats.dead_lettered == 3
+
+
+async def test_redrive_keeps_entries_whose_subscription_is_gone(bus: Bus) -> None:
+    @bus.on("t", name="bad")
+    async def bad(env: Envelope) -> None:
+        raise RuntimeError("down")
+
+    await bus.emit("t")
+    await bus.drain()
+    await bus.off("bad")
+    assert await bus.dlq.redrive() == 0
+    assert len(bus.dlq) == 1
+
+
+async def test_bounded_dlq_evicts_oldest_and_counts() -> None:
+    async with Bus(dlq_size=3) as b:
+
+        @b.on("t", name="bad")
+        async def bad(env: Envelope) -> None:
+            raise RuntimeError("down")
+
+        for i in range(5):
+            await b.emit("t", i)
+        await b.drain()
+        assert [e.envelope.payload for e in b.dlq.entries()] == [2, 3, 4]
+        assert b.dlq.evicted == 2
+        stats = b.stats()
+        assert stats.dlq_size == 3 and stats.dlq_evicted == 2
+        # Eviction bounds memory, not the accounting: the subscription still counts all five.
+        assert stats.subscribers["bad"].dead_lettered == 5
+
+
+async def test_dlq_listeners_see_every_entry(bus: Bus) -> None:
+    seen: list[DeadLetter] = []
+    bus.dlq.listeners.append(seen.append)
+
+    @bus.on("t", name="bad")
+    async def bad(env: Envelope) -> None:
+        raise RuntimeError("down")
+
+    await bus.emit("t")
+    await bus.drain()
+    assert seen == bus.dlq.entries()
+    assert len(seen) == 1
+
+
+async def test_a_redrive_refused_by_a_full_mailbox_keeps_the_entry_and_the_count(
+    bus: Bus, gate, until
+) -> None:
+    g = gate()
+    broken = True
+    got: list[str] = []
+
+    @bus.on("t", name="sub", max_queue=1, overflow="reject")
+    async def sub(env: Envelope) -> None:
+        if env.payload == "hold":
+            await g.wait()
+        elif broken:
+            raise RuntimeError("down")
+        got.append(env.payload)
+
+    await bus.emit("t", "x")
+    await bus.drain()
+    await bus.emit("t", "hold")
+    await until(lambda: g.waiting == 1)
+    await bus.emit("t", "fill")
+    with pytest.raises(QueueFullError):
+        await bus.dlq.redrive()
+    [entry] = bus.dlq.entries()
+    assert entry.envelope.payload == "x"
+    stats = bus.stats().subscribers["sub"]
+    assert stats.dead_lettered == 1  # still listed, so still counted
+    assert stats.published == stats.delivered + stats.dead_lettered + stats.queued + 1
+
+    broken = False
+    g.open()
+    await bus.drain()
+    assert await bus.dlq.redrive() == 1
+    await bus.drain()
+    assert got == ["hold", "fill", "x"]
+    stats = bus.stats().subscribers["sub"]
+    assert (stats.published, stats.delivered, stats.dead_lettered) == (3, 3, 0)
+
+
+async def test_a_handler_whose_own_await_is_cancelled_fails_and_the_worker_goes_on(
+    bus: Bus,
+) -> None:
+    # CancelledError from inside the handler (it awaited a task someone else cancelled) is
+    # the handler's failure, not the bus closing: dead-letter it and keep serving.
+    got: list[int] = []
+
+    @bus.on("t", name="sub", retry=Retry(attempts=2))
+    async def sub(env: Envelope) -> None:
+        if env.payload == 1:
+            doomed = asyncio.get_running_loop().create_future()
+            doomed.cancel()
+            await doomed
+        got.append(env.payload)
+
+    await bus.emit("t", 1)
+    await bus.emit("t", 2)
+    await asyncio.wait_for(bus.drain(), 2.0)
+    assert got == [2]
+    [entry] = bus.dlq.entries()
+    assert (entry.reason, entry.error_type, entry.attempts) == ("failed", "CancelledError", 2)
+    stats = bus.stats().subscribers["sub"]
+    assert (stats.published, stats.delivered, stats.dead_lettered) == (2, 1, 1)
