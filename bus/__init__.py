@@ -4,7 +4,14 @@ Light on purpose: importing ``bus`` pulls in msgspec and the standard library, n
 """
 
 from bus._breaker import CircuitBreaker
-from bus._bus import Bus, DeliveryListener, Handler, Subscription, current_envelope
+from bus._bus import (
+    Bus,
+    DeliveryListener,
+    Handler,
+    Subscription,
+    current_envelope,
+    current_subscription,
+)
 from bus._clock import Clock, SystemClock
 from bus._config import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -65,4 +72,5 @@ __all__ = [
     "Transport",
     "TransportError",
     "current_envelope",
+    "current_subscription",
 ]

@@ -70,6 +70,7 @@ __all__ = [
     "Handler",
     "Subscription",
     "current_envelope",
+    "current_subscription",
 ]
 
 Handler = Callable[[Envelope], Awaitable[Any]]
@@ -117,6 +118,12 @@ def current_envelope() -> Envelope | None:
     """The envelope whose handler is running in this task, or ``None`` outside handlers."""
     worker = _current.get()
     return None if worker is None else worker.env
+
+
+def current_subscription() -> str | None:
+    """The name of the subscription whose handler is running in this task, or ``None``."""
+    worker = _current.get()
+    return None if worker is None else worker.sub.name
 
 
 class _Route:

@@ -9,8 +9,6 @@ interleaving their ordinals differently on replay, where served effects never wa
 
 from __future__ import annotations
 
-import asyncio
-import inspect
 import random
 import sys
 import time
@@ -19,7 +17,8 @@ from typing import Any
 
 import msgspec
 
-from bus import current_envelope
+from agents._effects import call_maybe_async
+from bus import current_envelope, current_subscription
 from pantheon.sessions._codec import decode, encode
 from pantheon.sessions._errors import RecordedError, ReplayDivergence
 from pantheon.sessions._store import (
@@ -44,30 +43,6 @@ EffectSink = Callable[[tuple[Any, ...]], None]
 #: making effects after this many newer envelopes started theirs would restart at ordinal 0;
 #: far beyond any mailbox bound (10 000 per subscriber by default).
 MAX_TRACKED_ENVELOPES = 65_536
-
-_TASK_PREFIX = "bus:"
-
-
-async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    result = fn(*args, **kwargs)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-def current_subscriber() -> str | None:
-    """The subscription whose worker runs the current task (bus workers are named
-    ``bus:<subscription>:<n>``), or None for any other task."""
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:
-        return None
-    if task is None:
-        return None
-    name = task.get_name()
-    if not name.startswith(_TASK_PREFIX):
-        return None
-    return name[len(_TASK_PREFIX) :].rpartition(":")[0] or None
 
 
 def type_name(exc: BaseException) -> str:
@@ -174,7 +149,7 @@ class RecordingEffects:
         if env is None:
             key: tuple[int, str | None] = (0, None)
         else:
-            key = (env.id, current_subscriber())
+            key = (env.id, current_subscription())
         ordinals = self._ordinals
         n = ordinals.pop(key, 0)
         # Re-insert at the end: the dict's order is least recently used first.
