@@ -11,6 +11,7 @@ tested against every topic; keep them few.
 
 from __future__ import annotations
 
+import bisect
 import fnmatch
 import re
 from collections.abc import Callable, Iterable
@@ -69,7 +70,8 @@ class GlobIndex(Generic[T]):
         if wild is None:
             wild = by_pattern[pattern] = _Wild(pattern)
         wild.items.append(item)
-        self._prefix_lengths = sorted({len(p) for p in self._wild})
+        if len(prefix) not in self._prefix_lengths:
+            bisect.insort(self._prefix_lengths, len(prefix))
 
     def remove(self, pattern: str, item: T) -> None:
         self._order.pop(id(item), None)
