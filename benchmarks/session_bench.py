@@ -1,6 +1,6 @@
 """Recording overhead: emit -> no-op handler throughput with and without a Recorder.
 
-Run: ``.venv/bin/python tests/pantheon/sessions_bench.py [N] [ROUNDS]``. Both variants run in
+Run: ``.venv/bin/python benchmarks/session_bench.py [N] [ROUNDS]``. Both variants run in
 the same process, alternating, best of ROUNDS each. "bus msg/s" times emit + drain; "incl.
 flush" adds the time until every row is committed (``Recorder.flush``). The CPU lines split
 the recorded run's cost between the bus thread and the recorder's writer thread, which do
