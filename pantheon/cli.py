@@ -72,6 +72,12 @@ def run(
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
     scenario = _load(file)
+    if scenario.transport.kind != "inprocess":
+        console.print(
+            f"[red]{file}: transport.kind: {scenario.transport.kind!r} is not available yet; "
+            "this version runs the in-process transport only (set transport.kind: inprocess)"
+        )
+        raise typer.Exit(2)
     summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))

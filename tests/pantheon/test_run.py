@@ -114,3 +114,19 @@ def test_seed_changes_the_injected_faults(workdir: Path) -> None:
     failed = [{d["email_id"] for d in run["dead_letters"]} for run in runs]
     assert failed[0] and failed[0] == failed[1]
     assert failed[0] != failed[2]
+
+
+def test_zmq_transport_is_refused_before_anything_runs(workdir: Path) -> None:
+    path = workdir / "scenarios" / "support_email.yaml"
+    text = path.read_text()
+    assert "transport:" in text
+    lines = [
+        "transport: {kind: zmq}" if ln.startswith("transport:") else ln
+        for ln in text.splitlines()
+        if not ln.startswith("  kind: inprocess")
+    ]
+    path.write_text("\n".join(lines) + "\n")
+    proc = pantheon("run", "scenarios/support_email.yaml", cwd=workdir)
+    assert proc.returncode == 2
+    assert "transport.kind: 'zmq' is not available yet" in proc.stderr
+    assert not (workdir / ".pantheon").exists()
