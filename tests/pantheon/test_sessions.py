@@ -166,7 +166,10 @@ async def test_diff_names_the_first_divergent_message(store: SessionStore) -> No
     b = (await replay_session(store, a, make_setup("changed"))).new_session_id
 
     # Prefixes work too when unique (ids made in the same second share more than the time).
-    prefix = next(a[:n] for n in range(15, len(a) + 1) if not b.startswith(a[:n]))
+    ids = [info.id for info in store.sessions()]
+    prefix = next(
+        a[:n] for n in range(15, len(a) + 1) if sum(i.startswith(a[:n]) for i in ids) == 1
+    )
     result = diff_sessions(store, prefix, b)
     assert not result.identical
     div = result.divergence
