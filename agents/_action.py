@@ -11,6 +11,7 @@ from typing import Any
 
 from agents._base import Agent, Fault
 from agents._perception import find_pii
+from agents._providers import INTENTS
 from bus import Envelope
 
 __all__ = ["Actor", "Guardian", "Learner", "Outbox", "redact"]
@@ -189,9 +190,7 @@ class Learner(Agent):
         self.window = int(self.settings.get("window", 5))
         self.step = float(self.settings.get("step", 0.05))
         base = float(self.settings.get("threshold", 0.4))
-        self.thresholds: dict[str, float] = dict.fromkeys(
-            ("question", "complaint", "refund", "bug", "spam", "outage"), base
-        )
+        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, base)
         self.thresholds.update(self.settings.get("thresholds", {}))
         self.scored = self.intent_correct = self.action_correct = 0
         self.unlabelled = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -64,8 +65,6 @@ class Team:
 def _provider(scenario: Scenario) -> ModelProvider:
     p = scenario.provider
     if p.kind == "openai":
-        import os
-
         key = os.environ.get(p.api_key_env) if p.api_key_env else None
         return OpenAIProvider(p.base_url, p.model, key, p.timeout)
     return RuleProvider(p.rules, p.default_intent)
