@@ -1,0 +1,561 @@
+"""The read model both dashboards draw: plain frozen values computed from a session store.
+
+The Streamlit dashboard and the Textual TUI show the same numbers because they call these
+functions, not SQL: every function takes a :class:`~pantheon.sessions.SessionStore` and a
+session id (or unique prefix; an unknown one raises
+:class:`~pantheon.sessions.SessionNotFound`) and reads through the store's methods, which
+also see what a live run has committed but not yet moved out of its journal.
+
+Conventions, everywhere in this module:
+
+* **Times are offsets from the session's first envelope**: ``t_s`` in seconds, ``*_ms`` in
+  milliseconds. Envelopes and deliveries carry monotonic nanoseconds (``created_ns``,
+  ``started_ns``...), dead letters and breaker transitions carry wall-clock seconds; each is
+  measured against the first envelope's value on its own clock, so the two line up.
+* **Latencies are milliseconds and exact**: quantiles are nearest-rank over every stored
+  delivery (the bus's own histograms are sampled after warm-up; these are not), the same
+  definition :func:`pantheon.sessions.diff_sessions` uses.
+* **Queue wait** is publish to handler start (``started_ns - enqueued_ns``), **handling** is
+  handler start to end, retries included.
+* An **agent** is a subscription name as the bus reports it: ``reasoner``, or
+  ``memory:action.executed`` for an agent's second subscription. An **edge** is
+  ``"source -> subscriber"``, the source being the subscription that published the envelope
+  or ``<outside>`` for an input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Literal
+
+from pantheon.sessions import SessionInfo, SessionStore, StoredDelivery, StoredEnvelope
+
+__all__ = [
+    "BreakerEvent",
+    "DeadLetterView",
+    "GuardianDecision",
+    "HopBar",
+    "HopLatency",
+    "Outcomes",
+    "RequestRow",
+    "SessionRow",
+    "ThroughputPoint",
+    "breaker_timeline",
+    "dead_letters",
+    "hop_latency",
+    "outcomes",
+    "quantile",
+    "requests",
+    "session_rows",
+    "throughput",
+    "waterfall",
+]
+
+#: The source name of an envelope nobody in the team published (an input).
+OUTSIDE = "<outside>"
+RequestOutcome = Literal["ok", "dead_letter", "failed", "pending"]
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRow:
+    """One line of the sessions list.
+
+    ``started`` is wall-clock seconds; ``duration_s`` is None while the session runs.
+    ``passed`` is the run's verdict on its expectations, or for a replay whether it matched
+    its original; None when the session never got that far (running, aborted, crashed).
+    ``note`` says why a session ended badly: the run's error, the abort reason, or the
+    replay's divergence."""
+
+    id: str
+    kind: str
+    status: str
+    scenario: str | None
+    started: float
+    duration_s: float | None
+    messages: int
+    dead_letters: int
+    failed_expectations: tuple[str, ...]
+    passed: bool | None
+    replay_of: str | None
+    note: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ThroughputPoint:
+    """Messages in one time bucket starting ``t_s`` after the first envelope.
+
+    ``kind="topic"``: envelopes published on topic ``key``; ``kind="agent"``: deliveries
+    subscription ``key`` finished. Every key has a point in every bucket from the first to
+    the last, zeros included, so a line chart does not interpolate across silence."""
+
+    t_s: float
+    kind: Literal["topic", "agent"]
+    key: str
+    count: int
+    rate: float
+
+
+@dataclass(frozen=True, slots=True)
+class HopLatency:
+    """Queue wait and handling quantiles of one agent or one edge, over ``count`` deliveries."""
+
+    kind: Literal["agent", "edge"]
+    name: str
+    count: int
+    wait_p50_ms: float
+    wait_p95_ms: float
+    wait_p99_ms: float
+    handle_p50_ms: float
+    handle_p95_ms: float
+    handle_p99_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerEvent:
+    """A circuit breaker changed state (``closed``/``open``/``half_open``) at ``t_s``."""
+
+    t_s: float
+    name: str
+    old: str
+    new: str
+    reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterView:
+    """A dead letter with the payload that failed (None when that envelope is not in the
+    store) and the request it belongs to, so a view can open its waterfall."""
+
+    entry_id: int
+    envelope_id: int
+    topic: str
+    subscriber: str
+    reason: str
+    error_type: str | None
+    error: str | None
+    traceback: str | None
+    attempts: int
+    t_s: float
+    redriven: bool
+    payload: Any
+    correlation_id: int | None = None
+    redriven_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GuardianDecision:
+    """One ``guardian.decision`` message: what the Guardian allowed, and every reason."""
+
+    envelope_id: int
+    correlation_id: int | None
+    email_id: str | None
+    verdict: str
+    action: str
+    reasons: tuple[str, ...]
+    intent: str | None = None
+    confidence: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcomes:
+    """What the team achieved. ``accuracy`` and ``expectations`` come from the run's
+    summary (empty until the run ends, and for replays); ``decisions`` counts verdicts and
+    ``guardian`` lists decisions as recorded, so both are there while a run is live."""
+
+    accuracy: dict[str, Any]
+    expectations: tuple[dict[str, Any], ...]
+    decisions: dict[str, int]
+    guardian: tuple[GuardianDecision, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """One request: an input and every message it caused (one correlation id).
+
+    ``start_ms`` is when its first envelope was published, ``total_ms`` from then to the end
+    of its last handling (or its last publish, if later); ``hops`` counts its deliveries.
+    ``outcome``: ``dead_letter`` when any of its messages is in the DLQ, ``failed`` when a
+    handling failed without one, ``pending`` while the session runs and a message of it that
+    a subscription will handle has not been handled yet (a topic counts once a message on it
+    was handled, or when it matches a subscription in the latest metrics snapshot; messages
+    a subscription's filter refuses stay pending until the run ends), else ``ok``."""
+
+    correlation_id: int
+    topic: str
+    label: str
+    start_ms: float
+    total_ms: float
+    hops: int
+    outcome: RequestOutcome
+
+
+@dataclass(frozen=True, slots=True)
+class HopBar:
+    """One delivery of a request, for a waterfall: published at ``enqueued_ms``, picked up
+    at ``start_ms``, done at ``end_ms`` (session offsets). ``depth`` is the envelope's hop
+    count (0 for the input); ``error`` is ``"Type: message"`` when the handling failed."""
+
+    envelope_id: int
+    causation_id: int | None
+    topic: str
+    agent: str
+    depth: int
+    enqueued_ms: float
+    start_ms: float
+    end_ms: float
+    queue_wait_ms: float
+    handling_ms: float
+    outcome: str
+    error: str | None
+
+
+# -- helpers -------------------------------------------------------------------------------
+
+
+def quantile(sorted_values: list[float] | list[int], q: float) -> float:
+    """Nearest-rank quantile ``q`` (0 < q <= 1) of already sorted values; 0.0 when empty.
+
+    Nearest rank returns an observed value (the p99 of 50 deliveries is the slowest one),
+    never an interpolation between two."""
+    if not sorted_values:
+        return 0.0
+    rank = math.ceil(q * len(sorted_values))
+    return float(sorted_values[min(max(rank, 1), len(sorted_values)) - 1])
+
+
+class _Origin:
+    """The session's first envelope, on both clocks, and conversions to offsets."""
+
+    __slots__ = ("mono_ns", "wall")
+
+    def __init__(self, info: SessionInfo, envelopes: list[StoredEnvelope]) -> None:
+        if envelopes:
+            first = min(envelopes, key=lambda e: e.created_ns)
+            self.mono_ns, self.wall = first.created_ns, first.wall
+        else:
+            # Nothing published yet: wall times count from the session's start.
+            self.mono_ns, self.wall = 0, info.started
+
+    def ms(self, ns: int) -> float:
+        return (ns - self.mono_ns) / 1e6
+
+    def wall_s(self, wall: float) -> float:
+        return wall - self.wall
+
+
+def _load(store: SessionStore, ref: str) -> tuple[SessionInfo, list[StoredEnvelope], _Origin]:
+    info = store.session(ref)
+    envelopes = store.envelopes(info.id)
+    return info, envelopes, _Origin(info, envelopes)
+
+
+def _request_of(e: StoredEnvelope) -> int:
+    """The request an envelope belongs to: its correlation id, or itself for an input."""
+    return e.correlation_id if e.correlation_id is not None else e.id
+
+
+def _edge(envelope: StoredEnvelope | None, subscriber: str) -> str:
+    source = envelope.source if envelope is not None else None
+    return f"{source or OUTSIDE} -> {subscriber}"
+
+
+def _error(d: StoredDelivery) -> str | None:
+    if d.error_type and d.error:
+        return f"{d.error_type}: {d.error}"
+    return d.error_type or d.error or None
+
+
+# -- the read model --------------------------------------------------------------------------
+
+
+def session_rows(store: SessionStore) -> list[SessionRow]:
+    """Every session, newest first, with what the sessions list shows."""
+    counts = store.envelope_counts()
+    rows = []
+    for info in store.sessions():
+        summary = info.summary
+        replay = summary.get("replay") if isinstance(summary.get("replay"), Mapping) else None
+        expectations = summary.get("expectations") or []
+        failed = tuple(
+            str(e.get("name"))
+            for e in expectations
+            if isinstance(e, Mapping) and not e.get("passed")
+        )
+        if replay is not None:
+            passed: bool | None = bool(replay.get("matched"))
+            divergence = replay.get("divergence")
+            note = None if divergence is None else _divergence_text(divergence)
+        else:
+            raw = summary.get("passed")
+            passed = raw if isinstance(raw, bool) else None
+            note = summary.get("error") or summary.get("aborted")
+        rows.append(
+            SessionRow(
+                id=info.id,
+                kind=info.kind,
+                status=info.status,
+                scenario=info.scenario,
+                started=info.started,
+                duration_s=info.duration,
+                messages=counts.get(info.id, 0),
+                dead_letters=len(store.dead_letters(info.id)),
+                failed_expectations=failed,
+                passed=passed,
+                replay_of=info.replay_of,
+                note=None if note is None else str(note),
+            )
+        )
+    return rows
+
+
+def _divergence_text(divergence: Any) -> str:
+    if isinstance(divergence, Mapping) and divergence.get("message"):
+        return str(divergence["message"])
+    return str(divergence)
+
+
+def throughput(store: SessionStore, sid: str, *, bucket_s: float = 0.1) -> list[ThroughputPoint]:
+    """Messages per topic (published) and per agent (handled) in ``bucket_s`` buckets,
+    ordered by kind, key, then time."""
+    if not bucket_s > 0:
+        raise ValueError(f"bucket_s must be a positive number of seconds, got {bucket_s!r}")
+    info, envelopes, origin = _load(store, sid)
+    deliveries = store.deliveries(info.id)
+    bucket_ns = bucket_s * 1e9
+    counts: dict[tuple[str, str], Counter[int]] = defaultdict(Counter)
+    for e in envelopes:
+        counts[("topic", e.topic)][int((e.created_ns - origin.mono_ns) // bucket_ns)] += 1
+    for d in deliveries:
+        counts[("agent", d.subscriber)][int((d.ended_ns - origin.mono_ns) // bucket_ns)] += 1
+    if not counts:
+        return []
+    first = min(min(c) for c in counts.values())
+    last = max(max(c) for c in counts.values())
+    points = []
+    for kind, key in sorted(counts):
+        per_bucket = counts[(kind, key)]
+        for b in range(first, last + 1):
+            n = per_bucket.get(b, 0)
+            points.append(
+                ThroughputPoint(round(b * bucket_s, 9), kind, key, n, n / bucket_s)  # type: ignore[arg-type]
+            )
+    return points
+
+
+def hop_latency(store: SessionStore, sid: str) -> list[HopLatency]:
+    """Exact p50/p95/p99 of queue wait and handling, per agent then per edge, by name."""
+    info = store.session(sid)
+    source = {e.id: e for e in store.envelopes(info.id)}
+    waits: dict[tuple[str, str], list[int]] = defaultdict(list)
+    handles: dict[tuple[str, str], list[int]] = defaultdict(list)
+    for d in store.deliveries(info.id):
+        for key in (
+            ("agent", d.subscriber),
+            ("edge", _edge(source.get(d.envelope_id), d.subscriber)),
+        ):
+            waits[key].append(d.queue_wait_ns)
+            handles[key].append(d.handling_ns)
+    out = []
+    for kind in ("agent", "edge"):
+        for key in sorted(k for k in waits if k[0] == kind):
+            w, h = sorted(waits[key]), sorted(handles[key])
+            out.append(
+                HopLatency(
+                    kind,  # type: ignore[arg-type]
+                    key[1],
+                    len(w),
+                    *(quantile(w, q) / 1e6 for q in (0.50, 0.95, 0.99)),
+                    *(quantile(h, q) / 1e6 for q in (0.50, 0.95, 0.99)),
+                )
+            )
+    return out
+
+
+def breaker_timeline(store: SessionStore, sid: str) -> list[BreakerEvent]:
+    """Every breaker state change, in the order they happened."""
+    info, _, origin = _load(store, sid)
+    return [
+        BreakerEvent(origin.wall_s(t.time), t.name, t.old, t.new, t.reason)
+        for t in store.breaker_transitions(info.id)
+    ]
+
+
+def dead_letters(store: SessionStore, sid: str) -> list[DeadLetterView]:
+    """The session's dead letters by entry id, each with its failing payload."""
+    info, envelopes, origin = _load(store, sid)
+    by_id = {e.id: e for e in envelopes}
+    out = []
+    for d in store.dead_letters(info.id):
+        env = by_id.get(d.envelope_id)
+        out.append(
+            DeadLetterView(
+                entry_id=d.entry_id,
+                envelope_id=d.envelope_id,
+                topic=d.topic,
+                subscriber=d.subscriber,
+                reason=d.reason,
+                error_type=d.error_type,
+                error=d.error,
+                traceback=d.traceback,
+                attempts=d.attempts,
+                t_s=origin.wall_s(d.time),
+                redriven=d.redriven,
+                payload=None if env is None else env.payload,
+                correlation_id=None if env is None else env.correlation_id,
+                redriven_by=d.redriven_by,
+            )
+        )
+    return out
+
+
+def outcomes(store: SessionStore, sid: str) -> Outcomes:
+    """Accuracy and expectations from the run's summary; Guardian decisions as recorded."""
+    info = store.session(sid)
+    guardian = []
+    for e in store.envelopes(info.id):
+        p = e.payload
+        if e.topic != "guardian.decision" or not isinstance(p, Mapping) or "verdict" not in p:
+            continue
+        confidence = p.get("confidence")
+        guardian.append(
+            GuardianDecision(
+                envelope_id=e.id,
+                correlation_id=e.correlation_id,
+                email_id=None if p.get("email_id") is None else str(p["email_id"]),
+                verdict=str(p["verdict"]),
+                action=str(p.get("action", "")),
+                reasons=tuple(str(r) for r in p.get("reasons") or ()),
+                intent=None if p.get("intent") is None else str(p["intent"]),
+                confidence=float(confidence) if isinstance(confidence, int | float) else None,
+            )
+        )
+    accuracy = info.summary.get("accuracy")
+    expectations = info.summary.get("expectations") or ()
+    return Outcomes(
+        accuracy=dict(accuracy) if isinstance(accuracy, Mapping) else {},
+        expectations=tuple(dict(e) for e in expectations if isinstance(e, Mapping)),
+        decisions=dict(Counter(g.verdict for g in guardian)),
+        guardian=tuple(guardian),
+    )
+
+
+def _label(payload: Any) -> str:
+    if not isinstance(payload, Mapping):
+        return ""
+    ident = payload.get("id") or payload.get("email_id")
+    text = payload.get("subject") or payload.get("message") or payload.get("error")
+    parts = [str(x) for x in (ident, text) if x]
+    return ": ".join(parts)[:120]
+
+
+def _by_request(
+    envelopes: Iterable[StoredEnvelope], deliveries: Iterable[StoredDelivery]
+) -> tuple[dict[int, list[StoredEnvelope]], dict[int, list[StoredDelivery]]]:
+    envs: dict[int, list[StoredEnvelope]] = defaultdict(list)
+    corr: dict[int, int] = {}
+    for e in envelopes:
+        cid = _request_of(e)
+        envs[cid].append(e)
+        corr[e.id] = cid
+    dels: dict[int, list[StoredDelivery]] = defaultdict(list)
+    for d in deliveries:
+        cid = corr.get(d.envelope_id)
+        if cid is not None:
+            dels[cid].append(d)
+    return envs, dels
+
+
+def _awaited_topics(
+    store: SessionStore, sid: str, envelopes: list[StoredEnvelope], handled: set[int]
+) -> set[str]:
+    """Topics some subscription will handle: seen handled, or matching a subscription
+    pattern in the latest metrics snapshot (the recorder takes one a second)."""
+    topics = {e.topic for e in envelopes if e.id in handled}
+    snapshots = store.metrics(sid)
+    if snapshots:
+        subscribers = snapshots[-1].stats.get("subscribers") or {}
+        patterns = [s.get("pattern") for s in subscribers.values() if isinstance(s, Mapping)]
+        topics.update(
+            e.topic
+            for e in envelopes
+            if any(isinstance(p, str) and fnmatchcase(e.topic, p) for p in patterns)
+        )
+    return topics
+
+
+def requests(store: SessionStore, sid: str, *, limit: int | None = None) -> list[RequestRow]:
+    """The session's requests in the order they started (``limit``: the first that many)."""
+    info, envelopes, origin = _load(store, sid)
+    deliveries = store.deliveries(info.id)
+    envs, dels = _by_request(envelopes, deliveries)
+    dead = {d.envelope_id for d in store.dead_letters(info.id)}
+    handled = {d.envelope_id for d in deliveries}
+    running = info.status == "running"
+    awaited = _awaited_topics(store, info.id, envelopes, handled) if running else set()
+    rows = []
+    for cid, group in envs.items():
+        root = next((e for e in group if e.id == cid), group[0])
+        ds = dels.get(cid, [])
+        start_ns = root.created_ns
+        end_ns = max([e.created_ns for e in group] + [d.ended_ns for d in ds])
+        outcome: RequestOutcome = "ok"
+        if any(e.id in dead for e in group):
+            outcome = "dead_letter"
+        elif any(d.outcome != "delivered" for d in ds):
+            outcome = "failed"
+        elif any(e.id not in handled and e.topic in awaited for e in group):
+            outcome = "pending"
+        rows.append(
+            RequestRow(
+                correlation_id=cid,
+                topic=root.topic,
+                label=_label(root.payload),
+                start_ms=origin.ms(start_ns),
+                total_ms=(end_ns - start_ns) / 1e6,
+                hops=len(ds),
+                outcome=outcome,
+            )
+        )
+    rows.sort(key=lambda r: (r.start_ms, r.correlation_id))
+    return rows if limit is None else rows[: max(limit, 0)]
+
+
+def waterfall(store: SessionStore, sid: str, correlation_id: int) -> list[HopBar]:
+    """Every delivery of one request, in the order they started.
+
+    Raises :class:`LookupError` naming the session when it has no such request."""
+    info, envelopes, origin = _load(store, sid)
+    group = [e for e in envelopes if _request_of(e) == correlation_id]
+    if not group:
+        raise LookupError(f"session {info.id} has no request with correlation id {correlation_id}")
+    by_id = {e.id: e for e in group}
+    bars = []
+    for d in store.deliveries(info.id):
+        env = by_id.get(d.envelope_id)
+        if env is None:
+            continue
+        bars.append(
+            HopBar(
+                envelope_id=env.id,
+                causation_id=env.causation_id,
+                topic=env.topic,
+                agent=d.subscriber,
+                depth=env.hops,
+                enqueued_ms=origin.ms(d.enqueued_ns),
+                start_ms=origin.ms(d.started_ns),
+                end_ms=origin.ms(d.ended_ns),
+                queue_wait_ms=d.queue_wait_ns / 1e6,
+                handling_ms=d.handling_ns / 1e6,
+                outcome=d.outcome,
+                error=_error(d),
+            )
+        )
+    bars.sort(key=lambda b: (b.start_ms, b.depth, b.agent))
+    return bars
