@@ -32,7 +32,15 @@ from agents._providers import ModelProvider
 from bus import Bus, BusError, Priority
 from pantheon.scenario import Scenario
 
-__all__ = ["RunSummary", "Team", "build_team", "run_scenario", "team_setup"]
+__all__ = [
+    "RunSummary",
+    "Team",
+    "build_team",
+    "local_report",
+    "run_scenario",
+    "summarize",
+    "team_setup",
+]
 
 Setup = Callable[[Bus], Awaitable[None]]
 #: Dead letters listed by name in a summary; the session store has all of them.
@@ -177,6 +185,9 @@ class RunSummary:
     alerts: int
     accounting_ok: bool
     expectations: list[dict[str, Any]] = field(default_factory=list)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per process of a ZeroMQ run (``driver`` and each node): pid, agents, how it ended,
+    clock offset and transport counters. Empty for an in-process run."""
 
     @property
     def passed(self) -> bool:
@@ -254,7 +265,13 @@ async def run_scenario(
         elapsed = time.perf_counter() - started
         if on_progress is not None:
             on_progress(sum(o.emitted + o.malformed for o in observers), total)
-        summary = _summarize(scenario, bus, team, seed, elapsed)
+        summary = summarize(
+            scenario,
+            [local_report(bus, team)],
+            seed=seed,
+            elapsed=elapsed,
+            session_id=bus.session_id,
+        )
     return summary
 
 
@@ -267,12 +284,16 @@ def _count_inputs(scenario: Scenario) -> int | None:
     return min(n, inp.count) if inp.count else n
 
 
-def _summarize(scenario: Scenario, bus: Bus, team: Team, seed: int, elapsed: float) -> RunSummary:
+def local_report(bus: Bus, team: Team) -> dict[str, Any]:
+    """What one bus and the agents on it contribute to a run summary, as plain JSON data.
+
+    An in-process run has one; a ZeroMQ run has one per process, which each node sends to
+    the driver when it leaves (see :func:`summarize`)."""
     stats = bus.stats()
-    hops = {}
+    subscribers = {}
     accounting_ok = bus.outstanding == 0
     for name, s in stats.subscribers.items():
-        hops[name] = {
+        subscribers[name] = {
             "handled": s.delivered + s.dead_lettered,
             "wait_p50_ms": s.queue_wait.p50_us / 1000,
             "wait_p95_ms": s.queue_wait.p95_us / 1000,
@@ -280,39 +301,31 @@ def _summarize(scenario: Scenario, bus: Bus, team: Team, seed: int, elapsed: flo
             "handle_p50_ms": s.handling.p50_us / 1000,
             "handle_p95_ms": s.handling.p95_us / 1000,
             "handle_p99_ms": s.handling.p99_us / 1000,
+            "breaker_trips": s.breaker_trips,
         }
         if s.published != s.delivered + s.dead_lettered + s.shed or s.rejected:
             accounting_ok = False
-    edges = [
-        {
-            "source": e.source,
-            "target": e.target,
-            "count": e.queue_wait.count,
-            "p50_ms": e.queue_wait.p50_us / 1000,
-            "p99_ms": e.queue_wait.p99_us / 1000,
-        }
-        for e in stats.edges
-    ]
-    dlq = Counter(e.reason for e in bus.dlq.entries())
-    observers = team.of_role(Observer)
+    entries = bus.dlq.entries()
     learners = team.of_role(Learner)
-    accuracy = learners[0].report() if learners else {}
     decisions: Counter[str] = Counter()
     for g in team.of_role(Guardian):
         decisions.update(g.decisions)
-    summary = RunSummary(
-        scenario=scenario.name,
-        session_id=bus.session_id,
-        seed=seed,
-        elapsed_s=round(elapsed, 3),
-        messages=stats.published,
-        throughput=round(stats.published / elapsed, 1) if elapsed else 0.0,
-        inputs=sum(o.emitted for o in observers),
-        malformed=sum(o.malformed for o in observers),
-        hops=hops,
-        edges=edges,
-        dlq=dict(dlq),
-        dead_letters=[
+    observers = team.of_role(Observer)
+    return {
+        "published": stats.published,
+        "subscribers": subscribers,
+        "edges": [
+            {
+                "source": e.source,
+                "target": e.target,
+                "count": e.queue_wait.count,
+                "p50_ms": e.queue_wait.p50_us / 1000,
+                "p99_ms": e.queue_wait.p99_us / 1000,
+            }
+            for e in stats.edges
+        ],
+        "dlq": dict(Counter(e.reason for e in entries)),
+        "dead_letters": [
             {
                 "subscriber": e.subscriber,
                 "topic": e.envelope.topic,
@@ -322,15 +335,76 @@ def _summarize(scenario: Scenario, bus: Bus, team: Team, seed: int, elapsed: flo
                 "reason": e.reason,
                 "error": e.error,
             }
-            for e in bus.dlq.entries()
+            for e in entries
             if e.reason != "shed"
         ][:MAX_LISTED_DEAD_LETTERS],
-        breaker_trips=sum(s.breaker_trips for s in stats.subscribers.values()),
+        "accounting_ok": accounting_ok,
+        "inputs": sum(o.emitted for o in observers),
+        "malformed": sum(o.malformed for o in observers),
+        "accuracy": learners[0].report() if learners else None,
+        "decisions": dict(decisions),
+        "outbox": dict(team.outbox.counts),
+        "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
+    }
+
+
+def summarize(
+    scenario: Scenario,
+    reports: list[dict[str, Any]],
+    *,
+    seed: int,
+    elapsed: float,
+    session_id: str | None,
+    messages: int | None = None,
+) -> RunSummary:
+    """Merge the :func:`local_report` of every process of a run and judge the result.
+
+    A subscription present in several reports (competing consumers on several nodes) adds
+    its counts; its latency quantiles are the worst of its members', an upper bound (the
+    reports carry quantiles, not histograms). ``messages`` defaults to the sum of the
+    reports' publish counts, right for one bus; a multi-process run passes its own count,
+    since a message that crossed to another bus is counted by both."""
+    hops: dict[str, dict[str, float]] = {}
+    trips = 0
+    for r in reports:
+        for name, h in r["subscribers"].items():
+            trips += h["breaker_trips"]
+            row = {k: v for k, v in h.items() if k != "breaker_trips"}
+            seen = hops.get(name)
+            if seen is None:
+                hops[name] = row
+            else:
+                for k, v in row.items():
+                    seen[k] = seen[k] + v if k == "handled" else max(seen[k], v)
+    dlq: Counter[str] = Counter()
+    decisions: Counter[str] = Counter()
+    outbox: Counter[str] = Counter()
+    for r in reports:
+        dlq.update(r["dlq"])
+        decisions.update(r["decisions"])
+        outbox.update(r["outbox"])
+    accuracy = next((r["accuracy"] for r in reports if r["accuracy"] is not None), {})
+    if messages is None:
+        messages = sum(r["published"] for r in reports)
+    summary = RunSummary(
+        scenario=scenario.name,
+        session_id=session_id,
+        seed=seed,
+        elapsed_s=round(elapsed, 3),
+        messages=messages,
+        throughput=round(messages / elapsed, 1) if elapsed else 0.0,
+        inputs=sum(r["inputs"] for r in reports),
+        malformed=sum(r["malformed"] for r in reports),
+        hops=hops,
+        edges=[e for r in reports for e in r["edges"]],
+        dlq=dict(dlq),
+        dead_letters=[d for r in reports for d in r["dead_letters"]][:MAX_LISTED_DEAD_LETTERS],
+        breaker_trips=trips,
         accuracy=accuracy,
         decisions=dict(decisions),
-        outbox=dict(team.outbox.counts),
-        alerts=sum(len(m.alerts) for m in team.of_role(Monitor)),
-        accounting_ok=accounting_ok,
+        outbox=dict(outbox),
+        alerts=sum(r["alerts"] for r in reports),
+        accounting_ok=all(r["accounting_ok"] for r in reports),
     )
     summary.expectations = judge(scenario, summary)
     return summary

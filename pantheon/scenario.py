@@ -46,6 +46,7 @@ from pydantic import (
 import bus
 
 __all__ = [
+    "DRIVER_NODE",
     "ROLES",
     "SCENARIO_VERSION",
     "AgentConfig",
@@ -76,6 +77,9 @@ __all__ = [
 
 #: The only scenario schema version this module reads.
 SCENARIO_VERSION = 1
+#: The node name of the process that runs a ZeroMQ scenario: it hosts every agent that
+#: ``transport.nodes`` does not place, so no node may take the name.
+DRIVER_NODE = "driver"
 
 Role = Literal[
     "observer",
@@ -538,7 +542,20 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
     kind = transport.get("kind", "inprocess")
     nodes = transport.get("nodes")
     if kind == "zmq" and isinstance(nodes, Mapping):
+        disabled = {
+            name
+            for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
+            if isinstance(cfg, Mapping) and cfg.get("enabled") is False
+        }
         for node, placed in nodes.items():
+            if node == DRIVER_NODE:
+                out.append(
+                    (
+                        ("transport", "nodes", node),
+                        f"node name {DRIVER_NODE!r} is reserved for the process that runs "
+                        "the scenario (it hosts every agent not placed on a node)",
+                    )
+                )
             if isinstance(placed, list | tuple):
                 for i, agent in enumerate(placed):
                     if agent not in names:
@@ -547,6 +564,21 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                                 ("transport", "nodes", node, i),
                                 f"node {node!r} hosts unknown agent {agent!r}"
                                 f"{_suggest(str(agent), names)}",
+                            )
+                        )
+                    elif agent in disabled:
+                        out.append(
+                            (
+                                ("transport", "nodes", node, i),
+                                f"node {node!r} hosts agent {agent!r}, which is disabled "
+                                f"(agents.{agent}.enabled: false)",
+                            )
+                        )
+                    elif agent in placed[:i]:
+                        out.append(
+                            (
+                                ("transport", "nodes", node, i),
+                                f"node {node!r} lists agent {agent!r} twice",
                             )
                         )
 
@@ -560,14 +592,15 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                     "there is no node to kill in one process",
                 )
             )
-        elif isinstance(kill, Mapping) and isinstance(nodes, Mapping) and nodes:
+        elif isinstance(kill, Mapping) and isinstance(nodes, Mapping | None):
             node = kill.get("node")
+            nodes = nodes or {}
             if node is not None and node not in nodes:
                 out.append(
                     (
                         ("faults", "kill_node", "node"),
                         f"unknown node {node!r}{_suggest(str(node), map(str, nodes))}; "
-                        f"transport.nodes has {', '.join(map(str, nodes))}",
+                        f"transport.nodes has {', '.join(map(str, nodes)) or 'no nodes'}",
                     )
                 )
     return out
