@@ -50,6 +50,7 @@ __all__ = [
     "outcomes",
     "quantile",
     "requests",
+    "session_row",
     "session_rows",
     "throughput",
     "waterfall",
@@ -278,41 +279,44 @@ def _error(d: StoredDelivery) -> str | None:
 def session_rows(store: SessionStore) -> list[SessionRow]:
     """Every session, newest first, with what the sessions list shows."""
     counts = store.envelope_counts()
-    rows = []
-    for info in store.sessions():
-        summary = info.summary
-        replay = summary.get("replay") if isinstance(summary.get("replay"), Mapping) else None
-        expectations = summary.get("expectations") or []
-        failed = tuple(
-            str(e.get("name"))
-            for e in expectations
-            if isinstance(e, Mapping) and not e.get("passed")
-        )
-        if replay is not None:
-            passed: bool | None = bool(replay.get("matched"))
-            divergence = replay.get("divergence")
-            note = None if divergence is None else _divergence_text(divergence)
-        else:
-            raw = summary.get("passed")
-            passed = raw if isinstance(raw, bool) else None
-            note = summary.get("error") or summary.get("aborted")
-        rows.append(
-            SessionRow(
-                id=info.id,
-                kind=info.kind,
-                status=info.status,
-                scenario=info.scenario,
-                started=info.started,
-                duration_s=info.duration,
-                messages=counts.get(info.id, 0),
-                dead_letters=len(store.dead_letters(info.id)),
-                failed_expectations=failed,
-                passed=passed,
-                replay_of=info.replay_of,
-                note=None if note is None else str(note),
-            )
-        )
-    return rows
+    return [_row(store, info, counts.get(info.id, 0)) for info in store.sessions()]
+
+
+def session_row(store: SessionStore, sid: str) -> SessionRow:
+    """One session's line of the list (its page header), without reading the others."""
+    info = store.session(sid)
+    return _row(store, info, store.envelope_counts().get(info.id, 0))
+
+
+def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
+    summary = info.summary
+    replay = summary.get("replay") if isinstance(summary.get("replay"), Mapping) else None
+    expectations = summary.get("expectations") or []
+    failed = tuple(
+        str(e.get("name")) for e in expectations if isinstance(e, Mapping) and not e.get("passed")
+    )
+    if replay is not None:
+        passed: bool | None = bool(replay.get("matched"))
+        divergence = replay.get("divergence")
+        note = None if divergence is None else _divergence_text(divergence)
+    else:
+        raw = summary.get("passed")
+        passed = raw if isinstance(raw, bool) else None
+        note = summary.get("error") or summary.get("aborted")
+    return SessionRow(
+        id=info.id,
+        kind=info.kind,
+        status=info.status,
+        scenario=info.scenario,
+        started=info.started,
+        duration_s=info.duration,
+        messages=messages,
+        dead_letters=len(store.dead_letters(info.id)),
+        failed_expectations=failed,
+        passed=passed,
+        replay_of=info.replay_of,
+        note=None if note is None else str(note),
+    )
 
 
 def _divergence_text(divergence: Any) -> str:

@@ -115,6 +115,7 @@ def test_session_rows(recorded: tuple[SessionStore, str]) -> None:
         note=None,
     )
     assert row.duration_s is not None and row.duration_s > 0
+    assert rm.session_row(store, sid[:-2]) == row
 
 
 def test_unknown_session_is_a_clear_error(recorded: tuple[SessionStore, str]) -> None:
