@@ -92,6 +92,7 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
 
     from pantheon._runtime import run_scenario
     from pantheon._session_run import recording
+    from pantheon.live import live_run
 
     bar = Progress(
         "[progress.description]{task.description}",
@@ -109,16 +110,20 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
         bar.update(task, completed=done, total=total)
 
     with bar:
-        async with recording(scenario, store, seed, enabled=record) as rec:
+        async with (
+            recording(scenario, store, seed, enabled=record) as rec,
+            live_run(rec, scenario.name, enabled=record) as live,
+        ):
             summary = await run_scenario(
                 scenario,
                 seed=seed,
                 on_progress=on_progress,
                 bus=rec.bus,
-                attach=rec.attach,
+                attach=live.attach,
                 outbox_dir=rec.outbox_dir,
             )
             await rec.finish(summary, source=source)
+            await live.close("completed" if summary.passed else "failed")
     return summary
 
 

@@ -1,0 +1,85 @@
+"""A live feed for one ``pantheon run``: the socket beside the store, redrives recorded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from bus import Bus
+from pantheon.live._feed import LiveFeed
+from pantheon.live._wire import socket_path
+
+__all__ = ["LiveRun", "live_run"]
+
+
+class LiveRun:
+    """Wraps a run's ``attach(bus)`` so the feed starts once the recorder has named the
+    session. ``feed`` is None until then, and stays None when the run is not live."""
+
+    def __init__(
+        self,
+        recording: Any,
+        scenario: str | None,
+        *,
+        enabled: bool = True,
+        serve: bool = True,
+        **options: Any,
+    ) -> None:
+        self._recording = recording
+        self._scenario = scenario
+        self._enabled = enabled
+        self._serve = serve
+        self._options = options
+        self.feed: LiveFeed | None = None
+        self.started = asyncio.Event()
+
+    async def attach(self, bus: Bus) -> None:
+        """The run's ``attach``: the recording's, then the feed."""
+        await self._recording.attach(bus)
+        if not self._enabled:
+            return
+        recorder = getattr(self._recording, "recorder", None)
+        path = None
+        if recorder is not None and self._serve:
+            path = socket_path(recorder.store.path, recorder.session_id)
+        feed = LiveFeed(bus, scenario=self._scenario, path=path, **self._options)
+        if recorder is not None:
+            feed.on_redrive.append(_marker(recorder))
+        await feed.start()
+        self.feed = feed
+        self.started.set()
+
+    async def close(self, status: str) -> None:
+        """Publish the final snapshot with the session's ``status`` and stop the feed."""
+        if self.feed is not None:
+            await self.feed.aclose(status)
+
+
+def _marker(recorder: Any) -> Callable[[int], Awaitable[None]]:
+    """Mark a dead letter redriven live in the session's own record, once its row is in."""
+
+    async def mark(entry_id: int) -> None:
+        await recorder.flush()
+        await asyncio.to_thread(
+            recorder.store.mark_redriven, recorder.session_id, entry_id, recorder.session_id
+        )
+
+    return mark
+
+
+@asynccontextmanager
+async def live_run(
+    recording: Any, scenario: str | None, *, enabled: bool = True, **options: Any
+) -> AsyncIterator[LiveRun]:
+    """``async with live_run(rec, name) as live``: pass ``live.attach`` as the run's attach
+    and call ``await live.close(status)`` at the end; a block that raises closes the feed
+    as ``failed``. ``enabled=False`` attaches the recording only."""
+    live = LiveRun(recording, scenario, enabled=enabled, **options)
+    try:
+        yield live
+    except BaseException:
+        await live.close("failed")
+        raise
+    await live.close("completed")

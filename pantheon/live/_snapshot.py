@@ -1,0 +1,209 @@
+"""What a live feed publishes: one :class:`Snapshot` of a session, several times a second.
+
+The same value describes a running session (built from the bus's own counters by
+:class:`~pantheon.live.LiveFeed`) and a finished one (built from the read model by
+:func:`~pantheon.live.snapshot_from_store`), so a viewer draws both with one code path.
+Every part is a frozen msgspec Struct of plain values: it crosses the feed's socket as
+msgpack without a hand-written codec, and never carries a live object.
+
+Conventions follow :mod:`pantheon.readmodel`: times are offsets from the session's first
+envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscription name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "BreakerEvent",
+    "BreakerState",
+    "DeadLetter",
+    "Hello",
+    "Hop",
+    "HopLatency",
+    "Redrive",
+    "RedriveResult",
+    "Series",
+    "Snapshot",
+    "Totals",
+    "Trace",
+]
+
+#: Bumped on any incompatible change to the structs below or to the framing.
+PROTOCOL_VERSION = 1
+
+
+class Totals(msgspec.Struct, frozen=True, kw_only=True):
+    """Whole-session counters. ``queued + in_flight`` is what is still in the mailboxes;
+    ``dlq_size`` counts every dead letter of the session (shed ones included)."""
+
+    published: int = 0
+    delivered: int = 0
+    dead_lettered: int = 0
+    shed: int = 0
+    rejected: int = 0
+    failures: int = 0
+    retries: int = 0
+    queued: int = 0
+    in_flight: int = 0
+    dlq_size: int = 0
+
+
+class Series(msgspec.Struct, frozen=True):
+    """Throughput of one topic (envelopes published) or one agent (handlings finished):
+    ``counts[i]`` messages in the bucket starting ``start_s + i * bucket_s``."""
+
+    kind: Literal["topic", "agent"]
+    key: str
+    bucket_s: float
+    start_s: float
+    counts: tuple[int, ...]
+    total: int
+
+    @property
+    def rates(self) -> list[float]:
+        """Messages per second in each bucket."""
+        return [c / self.bucket_s for c in self.counts]
+
+
+class HopLatency(msgspec.Struct, frozen=True):
+    """Queue wait and handling quantiles (ms) of one agent or one edge (``"src -> dst"``).
+
+    A live feed reads the bus's histograms (log-linear, within 12.5 %, sampled after
+    warm-up); it has no handling time per edge, so those are None live. A finished session's
+    are exact, from every stored delivery."""
+
+    kind: Literal["agent", "edge"]
+    name: str
+    count: int
+    wait_p50_ms: float
+    wait_p95_ms: float
+    wait_p99_ms: float
+    handle_p50_ms: float | None
+    handle_p95_ms: float | None
+    handle_p99_ms: float | None
+
+
+class BreakerState(msgspec.Struct, frozen=True):
+    """One circuit breaker now. ``next_probe_s``: seconds until an open breaker lets a
+    probe through (None unless open and live)."""
+
+    name: str
+    state: str
+    trips: int
+    next_probe_s: float | None = None
+    reason: str | None = None
+
+
+class BreakerEvent(msgspec.Struct, frozen=True):
+    t_s: float
+    name: str
+    old: str
+    new: str
+    reason: str | None
+
+
+class DeadLetter(msgspec.Struct, frozen=True):
+    """A dead letter with its failing payload; ``entry_id`` is the key to redrive it with.
+    ``redriven`` says it was taken back (live: re-published; finished: delivered by a
+    redrive session)."""
+
+    entry_id: int
+    envelope_id: int
+    topic: str
+    subscriber: str
+    reason: str
+    error_type: str | None
+    error: str | None
+    traceback: str | None
+    attempts: int
+    t_s: float
+    redriven: bool
+    payload: Any
+    correlation_id: int | None = None
+
+
+class Hop(msgspec.Struct, frozen=True):
+    """One delivery of a request: published at ``enqueued_ms``, started, ended (offsets)."""
+
+    envelope_id: int
+    causation_id: int | None
+    topic: str
+    agent: str
+    depth: int
+    enqueued_ms: float
+    start_ms: float
+    end_ms: float
+    queue_wait_ms: float
+    handling_ms: float
+    outcome: str
+    error: str | None
+
+
+class Trace(msgspec.Struct, frozen=True):
+    """One request (an input and all it caused). ``hops`` is its waterfall, or None when
+    the snapshot left it out (a finished session's: ask the store for one request's)."""
+
+    correlation_id: int
+    topic: str
+    label: str
+    start_ms: float
+    total_ms: float
+    hop_count: int
+    outcome: str
+    hops: tuple[Hop, ...] | None = None
+
+
+class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
+    """A session at one instant. ``live`` is True while a feed publishes it; ``status`` is
+    the session's (``running`` until the run ends); ``seq`` numbers a feed's snapshots
+    (a viewer that skipped some sees the gap); ``t_s`` is the session's age."""
+
+    session_id: str
+    scenario: str | None
+    status: str
+    live: bool
+    seq: int
+    t_s: float
+    totals: Totals
+    series: tuple[Series, ...] = ()
+    hops: tuple[HopLatency, ...] = ()
+    breakers: tuple[BreakerState, ...] = ()
+    breaker_events: tuple[BreakerEvent, ...] = ()
+    dead_letters: tuple[DeadLetter, ...] = ()
+    traces: tuple[Trace, ...] = ()
+
+
+# -- the socket protocol ---------------------------------------------------------------------
+
+
+class Hello(msgspec.Struct, frozen=True, tag="hello"):
+    """First frame a feed sends a client: which session this socket serves."""
+
+    session_id: str
+    scenario: str | None
+    version: int = PROTOCOL_VERSION
+
+
+class Redrive(msgspec.Struct, frozen=True, tag="redrive"):
+    """Client to feed: re-publish dead letter ``entry_id`` in the running process.
+    ``request`` is echoed in the :class:`RedriveResult`."""
+
+    request: int
+    entry_id: int
+
+
+class RedriveResult(msgspec.Struct, frozen=True, tag="redrive_result"):
+    """``ok``: the entry's subscription took it back; else ``detail`` says why not."""
+
+    request: int
+    entry_id: int
+    ok: bool
+    detail: str
+
+
+ServerFrame = Hello | Snapshot | RedriveResult
+ClientFrame = Redrive

@@ -1,0 +1,156 @@
+"""The snapshot of a finished (or running) session, from the session store's read model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pantheon import readmodel
+from pantheon.live._snapshot import (
+    BreakerEvent,
+    BreakerState,
+    DeadLetter,
+    Hop,
+    HopLatency,
+    Series,
+    Snapshot,
+    Totals,
+    Trace,
+)
+from pantheon.sessions import SessionStore
+
+__all__ = ["DEFAULT_BUCKETS", "snapshot_from_store", "trace_from_store"]
+
+#: A finished session's throughput is cut into about this many buckets (never finer than
+#: the read model's 0.1 s), so a sparkline shows the whole run at any length.
+DEFAULT_BUCKETS = 120
+
+
+def snapshot_from_store(
+    store: SessionStore, session_id: str, *, bucket_s: float | None = None
+) -> Snapshot:
+    """The same :class:`Snapshot` a live feed publishes, built from the read model: exact
+    latency quantiles, every dead letter and breaker transition, and every request as a
+    :class:`Trace` without its hops (ask :func:`trace_from_store` for one waterfall: each
+    costs a pass over the session). ``session_id`` may be a unique prefix."""
+    info = store.session(session_id)
+    sid = info.id
+    requests = readmodel.requests(store, sid)
+    t_s = max((r.start_ms + r.total_ms for r in requests), default=0.0) / 1000
+    if bucket_s is None:
+        bucket_s = max(0.1, round(t_s / DEFAULT_BUCKETS, 3))
+    letters = readmodel.dead_letters(store, sid)
+    last_stats: dict[str, Any] = {}
+    metrics = store.metrics(sid)
+    if metrics:
+        last_stats = metrics[-1].stats
+    subs: dict[str, Any] = last_stats.get("subscribers") or {}
+    latency = readmodel.hop_latency(store, sid)
+    delivered = failed = 0
+    for d in store.deliveries(sid):
+        if d.outcome == "delivered":
+            delivered += 1
+        else:
+            failed += 1
+    totals = Totals(
+        published=store.envelope_counts().get(sid, 0),
+        delivered=delivered,
+        dead_lettered=sum(1 for d in letters if d.reason != "shed"),
+        shed=sum(1 for d in letters if d.reason == "shed"),
+        rejected=sum(int(s.get("rejected", 0)) for s in subs.values()),
+        failures=sum(int(s.get("failures", 0)) for s in subs.values()) or failed,
+        retries=sum(int(s.get("retries", 0)) for s in subs.values()),
+        queued=sum(int(s.get("queued", 0)) for s in subs.values()),
+        in_flight=sum(int(s.get("in_flight", 0)) for s in subs.values()),
+        dlq_size=len(letters),
+    )
+    events = readmodel.breaker_timeline(store, sid)
+    return Snapshot(
+        session_id=sid,
+        scenario=info.scenario,
+        status=info.status,
+        live=False,
+        seq=0,
+        t_s=t_s,
+        totals=totals,
+        series=_series(readmodel.throughput(store, sid, bucket_s=bucket_s), bucket_s),
+        hops=tuple(_hop_latency(h) for h in latency),
+        breakers=_breakers(last_stats, events),
+        breaker_events=tuple(BreakerEvent(e.t_s, e.name, e.old, e.new, e.reason) for e in events),
+        dead_letters=tuple(
+            DeadLetter(
+                entry_id=d.entry_id,
+                envelope_id=d.envelope_id,
+                topic=d.topic,
+                subscriber=d.subscriber,
+                reason=d.reason,
+                error_type=d.error_type,
+                error=d.error,
+                traceback=d.traceback,
+                attempts=d.attempts,
+                t_s=d.t_s,
+                redriven=d.redriven,
+                payload=d.payload,
+                correlation_id=d.correlation_id,
+            )
+            for d in letters
+        ),
+        traces=tuple(
+            Trace(r.correlation_id, r.topic, r.label, r.start_ms, r.total_ms, r.hops, r.outcome)
+            for r in requests
+        ),
+    )
+
+
+def trace_from_store(store: SessionStore, session_id: str, correlation_id: int) -> tuple[Hop, ...]:
+    """One request's waterfall (:func:`pantheon.readmodel.waterfall`) as snapshot hops."""
+    return tuple(
+        Hop(
+            b.envelope_id, b.causation_id, b.topic, b.agent, b.depth,
+            b.enqueued_ms, b.start_ms, b.end_ms, b.queue_wait_ms, b.handling_ms,
+            b.outcome, b.error,
+        )
+        for b in readmodel.waterfall(store, session_id, correlation_id)
+    )  # fmt: skip
+
+
+def _hop_latency(h: readmodel.HopLatency) -> HopLatency:
+    return HopLatency(
+        h.kind, h.name, h.count,
+        h.wait_p50_ms, h.wait_p95_ms, h.wait_p99_ms,
+        h.handle_p50_ms, h.handle_p95_ms, h.handle_p99_ms,
+    )  # fmt: skip
+
+
+def _series(points: list[readmodel.ThroughputPoint], bucket_s: float) -> tuple[Series, ...]:
+    grouped: dict[tuple[str, str], list[readmodel.ThroughputPoint]] = {}
+    for p in points:
+        grouped.setdefault((p.kind, p.key), []).append(p)
+    out = []
+    for (kind, key), pts in grouped.items():
+        counts = tuple(p.count for p in pts)
+        out.append(Series(kind, key, bucket_s, pts[0].t_s, counts, sum(counts)))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _breakers(
+    stats: dict[str, Any], events: list[readmodel.BreakerEvent]
+) -> tuple[BreakerState, ...]:
+    """Every breaker the bus had at its last metrics snapshot, with trips and last reason;
+    breakers only the transitions mention (no snapshot yet) are added from those."""
+    states: dict[str, str] = dict(stats.get("breakers") or {})
+    subs: dict[str, Any] = stats.get("subscribers") or {}
+    trips: dict[str, int] = {}
+    reasons: dict[str, str | None] = {}
+    for e in events:
+        states.setdefault(e.name, e.new)
+        if e.new == "open":
+            trips[e.name] = trips.get(e.name, 0) + 1
+        reasons[e.name] = e.reason
+    last = {e.name: e.new for e in events}
+    out = []
+    for name in sorted(states):
+        state = last.get(name, states[name])
+        count = int(subs[name].get("breaker_trips", 0)) if name in subs else trips.get(name, 0)
+        count = max(count, trips.get(name, 0))
+        out.append(BreakerState(name, state, count, None, reasons.get(name)))
+    return tuple(out)
