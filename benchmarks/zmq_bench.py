@@ -114,9 +114,8 @@ PROFILES: dict[str, dict[str, Any]] = {
     },
 }
 
-REDIS = ("127.0.0.1", 6379)
-NATS = ("127.0.0.1", 4222)
-RABBIT = ("127.0.0.1", 5672)
+#: Where each broker is expected; ``--redis``, ``--nats`` and ``--amqp`` override them.
+SERVERS = {"redis": "127.0.0.1:6379", "nats": "127.0.0.1:4222", "amqp": "127.0.0.1:5672"}
 REDIS_PIPELINE = 100
 RABBIT_PREFETCH = 1_000
 READY_TIMEOUT = 30.0  # a child's start: imports, connect, subscribe
@@ -333,7 +332,8 @@ class Redis(Adapter):
     async def _connect(self) -> Any:
         import redis.asyncio as redis
 
-        self.r = redis.Redis(host=REDIS[0], port=REDIS[1])
+        host, port = self.endpoint.rsplit(":", 1)
+        self.r = redis.Redis(host=host, port=int(port))
         await self.r.ping()
         return self.r
 
@@ -418,7 +418,7 @@ class Nats(Adapter):
     async def _connect(self) -> Any:
         import nats
 
-        self.nc = await nats.connect(f"nats://{NATS[0]}:{NATS[1]}", allow_reconnect=False)
+        self.nc = await nats.connect(f"nats://{self.endpoint}", allow_reconnect=False)
         return self.nc
 
     async def start_sink(self, hit: Hit) -> dict[str, Any]:
@@ -473,7 +473,10 @@ class Rabbit(Adapter):
         import aio_pika
 
         self.conn = await aio_pika.connect(
-            host=RABBIT[0], port=RABBIT[1], login="guest", password="guest"
+            host=self.endpoint.rsplit(":", 1)[0],
+            port=int(self.endpoint.rsplit(":", 1)[1]),
+            login="guest",
+            password="guest",
         )
         self.ch = await self.conn.channel(publisher_confirms=self.confirms)
         await self.ch.set_qos(prefetch_count=RABBIT_PREFETCH)
@@ -723,7 +726,7 @@ class Child:
             lines = self.log.read_text(errors="replace").strip().splitlines()
         except OSError:
             return ""
-        return " | ".join(lines[-3:])
+        return lines[-1] if lines else "no output"
 
     async def read(self, timeout: float) -> dict[str, Any]:
         assert self.proc.stdout is not None
@@ -771,7 +774,7 @@ class Row:
     label: str
     transports: tuple[str, ...]
     needs: str  # the module the client side imports
-    server: tuple[str, int] | None = None  # a broker that must be listening
+    server: str | None = None  # the SERVERS key of a broker that must be listening
     broker: bool = False  # Pantheon: start our own broker per measurement
 
 
@@ -785,11 +788,11 @@ ROWS = (
         "bus.backends.zeromq",
         broker=True,
     ),
-    Row("redis", "Redis pub/sub (redis-py)", ("tcp",), "redis", REDIS),
-    Row("redis_pipe", "Redis pub/sub, publish pipelined x100", ("tcp",), "redis", REDIS),
-    Row("nats", "NATS (nats-py)", ("tcp",), "nats", NATS),
-    Row("rabbit", "RabbitMQ (aio-pika), no confirms", ("tcp",), "aio_pika", RABBIT),
-    Row("rabbit_conf", "RabbitMQ (aio-pika), publisher confirms", ("tcp",), "aio_pika", RABBIT),
+    Row("redis", "Redis pub/sub (redis-py)", ("tcp",), "redis", "redis"),
+    Row("redis_pipe", "Redis pub/sub, publish pipelined x100", ("tcp",), "redis", "redis"),
+    Row("nats", "NATS (nats-py)", ("tcp",), "nats", "nats"),
+    Row("rabbit", "RabbitMQ (aio-pika), no confirms", ("tcp",), "aio_pika", "amqp"),
+    Row("rabbit_conf", "RabbitMQ (aio-pika), publisher confirms", ("tcp",), "aio_pika", "amqp"),
 )
 BROKER_ROWS = ("redis", "redis_pipe", "nats", "rabbit", "rabbit_conf")
 INSTALL_HINT = {
@@ -800,7 +803,7 @@ INSTALL_HINT = {
 }
 
 
-def skip_reason(row: Row) -> str | None:
+def skip_reason(row: Row, servers: dict[str, str]) -> str | None:
     """Why this row cannot run here, or None."""
     try:
         found = importlib.util.find_spec(row.needs) is not None
@@ -811,7 +814,7 @@ def skip_reason(row: Row) -> str | None:
             return f"{row.needs} is not importable (the ZeroMQ transport is not in this tree)"
         return f"{row.needs} is not installed ({INSTALL_HINT[row.needs]})"
     if row.server is not None:
-        host, port = row.server
+        host, port = servers[row.server].rsplit(":", 1)
         try:
             with socket.create_connection((host, port), timeout=1.0):
                 pass
@@ -836,6 +839,8 @@ class Measure:
 
     def _endpoint(self) -> str:
         self.seq += 1
+        if self.row.server is not None:
+            return self.ctx.servers[self.row.server]
         if self.transport == "ipc":
             return f"ipc://{self.ctx.tmp}/{self.row.id}-{self.seq}.sock"
         return "tcp://127.0.0.1:0" if self.row.broker else "tcp://127.0.0.1:*"
@@ -910,6 +915,7 @@ class RunContext:
     tmp: Path
     loop_name: str
     log: Callable[[str], None]
+    servers: dict[str, str]
 
     async def spawn(self, row: str, role: str, endpoint: str, token: str) -> Child:
         return await Child.spawn(row, role, endpoint, token, self.loop_name, self.tmp)
@@ -1085,7 +1091,7 @@ async def run_all(
             continue
         raw[row.id] = {}
         status[row.id] = {}
-        why = skip_reason(row)
+        why = skip_reason(row, ctx.servers)
         for tr in trs:
             if why is not None:
                 raw[row.id][tr] = {"skipped": why}
@@ -1116,6 +1122,9 @@ def main() -> int:
     ap.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                     help="event loop of every child (pantheon runs on uvloop)")  # fmt: skip
     ap.add_argument("--repeats", type=int, help="override the number of timed repeats")
+    for kind, where in SERVERS.items():
+        ap.add_argument(f"--{kind}", default=where, metavar="HOST:PORT",
+                        help=f"where the {kind} server listens (default {where})")  # fmt: skip
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "zmq_bench.json"))
     ap.add_argument("--markdown", action="store_true", help="also print the tables as Markdown")
     ap.add_argument("--_child", nargs=2, metavar=("ROW", "ROLE"), help=argparse.SUPPRESS)
@@ -1128,8 +1137,10 @@ def main() -> int:
         try:
             with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
                 runner.run(child(row_id, role, args._endpoint, args._token))
-        except Exception:
+        except Exception as exc:
             traceback.print_exc()
+            # The parent quotes the last line of our stderr in the row: make it the cause.
+            print(f"{type(exc).__name__}: {exc}".rstrip(": "), file=sys.stderr)
             return 1
         return 0
 
@@ -1141,6 +1152,11 @@ def main() -> int:
     transports = {s.strip() for s in args.transports.split(",") if s.strip()}
     if not transports or not transports <= {"ipc", "tcp"}:
         ap.error(f"--transports: expected ipc and/or tcp, got {args.transports!r}")
+    servers = {kind: getattr(args, kind) for kind in SERVERS}
+    for kind, where in servers.items():
+        host, _, port = where.rpartition(":")
+        if not host or not port.isdigit():
+            ap.error(f"--{kind}: expected HOST:PORT, got {where!r}")
     cfg = dict(PROFILES["quick" if args.quick else "full"])
     if args.repeats:
         if args.repeats < 1:
@@ -1161,7 +1177,7 @@ def main() -> int:
     own0, servers0 = own_cpu_seconds(), broker_server_cpu()
     tmp = Path(tempfile.mkdtemp(prefix="pzb-"))  # short: ipc paths must stay under 107 bytes
     try:
-        ctx = RunContext(tmp, args.loop, log)
+        ctx = RunContext(tmp, args.loop, log, servers)
         with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
             raw, status = runner.run(run_all([known[w] for w in wanted], transports, cfg, ctx))
     finally:
