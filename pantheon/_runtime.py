@@ -229,7 +229,22 @@ async def run_scenario(
 
     ``attach(bus)`` runs after the team is wired and before input flows (the session
     recorder hooks in there); ``on_progress(done, total)`` is called as inputs go out.
+
+    A scenario with ``transport.kind: zmq`` runs as a broker and node processes
+    (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then be on its broker.
     """
+    if scenario.transport.kind == "zmq":
+        from pantheon._cluster import run_cluster
+
+        return await run_cluster(
+            scenario,
+            seed=seed,
+            outbox_dir=outbox_dir,
+            on_progress=on_progress,
+            bus=bus,
+            attach=attach,
+            drain_timeout=drain_timeout,
+        )
     seed = scenario.seed if seed is None else seed
     bus = bus or Bus()
     if bus.context is None:

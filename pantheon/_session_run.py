@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from bus import Bus
+from bus import Bus, Transport
 from pantheon.scenario import Scenario
 
 __all__ = ["Recording", "recording"]
@@ -35,11 +35,18 @@ class Recording:
 
 @asynccontextmanager
 async def recording(
-    scenario: Scenario, store: Path | None, seed: int | None, *, enabled: bool = True
+    scenario: Scenario,
+    store: Path | None,
+    seed: int | None,
+    *,
+    enabled: bool = True,
+    transport: Transport | None = None,
 ) -> AsyncIterator[Recording]:
-    """Yield a :class:`Recording`; a run that raises is closed as ``failed`` with the error."""
+    """Yield a :class:`Recording`; a run that raises is closed as ``failed`` with the error.
+
+    ``transport`` connects the run's bus to others (a ZeroMQ run's driver)."""
     if not enabled:
-        yield Recording(Bus())
+        yield Recording(Bus(transport=transport))
         return
     from pantheon.sessions import Recorder, SessionStore
 
@@ -50,7 +57,7 @@ async def recording(
             scenario_text=scenario.text,
             seed=scenario.seed if seed is None else seed,
         )
-        bus = Bus(session_id=recorder.session_id)
+        bus = Bus(session_id=recorder.session_id, transport=transport)
         rec = Recording(bus, recorder, session_store.path.parent / "outbox")
         try:
             yield rec

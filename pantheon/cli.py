@@ -14,6 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from pantheon._cli_cluster import print_nodes
+from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_sessions import register as register_sessions
 from pantheon.scenario import ScenarioError, load_scenario
 
@@ -30,6 +32,7 @@ app = typer.Typer(
 )
 console = Console(stderr=True)
 register_sessions(app)
+register_cluster(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -72,13 +75,13 @@ def run(
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
     scenario = _load(file)
-    if scenario.transport.kind != "inprocess":
-        console.print(
-            f"[red]{file}: transport.kind: {scenario.transport.kind!r} is not available yet; "
-            "this version runs the in-process transport only (set transport.kind: inprocess)"
-        )
-        raise typer.Exit(2)
-    summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
+    from pantheon._cluster import ClusterError
+
+    try:
+        summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
+    except ClusterError as exc:
+        console.print(f"[red]{file}: the multi-process run failed:[/red] {exc}")
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
     else:
@@ -90,6 +93,7 @@ def run(
 async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool, progress: bool):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    from pantheon._cluster import cluster_transport
     from pantheon._runtime import run_scenario
     from pantheon._session_run import recording
     from pantheon.live import live_run
@@ -111,7 +115,8 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
 
     with bar:
         async with (
-            recording(scenario, store, seed, enabled=record) as rec,
+            cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
+            recording(scenario, store, seed, enabled=record, transport=transport) as rec,
             live_run(rec, scenario.name, enabled=record) as live,
         ):
             summary = await run_scenario(
@@ -155,6 +160,7 @@ def _print_summary(s: Any) -> None:
             *(f"{h[k]:.3f}" for k in ("handle_p50_ms", "handle_p95_ms", "handle_p99_ms")),
         )
     out.print(table)
+    print_nodes(out, s)
     for e in s.expectations:
         mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
         out.print(f"{mark} {e['name']} (actual {e['actual']})")

@@ -146,6 +146,10 @@ class ZmqTransportConfig(_Model):
     kind: Literal["zmq"]
     broker: str = "tcp://127.0.0.1:5555"
     nodes: dict[_AgentName, tuple[_AgentName, ...]] = Field(default_factory=dict)
+    heartbeat: _PositiveFloat = 1.0
+    """Seconds between heartbeats; a node silent for ``heartbeat * liveness`` is lost and
+    what was in flight to it is redelivered or dead-lettered (``node_lost``)."""
+    liveness: Annotated[int, Field(ge=1)] = 3
 
 
 TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig

@@ -1,0 +1,351 @@
+"""``pantheon broker | node | keys``: ZeroMQ clusters by hand.
+
+``pantheon run`` starts a broker and nodes by itself for a scenario with
+``transport.kind: zmq``; these commands are for clusters laid out by hand, across machines:
+
+    pantheon keys keys/ --name broker; pantheon keys keys/ --name node1
+    mkdir allowed && cp keys/node1.key allowed/
+    pantheon broker --bind tcp://0.0.0.0:5555 --curve-secret keys/broker.key_secret --allow allowed
+    pantheon node --connect tcp://HOST:5555 --agents reasoner,memory --scenario s.yaml \\
+        --curve-secret keys/node1.key_secret --server-key keys/broker.key
+
+Exit codes: 0 stopped by SIGINT/SIGTERM (or keys written), 1 refused (a key file exists),
+2 a usage error or a broker/node that could not start (the message says which and why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+__all__ = ["print_nodes", "register"]
+
+#: Agent configuration for a node started without ``--scenario``: every agent at its
+#: defaults (the Reasoner with no rules answers its default intent).
+_DEFAULT_SCENARIO = "version: 1\nname: node\ninput: {kind: generator, topic: node.idle, count: 1}\n"
+
+
+def _err(message: str, code: int = 2) -> typer.Exit:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    return typer.Exit(code)
+
+
+def _info(message: str) -> None:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(message)
+
+
+def _run(coro: Any) -> Any:
+    from pantheon.cli import run_async
+
+    return run_async(coro)
+
+
+def _zmq() -> Any:
+    from pantheon._cluster import _zmq as load
+
+    try:
+        return load()
+    except ImportError as exc:
+        raise _err(str(exc)) from None
+
+
+def _load_keys(path: Path, what: str) -> Any:
+    """A key pair from a ``pantheon keys`` secret file (``NAME.key_secret``)."""
+    zmq = _zmq()
+    try:
+        keys = zmq.CurveKeys.load(path)
+    except (OSError, ValueError) as exc:
+        raise _err(f"{what} {path}: cannot read a CURVE key pair: {exc}") from None
+    if not getattr(keys, "secret", None):
+        raise _err(
+            f"{what} {path} holds no secret key: pass the NAME.key_secret file "
+            "that `pantheon keys` wrote"
+        )
+    return keys
+
+
+def _load_public(path: Path, what: str) -> bytes:
+    zmq = _zmq()
+    try:
+        return bytes(zmq.CurveKeys.load(path).public)
+    except (OSError, ValueError) as exc:
+        raise _err(f"{what} {path}: cannot read a CURVE public key: {exc}") from None
+
+
+# -- keys --------------------------------------------------------------------------------------
+
+
+def keys(
+    directory: Annotated[Path, typer.Argument(help="Directory for the key files (created).")],
+    name: Annotated[str, typer.Option(help="File name stem: NAME.key and NAME.key_secret.")] = (
+        "pantheon"
+    ),
+) -> None:
+    """Write a CURVE key pair in ZeroMQ's key-file format: NAME.key (public, give it to the
+    broker's --allow directory or to nodes as --server-key) and NAME.key_secret (keep it)."""
+    if not name or "/" in name or name.startswith("."):
+        raise _err(f"--name {name!r}: use a plain file name stem such as 'node1'")
+    public, secret = directory / f"{name}.key", directory / f"{name}.key_secret"
+    existing = [str(p) for p in (public, secret) if p.exists()]
+    if existing:
+        raise _err(f"refusing to overwrite {', '.join(existing)}: pick another --name", 1)
+    zmq = _zmq()
+    directory.mkdir(parents=True, exist_ok=True)
+    pair = zmq.CurveKeys.generate()
+    pair.save(secret)
+    if not public.exists() or not secret.exists():
+        raise _err(f"CurveKeys.save({secret}) did not write {public} and {secret}")
+    secret.chmod(0o600)
+    typer.echo(f"public key  {public}\nsecret key  {secret}\n{pair.public.decode()}")
+
+
+# -- broker ------------------------------------------------------------------------------------
+
+
+def broker(
+    bind: Annotated[
+        str, typer.Option(help="Address to bind; 127.0.0.1 unless you mean the network.")
+    ] = "tcp://127.0.0.1:5555",
+    curve_secret: Annotated[
+        Path | None,
+        typer.Option(help="The broker's NAME.key_secret (from `pantheon keys`): CURVE on."),
+    ] = None,
+    allow: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory of node public keys (*.key); only those nodes may join.",
+            show_default=False,
+        ),
+    ] = None,
+    heartbeat: Annotated[float, typer.Option(help="Seconds between heartbeats.")] = 1.0,
+    liveness: Annotated[int, typer.Option(help="Missed heartbeats before a node is lost.")] = 3,
+    stats_every: Annotated[
+        float, typer.Option(help="Seconds between stats lines on stderr; 0: never.")
+    ] = 10.0,
+) -> None:
+    """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
+    zmq = _zmq()
+    curve = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
+    allowed: list[bytes] = []
+    if allow is not None:
+        if curve is None:
+            raise _err("--allow needs --curve-secret: keys are only checked with CURVE on")
+        if not allow.is_dir():
+            raise _err(f"--allow {allow}: not a directory of *.key files")
+        files = sorted(allow.glob("*.key"))
+        if not files:
+            raise _err(f"--allow {allow}: no *.key public key files in it; nobody could join")
+        allowed = [_load_public(f, "--allow") for f in files]
+    elif curve is not None:
+        _info(
+            "[yellow]warning:[/yellow] CURVE without --allow encrypts traffic but lets any "
+            "node that knows the broker's public key join"
+        )
+
+    async def serve() -> None:
+        from pantheon._cluster import install_stop_signals
+
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        try:
+            server = zmq.Broker(
+                bind, curve=curve, allow=allowed, heartbeat=heartbeat, liveness=liveness
+            )
+            await server.start()
+        except Exception as exc:
+            raise _err(f"cannot start a broker on {bind}: {exc}") from None
+        try:
+            security = (
+                f"CURVE on, {len(allowed)} allowed key(s)"
+                if allowed
+                else "CURVE on, any key"
+                if curve
+                else "no CURVE: plain text, anyone may join"
+            )
+            # stdout gets exactly the endpoint, so a script can read the real port of :0.
+            print(server.endpoint, flush=True)
+            _info(f"broker listening on {server.endpoint} ({security}); Ctrl-C stops it")
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(stats_every or None):
+                        await stop.wait()
+                if not stop.is_set():
+                    _info(f"broker {_brief(server.stats())}")
+        finally:
+            await server.aclose()
+        _info(f"broker stopped: {_brief(server.stats())}")
+
+    _run(serve())
+
+
+def _brief(stats: dict[str, Any]) -> str:
+    numbers = {k: v for k, v in stats.items() if type(v) in (int, float)}
+    return ", ".join(f"{k} {v}" for k, v in numbers.items())
+
+
+# -- node --------------------------------------------------------------------------------------
+
+
+def node(
+    connect: Annotated[str, typer.Option(help="The broker's address.")] = "tcp://127.0.0.1:5555",
+    agents: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated agent names to host (default: those the scenario places "
+            "on --node).",
+            show_default=False,
+        ),
+    ] = None,
+    scenario: Annotated[
+        Path | None,
+        typer.Option(help="Scenario whose agent settings, policy and seed to use."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option("--node", help="This node's name (default node-PID).", show_default=False),
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    session: Annotated[
+        str | None, typer.Option(help="Session id stamped on messages this node originates.")
+    ] = None,
+    outbox: Annotated[
+        Path | None, typer.Option(help="JSONL file for the Actor's tool calls.")
+    ] = None,
+    curve_secret: Annotated[
+        Path | None, typer.Option(help="This node's NAME.key_secret (CURVE on).")
+    ] = None,
+    server_key: Annotated[
+        Path | None, typer.Option(help="The broker's public NAME.key (with --curve-secret).")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for the broker before giving up.")
+    ] = 10.0,
+    status_every: Annotated[
+        float, typer.Option(help="Seconds between status lines on stderr; 0: never.")
+    ] = 5.0,
+    control: Annotated[
+        bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
+    ] = False,
+) -> None:
+    """Host some agents on a ZeroMQ broker until SIGINT/SIGTERM, showing the clock offset."""
+    from pantheon._cluster import ClusterError, NodeHost
+    from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
+
+    if (curve_secret is None) != (server_key is None):
+        raise _err("CURVE needs both --curve-secret (this node's) and --server-key (broker's)")
+    try:
+        loaded = (
+            load_scenario(scenario)
+            if scenario is not None
+            else parse_scenario(_DEFAULT_SCENARIO, source="<node defaults>")
+        )
+    except (ScenarioError, OSError) as exc:
+        raise _err(f"invalid scenario\n{exc}") from None
+    wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
+    if wanted is None and name is None:
+        raise _err("name the agents to host with --agents, or a placed node with --node")
+    node_name = name or f"node-{os.getpid()}"
+    keys = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
+    server = _load_public(server_key, "--server-key") if server_key else None
+    try:
+        host = NodeHost(
+            loaded,
+            wanted,
+            connect=connect,
+            node=node_name,
+            seed=seed,
+            session_id=session,
+            outbox_path=outbox,
+            curve=keys,
+            server_key=server,
+            connect_timeout=timeout,
+        )
+    except ClusterError as exc:
+        if control:
+            from pantheon._cluster import _say
+
+            _say(sys.stdout, "error", message=str(exc))
+        raise _err(str(exc)) from None
+
+    if control:
+        from pantheon._cluster import serve_node
+
+        try:
+            _run(serve_node(host))
+        except ClusterError as exc:
+            raise _err(str(exc)) from None
+        return
+
+    async def serve() -> None:
+        from pantheon._cluster import install_stop_signals
+
+        stop = asyncio.Event()
+        install_stop_signals(stop)
+        try:
+            await host.start()
+        except ClusterError as exc:
+            raise _err(str(exc)) from None
+        _info(
+            f"node {node_name} joined {connect}, hosting {', '.join(host.team.agents)}; "
+            "Ctrl-C stops it"
+        )
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(status_every or None):
+                        await stop.wait()
+                _info(_node_line(node_name, host.status(), host))
+        finally:
+            await host.stop_agents()
+            report = host.report()
+            await host.aclose()
+        handled = sum(h["handled"] for h in report["subscribers"].values())
+        _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
+
+    _run(serve())
+
+
+def _node_line(name: str, status: dict[str, Any], host: Any) -> str:
+    offset = status.get("clock_offset_ns")
+    clock = "not yet measured" if offset is None else f"{offset / 1000:+.1f} µs"
+    handled = sum(
+        s.delivered + s.dead_lettered for s in host.bus.stats().subscribers.values()
+    )
+    return (
+        f"node {name}: handled {handled}, outstanding {status['outstanding']}, "
+        f"in flight {status['in_flight']}, clock offset to broker {clock}"
+    )
+
+
+# -- run summary -------------------------------------------------------------------------------
+
+
+def print_nodes(out: Console, summary: Any) -> None:
+    """The per-process lines of a ZeroMQ run's summary (nothing for an in-process run)."""
+    for name, n in (getattr(summary, "nodes", None) or {}).items():
+        status = n["status"]
+        if n.get("killed_at_s") is not None:
+            status = f"killed (SIGKILL) at {n['killed_at_s']:.2f}s"
+        elif n.get("exit_code") not in (None, 0):
+            status = f"{status} (exit code {n['exit_code']})"
+        offset = n.get("clock_offset_us")
+        clock = "" if offset is None else f"  clock offset {offset:+.1f} µs"
+        colour = "green" if n["status"] == "ok" else "yellow" if n["status"] == "killed" else "red"
+        out.print(
+            f"node {name} (pid {n['pid']}): [{colour}]{status}[/{colour}]  "
+            f"{', '.join(n['agents']) or '(no agents)'}{clock}"
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``broker``, ``node`` and ``keys`` to the ``pantheon`` app."""
+    app.command("broker")(broker)
+    app.command("node")(node)
+    app.command("keys")(keys)

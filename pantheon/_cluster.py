@@ -1,0 +1,815 @@
+"""Multi-process runs: a ZeroMQ scenario as a broker, one process per node, and a driver.
+
+``pantheon run`` of a scenario with ``transport: {kind: zmq, nodes: {...}}``:
+
+* the **driver** (the process running the scenario; node name ``driver``) starts a broker
+  process and one ``pantheon node`` process per entry of ``transport.nodes``. It hosts every
+  agent the placement leaves out (typically the Observer, which publishes the input) and
+  records its own bus as the session.
+* each **node** builds the whole team from the same scenario file and seed, keeps the agents
+  placed on it, connects, and reports ready only once it knows every other process's
+  subscriptions: nothing is published into a route not known yet (ZeroMQ's late-joiner loss,
+  avoided by a handshake rather than a sleep). The driver waits the same way.
+* once every node is ready the driver starts its agents and inputs flow; ``faults.flood``
+  runs in the driver and ``faults.kill_node`` SIGKILLs a node process at its time.
+* when the inputs, flood and kill are done, the driver waits for the cluster to be quiet,
+  stops the agents everywhere, waits again, and asks each node to leave: each sends its
+  :func:`~pantheon._runtime.local_report` and exits. The driver merges the reports into one
+  :class:`~pantheon._runtime.RunSummary`, with a ``nodes`` section saying how each process
+  ended.
+
+The driver talks to its nodes over their stdin/stdout (JSON lines), not over the bus:
+polling a bus's counters through that bus would change the counters it polls, and control
+must keep working when the bus is what broke. A node whose stdin closes (its driver died)
+leaves on its own, so no node outlives its run.
+
+*Quiet* means: every live process reports nothing outstanding on its bus and nothing in
+flight on its transport, twice in a row, with the same publish counts both times, so no
+message moved between the two looks. Messages in flight to a killed node keep its senders
+busy until heartbeats declare the node lost and the transport redelivers or dead-letters
+them (``node_lost``); only then is the cluster quiet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from agents import ROLES as AGENT_CLASSES
+from agents import LiveEffects, Observer
+from bus import Bus, BusError, Priority, Transport
+from pantheon._runtime import (
+    RunSummary,
+    Team,
+    _count_inputs,
+    _flood,
+    build_team,
+    local_report,
+    summarize,
+)
+from pantheon.scenario import DRIVER_NODE, Scenario
+
+__all__ = [
+    "ClusterError",
+    "NodeHost",
+    "Placement",
+    "cluster_transport",
+    "run_cluster",
+    "serve_node",
+]
+
+#: Seconds a node process may take from spawn to ready (Python start-up, imports, connect,
+#: route handshake) on a loaded machine.
+DEFAULT_START_TIMEOUT = 60.0
+#: Seconds to wait for a broker's handshake before calling it unreachable.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+#: Seconds between two looks at the cluster while waiting for it to be quiet or for inputs.
+_POLL = 0.02
+#: Lines of a node's stderr kept to explain its failure.
+_STDERR_TAIL = 40
+
+
+class ClusterError(RuntimeError):
+    """A multi-process run could not start, or lost control of one of its processes.
+
+    The message names the node, endpoint or agent concerned and, for a node that died,
+    ends with the last lines it wrote to stderr."""
+
+
+# -- placement ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Which process hosts which agents, and which subscriptions each process has."""
+
+    hosts: Mapping[str, tuple[str, ...]]
+    """Process name (``driver`` or a node of ``transport.nodes``) -> its agents."""
+    subscriptions: Mapping[str, Mapping[str, str]]
+    """Process name -> {subscription name: pattern}, as the agents will subscribe."""
+
+    @classmethod
+    def of(cls, scenario: Scenario) -> Placement:
+        """The scenario's placement; enabled agents no node hosts go to the driver."""
+        nodes = dict(getattr(scenario.transport, "nodes", {}) or {})
+        enabled = [n for n, cfg in scenario.agents.items() if cfg.enabled]
+        placed = {a for agents in nodes.values() for a in agents}
+        hosts = {DRIVER_NODE: tuple(a for a in enabled if a not in placed), **nodes}
+        subscriptions = {
+            host: _subscriptions(scenario, agents) for host, agents in hosts.items()
+        }
+        return cls(hosts, subscriptions)
+
+    @property
+    def nodes(self) -> dict[str, tuple[str, ...]]:
+        return {h: a for h, a in self.hosts.items() if h != DRIVER_NODE}
+
+    def probes(self, host: str) -> list[str]:
+        """Topics ``host`` must see remote interest in before it may publish: one per pattern
+        subscribed elsewhere (under a subscription name ``host`` does not also have)."""
+        mine = self.subscriptions.get(host, {})
+        out: set[str] = set()
+        for other, subs in self.subscriptions.items():
+            if other == host:
+                continue
+            for name, pattern in subs.items():
+                probe = _probe(pattern)
+                if name not in mine and probe is not None:
+                    out.add(probe)
+        return sorted(out)
+
+
+def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
+    # Mirrors Agent.attach: the first pattern is named after the agent, the others
+    # "<agent>:<pattern>".
+    out: dict[str, str] = {}
+    for name in agents:
+        cls = AGENT_CLASSES[scenario.agent(name).role or name]
+        for i, pattern in enumerate(cls.subscriptions):
+            out[name if i == 0 else f"{name}:{pattern}"] = pattern
+    return out
+
+
+def _probe(pattern: str) -> str | None:
+    """A concrete topic ``pattern`` matches (``system.*`` -> ``system.x``), or None for a
+    character class, which has no obvious member."""
+    if "[" in pattern:
+        return None
+    return pattern.replace("*", "x").replace("?", "x")
+
+
+# -- one process's bus -------------------------------------------------------------------------
+
+
+def _zmq() -> Any:
+    try:
+        from bus.backends import zeromq
+    except ImportError as exc:  # pragma: no cover - depends on the installed extras
+        raise ImportError(
+            f"ZeroMQ runs need pyzmq: pip install 'pantheon[zmq]' ({exc})"
+        ) from exc
+    return zeromq
+
+
+def _transport_stats(bus: Bus) -> dict[str, Any]:
+    stats = getattr(bus.transport, "stats", None)
+    return dict(stats()) if callable(stats) else {}
+
+
+def _in_flight(t: Mapping[str, Any]) -> int:
+    """Messages a transport has accepted and not seen settled (acknowledged, redelivered or
+    dead-lettered), including any still waiting in a send batch."""
+    return int(t.get("in_flight", 0)) + int(t.get("pending", 0))
+
+
+def _received(t: Mapping[str, Any]) -> int:
+    """Messages that reached this bus from another one (counted again by its publish count)."""
+    return int(t.get("received", 0))
+
+
+def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
+    """The counters the driver polls to see inputs progress and the cluster go quiet."""
+    t = _transport_stats(bus)
+    observers: list[Observer] = team.of_role(Observer)
+    return {
+        "outstanding": bus.outstanding,
+        "in_flight": _in_flight(t),
+        "published": bus.stats().published,
+        "inputs": sum(o.emitted + o.malformed for o in observers),
+        "inputs_done": all(o.done.is_set() for o in observers),
+        "clock_offset_ns": t.get("clock_offset_ns"),
+    }
+
+
+def _quiet(status: Mapping[str, Any]) -> bool:
+    return status["outstanding"] == 0 and status["in_flight"] == 0
+
+
+class NodeHost:
+    """A bus over ZeroMQ hosting some of a scenario's agents: what ``pantheon node`` runs.
+
+    ``agents`` names the agents to host; None takes the ones ``transport.nodes`` places on
+    ``node``, and then :meth:`start` also waits until every other process of the placement
+    is known to the broker (see :meth:`Placement.probes`). The agents are configured from
+    ``scenario`` exactly as in-process, so moving an agent between processes changes
+    nothing in it.
+    """
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        agents: Sequence[str] | None,
+        *,
+        connect: str,
+        node: str,
+        seed: int | None = None,
+        session_id: str | None = None,
+        outbox_path: Path | None = None,
+        curve: Any = None,
+        server_key: bytes | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> None:
+        placement = Placement.of(scenario)
+        self.probes: list[str] = []
+        if agents is None:
+            if node not in placement.nodes:
+                known = ", ".join(placement.nodes) or "none"
+                raise ClusterError(
+                    f"node {node!r} is not placed by scenario {scenario.name!r} "
+                    f"(its transport.nodes has: {known}); name the agents with --agents"
+                )
+            agents = placement.hosts[node]
+            self.probes = placement.probes(node)
+        self.seed = scenario.seed if seed is None else seed
+        team = build_team(scenario, seed=self.seed, outbox_path=outbox_path)
+        _check_agents(scenario, agents, team)
+        self.team = Team({a: team.agents[a] for a in agents}, team.outbox)
+        self.node = node
+        self.endpoint = connect
+        self.connect_timeout = connect_timeout
+        transport_cfg = scenario.transport
+        heartbeat = getattr(transport_cfg, "heartbeat", 1.0)
+        liveness = getattr(transport_cfg, "liveness", 3)
+        transport = _zmq().ZmqTransport(
+            connect,
+            node=node,
+            curve=curve,
+            server_key=server_key,
+            heartbeat=heartbeat,
+            liveness=liveness,
+        )
+        self.bus = Bus(transport=transport, session_id=session_id)
+        self.bus.context = LiveEffects(self.seed)
+
+    async def start(self) -> None:
+        """Connect, subscribe the agents, wait for the other processes' routes, then start
+        the agents (from here on they may emit)."""
+        await _connect(self.bus, self.endpoint, self.connect_timeout)
+        await self.team.attach(self.bus)
+        await _await_routes(self.bus, self.probes, self.connect_timeout, self.endpoint)
+        await self.team.start()
+
+    def status(self) -> dict[str, Any]:
+        return bus_status(self.bus, self.team)
+
+    async def stop_agents(self, timeout: float = 60.0) -> None:
+        await self.team.stop()
+        await self.bus.drain(timeout=timeout)
+
+    def report(self) -> dict[str, Any]:
+        """This process's :func:`~pantheon._runtime.local_report`, with its transport."""
+        t = _transport_stats(self.bus)
+        return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
+
+    async def aclose(self) -> None:
+        await self.bus.aclose()
+
+
+def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
+    if not agents:
+        raise ClusterError("a node needs at least one agent (--agents observer,reasoner,...)")
+    seen: set[str] = set()
+    for name in agents:
+        if name in seen:
+            raise ClusterError(f"agent {name!r} is listed twice")
+        seen.add(name)
+        if name in team.agents:
+            continue
+        if name in scenario.agents:
+            raise ClusterError(
+                f"agent {name!r} is disabled in scenario {scenario.name!r} "
+                f"(agents.{name}.enabled: false)"
+            )
+        import difflib
+
+        close = difflib.get_close_matches(name, list(team.agents), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ClusterError(
+            f"unknown agent {name!r}{hint}; scenario {scenario.name!r} has: "
+            f"{', '.join(team.agents)}"
+        )
+
+
+async def _connect(bus: Bus, endpoint: str, timeout: float) -> None:
+    try:
+        async with asyncio.timeout(timeout):
+            await bus.start()
+    except TimeoutError:
+        with contextlib.suppress(Exception):
+            await bus.aclose(drain=False)
+        raise ClusterError(
+            f"no broker answered at {endpoint} within {timeout:g} s (is `pantheon broker` "
+            "running there, and do the CURVE keys match?)"
+        ) from None
+    except BusError as exc:
+        with contextlib.suppress(Exception):
+            await bus.aclose(drain=False)
+        raise ClusterError(f"cannot join the broker at {endpoint}: {exc}") from exc
+
+
+async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoint: str) -> None:
+    """Wait until the transport knows a remote subscriber for every probe topic."""
+    if not probes:
+        return
+    transport = bus.transport
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        missing = [p for p in probes if not transport.has_remote(p)]
+        if not missing:
+            return
+        if loop.time() >= deadline:
+            raise ClusterError(
+                f"after {timeout:g} s the broker at {endpoint} still knows no subscriber "
+                f"for {', '.join(missing)}: a node did not join"
+            )
+        await asyncio.sleep(_POLL)
+
+
+# -- the node side of the control pipe ---------------------------------------------------------
+
+
+def _say(out: TextIO, event: str, **fields: Any) -> None:
+    out.write(json.dumps({"event": event, **fields}, default=repr) + "\n")
+    out.flush()
+
+
+async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
+    """Run ``host`` under a driver's control: commands on stdin, JSON lines on ``out``.
+
+    ``ready`` is sent once the agents run; then ``status`` and ``stop`` are answered,
+    ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
+    also makes the node leave. A start-up failure is sent as ``error`` and raised."""
+    out = out or sys.stdout
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    try:
+        await host.start()
+    except Exception as exc:
+        _say(out, "error", message=str(exc))
+        with contextlib.suppress(Exception):
+            await host.aclose()
+        raise
+    _say(out, "ready", node=host.node, pid=os.getpid(), agents=list(host.team.agents))
+    try:
+        while True:
+            line = await reader.readline()
+            if not line:
+                await host.stop_agents()
+                return
+            command = json.loads(line).get("cmd")
+            if command == "status":
+                _say(out, "status", **host.status())
+            elif command == "stop":
+                await host.stop_agents()
+                _say(out, "stopped")
+            elif command == "leave":
+                _say(out, "report", report=host.report())
+                return
+            else:
+                _say(out, "error", message=f"unknown command {command!r}")
+    finally:
+        await host.aclose()
+
+
+# -- the driver side ---------------------------------------------------------------------------
+
+
+class _Node:
+    """A node process as the driver sees it: its pipes, its state, its last words."""
+
+    def __init__(self, name: str, agents: tuple[str, ...], proc: asyncio.subprocess.Process):
+        self.name = name
+        self.agents = agents
+        self.proc = proc
+        self.stderr: deque[str] = deque(maxlen=_STDERR_TAIL)
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.ready: dict[str, Any] | None = None
+        self.killed_at: float | None = None
+        self.alive = True
+        self.last_status: dict[str, Any] | None = None
+        self.report: dict[str, Any] | None = None
+        loop = asyncio.get_running_loop()
+        self._readers = [
+            loop.create_task(self._read_stdout()),
+            loop.create_task(self._read_stderr()),
+        ]
+
+    async def _read_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        while line := await self.proc.stdout.readline():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self.stderr.append(line.decode(errors="replace").rstrip())
+                continue
+            if isinstance(event, dict):
+                await self.events.put(event)
+        self.alive = False
+        await self.events.put({"event": "eof"})
+
+    async def _read_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        while line := await self.proc.stderr.readline():
+            self.stderr.append(line.decode(errors="replace").rstrip())
+
+    def tail(self) -> str:
+        lines = [ln for ln in self.stderr if ln.strip()]
+        return ("\n  " + "\n  ".join(lines[-12:])) if lines else ""
+
+    async def call(self, command: str, expect: str, timeout: float) -> dict[str, Any] | None:
+        """Send ``command`` and wait for the ``expect`` event; None if the node is gone."""
+        if not self.alive:
+            return None
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(json.dumps({"cmd": command}).encode() + b"\n")
+            await self.proc.stdin.drain()
+        except (BrokenPipeError, ConnectionResetError):
+            self.alive = False
+            return None
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.events.get()
+                kind = event.get("event")
+                if kind == expect:
+                    return event
+                if kind == "eof":
+                    return None
+                if kind == "error":
+                    raise ClusterError(f"node {self.name!r}: {event.get('message')}")
+
+    async def wait_ready(self, timeout: float) -> None:
+        try:
+            async with asyncio.timeout(timeout):
+                event = await self.events.get()
+        except TimeoutError:
+            raise ClusterError(
+                f"node {self.name!r} (pid {self.proc.pid}) was not ready within {timeout:g} s"
+                f"{self.tail()}"
+            ) from None
+        kind = event.get("event")
+        if kind == "ready":
+            self.ready = event
+            return
+        await self._exited()
+        if kind == "error":
+            raise ClusterError(f"node {self.name!r} failed to start: {event.get('message')}")
+        raise ClusterError(
+            f"node {self.name!r} exited during start-up (code {self.proc.returncode})"
+            f"{self.tail()}"
+        )
+
+    async def _exited(self, timeout: float = 10.0) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.proc.wait()
+                await asyncio.gather(*self._readers, return_exceptions=True)
+
+    def kill(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+
+    async def close(self) -> None:
+        """Make sure the process is gone (after a failure: kill it)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+        await self._exited()
+        for task in self._readers:
+            task.cancel()
+        await asyncio.gather(*self._readers, return_exceptions=True)
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+
+    def describe(self, started: float) -> dict[str, Any]:
+        code = self.proc.returncode
+        if self.killed_at is not None:
+            state = "killed"
+        elif self.report is not None and code == 0:
+            state = "ok"
+        else:
+            state = "died"
+        return {
+            "pid": self.proc.pid,
+            "agents": list(self.agents),
+            "status": state,
+            "exit_code": code,
+            "killed_at_s": None if self.killed_at is None else round(self.killed_at - started, 3),
+            "clock_offset_us": _offset_us((self.last_status or {}).get("clock_offset_ns")),
+            "transport": (self.report or {}).get("transport", {}),
+        }
+
+
+def _offset_us(ns: Any) -> float | None:
+    return None if ns is None else round(ns / 1000, 1)
+
+
+def _node_command(
+    scenario_file: Path, node: str, endpoint: str, seed: int, session: str | None,
+    outbox: Path | None,
+) -> list[str]:  # fmt: skip
+    cmd = [
+        sys.executable, "-m", "pantheon.cli", "node",
+        "--connect", endpoint, "--scenario", str(scenario_file), "--node", node,
+        "--seed", str(seed), "--control",
+    ]  # fmt: skip
+    if session is not None:
+        cmd += ["--session", session]
+    if outbox is not None:
+        cmd += ["--outbox", str(outbox)]
+    return cmd
+
+
+class _Driver:
+    """One multi-process run, from spawning the nodes to the merged summary."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        endpoint: str,
+        bus: Bus,
+        *,
+        seed: int,
+        outbox_dir: Path | None,
+        start_timeout: float,
+        drain_timeout: float,
+    ) -> None:
+        source = Path(scenario.source)
+        if not source.is_file():
+            raise ClusterError(
+                f"scenario {scenario.name!r} must come from a file (got {scenario.source!r}): "
+                "each node process loads it"
+            )
+        self.scenario = scenario
+        self.source = source.resolve()
+        self.placement = Placement.of(scenario)
+        self.endpoint = endpoint
+        self.bus = bus
+        self.seed = seed
+        self.outbox_dir = outbox_dir
+        self.start_timeout = start_timeout
+        self.drain_timeout = drain_timeout
+        self.nodes: dict[str, _Node] = {}
+        sid = bus.session_id or "run"
+        full = build_team(
+            scenario,
+            seed=seed,
+            outbox_path=(outbox_dir / f"{sid}.jsonl") if outbox_dir else None,
+        )
+        mine = self.placement.hosts[DRIVER_NODE]
+        self.team = Team({a: full.agents[a] for a in mine}, full.outbox)
+
+    async def spawn(self) -> None:
+        sid = self.bus.session_id
+        for name, agents in self.placement.nodes.items():
+            outbox = (
+                self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
+            )
+            proc = await asyncio.create_subprocess_exec(
+                *_node_command(self.source, name, self.endpoint, self.seed, sid, outbox),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                # Its own session: a Ctrl-C at the terminal reaches the driver only, which
+                # then stops the nodes in order instead of every process dying at once.
+                start_new_session=True,
+            )
+            self.nodes[name] = _Node(name, agents, proc)
+
+    def _live(self) -> list[_Node]:
+        return [n for n in self.nodes.values() if n.alive]
+
+    async def _poll(self) -> list[dict[str, Any]]:
+        """One status from each live process, the driver's own first."""
+        mine = bus_status(self.bus, self.team)
+        nodes = self._live()
+        answers = await asyncio.gather(*(n.call("status", "status", 30.0) for n in nodes))
+        out = [mine]
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer is not None:
+                node.last_status = answer
+                out.append(answer)
+        return out
+
+    async def _wait_inputs(self, on_progress: Callable[[int, int | None], None] | None) -> None:
+        total = _count_inputs(self.scenario)
+        while True:
+            statuses = await self._poll()
+            if on_progress is not None:
+                on_progress(sum(s["inputs"] for s in statuses), total)
+            if all(s["inputs_done"] for s in statuses):
+                return
+            await asyncio.sleep(0.05)
+
+    async def _quiesce(self, timeout: float) -> None:
+        """Wait until no message moves anywhere (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        previous: tuple[int, ...] | None = None
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await self.bus.drain(timeout=max(0.0, deadline - loop.time()))
+            statuses = await self._poll()
+            counts = tuple(s["published"] for s in statuses)
+            if all(_quiet(s) for s in statuses):
+                if counts == previous:
+                    return
+                previous = counts
+            else:
+                previous = None
+            if loop.time() >= deadline:
+                busy = {
+                    name: s
+                    for name, s in zip(
+                        [DRIVER_NODE, *(n.name for n in self._live())], statuses, strict=False
+                    )
+                    if not _quiet(s)
+                }
+                raise ClusterError(f"the cluster did not go quiet within {timeout:g} s: {busy}")
+            await asyncio.sleep(_POLL)
+
+    async def run(
+        self,
+        attach: Callable[[Bus], Any] | None,
+        on_progress: Callable[[int, int | None], None] | None,
+    ) -> RunSummary:
+        loop = asyncio.get_running_loop()
+        if self.bus.context is None:
+            self.bus.context = LiveEffects(self.seed)
+        started = time.perf_counter()
+        await self.spawn()
+        await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
+        await self.team.attach(self.bus)
+        if attach is not None:
+            await attach(self.bus)
+        await asyncio.gather(*(n.wait_ready(self.start_timeout) for n in self.nodes.values()))
+        await _await_routes(
+            self.bus, self.placement.probes(DRIVER_NODE), self.start_timeout, self.endpoint
+        )
+        await self.team.start()
+        inputs_started = loop.time()
+        faults = self.scenario.faults
+        chores = []
+        if faults.flood is not None:
+            f = faults.flood
+            flood = _flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])
+            chores.append(loop.create_task(flood))
+        if faults.kill_node is not None:
+            k = faults.kill_node
+            chores.append(loop.create_task(self._kill_later(k.node, k.at, inputs_started)))
+        await self._wait_inputs(on_progress)
+        await asyncio.gather(*chores)
+        await self._quiesce(self.drain_timeout)
+        await self.team.stop()
+        await asyncio.gather(*(n.call("stop", "stopped", self.drain_timeout) for n in self._live()))
+        await self._quiesce(self.drain_timeout)
+        elapsed = time.perf_counter() - started
+        reports = [local_report(self.bus, self.team) | {"transport": _transport_stats(self.bus)}]
+        for node in self._live():
+            answer = await node.call("leave", "report", 30.0)
+            if answer is not None:
+                node.report = answer["report"]
+                reports.append(node.report)
+            await node._exited()
+        return self._summary(reports, elapsed, started)
+
+    async def _kill_later(self, name: str, at: float, since: float) -> None:
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(max(0.0, since + at - loop.time()))
+        node = self.nodes[name]
+        node.killed_at = time.perf_counter()
+        node.kill()
+        await node._exited()
+
+    def _summary(
+        self, reports: list[dict[str, Any]], elapsed: float, started: float
+    ) -> RunSummary:
+        messages = sum(r["published"] - _received(r.get("transport", {})) for r in reports)
+        summary = summarize(
+            self.scenario,
+            reports,
+            seed=self.seed,
+            elapsed=elapsed,
+            session_id=self.bus.session_id,
+            messages=messages,
+        )
+        driver_t = reports[0].get("transport", {})
+        summary.nodes = {
+            DRIVER_NODE: {
+                "pid": os.getpid(),
+                "agents": list(self.team.agents),
+                "status": "ok",
+                "exit_code": None,
+                "killed_at_s": None,
+                "clock_offset_us": _offset_us(driver_t.get("clock_offset_ns")),
+                "broker": self.endpoint,
+                "transport": driver_t,
+            },
+            **{name: node.describe(started) for name, node in self.nodes.items()},
+        }
+        died = [n for n, d in summary.nodes.items() if d["status"] == "died"]
+        summary.expectations.append(
+            {
+                "name": "every node ran to the end (or was killed by the scenario)",
+                "passed": not died,
+                "expected": [],
+                "actual": died,
+            }
+        )
+        return summary
+
+    async def close(self) -> None:
+        await asyncio.gather(*(n.close() for n in self.nodes.values()))
+
+
+@asynccontextmanager
+async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | None]:
+    """For a ZeroMQ scenario, start its broker (a separate process, stopped on exit) and
+    yield the driver's transport to it; for any other, yield None and import nothing.
+
+    ``pantheon run`` builds the run's bus on this transport, so the recorder and the live
+    feed hook the driver's bus exactly as they hook an in-process one."""
+    if scenario.transport.kind != "zmq":
+        yield None
+        return
+    zmq = _zmq()
+    cfg = scenario.transport
+    async with zmq.run_broker(
+        cfg.broker, heartbeat=cfg.heartbeat, liveness=cfg.liveness
+    ) as endpoint:
+        yield zmq.ZmqTransport(
+            endpoint, node=DRIVER_NODE, heartbeat=cfg.heartbeat, liveness=cfg.liveness
+        )
+
+
+async def run_cluster(
+    scenario: Scenario,
+    *,
+    seed: int | None = None,
+    outbox_dir: Path | None = None,
+    on_progress: Callable[[int, int | None], None] | None = None,
+    bus: Bus | None = None,
+    attach: Callable[[Bus], Awaitable[Any]] | None = None,
+    drain_timeout: float = 60.0,
+    start_timeout: float = DEFAULT_START_TIMEOUT,
+) -> RunSummary:
+    """Run a ZeroMQ scenario as local processes and return its merged summary.
+
+    ``bus`` must be a fresh bus on a :func:`cluster_transport`; without one, the broker is
+    started here. The parameters are those of :func:`~pantheon._runtime.run_scenario`,
+    which calls this for a ZeroMQ scenario. Every process started is stopped on return,
+    also when the run fails."""
+    if bus is None:
+        async with cluster_transport(scenario) as transport:
+            return await run_cluster(
+                scenario,
+                seed=seed,
+                outbox_dir=outbox_dir,
+                on_progress=on_progress,
+                bus=Bus(transport=transport),
+                attach=attach,
+                drain_timeout=drain_timeout,
+                start_timeout=start_timeout,
+            )
+    endpoint = getattr(bus.transport, "endpoint", None)
+    if scenario.transport.kind != "zmq" or not isinstance(endpoint, str):
+        raise ClusterError(
+            f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker "
+            "(pantheon._cluster.cluster_transport), not one with "
+            f"{type(bus.transport).__name__}"
+        )
+    driver = _Driver(
+        scenario,
+        endpoint,
+        bus,
+        seed=scenario.seed if seed is None else seed,
+        outbox_dir=outbox_dir,
+        start_timeout=start_timeout,
+        drain_timeout=drain_timeout,
+    )
+    try:
+        return await driver.run(attach, on_progress)
+    finally:
+        await driver.close()
+        await bus.aclose(drain=False)
+
+
+def install_stop_signals(stop: asyncio.Event) -> None:
+    """SIGINT and SIGTERM set ``stop`` instead of killing the process mid-message."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
