@@ -16,6 +16,7 @@ from rich.table import Table
 
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
+from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_sessions import register as register_sessions
 from pantheon.scenario import ScenarioError, load_scenario
 
@@ -33,6 +34,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 register_sessions(app)
 register_cluster(app)
+register_dashboard(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

@@ -1,0 +1,562 @@
+"""One session's page: header, replay, and tabs for throughput, latency, breakers, dead
+letters, outcomes and requests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import altair as alt
+import pandas as pd
+import streamlit as st
+
+from dashboard.web import _charts
+from dashboard.web._app import LIVE_REFRESH_S, open_session, store, when
+from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
+from pantheon import readmodel
+from pantheon.sessions import SessionInfo, StoredEnvelope, diff_sessions
+
+__all__ = ["session_page"]
+
+#: How often the replay progress re-reads the store while a replay runs.
+REPLAY_POLL_S = 0.5
+#: Requests listed at most (the picker and the table); the read model has them all.
+MAX_REQUESTS = 5000
+#: Hops shown on each side of the first divergence in the side-by-side view.
+DIVERGENCE_WINDOW = 8
+
+
+@st.cache_resource
+def _registry() -> JobRegistry:
+    """One job registry per server: a replay started in one tab shows in every tab."""
+    return JobRegistry()
+
+
+def _cache_key(info: SessionInfo) -> tuple[str, float | None]:
+    # A finished session's record no longer changes (dead letters' "redriven" flag aside,
+    # which is never cached); a running one is never cached.
+    return (info.status, info.ended)
+
+
+@st.cache_data(max_entries=64, show_spinner=False)
+def _cached(name: str, path: str, sid: str, key: tuple[Any, ...], **kw: Any) -> Any:
+    with store(Path(path)) as s:
+        return getattr(readmodel, name)(s, sid, **kw)
+
+
+def _model(path: Path, info: SessionInfo, name: str, **kw: Any) -> Any:
+    if info.status == "running":
+        with store(path) as s:
+            return getattr(readmodel, name)(s, info.id, **kw)
+    return _cached(name, str(path), info.id, _cache_key(info), **kw)
+
+
+def session_page(path: Path, ref: str) -> None:
+    with store(path) as s:
+        info = s.session(ref)
+    if st.button("← All sessions", key="back"):
+        st.query_params.clear()
+        st.rerun()
+    if info.status == "running":
+        st.fragment(run_every=LIVE_REFRESH_S)(_session_body)(path, info.id, live=True)
+    else:
+        _session_body(path, info.id, live=False)
+
+
+def _session_body(path: Path, sid: str, *, live: bool) -> None:
+    with store(path) as s:
+        info = s.session(sid)
+        row = readmodel.session_row(s, sid)
+    if live and info.status != "running":
+        st.rerun(scope="app")  # it just ended: render it once more as a finished session
+    _header(info, row)
+    if info.kind != "replay" and info.status != "running":
+        _replay_panel(path, info, row)
+    tabs = st.tabs(
+        [
+            "Throughput",
+            "Latency",
+            "Breakers",
+            f"Dead letters ({row.dead_letters})",
+            "Outcomes",
+            "Requests",
+        ]
+    )
+    with tabs[0]:
+        _throughput(path, info, row)
+    with tabs[1]:
+        _latency(path, info)
+    with tabs[2]:
+        _breakers(path, info, row)
+    with tabs[3]:
+        _dead_letters(path, info)
+    with tabs[4]:
+        _outcomes(path, info)
+    with tabs[5]:
+        _requests(path, info)
+
+
+# -- header -----------------------------------------------------------------------------------
+
+_STATUS_COLOUR = {"completed": "green", "failed": "red", "aborted": "orange", "running": "blue"}
+
+
+def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
+    colour = _STATUS_COLOUR.get(info.status, "gray")
+    st.title(f"Session {info.id}")
+    st.markdown(
+        f":{colour}-badge[{info.status}] &nbsp; {info.kind} of scenario "
+        f"**{info.scenario or '-'}**, seed {info.seed}, started {when(info.started)}"
+    )
+    c = st.columns(5)
+    c[0].metric("status", info.status)
+    c[1].metric("duration (s)", "running" if row.duration_s is None else f"{row.duration_s:.2f}")
+    c[2].metric("messages", row.messages)
+    c[3].metric("dead letters", row.dead_letters)
+    verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
+    c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
+    if row.failed_expectations:
+        st.error("Failed expectations: " + "; ".join(row.failed_expectations))
+    if row.note:
+        st.warning(row.note)
+    if info.replay_of and st.button(
+        f"Open the original session {info.replay_of}", key="open_original"
+    ):
+        open_session(info.replay_of)
+
+
+# -- replay -------------------------------------------------------------------------------
+
+
+def _replay_panel(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
+    registry = _registry()
+    job = registry.latest(path, info.id)
+    failed = row.passed is False or info.status in ("failed", "aborted")
+    with st.container(border=True):
+        st.subheader("Replay")
+        st.caption(
+            "Re-runs the session's inputs through the same team with every recorded effect "
+            "served from the record, and compares it with the original hop by hop."
+        )
+        c = st.columns([2, 2, 5])
+        live_effects = c[1].checkbox(
+            "live effects",
+            key="replay_live",
+            help="Call effects for real instead of serving them from the record.",
+        )
+        busy = job is not None and job.state == "running"
+        if c[0].button(
+            "Replay this session",
+            type="primary" if failed else "secondary",
+            disabled=busy,
+            key="replay_start",
+        ):
+            job = registry.start(path, info.id, live_effects=live_effects)
+        if job is not None and job.state == "running":
+            _replay_progress(path, info, row.messages, job)
+            return
+        if job is not None and job.state == "error":
+            st.error(f"The replay failed to run: {job.error}")
+        _pick_replay(path, info, job)
+
+
+def _replay_progress(path: Path, info: SessionInfo, original: int, job: ReplayJob) -> None:
+    @st.fragment(run_every=REPLAY_POLL_S)
+    def progress() -> None:
+        if job.state != "running":
+            st.rerun(scope="app")
+        with store(path) as s:
+            mine = [
+                r
+                for r in s.sessions()
+                if r.replay_of == info.id and r.kind == "replay" and r.started >= job.started - 1
+            ]
+            done = s.envelope_counts().get(mine[0].id, 0) if mine else 0
+        st.progress(
+            min(1.0, done / original) if original else 0.0,
+            text=f"Replaying {info.id}: {done} of {original} messages",
+        )
+
+    progress()
+
+
+def _pick_replay(path: Path, info: SessionInfo, job: ReplayJob | None) -> None:
+    with store(path) as s:
+        replays = [
+            r
+            for r in s.sessions()
+            if r.replay_of == info.id and r.kind == "replay" and r.status != "running"
+        ]
+    if not replays:
+        st.info("This session has not been replayed yet.")
+        return
+    ids = [r.id for r in replays]
+    latest = job.new_session_id if job is not None else None
+    chosen = st.selectbox(
+        "Compare with replay",
+        ids,
+        index=ids.index(latest) if latest in ids else 0,
+        key=f"replay_pick_{latest}",
+    )
+    _comparison(path, info.id, chosen)
+
+
+def _hop_rows(envs: list[StoredEnvelope], lo: int, hi: int, mark: int | None) -> pd.DataFrame:
+    rows = []
+    for e in envs[lo:hi]:
+        payload = json.dumps(e.payload, default=repr, sort_keys=True)
+        rows.append(
+            {
+                "": "◀ first divergence" if e.id == mark else "",
+                "seq": e.seq,
+                "topic": e.topic,
+                "from": e.source or readmodel.OUTSIDE,
+                "payload": payload if len(payload) <= 120 else payload[:119] + "…",
+            }
+        )
+    return pd.DataFrame(rows, columns=["", "seq", "topic", "from", "payload"])
+
+
+def _divergent_style(row: pd.Series[Any]) -> list[str]:
+    hit = bool(row.iloc[0])
+    return ["background-color: #ffcdd2; font-weight: bold" if hit else ""] * len(row)
+
+
+def _comparison(path: Path, original: str, replay: str) -> None:
+    with store(path) as s:
+        diff = diff_sessions(s, original, replay)
+        env_a, env_b = s.envelopes(original), s.envelopes(replay)
+        summary = s.session(replay).summary.get("replay") or {}
+    div = diff.divergence
+    if div is None:
+        st.success(
+            f"Replay {replay} matched the original hop by hop: {diff.hops_compared} hops "
+            f"compared ({diff.messages_a} vs {diff.messages_b} messages)."
+        )
+    else:
+        st.error(
+            f"Replay {replay} diverged from the original after {diff.hops_compared} matching hops."
+        )
+        st.markdown(
+            f"**First divergence**: agent `{div.agent}`, topic `{div.topic}`, field "
+            f"`{div.field}` (original message {div.original_id}, replay message "
+            f"{div.replay_id}); highlighted in both columns below."
+        )
+        if div.diff:
+            st.code(div.diff, language="diff")
+        with st.expander("The whole divergence"):
+            st.code(str(div), language="text")
+    failures = summary.get("failures") or []
+    if failures:
+        st.markdown(
+            f"**{len(failures)} recorded failure(s) reproduced at the same hop** "
+            f"(effects served {summary.get('effects_served', 0)}, called "
+            f"{summary.get('effects_called', 0)})."
+        )
+    index_a = {e.id: i for i, e in enumerate(env_a)}
+    index_b = {e.id: i for i, e in enumerate(env_b)}
+    ia = index_a.get(div.original_id) if div is not None and div.original_id else None
+    ib = index_b.get(div.replay_id) if div is not None and div.replay_id else None
+    centre = ia if ia is not None else ib
+    centre_b = ib if ib is not None else centre
+    lo_a = max(0, (centre or 0) - DIVERGENCE_WINDOW)
+    lo_b = max(0, (centre_b or 0) - DIVERGENCE_WINDOW)
+    span = 2 * DIVERGENCE_WINDOW + 1
+    left, right = st.columns(2)
+    for col, title, envs, lo, mark in (
+        (left, f"Original {original}", env_a, lo_a, None if div is None else div.original_id),
+        (right, f"Replay {replay}", env_b, lo_b, None if div is None else div.replay_id),
+    ):
+        with col:
+            st.markdown(f"**{title}** ({len(envs)} messages)")
+            frame = _hop_rows(envs, lo, lo + span, mark)
+            st.dataframe(
+                frame.style.apply(_divergent_style, axis=1),
+                hide_index=True,
+                key=f"side_{title.split()[0].lower()}",
+            )
+    if diff.latency:
+        st.altair_chart(
+            _charts.latency_delta_chart(diff.latency, original, replay), width="stretch"
+        )
+
+
+# -- tabs ---------------------------------------------------------------------------------------
+
+
+def _bucket_for(duration_s: float | None) -> float:
+    """About 100 buckets over the run, at least 10 ms."""
+    if not duration_s:
+        return 0.1
+    for b in (0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0):
+        if duration_s / b <= 150:
+            return b
+    return 60.0
+
+
+def _throughput(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
+    bucket = _bucket_for(row.duration_s)
+    points = _model(path, info, "throughput", bucket_s=bucket)
+    if not points:
+        st.info("No messages recorded yet.")
+        return
+    st.caption(f"Messages per second in {bucket * 1000:.0f} ms buckets.")
+    left, right = st.columns(2)
+    left.altair_chart(_charts.throughput_chart(points, "topic"), width="stretch")
+    right.altair_chart(_charts.throughput_chart(points, "agent"), width="stretch")
+
+
+def _latency(path: Path, info: SessionInfo) -> None:
+    hops: list[readmodel.HopLatency] = _model(path, info, "hop_latency")
+    if not hops:
+        st.info("No deliveries recorded yet.")
+        return
+    q = st.radio("Quantile", ["p50", "p95", "p99"], index=2, horizontal=True, key="lat_q")
+    left, right = st.columns(2)
+    left.altair_chart(_charts.latency_chart(hops, "agent", q), width="stretch")
+    right.altair_chart(_charts.latency_chart(hops, "edge", q), width="stretch")
+    ms = st.column_config.NumberColumn(format="%.3f")
+    st.dataframe(
+        pd.DataFrame([asdict(h) for h in hops]),
+        hide_index=True,
+        key="latency_table",
+        column_config={
+            k: ms
+            for k in (
+                "wait_p50_ms",
+                "wait_p95_ms",
+                "wait_p99_ms",
+                "handle_p50_ms",
+                "handle_p95_ms",
+                "handle_p99_ms",
+            )
+        },
+    )
+
+
+def _breakers(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
+    events: list[readmodel.BreakerEvent] = _model(path, info, "breaker_timeline")
+    if not events:
+        st.success("No circuit breaker changed state in this session: every one stayed closed.")
+        return
+    end = max([e.t_s for e in events] + [row.duration_s or 0.0])
+    st.markdown(f"**{len(events)} breaker transition(s)**")
+    st.altair_chart(_charts.breaker_chart(events, end), width="stretch")
+    st.dataframe(pd.DataFrame([asdict(e) for e in events]), hide_index=True, key="breaker_table")
+
+
+def _dead_letters(path: Path, info: SessionInfo) -> None:
+    with store(path) as s:
+        letters = readmodel.dead_letters(s, info.id)
+    result = st.session_state.get(f"redrive_{info.id}")
+    if result is not None:
+        if result.error:
+            st.error(f"Redrive failed: {result.error}")
+        else:
+            outcomes = result.report.get("outcomes", {})
+            ok = sum(v == "delivered" for v in outcomes.values())
+            st.success(
+                f"Redrive recorded as {result.report.get('new_session_id')}: {ok} of "
+                f"{len(outcomes)} delivered"
+            )
+    if not letters:
+        st.success("No dead letters in this session.")
+        return
+    pending = [d for d in letters if not d.redriven]
+    st.markdown(f"**{len(letters)} dead letter(s)**, {len(pending)} not redriven")
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "entry": d.entry_id,
+                    "subscriber": d.subscriber,
+                    "topic": d.topic,
+                    "reason": d.reason,
+                    "error": f"{d.error_type}: {d.error}" if d.error_type else (d.error or ""),
+                    "attempts": d.attempts,
+                    "t (s)": d.t_s,
+                    "redriven": d.redriven_by or ("yes" if d.redriven else ""),
+                }
+                for d in letters
+            ]
+        ),
+        hide_index=True,
+        key="dlq_table",
+        column_config={"t (s)": st.column_config.NumberColumn(format="%.3f")},
+    )
+    by_entry = {d.entry_id: d for d in letters}
+    entry = st.selectbox(
+        "Dead letter",
+        list(by_entry),
+        format_func=lambda i: (
+            f"#{i} {by_entry[i].subscriber} on {by_entry[i].topic}: "
+            f"{by_entry[i].error_type or by_entry[i].reason}"
+        ),
+        key="dlq_pick",
+    )
+    d = by_entry[entry]
+    running = info.status == "running"
+    c = st.columns([2, 3, 5])
+    if c[0].button(
+        f"Redrive entry {d.entry_id}", key="redrive_one", disabled=running or d.redriven
+    ):
+        _redrive(path, info.id, d.entry_id)
+    if c[1].button(
+        f"Redrive all {len(pending)} not redriven",
+        key="redrive_all",
+        disabled=running or not pending,
+    ):
+        _redrive(path, info.id, None)
+    if running:
+        st.caption("A running session's dead letters are redriven by the process running it.")
+    st.markdown(f"**Error:** `{d.error_type or d.reason}: {d.error or ''}`")
+    left, right = st.columns(2)
+    with left:
+        st.markdown("**Payload**")
+        if d.payload is None:
+            st.caption("The failing envelope is not in the store.")
+        else:
+            st.json(d.payload, expanded=True)
+    with right:
+        st.markdown("**Traceback**")
+        st.code(d.traceback or "(no traceback: the message never reached the handler)", "text")
+    if d.correlation_id is not None and st.button(
+        "Show this request's waterfall", key="dlq_waterfall"
+    ):
+        st.session_state["req_pick_value"] = d.correlation_id
+
+
+def _redrive(path: Path, sid: str, entry: int | None) -> None:
+    with st.spinner("Redriving through `pantheon dlq redrive` …"):
+        st.session_state[f"redrive_{sid}"] = redrive(path, sid, entry)
+    st.cache_data.clear()
+    st.rerun(scope="app")
+
+
+def _outcomes(path: Path, info: SessionInfo) -> None:
+    out: readmodel.Outcomes = _model(path, info, "outcomes")
+    acc = out.accuracy
+    c = st.columns(4)
+    for col, key, label in (
+        (c[0], "action_accuracy", "action accuracy"),
+        (c[1], "intent_accuracy", "intent accuracy"),
+    ):
+        value = acc.get(key)
+        col.metric(label, "-" if value is None else f"{value:.1%}")
+    c[2].metric("labelled outcomes", acc.get("scored", "-"))
+    c[3].metric("guardian decisions", len(out.guardian))
+    if out.expectations:
+        st.markdown("**Expectations**")
+        exp = pd.DataFrame(
+            [
+                {
+                    "": "✔" if e.get("passed") else "✖",
+                    "expectation": e.get("name"),
+                    "expected": str(e.get("expected")),
+                    "actual": str(e.get("actual")),
+                }
+                for e in out.expectations
+            ]
+        )
+        st.dataframe(
+            exp.style.apply(
+                lambda r: ["background-color: #ffcdd2" if r.iloc[0] == "✖" else ""] * len(r),
+                axis=1,
+            ),
+            hide_index=True,
+            key="expectations_table",
+        )
+        for e in out.expectations:
+            if not e.get("passed"):
+                st.error(f"✖ {e.get('name')}: actual {e.get('actual')}")
+    if not out.guardian:
+        st.info("No Guardian decisions in this session.")
+        return
+    left, right = st.columns([1, 2])
+    decisions = pd.DataFrame([{"verdict": k, "count": v} for k, v in sorted(out.decisions.items())])
+    left.altair_chart(
+        alt.Chart(decisions, title="Guardian verdicts")
+        .mark_bar()
+        .encode(
+            x=alt.X("count:Q"),
+            y=alt.Y("verdict:N", sort="-x", title=None),
+            color=alt.Color("verdict:N", legend=None),
+            tooltip=["verdict:N", "count:Q"],
+        ),
+        width="stretch",
+    )
+    with right:
+        verdicts = st.multiselect(
+            "Verdicts", sorted(out.decisions), default=sorted(out.decisions), key="g_verdicts"
+        )
+        st.dataframe(
+            pd.DataFrame(
+                [
+                    {
+                        "email": g.email_id,
+                        "verdict": g.verdict,
+                        "action": g.action,
+                        "intent": g.intent,
+                        "confidence": g.confidence,
+                        "reasons": "; ".join(g.reasons),
+                    }
+                    for g in out.guardian
+                    if g.verdict in verdicts
+                ]
+            ),
+            hide_index=True,
+            key="guardian_table",
+        )
+
+
+def _requests(path: Path, info: SessionInfo) -> None:
+    rows: list[readmodel.RequestRow] = _model(path, info, "requests", limit=MAX_REQUESTS)
+    if not rows:
+        st.info("No requests recorded yet.")
+        return
+    counts = pd.Series([r.outcome for r in rows]).value_counts().to_dict()
+    st.markdown(
+        f"**{len(rows)} request(s)**: "
+        + ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items()))
+    )
+    by_id = {r.correlation_id: r for r in rows}
+    ids = list(by_id)
+    wanted = st.session_state.get("req_pick_value")
+    default = (
+        ids.index(wanted)
+        if wanted in by_id
+        else next((i for i, r in enumerate(rows) if r.outcome != "ok"), 0)
+    )
+    cid = st.selectbox(
+        "Request",
+        ids,
+        index=default,
+        format_func=lambda c: (
+            f"{by_id[c].label or by_id[c].topic} · {by_id[c].outcome} · "
+            f"{by_id[c].hops} hops · {by_id[c].total_ms:.1f} ms"
+        ),
+        key=f"req_pick_{wanted}",
+    )
+    req = by_id[cid]
+    bars: list[readmodel.HopBar] = _model(path, info, "waterfall", correlation_id=cid)
+    st.markdown(
+        f"**{req.label or req.topic}**: {req.outcome}, {req.hops} hops, "
+        f"{req.total_ms:.2f} ms from the first publish to the last handling"
+    )
+    if bars:
+        st.altair_chart(_charts.waterfall_chart(bars, req.start_ms), width="stretch")
+        st.dataframe(
+            pd.DataFrame([asdict(b) for b in bars]).drop(columns=["envelope_id", "causation_id"]),
+            hide_index=True,
+            key="waterfall_table",
+        )
+    else:
+        st.info("No handling of this request is recorded yet.")
+    with st.expander("All requests"):
+        st.dataframe(
+            pd.DataFrame([asdict(r) for r in rows]).astype({"correlation_id": str}),
+            hide_index=True,
+            key="requests_table",
+        )

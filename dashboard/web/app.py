@@ -1,0 +1,5 @@
+"""Entry script for ``streamlit run`` (Streamlit re-executes it on every interaction)."""
+
+from dashboard.web._app import main
+
+main()
