@@ -9,8 +9,10 @@ from bus._bus import (
     DeliveryListener,
     Handler,
     Subscription,
+    Tracer,
     current_envelope,
     current_subscription,
+    is_sampled,
 )
 from bus._clock import Clock, SystemClock
 from bus._config import (
@@ -69,8 +71,10 @@ __all__ = [
     "Subscription",
     "SystemClock",
     "TopicStats",
+    "Tracer",
     "Transport",
     "TransportError",
     "current_envelope",
     "current_subscription",
+    "is_sampled",
 ]

@@ -29,7 +29,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar, overload
+from typing import Any, Protocol, TypeVar, overload
 
 from bus._breaker import CLOSED, CircuitBreaker
 from bus._clock import Clock, SystemClock
@@ -69,8 +69,10 @@ __all__ = [
     "DeliveryListener",
     "Handler",
     "Subscription",
+    "Tracer",
     "current_envelope",
     "current_subscription",
+    "is_sampled",
 ]
 
 Handler = Callable[[Envelope], Awaitable[Any]]
@@ -127,6 +129,49 @@ def current_subscription() -> str | None:
     """The name of the subscription whose handler is running in this task, or ``None``."""
     worker = _current.get()
     return None if worker is None else worker.sub.name
+
+
+#: Last hex digit of a W3C ``traceparent`` whose ``sampled`` flag (bit 0) is set.
+_SAMPLED_DIGITS = "13579bdf"
+
+
+def is_sampled(trace: str | None) -> bool:
+    """Whether a W3C ``traceparent`` carries the sampled flag (``None``: no trace context)."""
+    return trace is not None and trace[-1] in _SAMPLED_DIGITS
+
+
+class Tracer(Protocol):
+    """What the bus tells a tracer installed as ``bus.tracer`` (``None`` by default).
+
+    The bus knows nothing of OpenTelemetry; ``pantheon.telemetry`` implements this with the
+    SDK. The bus calls the tracer only for messages that need it, so an unsampled message
+    costs one string index and no call:
+
+    * ``on_publish(env)`` for each envelope this bus publishes whose ``trace`` is ``None`` (a
+      root: the tracer decides sampling once and must set ``env.trace``, e.g. to a
+      traceparent with flags ``00`` that every descendant inherits) or sampled. A sampled
+      envelope arriving from another bus is not re-published: its process spans parent to
+      the remote producer.
+    * ``start_process(subscription, env)`` before a subscription handles a sampled envelope;
+      whatever it returns goes to ``end_process(token, outcome, error)`` after, with the
+      outcome the delivery listener gets (``delivered``, ``failed``, ``circuit_open``, or
+      ``bus_closed`` when closing cancelled the handler) and the first exception raised.
+      Both run in the worker's task, so the tracer may keep the current span in a context
+      variable that emits inside the handler read.
+    * ``span(name, attributes, kind)``: a context manager for a child of the current span,
+      or ``None`` when there is no sampled span to be a child of (agents use it for their
+      GenAI spans; ``kind`` is ``"internal"`` or ``"client"``).
+    """
+
+    def on_publish(self, env: Envelope) -> None: ...
+
+    def start_process(self, subscription: str, env: Envelope) -> Any: ...
+
+    def end_process(self, token: Any, outcome: str, error: BaseException | None) -> None: ...
+
+    def span(
+        self, name: str, attributes: dict[str, Any], kind: str = "internal"
+    ) -> contextlib.AbstractContextManager[Any] | None: ...
 
 
 class _Route:
@@ -319,6 +364,8 @@ class Bus:
         #: Stamped on every envelope this bus creates; the runtime puts its effect runner here
         #: so plain handlers reach it as ``env.context``.
         self.context: Any = None
+        #: Spans for publishes and handlings (see :class:`Tracer`); ``None`` costs one test.
+        self.tracer: Tracer | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -603,6 +650,13 @@ class Bus:
         if route is None:
             route = self._route(topic)
         route.published += 1
+        tracer = self.tracer
+        if tracer is not None:
+            trace = env.trace
+            # A root gets its sampling decision here, once; a sampled message gets a publish
+            # span, except one that arrived from another bus (its producer span is there).
+            if trace is None or (forward and trace[-1] in _SAMPLED_DIGITS):
+                tracer.on_publish(env)
         if self.publish_listeners:
             for listener in self.publish_listeners:
                 listener(env)
@@ -842,6 +896,13 @@ class Bus:
             listener = self.delivery_listener
             if sampled or listener is not None:
                 start = now()
+            span = None
+            tracer = self.tracer
+            if tracer is not None:
+                trace = env.trace
+                if trace is not None and trace[-1] in _SAMPLED_DIGITS:
+                    span = tracer.start_process(sub.name, env)
+                    error: BaseException | None = None
             outcome = "delivered"
             if breaker.state is not CLOSED and not breaker.try_acquire():
                 outcome = "circuit_open"
@@ -857,12 +918,16 @@ class Bus:
                 try:
                     result = await handler(env)
                 except Exception as exc:
+                    error = exc
                     outcome = await self._failed(sub, env, exc)
                 except asyncio.CancelledError as exc:
                     if _cancelling():  # aclose cancelled this worker: account, then stop
                         self._abandon(sub, env)
+                        if span is not None and tracer is not None:
+                            tracer.end_process(span, "bus_closed", exc)
                         raise
                     # The handler's own await was cancelled: a failure like any other.
+                    error = exc
                     outcome = await self._failed(sub, env, exc)
                 else:
                     sub.delivered += 1
@@ -876,6 +941,8 @@ class Bus:
                     self._timed(sub, env, start, end - start)
                 if listener is not None:
                     listener(sub.name, env, start, end, outcome)
+            if span is not None and tracer is not None:
+                tracer.end_process(span, outcome, error)
             sub.in_flight -= 1
             self._outstanding -= 1
             if not self._outstanding and self._drain_waiters:
