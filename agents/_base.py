@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agents._effects import Effects, LiveEffects
+from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from bus import (
     DEFAULT_BREAKER,
     BreakerPolicy,
@@ -19,6 +19,7 @@ from bus import (
     Priority,
     Retry,
     current_envelope,
+    is_sampled,
 )
 
 __all__ = ["Agent", "AgentOptions", "Fault", "InjectedFault"]
@@ -112,6 +113,30 @@ class Agent:
         """End background work; the bus is drained after every agent has stopped."""
 
     async def _dispatch(self, env: Envelope) -> Any:
+        bus = self.bus
+        tracer = bus.tracer if bus is not None else None
+        if tracer is not None and is_sampled(env.trace):
+            span = tracer.span(
+                f"invoke_agent {self.role}",
+                {
+                    "gen_ai.operation.name": "invoke_agent",
+                    "gen_ai.provider.name": "pantheon",
+                    "gen_ai.agent.name": self.name,
+                    "gen_ai.agent.id": self.name,
+                    "gen_ai.conversation.id": env.session_id or "",
+                    "pantheon.agent.role": self.role,
+                },
+            )
+            if span is not None:
+                token = active_tracer.set(tracer)
+                try:
+                    with span:
+                        return await self._handle_with_faults(env)
+                finally:
+                    active_tracer.reset(token)
+        return await self._handle_with_faults(env)
+
+    async def _handle_with_faults(self, env: Envelope) -> Any:
         fault = self.fault
         if fault.tool is None and (fault.failure_rate or fault.latency_ms):
             payload = env.payload
@@ -170,8 +195,27 @@ class Agent:
         return self._effects
 
     async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a side effect through the session's runner (recorded, or served on replay)."""
-        return await self.effects.effect(name, fn, *args, **kwargs)
+        """Run a side effect through the session's runner (recorded, or served on replay).
+
+        Traced as ``execute_tool {tool}`` (``tool.reply`` is tool ``reply``); model calls
+        (``model.*``) are left to the provider's own ``chat {model}`` span."""
+        if active_tracer.get() is None or name.startswith("model."):
+            return await self.effects.effect(name, fn, *args, **kwargs)
+        tool = name.removeprefix("tool.")
+        span = genai_span(
+            "execute_tool",
+            tool,
+            {
+                "gen_ai.tool.name": tool,
+                "gen_ai.tool.type": "function" if name.startswith("tool.") else "extension",
+                "gen_ai.agent.name": self.name,
+                "pantheon.effect": name,
+            },
+        )
+        if span is None:
+            return await self.effects.effect(name, fn, *args, **kwargs)
+        with span:
+            return await self.effects.effect(name, fn, *args, **kwargs)
 
     async def now(self) -> float:
         return await self.effects.now()

@@ -10,13 +10,39 @@ runners; this module has only the protocol and the live one.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import random
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Effects", "LiveEffects", "call_maybe_async"]
+from bus import Tracer, current_envelope
+
+__all__ = ["Effects", "LiveEffects", "call_maybe_async", "genai_span"]
+
+#: The bus's tracer while an agent handles a traced (sampled) message, else ``None``: set by
+#: ``Agent`` around such a handling only, so untraced work pays one lookup per span site.
+active_tracer: ContextVar[Tracer | None] = ContextVar("pantheon_agent_tracer", default=None)
+
+
+def genai_span(
+    operation: str, target: str, attributes: dict[str, Any], kind: str = "internal"
+) -> contextlib.AbstractContextManager[Any] | None:
+    """A GenAI span ``{operation} {target}`` (``invoke_agent``, ``execute_tool``, ``chat``)
+    under the current one, carrying ``gen_ai.conversation.id`` = the session id; ``None``
+    when the message being handled is not traced. Entering it yields an object with
+    ``set_attribute(key, value)``; an exception leaving it marks the span failed."""
+    tracer = active_tracer.get()
+    if tracer is None:
+        return None
+    attrs: dict[str, Any] = {"gen_ai.operation.name": operation}
+    env = current_envelope()
+    if env is not None and env.session_id is not None:
+        attrs["gen_ai.conversation.id"] = env.session_id
+    attrs.update(attributes)
+    return tracer.span(f"{operation} {target}", attrs, kind)
 
 
 @runtime_checkable

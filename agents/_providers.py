@@ -13,9 +13,12 @@ import json
 import os
 import re
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
+
+from agents._effects import genai_span
 
 __all__ = ["INTENTS", "ModelProvider", "OpenAIProvider", "ProviderError", "RuleProvider"]
 
@@ -56,6 +59,20 @@ class RuleProvider:
         self.default_intent = default_intent
 
     async def classify(self, subject: str, body: str) -> dict[str, Any]:
+        span = genai_span(
+            "chat",
+            self.name,
+            {"gen_ai.provider.name": "pantheon.rules", "gen_ai.request.model": self.name},
+        )
+        if span is None:
+            return self._classify(subject, body)
+        with span as s:
+            result = self._classify(subject, body)
+            s.set_attribute("gen_ai.response.model", self.name)
+            s.set_attribute("pantheon.intent", result["intent"])
+            return result
+
+    def _classify(self, subject: str, body: str) -> dict[str, Any]:
         scores: dict[str, float] = {}
         for intent, patterns in self._rules.items():
             score = 0.0
@@ -104,6 +121,9 @@ class OpenAIProvider:
         if not base:
             raise ProviderError("OpenAI provider needs base_url or OPENAI_BASE_URL")
         self.url = base.rstrip("/") + "/chat/completions"
+        parts = urllib.parse.urlsplit(self.url)
+        self._host = parts.hostname or ""
+        self._port = parts.port or (443 if parts.scheme == "https" else 80)
         self.model = model
         self.api_key = api_key
         self.timeout = timeout
@@ -117,7 +137,24 @@ class OpenAIProvider:
                 {"role": "user", "content": f"Subject: {subject}\n\n{body}"},
             ],
         }
-        reply = await asyncio.to_thread(self._post, request)
+        span = genai_span(
+            "chat",
+            self.model,
+            {
+                "gen_ai.provider.name": "openai",
+                "gen_ai.request.model": self.model,
+                "gen_ai.request.temperature": 0.0,
+                "server.address": self._host,
+                "server.port": self._port,
+            },
+            kind="client",
+        )
+        if span is None:
+            reply = await asyncio.to_thread(self._post, request)
+        else:
+            with span as s:
+                reply = await asyncio.to_thread(self._post, request)
+                _annotate(s, reply)
         try:
             content = reply["choices"][0]["message"]["content"]
             answer = json.loads(_strip_fence(content))
@@ -145,6 +182,25 @@ class OpenAIProvider:
             raise ProviderError(f"{self.url} answered HTTP {exc.code}: {detail}") from exc
         except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
             raise ProviderError(f"{self.url}: {exc}") from exc
+
+
+def _annotate(span: Any, reply: Any) -> None:
+    """GenAI response attributes from a chat-completions reply, where it has them."""
+    if not isinstance(reply, dict):
+        return
+    if isinstance(reply.get("model"), str):
+        span.set_attribute("gen_ai.response.model", reply["model"])
+    if isinstance(reply.get("id"), str):
+        span.set_attribute("gen_ai.response.id", reply["id"])
+    usage = reply.get("usage")
+    if isinstance(usage, dict):
+        for ours, theirs in (("input", "prompt"), ("output", "completion")):
+            if isinstance(usage.get(f"{theirs}_tokens"), int):
+                span.set_attribute(f"gen_ai.usage.{ours}_tokens", usage[f"{theirs}_tokens"])
+    choices = reply.get("choices")
+    if isinstance(choices, list):
+        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
+        span.set_attribute("gen_ai.response.finish_reasons", [r for r in reasons if r])
 
 
 def _strip_fence(text: str) -> str:
