@@ -63,20 +63,16 @@ def _load_keys(path: Path, what: str) -> Any:
         keys = zmq.CurveKeys.load(path)
     except (OSError, ValueError) as exc:
         raise _err(f"{what} {path}: cannot read a CURVE key pair: {exc}") from None
-    if not getattr(keys, "secret", None):
-        raise _err(
-            f"{what} {path} holds no secret key: pass the NAME.key_secret file "
-            "that `pantheon keys` wrote"
-        )
     return keys
 
 
-def _load_public(path: Path, what: str) -> bytes:
+def _load_public(path: Path, what: str) -> list[bytes]:
+    """Public keys from a ``NAME.key`` file, or from every ``*.key`` file in a directory."""
     zmq = _zmq()
     try:
-        return bytes(zmq.CurveKeys.load(path).public)
+        return list(zmq.load_public_keys(path))
     except (OSError, ValueError) as exc:
-        raise _err(f"{what} {path}: cannot read a CURVE public key: {exc}") from None
+        raise _err(f"{what} {path}: {exc}") from None
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -88,21 +84,20 @@ def keys(
         "pantheon"
     ),
 ) -> None:
-    """Write a CURVE key pair in ZeroMQ's key-file format: NAME.key (public, give it to the
-    broker's --allow directory or to nodes as --server-key) and NAME.key_secret (keep it)."""
-    if not name or "/" in name or name.startswith("."):
-        raise _err(f"--name {name!r}: use a plain file name stem such as 'node1'")
+    """Write a CURVE key pair (ZeroMQ key files); refuses to overwrite.
+
+    NAME.key is the public key: copy it into the broker's --allow directory (a node's) or
+    give it to nodes as --server-key (the broker's). NAME.key_secret holds both keys; keep
+    it private (mode 0600).
+    """
+    if not name or any(c in name for c in "/\\."):
+        raise _err(f"--name {name!r}: use a plain file name stem such as 'node1' (no '.' or '/')")
     public, secret = directory / f"{name}.key", directory / f"{name}.key_secret"
     existing = [str(p) for p in (public, secret) if p.exists()]
     if existing:
         raise _err(f"refusing to overwrite {', '.join(existing)}: pick another --name", 1)
-    zmq = _zmq()
-    directory.mkdir(parents=True, exist_ok=True)
-    pair = zmq.CurveKeys.generate()
-    pair.save(secret)
-    if not public.exists() or not secret.exists():
-        raise _err(f"CurveKeys.save({secret}) did not write {public} and {secret}")
-    secret.chmod(0o600)
+    pair = _zmq().CurveKeys.generate()
+    public, secret = pair.save(directory / name)
     typer.echo(f"public key  {public}\nsecret key  {secret}\n{pair.public.decode()}")
 
 
@@ -139,10 +134,7 @@ def broker(
             raise _err("--allow needs --curve-secret: keys are only checked with CURVE on")
         if not allow.is_dir():
             raise _err(f"--allow {allow}: not a directory of *.key files")
-        files = sorted(allow.glob("*.key"))
-        if not files:
-            raise _err(f"--allow {allow}: no *.key public key files in it; nobody could join")
-        allowed = [_load_public(f, "--allow") for f in files]
+        allowed = _load_public(allow, "--allow")
     elif curve is not None:
         _info(
             "[yellow]warning:[/yellow] CURVE without --allow encrypts traffic but lets any "
@@ -253,7 +245,7 @@ def node(
         raise _err("name the agents to host with --agents, or a placed node with --node")
     node_name = name or f"node-{os.getpid()}"
     keys = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
-    server = _load_public(server_key, "--server-key") if server_key else None
+    server = _load_public(server_key, "--server-key")[0] if server_key else None
     try:
         host = NodeHost(
             loaded,
@@ -315,9 +307,7 @@ def node(
 def _node_line(name: str, status: dict[str, Any], host: Any) -> str:
     offset = status.get("clock_offset_ns")
     clock = "not yet measured" if offset is None else f"{offset / 1000:+.1f} µs"
-    handled = sum(
-        s.delivered + s.dead_lettered for s in host.bus.stats().subscribers.values()
-    )
+    handled = sum(s.delivered + s.dead_lettered for s in host.bus.stats().subscribers.values())
     return (
         f"node {name}: handled {handled}, outstanding {status['outstanding']}, "
         f"in flight {status['in_flight']}, clock offset to broker {clock}"

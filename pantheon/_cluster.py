@@ -106,9 +106,7 @@ class Placement:
         enabled = [n for n, cfg in scenario.agents.items() if cfg.enabled]
         placed = {a for agents in nodes.values() for a in agents}
         hosts = {DRIVER_NODE: tuple(a for a in enabled if a not in placed), **nodes}
-        subscriptions = {
-            host: _subscriptions(scenario, agents) for host, agents in hosts.items()
-        }
+        subscriptions = {host: _subscriptions(scenario, agents) for host, agents in hosts.items()}
         return cls(hosts, subscriptions)
 
     @property
@@ -156,9 +154,7 @@ def _zmq() -> Any:
     try:
         from bus.backends import zeromq
     except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ImportError(
-            f"ZeroMQ runs need pyzmq: pip install 'pantheon[zmq]' ({exc})"
-        ) from exc
+        raise ImportError(f"ZeroMQ runs need pyzmq: pip install 'pantheon[zmq]' ({exc})") from exc
     return zeromq
 
 
@@ -468,8 +464,7 @@ class _Node:
         if kind == "error":
             raise ClusterError(f"node {self.name!r} failed to start: {event.get('message')}")
         raise ClusterError(
-            f"node {self.name!r} exited during start-up (code {self.proc.returncode})"
-            f"{self.tail()}"
+            f"node {self.name!r} exited during start-up (code {self.proc.returncode}){self.tail()}"
         )
 
     async def _exited(self, timeout: float = 10.0) -> None:
@@ -575,9 +570,7 @@ class _Driver:
     async def spawn(self) -> None:
         sid = self.bus.session_id
         for name, agents in self.placement.nodes.items():
-            outbox = (
-                self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
-            )
+            outbox = self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
             proc = await asyncio.create_subprocess_exec(
                 *_node_command(self.source, name, self.endpoint, self.seed, sid, outbox),
                 stdin=asyncio.subprocess.PIPE,
@@ -694,9 +687,7 @@ class _Driver:
         node.kill()
         await node._exited()
 
-    def _summary(
-        self, reports: list[dict[str, Any]], elapsed: float, started: float
-    ) -> RunSummary:
+    def _summary(self, reports: list[dict[str, Any]], elapsed: float, started: float) -> RunSummary:
         messages = sum(r["published"] - _received(r.get("transport", {})) for r in reports)
         summary = summarize(
             self.scenario,
