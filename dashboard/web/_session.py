@@ -361,6 +361,14 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
                 f"Redrive recorded as {result.report.get('new_session_id')}: {ok} of "
                 f"{len(outcomes)} delivered"
             )
+            if ok < len(outcomes):
+                st.dataframe(
+                    pd.DataFrame(
+                        [{"entry": int(k), "redrive outcome": v} for k, v in outcomes.items()]
+                    ),
+                    hide_index=True,
+                    key="redrive_outcomes",
+                )
     if not letters:
         st.success("No dead letters in this session.")
         return

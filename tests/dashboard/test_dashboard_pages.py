@@ -1,0 +1,294 @@
+"""The Streamlit app under ``AppTest``, on a store recorded by real ``pantheon run``s.
+
+Every number the pages show is checked against :mod:`pantheon.readmodel` over the same
+store; replay and redrive go through the real ``pantheon`` CLI in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import Recorded
+from streamlit.testing.v1 import AppTest
+
+from dashboard.web import APP
+from pantheon import readmodel as rm
+from pantheon.sessions import STORE_ENV, SessionStore, diff_sessions
+
+DEADLINE_S = 90.0
+
+
+@pytest.fixture
+def app(monkeypatch: pytest.MonkeyPatch) -> Callable[[Path], AppTest]:
+    def make(path: Path) -> AppTest:
+        monkeypatch.setenv(STORE_ENV, str(path))
+        return AppTest.from_file(str(APP), default_timeout=60)
+
+    return make
+
+
+def _frame_with(at: AppTest, column: str) -> pd.DataFrame:
+    frames = [d.value for d in at.dataframe if column in d.value.columns]
+    assert len(frames) == 1, f"{len(frames)} tables with a {column!r} column"
+    return frames[0]
+
+
+def _metrics(at: AppTest) -> dict[str, str]:
+    return {m.label: m.value for m in at.metric}
+
+
+def _texts(at: AppTest) -> list[str]:
+    kinds = (at.error, at.success, at.info, at.warning, at.markdown)
+    return [e.value for kind in kinds for e in kind]
+
+
+def _run_until(at: AppTest, done: Callable[[AppTest], bool]) -> None:
+    """Re-render until ``done`` (a replay runs in another process); fail at the deadline."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        at.run()
+        assert not at.exception, at.exception
+        if done(at):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not done after {DEADLINE_S} s; page says: {_texts(at)}")
+        time.sleep(0.2)  # polling interval, not synchronisation: the deadline decides
+
+
+def _session_app(app: Callable[[Path], AppTest], path: Path, sid: str) -> AppTest:
+    at = app(path)
+    at.query_params["session"] = sid
+    at.run()
+    assert not at.exception, at.exception
+    return at
+
+
+def test_sessions_page_lists_every_session(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    with SessionStore(recorded.path, create=False) as store:
+        rows = rm.session_rows(store)
+    at = app(recorded.path)
+    at.run()
+    assert not at.exception, at.exception
+    assert _metrics(at) == {
+        "sessions": "2",
+        "failed": "1",
+        "running": "0",
+        "dead letters": str(sum(r.dead_letters for r in rows)),
+    }
+    table = at.dataframe[0].value
+    assert list(table["id"]) == [r.id for r in rows]
+    assert list(table["messages"]) == [r.messages for r in rows]
+    assert list(table["dead letters"]) == [r.dead_letters for r in rows]
+    failed = table[table["id"] == recorded.failed].iloc[0]
+    assert failed[""] == "✖ failed"
+    assert failed["failed expectations"] == "dead letters <= 0"
+    assert table[table["id"] == recorded.passed].iloc[0][""] == "✔ completed"
+    assert recorded.failed in at.error[0].value  # failed sessions stand out above the table
+
+    at.multiselect(key="f_status").select("completed").run()
+    assert list(at.dataframe[0].value["id"]) == [recorded.passed]
+    at.multiselect(key="f_status").unselect("completed").run()
+    at.text_input(key="f_search").input(recorded.failed[-6:]).run()
+    assert list(at.dataframe[0].value["id"]) == [recorded.failed]
+    at.text_input(key="f_search").input("no-such-id").run()
+    assert any("No session matches" in i.value for i in at.info)
+
+    # "Open a session" picks the failed one first.
+    at.text_input(key="f_search").input("").run()
+    assert at.selectbox(key="open_choice").value == recorded.failed
+    at.button(key="open_session").click().run()
+    assert at.query_params["session"] == recorded.failed
+    assert at.title[0].value == f"Session {recorded.failed}"
+
+
+def test_session_page_shows_the_recorded_numbers(
+    app: Callable[[Path], AppTest], pristine: Recorded
+) -> None:
+    sid = pristine.failed
+    with SessionStore(pristine.path, create=False) as store:
+        row = rm.session_row(store, sid)
+        hops = rm.hop_latency(store, sid)
+        letters = rm.dead_letters(store, sid)
+        out = rm.outcomes(store, sid)
+        requests = rm.requests(store, sid)
+    at = _session_app(app, pristine.path, sid)
+    metrics = _metrics(at)
+    assert metrics["status"] == "failed"
+    assert metrics["messages"] == str(row.messages)
+    assert metrics["dead letters"] == str(row.dead_letters) == str(len(letters))
+    assert metrics["expectations"] == "failed"
+    assert "Failed expectations: dead letters <= 0" in [e.value for e in at.error]
+
+    # Latency: every quantile the table shows is the read model's, exactly.
+    shown = _frame_with(at, "wait_p99_ms").set_index(["kind", "name"])
+    assert len(shown) == len(hops)
+    for h in hops:
+        r = shown.loc[(h.kind, h.name)]
+        assert (r["count"], r["wait_p99_ms"], r["handle_p99_ms"]) == (
+            h.count,
+            h.wait_p99_ms,
+            h.handle_p99_ms,
+        )
+        assert (r["wait_p50_ms"], r["handle_p95_ms"]) == (h.wait_p50_ms, h.handle_p95_ms)
+
+    # Dead letters: the table, and the first one's payload and traceback.
+    dlq = _frame_with(at, "attempts")
+    assert list(dlq["entry"]) == [d.entry_id for d in letters]
+    assert set(dlq["error"]) == {f"{d.error_type}: {d.error}" for d in letters}
+    first = letters[0]
+    assert json.loads(at.json[0].value) == first.payload
+    assert any(first.error in c.value and "Traceback" in c.value for c in at.code)
+
+    # Outcomes: accuracy, verdict counts and every Guardian decision with its reasons.
+    assert metrics["action accuracy"] == f"{out.accuracy['action_accuracy']:.1%}"
+    assert metrics["guardian decisions"] == str(len(out.guardian))
+    guardian = _frame_with(at, "reasons")
+    assert len(guardian) == len(out.guardian)
+    assert list(guardian["reasons"]) == ["; ".join(g.reasons) for g in out.guardian]
+
+    # Requests: a dead-lettered request is picked first and its hops drawn as a waterfall.
+    picked = next(r for r in requests if r.outcome != "ok")
+    assert picked.outcome == "dead_letter"
+    assert at.selectbox(key="req_pick_None").value == picked.correlation_id
+    with SessionStore(pristine.path, create=False) as store:
+        bars = rm.waterfall(store, sid, picked.correlation_id)
+    hops_shown = _frame_with(at, "queue_wait_ms")
+    assert list(hops_shown["agent"]) == [b.agent for b in bars]
+    assert list(hops_shown["outcome"]) == [b.outcome for b in bars]
+    assert "failed" in set(hops_shown["outcome"])
+    # Charts are Altair (Vega-Lite), not text: throughput x2, latency x2, verdicts, waterfall.
+    assert len(at.get("vega_lite_chart")) >= 6
+
+
+def test_replay_button_replays_and_shows_the_match(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    at = _session_app(app, recorded.path, recorded.failed)
+    assert any("not been replayed" in i.value for i in at.info)
+    at.button(key="replay_start").click().run()
+    _run_until(at, lambda a: any("matched the original" in s.value for s in a.success))
+
+    with SessionStore(recorded.path, create=False) as store:
+        (replay,) = [s for s in store.sessions() if s.replay_of == recorded.failed]
+        diff = diff_sessions(store, recorded.failed, replay.id)
+        failures = replay.summary["replay"]["failures"]
+    assert replay.kind == "replay" and replay.status == "completed"
+    assert diff.divergence is None
+    text = next(s.value for s in at.success if "matched the original" in s.value)
+    assert replay.id in text and f"{diff.hops_compared} hops compared" in text
+    assert any(f"**{len(failures)} recorded failure(s) reproduced" in t for t in _texts(at))
+    sides = [d.value for d in at.dataframe if "payload" in d.value.columns]
+    assert len(sides) == 2 and not any((side[""] != "").any() for side in sides)
+
+
+def test_live_effects_replay_highlights_the_first_divergence(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    at = _session_app(app, recorded.path, recorded.failed)
+    at.checkbox(key="replay_live").check().run()
+    at.button(key="replay_start").click().run()
+    _run_until(at, lambda a: any("diverged from the original" in e.value for e in a.error))
+
+    with SessionStore(recorded.path, create=False) as store:
+        (replay,) = [s for s in store.sessions() if s.replay_of == recorded.failed]
+        diff = diff_sessions(store, recorded.failed, replay.id)
+        seq_a = {e.id: e.seq for e in store.envelopes(recorded.failed)}
+        seq_b = {e.id: e.seq for e in store.envelopes(replay.id)}
+    div = diff.divergence
+    assert div is not None
+    assert any(f"agent `{div.agent}`, topic `{div.topic}`" in t for t in _texts(at))
+    original, replayed = (d.value for d in at.dataframe if "payload" in d.value.columns)
+    assert list(original.loc[original[""] != "", "seq"]) == [seq_a[div.original_id]]
+    assert list(replayed.loc[replayed[""] != "", "seq"]) == [seq_b[div.replay_id]]
+
+
+def test_redrive_runs_and_reports_every_entry(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    """The button runs ``pantheon dlq redrive`` on the team as it is: its tools still fail
+    with the same seeded draws, so the report and the store must agree entry by entry."""
+    at = _session_app(app, recorded.path, recorded.failed)
+    total = len(_frame_with(at, "attempts"))
+    at.button(key="redrive_all").click().run()
+    assert not at.exception, at.exception
+    (done,) = [s.value for s in at.success if s.value.startswith("Redrive recorded as")]
+    with SessionStore(recorded.path, create=False) as store:
+        (redrive,) = [s for s in store.sessions() if s.kind == "redrive"]
+        letters = store.dead_letters(recorded.failed)
+    redriven = [d for d in letters if d.redriven]
+    assert redrive.replay_of == recorded.failed
+    assert done == f"Redrive recorded as {redrive.id}: {len(redriven)} of {total} delivered"
+    assert all(d.redriven_by == redrive.id for d in redriven)
+    table = _frame_with(at, "attempts")
+    assert (table["redriven"] == redrive.id).sum() == len(redriven)
+    if len(redriven) < total:
+        outcomes = _frame_with(at, "redrive outcome")
+        assert sorted(outcomes["entry"]) == [d.entry_id for d in letters]
+        failed = outcomes[outcomes["redrive outcome"] != "delivered"]
+        assert len(failed) == total - len(redriven)
+
+
+def test_a_running_session_is_read_live(app: Callable[[Path], AppTest], recorded: Recorded) -> None:
+    # This process "records" it, so the store keeps it running (not reaped as aborted).
+    with SessionStore(recorded.path) as store:
+        sid = store.begin_session(scenario="live")
+    at = app(recorded.path)
+    at.run()
+    table = at.dataframe[0].value
+    assert table[table["id"] == sid].iloc[0][""] == "● running"
+    assert _metrics(at)["running"] == "1"
+    at = _session_app(app, recorded.path, sid)
+    assert (_metrics(at)["status"], _metrics(at)["duration (s)"]) == ("running", "running")
+    with SessionStore(recorded.path) as store:
+        store.end_session(sid, "completed", {"passed": True})
+    at.run()
+    assert _metrics(at)["status"] == "completed"
+
+
+def _page(app: Callable[[Path], AppTest], path: Path, session: str | None = None) -> AppTest:
+    at = app(path)
+    if session is not None:
+        at.query_params["session"] = session
+    at.run()
+    assert not at.exception, at.exception  # a page, not a traceback
+    return at
+
+
+def test_bad_input_gives_a_clear_page(
+    app: Callable[[Path], AppTest], recorded: Recorded, tmp_path: Path
+) -> None:
+    missing = tmp_path / "nowhere" / "sessions.db"
+    at = _page(app, missing)
+    assert at.title[0].value == "Cannot open the session store"
+    assert at.error[0].value == f"no session store at {missing}"
+    assert "pantheon run" in at.info[0].value
+    assert not missing.exists()  # the dashboard never creates a store
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"this is not an SQLite database\n" * 100)
+    at = _page(app, garbage, session="anything")
+    assert at.title[0].value == "Cannot open the session store"
+    assert str(garbage) in at.error[0].value and "not a usable session store" in at.error[0].value
+    assert "not a Pantheon session store" in at.info[0].value
+
+    foreign = tmp_path / "foreign.db"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    conn.close()
+    at = _page(app, foreign)
+    assert "not a Pantheon session store" in at.error[0].value
+
+    at = _page(app, recorded.path, session="19990101-000000-dead")
+    assert at.title[0].value == "No such session"
+    assert "19990101-000000-dead" in at.error[0].value
+    assert any(str(recorded.path) in t for t in _texts(at))
+    at.button(key="error_back").click().run()
+    assert at.title[0].value == "Pantheon sessions"
