@@ -118,7 +118,7 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
     verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
     c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
     if row.failed_expectations:
-        st.error("Failed expectations: " + "; ".join(row.failed_expectations))
+        st.error("Failed expectations: " + "; ".join(f"`{e}`" for e in row.failed_expectations))
     if row.note:
         st.warning(row.note)
     if info.replay_of and st.button(
@@ -478,7 +478,7 @@ def _outcomes(path: Path, info: SessionInfo) -> None:
         )
         for e in out.expectations:
             if not e.get("passed"):
-                st.error(f"✖ {e.get('name')}: actual {e.get('actual')}")
+                st.error(f"✖ `{e.get('name')}`: actual `{e.get('actual')}`")
     if not out.guardian:
         st.info("No Guardian decisions in this session.")
         return

@@ -125,7 +125,7 @@ def test_session_page_shows_the_recorded_numbers(
     assert metrics["messages"] == str(row.messages)
     assert metrics["dead letters"] == str(row.dead_letters) == str(len(letters))
     assert metrics["expectations"] == "failed"
-    assert "Failed expectations: dead letters <= 0" in [e.value for e in at.error]
+    assert "Failed expectations: `dead letters <= 0`" in [e.value for e in at.error]
 
     # Latency: every quantile the table shows is the read model's, exactly.
     shown = _frame_with(at, "wait_p99_ms").set_index(["kind", "name"])

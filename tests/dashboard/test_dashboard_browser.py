@@ -1,0 +1,153 @@
+"""The dashboard in a real browser: ``pantheon dashboard`` as a process, headless Chromium
+driven by selenium, from the sessions list to a failed session to its replay's result."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from conftest import Recorded
+
+from pantheon.sessions import SessionStore
+
+webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.webdriver.chrome.service import Service  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+pytestmark = pytest.mark.skipif(
+    not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)),
+    reason="needs Debian's chromium and chromium-driver",
+)
+DEADLINE_S = 60.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def server(recorded: Recorded, tmp_path: Path) -> Iterator[str]:
+    """``pantheon dashboard`` on a free port, stopped after the test."""
+    port = _free_port()
+    log = (tmp_path / "server.log").open("wb")
+    pantheon = shutil.which("pantheon", path=str(Path(sys.executable).parent))
+    assert pantheon is not None, "the pantheon console script is not installed in this venv"
+    proc = subprocess.Popen(
+        [pantheon, "dashboard", "--port", str(port), "--store", str(recorded.path)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        cwd=tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while True:
+            assert proc.poll() is None, (tmp_path / "server.log").read_text()
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "the dashboard never became healthy"
+            time.sleep(0.1)  # polling interval; the deadline decides
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1400,1100",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _body(driver: WebDriver) -> str:
+    return str(driver.find_element(By.TAG_NAME, "body").text)
+
+
+def _wait_for(driver: WebDriver, what: str, ok: Callable[[str], bool]) -> str:
+    try:
+        WebDriverWait(driver, DEADLINE_S, poll_frequency=0.2).until(lambda d: ok(_body(d)))
+    except Exception as exc:
+        raise AssertionError(f"waited for {what}; the page says:\n{_body(driver)}") from exc
+    return _body(driver)
+
+
+def _click(driver: WebDriver, label: str) -> None:
+    (button,) = [b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == label]
+    button.click()
+
+
+def test_browser_opens_a_failed_session_and_replays_it(
+    server: str, browser: WebDriver, recorded: Recorded, tmp_path: Path
+) -> None:
+    browser.get(server)
+    text = _wait_for(browser, "the sessions list", lambda t: "Pantheon sessions" in t)
+    _wait_for(browser, "the failed session named", lambda t: recorded.failed in t)
+    text = _body(browser)
+    assert "1 session(s) failed or diverged" in text
+    assert f"Store: {recorded.path}" in text
+    browser.save_screenshot(str(tmp_path / "1-sessions.png"))
+
+    _click(browser, "Open session")  # the picker starts on the failed session
+    text = _wait_for(browser, "the session page", lambda t: f"Session {recorded.failed}" in t)
+    text = _wait_for(browser, "the replay panel", lambda t: "Replay this session" in t)
+    with SessionStore(recorded.path, create=False) as store:
+        dead = len(store.dead_letters(recorded.failed))
+    assert "Failed expectations: dead letters <= 0" in text
+    assert f"dead letters\n{dead}" in text
+    assert "This session has not been replayed yet." in text
+    assert f"?session={recorded.failed}" in browser.current_url
+    browser.save_screenshot(str(tmp_path / "2-failed-session.png"))
+
+    _click(browser, "Replay this session")
+    text = _wait_for(browser, "the replay's result", lambda t: "matched the original" in t)
+    with SessionStore(recorded.path, create=False) as store:
+        (replay,) = [s for s in store.sessions() if s.replay_of == recorded.failed]
+    assert replay.status == "completed"
+    assert f"Replay {replay.id} matched the original hop by hop" in text
+    assert f"{dead} recorded failure(s) reproduced at the same hop" in text
+    assert f"Original {recorded.failed}" in text and f"Replay {replay.id}" in text
+    browser.save_screenshot(str(tmp_path / "3-replay.png"))
+    for name in ("1-sessions.png", "2-failed-session.png", "3-replay.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
