@@ -17,6 +17,7 @@ from rich.table import Table
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
+from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_sessions import register as register_sessions
 from pantheon.scenario import ScenarioError, load_scenario
 
@@ -35,6 +36,7 @@ console = Console(stderr=True)
 register_sessions(app)
 register_cluster(app)
 register_dashboard(app)
+register_monitor(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -73,6 +75,9 @@ def run(
         typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
     ] = None,
     record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    tui: Annotated[
+        bool, typer.Option("--tui", help="Watch the run in the terminal monitor (tui extra).")
+    ] = False,
 ) -> None:
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
@@ -80,7 +85,14 @@ def run(
     from pantheon._cluster import ClusterError
 
     try:
-        summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
+        if tui:
+            from pantheon._cli_monitor import run_tui
+
+            summary = run_tui(
+                lambda on_live: _run(scenario, seed, store, record, False, on_live=on_live)
+            )
+        else:
+            summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -92,7 +104,15 @@ def run(
         raise typer.Exit(1)
 
 
-async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool, progress: bool):  # type: ignore[no-untyped-def]
+async def _run(  # type: ignore[no-untyped-def]
+    scenario: Any,
+    seed: int | None,
+    store: Path | None,
+    record: bool,
+    progress: bool,
+    on_live: Any = None,
+):
+    """The run; ``on_live(live)`` hands its live feed to a watcher (``--tui``)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from pantheon._cluster import cluster_transport
@@ -119,8 +139,10 @@ async def _run(scenario: Any, seed: int | None, store: Path | None, record: bool
         async with (
             cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
             recording(scenario, store, seed, enabled=record, transport=transport) as rec,
-            live_run(rec, scenario.name, enabled=record) as live,
+            live_run(rec, scenario.name, enabled=record or on_live is not None) as live,
         ):
+            if on_live is not None:
+                on_live(live)
             summary = await run_scenario(
                 scenario,
                 seed=seed,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from bus import Bus
@@ -34,6 +35,17 @@ class LiveRun:
         self._options = options
         self.feed: LiveFeed | None = None
         self.started = asyncio.Event()
+
+    @property
+    def store_path(self) -> Path | None:
+        """The session store the run records into (None when it is not recorded)."""
+        recorder = getattr(self._recording, "recorder", None)
+        return None if recorder is None else Path(recorder.store.path)
+
+    @property
+    def session_id(self) -> str | None:
+        recorder = getattr(self._recording, "recorder", None)
+        return None if recorder is None else str(recorder.session_id)
 
     async def attach(self, bus: Bus) -> None:
         """The run's ``attach``: the recording's, then the feed."""

@@ -1,0 +1,18 @@
+"""The Textual monitor: ``pantheon monitor [SESSION]`` and ``pantheon run FILE --tui``.
+
+Importing this package imports Textual (the ``tui`` extra); the CLI imports it only inside
+the commands that start it.
+"""
+
+from dashboard.tui._app import DeadLetterScreen, MonitorApp, TimelineScreen
+from dashboard.tui._sources import FeedSource, LiveSource, Source, StoreSource
+
+__all__ = [
+    "DeadLetterScreen",
+    "FeedSource",
+    "LiveSource",
+    "MonitorApp",
+    "Source",
+    "StoreSource",
+    "TimelineScreen",
+]

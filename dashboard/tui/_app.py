@@ -1,0 +1,448 @@
+"""The monitor: a Textual app over one session's snapshots, live or recorded.
+
+Snapshots reach the widgets as :class:`MonitorApp.SnapshotArrived` messages posted by one
+worker that reads the :class:`~dashboard.tui.Source`; each panel redraws from the newest
+snapshot only (a panel never queues work per snapshot). Keys: ``1``-``5`` switch panel,
+``enter`` opens the selected dead letter or request, ``r`` redrives the selected dead
+letter, ``t`` opens the timeline of a dead letter's request, ``escape`` goes back, ``q``
+quits. Laid out for 80x24 and up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual import on, work
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.message import Message
+from textual.screen import Screen
+from textual.widgets import (
+    DataTable,
+    Footer,
+    Header,
+    Label,
+    Sparkline,
+    Static,
+    TabbedContent,
+    TabPane,
+)
+
+from dashboard.tui._format import (
+    count,
+    ms,
+    payload_text,
+    rate,
+    totals_line,
+    waterfall_text,
+)
+from dashboard.tui._sources import Source
+from pantheon.live import DeadLetter, Hop, HopLatency, Series, Snapshot, Trace
+
+__all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
+
+PANELS = ("throughput", "latency", "breakers", "dlq", "timeline")
+
+
+def _fill(table: DataTable[Any], rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
+    """Replace a table's rows, keeping the cursor on the same row key when it is still
+    there. Skips the redraw when nothing changed (most ticks, for most tables)."""
+    rows = list(rows)
+    signature = [(key, tuple(str(c) for c in cells)) for key, cells in rows]
+    if getattr(table, "_signature", None) == signature:
+        return
+    table._signature = signature  # type: ignore[attr-defined]
+    selected = None
+    if table.row_count and table.cursor_row >= 0:
+        selected = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+    table.clear()
+    for key, cells in rows:
+        table.add_row(*cells, key=key)
+    if selected is not None and selected in table.rows:
+        table.move_cursor(row=table.get_row_index(selected), animate=False)
+
+
+class SeriesRow(Horizontal):
+    """One topic's or agent's throughput: its name, total and latest rate, a sparkline."""
+
+    def __init__(self, series: Series, live: bool) -> None:
+        super().__init__(classes="series")
+        self._series = series
+        self._live = live
+
+    def compose(self) -> ComposeResult:
+        yield Label(self._caption(self._series, self._live), classes="series-label")
+        yield Sparkline(self._series.counts, summary_function=max)
+
+    @staticmethod
+    def _caption(s: Series, live: bool) -> str:
+        """Name, total, and the rate now (live) or at the peak (finished)."""
+        rates = s.rates
+        shown = (rates[-1] if live else max(rates)) if rates else 0.0
+        return f"{_clip(s.key, 21):<21} {count(s.total):>7} {rate(shown):>7}"
+
+    def show(self, series: Series, live: bool) -> None:
+        self._series = series
+        self._live = live
+        self.query_one(Label).update(self._caption(series, live))
+        self.query_one(Sparkline).data = series.counts
+
+
+class ThroughputPanel(VerticalScroll):
+    """Sparklines per topic (published) and per agent (handled), one bucket per column."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._keys: tuple[tuple[str, str], ...] = ()
+        self._live: bool | None = None
+
+    def show(self, snap: Snapshot) -> None:
+        ordered = [s for k in ("topic", "agent") for s in snap.series if s.kind == k]
+        keys = tuple((s.kind, s.key) for s in ordered)
+        if keys == self._keys and snap.live == self._live:
+            for row, series in zip(self.query(SeriesRow), ordered, strict=False):
+                row.show(series, snap.live)
+            return
+        self._keys = keys
+        self._live = snap.live
+        self.remove_children()
+        widgets: list[Any] = []
+        now = "now" if snap.live else "peak"
+        for kind, title in (("topic", "topics: published"), ("agent", "agents: handled")):
+            widgets.append(Label(f"{title:<21} {'total':>7} {now:>7}", classes="heading"))
+            widgets.extend(SeriesRow(s, snap.live) for s in ordered if s.kind == kind)
+        if not snap.series:
+            widgets.append(Label("no messages yet", classes="heading"))
+        self.mount_all(widgets)
+
+
+class MonitorApp(App[None]):
+    """One session's throughput, latency, breakers, dead letters and request timelines."""
+
+    CSS_PATH = "monitor.tcss"
+    TITLE = "pantheon monitor"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "panel('throughput')", "Throughput"),
+        Binding("2", "panel('latency')", "Latency"),
+        Binding("3", "panel('breakers')", "Breakers"),
+        Binding("4", "panel('dlq')", "DLQ"),
+        Binding("5", "panel('timeline')", "Timeline"),
+        Binding("r", "redrive", "Redrive"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    class SnapshotArrived(Message):
+        """A new snapshot of the session."""
+
+        def __init__(self, snapshot: Snapshot) -> None:
+            super().__init__()
+            self.snapshot = snapshot
+
+    def __init__(self, source: Source) -> None:
+        super().__init__()
+        self.source = source
+        self.snapshot: Snapshot | None = None
+        self._dead: dict[str, DeadLetter] = {}
+        self._traces: dict[str, Trace] = {}
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static("waiting for the first snapshot...", id="totals")
+        with TabbedContent(id="panels"):
+            with TabPane("1 Throughput", id="throughput"):
+                yield ThroughputPanel(id="throughput-panel")
+            with TabPane("2 Latency", id="latency"):
+                yield DataTable(id="latency-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("3 Breakers", id="breakers"), Vertical():
+                yield DataTable(id="breaker-table", cursor_type="row")
+                yield Label("transitions", classes="heading")
+                yield DataTable(id="breaker-events", cursor_type="row")
+            with TabPane("4 DLQ", id="dlq"):
+                yield DataTable(id="dlq-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("5 Timeline", id="timeline"):
+                yield DataTable(id="trace-table", cursor_type="row", zebra_stripes=True)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#latency-table", DataTable).add_columns(
+            "agent / edge", "n", "wait p50", "p95", "p99", "handle p50", "p95", "p99"
+        )
+        self.query_one("#breaker-table", DataTable).add_columns(
+            "breaker", "state", "trips", "next probe", "last reason"
+        )
+        self.query_one("#breaker-events", DataTable).add_columns(
+            "t (s)", "breaker", "from", "to", "reason"
+        )
+        self.query_one("#dlq-table", DataTable).add_columns(
+            "entry", "subscriber", "reason", "tries", "redriven", "error"
+        )
+        self.query_one("#trace-table", DataTable).add_columns(
+            "request", "label", "hops", "start ms", "total ms", "outcome"
+        )
+        self.sub_title = self.source.origin
+        self._follow()
+
+    @work(exclusive=True, group="source")
+    async def _follow(self) -> None:
+        async for snap in self.source.snapshots():
+            self.post_message(self.SnapshotArrived(snap))
+
+    # -- drawing -------------------------------------------------------------------------------
+
+    @on(SnapshotArrived)
+    def _show(self, message: SnapshotArrived) -> None:
+        snap = self.snapshot = message.snapshot
+        self.title = f"{snap.scenario or '?'} {snap.session_id}"
+        self.sub_title = self.source.origin
+        self.query_one("#totals", Static).update(totals_line(snap))
+        self.query_one(ThroughputPanel).show(snap)
+        _fill(
+            self.query_one("#latency-table", DataTable),
+            ((f"{h.kind}:{h.name}", _latency_cells(h)) for h in snap.hops),
+        )
+        _fill(
+            self.query_one("#breaker-table", DataTable),
+            (
+                (
+                    b.name,
+                    (
+                        b.name,
+                        Text(b.state, style=_STATE_STYLE.get(b.state, "")),
+                        str(b.trips),
+                        "-" if b.next_probe_s is None else f"in {b.next_probe_s:.2f}s",
+                        b.reason or "",
+                    ),
+                )
+                for b in snap.breakers
+            ),
+        )
+        _fill(
+            self.query_one("#breaker-events", DataTable),
+            (
+                (str(i), (f"{e.t_s:.3f}", e.name, e.old, e.new, e.reason or ""))
+                for i, e in enumerate(reversed(snap.breaker_events))
+            ),
+        )
+        self._dead = {str(d.entry_id): d for d in snap.dead_letters}
+        _fill(
+            self.query_one("#dlq-table", DataTable),
+            (
+                (
+                    str(d.entry_id),
+                    (
+                        str(d.entry_id),
+                        d.subscriber,
+                        d.reason,
+                        str(d.attempts),
+                        "yes" if d.redriven else "",
+                        _clip((d.error_type or "") + (f": {d.error}" if d.error else ""), 60),
+                    ),
+                )
+                for d in reversed(snap.dead_letters)
+            ),
+        )
+        self._traces = {str(t.correlation_id): t for t in snap.traces}
+        _fill(
+            self.query_one("#trace-table", DataTable),
+            (
+                (
+                    str(t.correlation_id),
+                    (
+                        _short_id(t.correlation_id),
+                        t.label or t.topic,
+                        str(t.hop_count),
+                        ms(t.start_ms),
+                        ms(t.total_ms),
+                        Text(t.outcome, style=_OUTCOME_STYLE.get(t.outcome, "")),
+                    ),
+                )
+                for t in reversed(snap.traces)
+            ),
+        )
+
+    # -- actions -------------------------------------------------------------------------------
+
+    def action_panel(self, panel: str) -> None:
+        while len(self.screen_stack) > 1:
+            self.pop_screen()
+        self.query_one("#panels", TabbedContent).active = panel
+        pane = self.query_one(f"#{panel}", TabPane)
+        tables = pane.query(DataTable)
+        if tables:
+            tables.first().focus()
+
+    def selected_dead_letter(self) -> DeadLetter | None:
+        table = self.query_one("#dlq-table", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return self._dead.get(key or "")
+
+    def action_redrive(self) -> None:
+        if self.query_one("#panels", TabbedContent).active != "dlq":
+            self.notify("select a dead letter on the DLQ panel (4) to redrive it")
+            return
+        letter = self.selected_dead_letter()
+        if letter is None:
+            self.notify("no dead letter selected")
+            return
+        self.redrive(letter)
+
+    @work(group="redrive")
+    async def redrive(self, letter: DeadLetter) -> None:
+        """Redrive ``letter`` through the source; the outcome is a notification."""
+        if letter.redriven:
+            self.notify(f"entry {letter.entry_id} was already redriven", severity="warning")
+            return
+        self.notify(f"redriving entry {letter.entry_id}...")
+        try:
+            said = await self.source.redrive(letter.entry_id)
+        except Exception as exc:
+            self.notify(f"redrive refused: {exc}", severity="error", timeout=8)
+            return
+        self.notify(said, timeout=6)
+
+    @on(DataTable.RowSelected, "#dlq-table")
+    def _open_dead_letter(self, event: DataTable.RowSelected) -> None:
+        letter = self._dead.get(event.row_key.value or "")
+        if letter is not None:
+            self.push_screen(DeadLetterScreen(letter))
+
+    @on(DataTable.RowSelected, "#trace-table")
+    def _open_trace(self, event: DataTable.RowSelected) -> None:
+        trace = self._traces.get(event.row_key.value or "")
+        if trace is not None:
+            self.open_timeline(trace)
+
+    def open_timeline(self, trace: Trace) -> None:
+        self.push_screen(TimelineScreen(trace))
+        self._load_waterfall(trace)
+
+    def trace_of(self, letter: DeadLetter) -> Trace | None:
+        """The request a dead letter belongs to, as the snapshot knows it."""
+        if letter.correlation_id is None:
+            return None
+        found = self._traces.get(str(letter.correlation_id))
+        if found is not None:
+            return found
+        return Trace(letter.correlation_id, letter.topic, "", 0.0, 0.0, 0, "dead_letter")
+
+    @work(group="waterfall", exclusive=True)
+    async def _load_waterfall(self, trace: Trace) -> None:
+        hops = await self.source.waterfall(trace)
+        screen = self.screen
+        if isinstance(screen, TimelineScreen) and screen.trace == trace:
+            screen.show(hops)
+
+
+def _clip(text: str, width: int) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _latency_cells(h: HopLatency) -> tuple[Any, ...]:
+    name = _clip(h.name, 22)
+    return (
+        name if h.kind == "agent" else Text(name, style="italic"),
+        count(h.count),
+        ms(h.wait_p50_ms), ms(h.wait_p95_ms), ms(h.wait_p99_ms),
+        ms(h.handle_p50_ms), ms(h.handle_p95_ms), ms(h.handle_p99_ms),
+    )  # fmt: skip
+
+
+_STATE_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
+_OUTCOME_STYLE = {"ok": "green", "dead_letter": "bold red", "failed": "red", "pending": "yellow"}
+
+
+def _short_id(i: int) -> str:
+    """Correlation ids are 64-bit; the low digits tell requests of one run apart."""
+    return f"…{i % 10**8:08d}"
+
+
+class DeadLetterScreen(Screen[None]):
+    """One dead letter: why, its payload, its traceback, and the key to redrive it."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("r", "redrive", "Redrive"),
+        Binding("t", "timeline", "Timeline"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__()
+        self.letter = letter
+
+    def compose(self) -> ComposeResult:
+        d = self.letter
+        yield Header()
+        yield Static(
+            f"dead letter {d.entry_id}  ({'redriven' if d.redriven else 'r to redrive'})\n"
+            f"subscriber {d.subscriber}  topic {d.topic}  reason {d.reason}  "
+            f"attempts {d.attempts}  at t={d.t_s:.3f}s\n"
+            f"error: {d.error_type or '-'}: {d.error or ''}",
+            id="dlq-summary",
+        )
+        with VerticalScroll(id="dlq-detail"):
+            yield Label("payload", classes="heading")
+            yield Static(Text(payload_text(d.payload)), id="dlq-payload")
+            yield Label("traceback", classes="heading")
+            yield Static(
+                Text(d.traceback or "(no traceback: not a handler failure)"), id="dlq-traceback"
+            )
+        yield Footer()
+
+    def action_redrive(self) -> None:
+        app = self.app
+        assert isinstance(app, MonitorApp)
+        app.redrive(self.letter)
+
+    def action_timeline(self) -> None:
+        app = self.app
+        assert isinstance(app, MonitorApp)
+        trace = app.trace_of(self.letter)
+        if trace is None:
+            self.notify("this dead letter's request is not recorded", severity="warning")
+            return
+        app.open_timeline(trace)
+
+
+class TimelineScreen(Screen[None]):
+    """One request as a waterfall of its hops across agents."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("q", "app.quit", "Quit"),
+    ]
+
+    def __init__(self, trace: Trace) -> None:
+        super().__init__()
+        self.trace = trace
+        self.hops: tuple[Hop, ...] | None = None
+
+    def compose(self) -> ComposeResult:
+        t = self.trace
+        yield Header()
+        yield Static(
+            f"request {t.correlation_id}  {t.label or t.topic}\n"
+            f"outcome {t.outcome}  hops {t.hop_count}  total {ms(t.total_ms)} ms  "
+            "(░ queue wait, █ handling)",
+            id="trace-summary",
+        )
+        with VerticalScroll(id="waterfall-scroll"):
+            yield Static("loading...", id="waterfall")
+        yield Footer()
+
+    def show(self, hops: tuple[Hop, ...]) -> None:
+        self.hops = hops
+        self._draw()
+
+    def on_resize(self) -> None:
+        if self.hops is not None:
+            self._draw()
+
+    def _draw(self) -> None:
+        width = max(40, self.size.width - 2)
+        self.query_one("#waterfall", Static).update(waterfall_text(self.hops or (), width))

@@ -1,0 +1,91 @@
+"""How the monitor writes numbers and draws a request's waterfall (pure functions)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+
+from pantheon.live import Hop, Snapshot
+
+__all__ = ["count", "ms", "payload_text", "rate", "totals_line", "waterfall_text"]
+
+#: Columns of the waterfall left of the bars (agent name) and right of them (numbers).
+_NAME = 16
+_NUMBERS = 16
+
+
+def ms(value: float | None) -> str:
+    """A latency in ms in at most 7 characters, with the precision that matters at its
+    size (microseconds under 10 ms); ``-`` when there is none."""
+    if value is None:
+        return "-"
+    if value < 10:
+        return f"{value:.3f}"
+    if value < 1000:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def count(value: int) -> str:
+    return f"{value:,}"
+
+
+def rate(per_s: float) -> str:
+    """Messages per second, short."""
+    if per_s >= 10_000:
+        return f"{per_s / 1000:.0f}k/s"
+    if per_s >= 1000:
+        return f"{per_s / 1000:.1f}k/s"
+    return f"{per_s:.0f}/s"
+
+
+def totals_line(snap: Snapshot) -> str:
+    """The one-line summary above the panels."""
+    t = snap.totals
+    state = "LIVE" if snap.live else snap.status
+    return (
+        f"{state}  t={snap.t_s:.1f}s  published {count(t.published)}  "
+        f"delivered {count(t.delivered)}  DLQ {count(t.dlq_size)}  shed {count(t.shed)}  "
+        f"queued {count(t.queued + t.in_flight)}  retries {count(t.retries)}"
+    )
+
+
+def payload_text(payload: Any) -> str:
+    """A payload as indented JSON (its repr when it is not JSON)."""
+    try:
+        return json.dumps(payload, indent=2, ensure_ascii=False, default=repr)
+    except (TypeError, ValueError):
+        return repr(payload)
+
+
+def waterfall_text(hops: Sequence[Hop], width: int) -> Text:
+    """One line per delivery of a request: the agent, then on a shared time axis its queue
+    wait (``░``, from publish to pick-up) and handling (``█``; red when it failed), then
+    both in ms. The axis spans the request, first publish to last handling end."""
+    out = Text(no_wrap=True, overflow="crop")
+    if not hops:
+        out.append("no hops recorded for this request", style="dim")
+        return out
+    t0 = min(h.enqueued_ms for h in hops)
+    t1 = max(h.end_ms for h in hops)
+    span = max(t1 - t0, 1e-6)
+    bars = max(10, width - _NAME - _NUMBERS - 2)
+    scale = bars / span
+    out.append(f"{'agent':<{_NAME}} 0 ms", style="bold")
+    out.append(f"{ms(span) + ' ms':>{bars - 4}}", style="bold")
+    out.append(f" {'wait':>7} {'handle':>7}\n", style="bold")
+    for h in hops:
+        q = min(bars - 1, int((h.enqueued_ms - t0) * scale))
+        s = min(bars - 1, max(q, int((h.start_ms - t0) * scale)))
+        e = min(bars, max(s + 1, round((h.end_ms - t0) * scale)))
+        failed = h.outcome != "delivered"
+        out.append(f"{h.agent[:_NAME]:<{_NAME}} ", style="red" if failed else "")
+        out.append(" " * q)
+        out.append("░" * (s - q), style="yellow")
+        out.append("█" * (e - s), style="red" if failed else "green")
+        out.append(" " * (bars - e))
+        out.append(f" {ms(h.queue_wait_ms):>7} {ms(h.handling_ms):>7}\n")
+    return out

@@ -1,0 +1,192 @@
+"""The monitor under Textual's Pilot, opened on a really recorded session.
+
+Every number the panels show is checked against :mod:`pantheon.readmodel` over the same
+store, and every key the footer offers is pressed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Static, TabbedContent
+
+from dashboard.tui import DeadLetterScreen, MonitorApp, StoreSource, TimelineScreen
+from dashboard.tui._format import count, ms
+from pantheon import readmodel
+from pantheon.sessions import SessionStore
+
+DEADLINE = 30.0
+
+
+async def until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
+    """Let the app run until ``check()`` holds (the store reads run in threads)."""
+    end = time.monotonic() + DEADLINE
+    while not check():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def _text(widget: Static) -> str:
+    return str(widget.render())
+
+
+async def test_panels_show_the_sessions_numbers_in_80x24(flaky: tuple[Path, str]) -> None:
+    path, sid = flaky
+    source = StoreSource(path, sid)
+    app = MonitorApp(source)
+    with SessionStore(path) as store:
+        hops = readmodel.hop_latency(store, sid)
+        letters = readmodel.dead_letters(store, sid)
+        published = store.envelope_counts()[sid]
+        requests = readmodel.requests(store, sid)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.snapshot is not None, "the first snapshot")
+            totals = _text(app.query_one("#totals", Static))
+            assert f"published {count(published)}" in totals
+            assert f"DLQ {count(len(letters))}" in totals
+            assert "completed" in totals
+
+            latency = app.query_one("#latency-table", DataTable)
+            assert latency.row_count == len(hops)
+            for h in hops:
+                row = latency.get_row(f"{h.kind}:{h.name}")
+                assert [str(c) for c in row[1:]] == [
+                    count(h.count),
+                    ms(h.wait_p50_ms), ms(h.wait_p95_ms), ms(h.wait_p99_ms),
+                    ms(h.handle_p50_ms), ms(h.handle_p95_ms), ms(h.handle_p99_ms),
+                ]  # fmt: skip
+
+            dlq = app.query_one("#dlq-table", DataTable)
+            assert sorted(int(k.value or 0) for k in dlq.rows) == [d.entry_id for d in letters]
+            traces = app.query_one("#trace-table", DataTable)
+            assert traces.row_count == len(requests)
+
+            breakers = app.query_one("#breaker-table", DataTable)
+            assert "actor" in {k.value for k in breakers.rows}
+            assert str(breakers.get_row("actor")[1]) == "closed"
+
+            # Throughput: one sparkline row per topic and per agent, totals as recorded.
+            series = {(s.kind, s.key): s for s in app.snapshot.series}  # type: ignore[union-attr]
+            assert series[("agent", "actor")].total == next(h.count for h in hops if h.name == "actor")
+            assert sum(s.total for (kind, _), s in series.items() if kind == "topic") == published
+    finally:
+        await source.aclose()
+
+
+async def test_keys_switch_open_redrive_and_show_a_timeline(
+    flaky: tuple[Path, str], fixed_setup: Any
+) -> None:
+    path, sid = flaky
+    source = StoreSource(path, sid, setup=fixed_setup)
+    app = MonitorApp(source)
+    with SessionStore(path) as store:
+        letters = [d for d in readmodel.dead_letters(store, sid) if not d.redriven]
+    assert letters, "the session needs a dead letter not yet redriven"
+    newest = letters[-1]  # the DLQ table lists newest first
+    try:
+        async with app.run_test(size=(100, 30)) as pilot:
+            await until(pilot, lambda: app.snapshot is not None, "the first snapshot")
+            panels = app.query_one("#panels", TabbedContent)
+            await pilot.press("2")
+            assert panels.active == "latency"
+            await pilot.press("3")
+            assert panels.active == "breakers"
+            await pilot.press("4")
+            assert panels.active == "dlq"
+
+            # Open the selected (newest) dead letter: its payload and traceback.
+            await pilot.press("enter")
+            await until(pilot, lambda: isinstance(app.screen, DeadLetterScreen), "DLQ detail")
+            screen = app.screen
+            assert isinstance(screen, DeadLetterScreen)
+            assert screen.letter.entry_id == newest.entry_id
+            shown = _text(screen.query_one("#dlq-traceback", Static))
+            assert newest.traceback and newest.traceback.strip().splitlines()[-1] in shown
+            assert newest.payload["email_id"] in _text(screen.query_one("#dlq-payload", Static))
+
+            # t: the timeline of that dead letter's request, hop by hop.
+            await pilot.press("t")
+            await until(
+                pilot,
+                lambda: isinstance(app.screen, TimelineScreen) and app.screen.hops is not None,
+                "the dead letter's waterfall",
+            )
+            timeline = app.screen
+            assert isinstance(timeline, TimelineScreen)
+            with SessionStore(path) as store:
+                bars = readmodel.waterfall(store, sid, newest.correlation_id or 0)
+            assert timeline.hops is not None and len(timeline.hops) == len(bars)
+            drawn = _text(timeline.query_one("#waterfall", Static))
+            assert all(b.agent[:16] in drawn for b in bars) and "█" in drawn
+            await pilot.press("escape")
+            assert isinstance(app.screen, DeadLetterScreen)
+
+            # r: redrive it to the fixed team; the store marks it and the list says so.
+            await pilot.press("r")
+
+            def redriven() -> bool:
+                with SessionStore(path) as store:
+                    return any(
+                        d.redriven and d.entry_id == newest.entry_id
+                        for d in store.dead_letters(sid)
+                    )
+
+            await until(pilot, redriven, "the store to mark the entry redriven")
+            await pilot.press("escape")
+            dlq = app.query_one("#dlq-table", DataTable)
+            await until(
+                pilot,
+                lambda: str(dlq.get_row(str(newest.entry_id))[4]) == "yes",
+                "the DLQ list to show the entry redriven",
+            )
+
+            # 5 and enter: any request's waterfall from the timeline list.
+            await pilot.press("5")
+            assert panels.active == "timeline"
+            table = app.query_one("#trace-table", DataTable)
+            # The newest requests are Monitor alerts nobody handles; walk down to an email.
+            while int(str(table.get_row_at(table.cursor_row)[2])) == 0:
+                await pilot.press("down")
+            first = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+            await pilot.press("enter")
+            await until(
+                pilot,
+                lambda: isinstance(app.screen, TimelineScreen) and app.screen.hops is not None,
+                "a request's waterfall",
+            )
+            assert isinstance(app.screen, TimelineScreen)
+            assert app.screen.trace.correlation_id == int(first or 0)
+            assert app.screen.hops
+            await pilot.press("q")
+        assert app.return_code == 0
+    finally:
+        await source.aclose()
+
+
+async def test_redrive_without_a_team_says_how(flaky: tuple[Path, str]) -> None:
+    path, sid = flaky
+    source = StoreSource(path, sid)
+    app = MonitorApp(source)
+    try:
+        async with app.run_test(size=(80, 24), notifications=True) as pilot:
+            await until(pilot, lambda: app.snapshot is not None, "the first snapshot")
+            await pilot.press("r")  # not on the DLQ panel
+            await pilot.press("4")
+            dlq = app.query_one("#dlq-table", DataTable)
+            while str(dlq.get_row_at(dlq.cursor_row)[4]) == "yes":  # another test redrove it
+                await pilot.press("down")
+            await pilot.press("r")
+            await until(
+                pilot,
+                lambda: any("--setup" in str(n.message) for n in app._notifications),
+                "the refusal",
+            )
+            assert any("DLQ panel" in str(n.message) for n in app._notifications)
+    finally:
+        await source.aclose()
