@@ -146,10 +146,10 @@ def _metric_reader(name: str, environ: Mapping[str, str]) -> MetricReader:
     return PeriodicExportingMetricReader(exporter)
 
 
-def _resource(environ: Mapping[str, str]) -> Resource:
+def _resource() -> Resource:
     from opentelemetry.sdk.resources import Resource
 
-    resource = Resource.create()
+    resource = Resource.create()  # reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "pantheon"}))
     return resource
@@ -189,7 +189,7 @@ class Telemetry:
         from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
         if resource is None:
-            resource = _resource(os.environ)
+            resource = _resource()
         scope = InstrumentationScope("pantheon", _version())
         if span_exporters or processors:
             from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
@@ -200,16 +200,19 @@ class Telemetry:
 
             wrap = BatchSpanProcessor if batch else SimpleSpanProcessor
             processors += [wrap(e) for e in span_exporters]
-            multi = SynchronousMultiSpanProcessor()
-            for p in processors:
-                multi.add_span_processor(p)
             # The provider serves spans anything else makes inside handlers (they parent to
             # the bus's current span); the bus's own spans go to the same processors.
             self.tracer_provider = TracerProvider(
                 sampler=ParentBased(TraceIdRatioBased(sampling)), resource=resource
             )
-            self.tracer_provider.add_span_processor(multi)
-            self.tracer = BusTracer(multi, ratio=sampling, resource=resource, scope=scope)
+            for p in processors:
+                self.tracer_provider.add_span_processor(p)
+            target: SpanProcessor = processors[0]
+            if len(processors) > 1:
+                target = SynchronousMultiSpanProcessor()
+                for p in processors:
+                    target.add_span_processor(p)
+            self.tracer = BusTracer(target, ratio=sampling, resource=resource, scope=scope)
         if metric_readers:
             from opentelemetry.sdk.metrics import MeterProvider
 

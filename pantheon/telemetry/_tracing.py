@@ -10,19 +10,25 @@ SDK's; only the bookkeeping of a running span is ours, and the SDK's tracer is s
 for spans anything else makes inside a handler (they nest under ours: the current span is
 kept in the OTel context).
 
-Sampling is ``ParentBased(TraceIdRatioBased(ratio))`` decided once per root message with the
-SDK's own rule (sampled when the trace id's low 64 bits are under
-``TraceIdRatioBased.get_bound_for_rate(ratio)``), computed on one ``getrandbits`` before any
-id exists. A root the sampler declines carries :data:`UNSAMPLED` in ``env.trace``, which every
-message it causes inherits, so the bus skips them with one string index: no span object, no
-id, no context attach or detach.
+Sampling is ``ParentBased(TraceIdRatioBased(ratio))``, decided once per root message. Each root
+is sampled independently with probability ``ratio``, but instead of a random draw per root the
+tracer draws how many roots to decline before the next sampled one (geometrically
+distributed, which is the same process), so a declined root costs a decrement. A sampled
+root's trace id has its low 64 bits under ``TraceIdRatioBased.get_bound_for_rate(ratio)``,
+so the SDK's sampler with the same ratio anywhere downstream agrees with the decision. A
+declined root carries :data:`UNSAMPLED` in ``env.trace``, which every message it causes
+inherits, so the bus skips them with one string index: no span object, no id, no context
+attach or detach.
 """
 
 from __future__ import annotations
 
+import math
 import random
+import sys
 import time
 import traceback
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -48,6 +54,9 @@ _KINDS = {"internal": SpanKind.INTERNAL, "client": SpanKind.CLIENT}
 #: A publish span starts when its envelope was created, unless that is older than this (a
 #: redrive or replay of an old envelope): then it starts when it is published again.
 _MAX_PUBLISH_NS = 1_000_000_000
+#: Span contexts of recent publishes, by traceparent, so their consumers need not parse it.
+#: Cleared when full: a miss only costs a parse.
+_CONTEXT_CACHE = 4096
 _bits = random.getrandbits
 _time_ns = time.time_ns
 
@@ -76,6 +85,8 @@ class _Span:
 
     Also the context manager :meth:`BusTracer.span` returns: entering makes it the current
     span (children and emits parent to it), leaving ends it, recording an escaping exception.
+    ``trace_hex`` is the trace id as it appears in a traceparent, to tell cheaply whether a
+    message emitted under this span belongs to its trace.
     """
 
     __slots__ = (
@@ -85,10 +96,12 @@ class _Span:
         "kind",
         "links",
         "name",
+        "otel_token",
         "parent",
         "start",
         "status",
         "token",
+        "trace_hex",
         "tracer",
     )
 
@@ -100,11 +113,13 @@ class _Span:
         parent: SpanContext | None,
         kind: SpanKind,
         attributes: dict[str, Any],
+        trace_hex: str,
         links: tuple[Link, ...] = (),
     ) -> None:
         self.tracer = tracer
         self.name = name
         self.context = context
+        self.trace_hex = trace_hex
         self.parent = parent
         self.kind = kind
         self.attributes = attributes
@@ -112,7 +127,8 @@ class _Span:
         self.events: list[Event] = []
         self.status = _UNSET
         self.start = _time_ns()
-        self.token: object = None
+        self.token: Any = None
+        self.otel_token: object = None
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value
@@ -136,19 +152,28 @@ class _Span:
         self.status = Status(StatusCode.ERROR, description)
 
     def activate(self) -> None:
-        """Make this the current span of the running task (the OTel context)."""
+        """Make this the current span of the running task: ours (what emits and agents'
+        spans parent to) and the OTel context's (what any other instrumentation sees)."""
+        self.token = _current.set(self)
         ctx = otel_trace.set_span_in_context(NonRecordingSpan(self.context))
-        self.token = otel_context.attach(ctx)
+        self.otel_token = otel_context.attach(ctx)
+
+    def deactivate(self) -> None:
+        otel_context.detach(self.otel_token)
+        _current.reset(self.token)
 
     def __enter__(self) -> _Span:
         self.activate()
         return self
 
     def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
-        otel_context.detach(self.token)
+        self.deactivate()
         if exc is not None:
             self.fail(f"{type(exc).__qualname__}: {exc}", exc)
         self.tracer._finish(self, _time_ns())
+
+
+_current: ContextVar[_Span | None] = ContextVar("pantheon_current_span", default=None)
 
 
 class BusTracer:
@@ -171,7 +196,9 @@ class BusTracer:
             raise ValueError(f"sampling ratio must be in [0, 1], got {ratio!r}")
         self.ratio = ratio
         self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
-        self._processor = processor
+        self._skip = self._draw_skip()
+        self._on_end = processor.on_end
+        self._contexts: dict[str, SpanContext] = {}
         self._resource = resource if resource is not None else Resource.create()
         self._scope = scope or InstrumentationScope("pantheon.bus")
         # Envelopes stamp ``created`` from the monotonic clock; spans want wall-clock ns.
@@ -179,55 +206,84 @@ class BusTracer:
 
     # -- bus.Tracer ------------------------------------------------------------------------
 
+    def _draw_skip(self) -> int:
+        """Roots to decline before the next sampled one, ~ Geometric(ratio)."""
+        if self.ratio >= 1.0:
+            return 0
+        if self.ratio <= 0.0:
+            return sys.maxsize
+        return int(math.log(1.0 - random.random()) / math.log1p(-self.ratio))
+
     def on_publish(self, env: Envelope) -> None:
         trace = env.trace
         if trace is None:
-            low = _bits(64)
-            if low >= self._bound:
+            skip = self._skip
+            if skip:
+                self._skip = skip - 1
                 env.trace = UNSAMPLED
                 return
-            trace_id = (_bits(64) << 64) | low
+            self._skip = self._draw_skip()
+            trace_id = (_bits(64) << 64) | (_bits(64) % self._bound) or 1
             parent = None
         else:
-            parent = parse_traceparent(trace)
-            if not parent.trace_flags.sampled:
-                return
             # Inside a handler the current span (its process span, or an agent's span within
             # it) is the more precise parent, as long as it belongs to the same trace.
-            current = otel_trace.get_current_span().get_span_context()
-            if current.trace_id == parent.trace_id:
-                parent = current
+            current = _current.get()
+            if current is not None and current.trace_hex == trace[3:35]:
+                parent = current.context
+            else:
+                parent = self._context_of(trace)
+                if not parent.trace_flags.sampled:
+                    return
             trace_id = parent.trace_id
         span_id = _bits(64) or 1
-        env.trace = _traceparent(trace_id, span_id)
-        now = _time_ns()
+        env.trace = traceparent = _traceparent(trace_id, span_id)
+        context = SpanContext(trace_id, span_id, False, _SAMPLED)
+        contexts = self._contexts
+        if len(contexts) >= _CONTEXT_CACHE:
+            contexts.clear()
+        contexts[traceparent] = context
+        end = _time_ns()
         start = env.created + self._wall_offset
-        if not 0 <= now - start <= _MAX_PUBLISH_NS:
-            start = now
-        span = _Span(
-            self,
-            f"publish {env.topic}",
-            SpanContext(trace_id, span_id, False, _SAMPLED),
-            parent,
-            SpanKind.PRODUCER,
-            {
-                "messaging.system": "pantheon",
-                "messaging.operation.name": "publish",
-                "messaging.operation.type": "send",
-                "messaging.destination.name": env.topic,
-                "messaging.message.id": str(env.id),
-                "messaging.message.conversation_id": str(env.correlation_id),
-                "pantheon.session.id": env.session_id or "",
-                "pantheon.priority": int(env.priority),
-                "pantheon.hops": env.hops,
-            },
+        if not 0 <= end - start <= _MAX_PUBLISH_NS:
+            start = end
+        attributes = {
+            "messaging.system": "pantheon",
+            "messaging.operation.name": "publish",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": env.topic,
+            "messaging.message.id": str(env.id),
+            "messaging.message.conversation_id": str(env.correlation_id),
+            "pantheon.session.id": env.session_id or "",
+            "pantheon.priority": int(env.priority),
+            "pantheon.hops": env.hops,
+        }
+        self._on_end(
+            ReadableSpan(
+                f"publish {env.topic}",
+                context,
+                parent,
+                self._resource,
+                attributes,
+                (),
+                (),
+                SpanKind.PRODUCER,
+                None,
+                _UNSET,
+                start,
+                end,
+                self._scope,
+            )
         )
-        span.start = start
-        self._finish(span, now)
+
+    def _context_of(self, traceparent: str) -> SpanContext:
+        context = self._contexts.get(traceparent)
+        return context if context is not None else parse_traceparent(traceparent)
 
     def start_process(self, subscription: str, env: Envelope) -> _Span:
-        assert env.trace is not None  # the bus calls this for sampled envelopes only
-        producer = parse_traceparent(env.trace)
+        trace = env.trace
+        assert trace is not None  # the bus calls this for sampled envelopes only
+        producer = self._context_of(trace)
         span = _Span(
             self,
             f"process {env.topic}",
@@ -244,6 +300,7 @@ class BusTracer:
                 "messaging.message.conversation_id": str(env.correlation_id),
                 "pantheon.session.id": env.session_id or "",
             },
+            trace[3:35],
             # The creation context as a link too, as the conventions ask of consumers: with
             # fan-out every subscriber's process span is a sibling under the one publish.
             (Link(producer),),
@@ -253,7 +310,7 @@ class BusTracer:
 
     def end_process(self, token: Any, outcome: str, error: BaseException | None) -> None:
         span: _Span = token
-        otel_context.detach(span.token)
+        span.deactivate()
         span.attributes["pantheon.outcome"] = outcome
         if outcome != "delivered":
             span.fail(outcome if error is None else f"{outcome}: {error!r}", error)
@@ -264,20 +321,21 @@ class BusTracer:
     def span(
         self, name: str, attributes: dict[str, Any], kind: str = "internal"
     ) -> _Span | None:
-        parent = otel_trace.get_current_span().get_span_context()
-        if not parent.trace_flags.sampled:
+        current = _current.get()
+        if current is None:
             return None
         try:
             span_kind = _KINDS[kind]
         except KeyError:
             raise ValueError(f"span kind must be one of {sorted(_KINDS)}, got {kind!r}") from None
+        parent = current.context
         context = SpanContext(parent.trace_id, _bits(64) or 1, False, _SAMPLED)
-        return _Span(self, name, context, parent, span_kind, attributes)
+        return _Span(self, name, context, parent, span_kind, attributes, current.trace_hex)
 
     # -- export ----------------------------------------------------------------------------
 
     def _finish(self, span: _Span, end: int) -> None:
-        self._processor.on_end(
+        self._on_end(
             ReadableSpan(
                 span.name,
                 span.context,
