@@ -60,6 +60,7 @@ __all__ = [
     "InProcessTransportConfig",
     "InputConfig",
     "KillNodeConfig",
+    "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
     "Problem",
@@ -408,6 +409,17 @@ class ExpectConfig(_Model):
     """Messages per second over the run."""
 
 
+class ObservabilityConfig(_Model):
+    """OpenTelemetry defaults for this scenario. Where spans and metrics go is the
+    environment's choice (``OTEL_*`` variables; nothing is exported without them), and
+    ``OTEL_TRACES_SAMPLER``/``_ARG`` override ``sampling``."""
+
+    sampling: _Fraction | None = None
+    """Share of input messages traced, each with everything it causes (default 1.0)."""
+    metrics: bool = True
+    """Export the bus's counters when a metrics exporter is configured."""
+
+
 # -- the scenario ------------------------------------------------------------------------------
 
 
@@ -426,6 +438,7 @@ class Scenario(_Model):
     """All nine roles in :data:`ROLES` order (defaults for those the file omits), then extras."""
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
 
     _text: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="<string>")
