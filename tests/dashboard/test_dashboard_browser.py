@@ -151,3 +151,20 @@ def test_browser_opens_a_failed_session_and_replays_it(
     browser.save_screenshot(str(tmp_path / "3-replay.png"))
     for name in ("1-sessions.png", "2-failed-session.png", "3-replay.png"):
         assert (tmp_path / name).stat().st_size > 10_000
+
+
+def test_browser_page_of_a_running_session_refreshes_by_itself(
+    server: str, browser: WebDriver, recorded: Recorded, tmp_path: Path
+) -> None:
+    # This process "records" the session, so the store keeps it running until we end it.
+    with SessionStore(recorded.path) as store:
+        sid = store.begin_session(scenario="live")
+    browser.get(f"{server}/?session={sid}")
+    _wait_for(browser, "the running session", lambda t: f"Session {sid}" in t)
+    assert "status\nrunning" in _body(browser)
+    browser.save_screenshot(str(tmp_path / "live-running.png"))
+    with SessionStore(recorded.path) as store:
+        store.end_session(sid, "completed", {"passed": True})
+    # No click, no reload: the page polls the store while the session runs.
+    _wait_for(browser, "the page to see the end", lambda t: "status\ncompleted" in t)
+    browser.save_screenshot(str(tmp_path / "live-completed.png"))
