@@ -82,6 +82,8 @@ class Guardian(Agent):
         if not reasons:
             reasons.append("within policy")
         self.decisions[verdict] += 1
+        if verdict == "escalated":
+            self.log.info("escalated to a human", email_id=plan["email_id"], reasons=reasons)
         return {
             "email_id": plan["email_id"],
             "sender": plan["sender"],

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+import structlog
 
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from bus import (
@@ -81,6 +84,14 @@ class Agent:
         self.fault = fault or Fault()
         self._effects: Effects = effects or LiveEffects()
         self.bus: Bus | None = None
+        #: structlog over the stdlib logger ``agents.<role>``: the lines ride stdlib records
+        #: (nothing on stdout before the application configures logging), and
+        #: ``pantheon.telemetry.configure_logging`` adds session, agent, topic, message id.
+        self.log: Any = structlog.wrap_logger(
+            logging.getLogger(f"agents.{self.role}"),
+            processors=[structlog.stdlib.render_to_log_kwargs],
+            wrapper_class=structlog.stdlib.BoundLogger,
+        )
 
     # -- wiring ----------------------------------------------------------------------------
 

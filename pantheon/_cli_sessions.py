@@ -67,6 +67,17 @@ def _err(message: str, code: int = 2) -> typer.Exit:
     return typer.Exit(code)
 
 
+def _telemetry() -> Any:
+    """Logging, and the OTel exporters the ``OTEL_*`` variables ask for (none by default)."""
+    from pantheon.telemetry import Telemetry, configure_logging
+
+    try:
+        configure_logging()
+        return Telemetry.from_env()
+    except (ValueError, ImportError) as exc:
+        raise _err(f"observability: {exc}") from None
+
+
 @contextmanager
 def _open(path: Path | None) -> Iterator[SessionStore]:
     resolved = resolve_store_path(path)
@@ -353,7 +364,8 @@ def register(app: typer.Typer) -> None:
         Exits 0 on a match, 1 on a divergence (printed)."""
         with _open(store) as st:
             info = st.session(session)
-            team = _load_setup(setup, info.scenario_text)
+            telemetry = _telemetry()
+            team = telemetry.wrap_setup(_load_setup(setup, info.scenario_text))
             con = _console()
 
             async def run() -> Any:
@@ -366,6 +378,7 @@ def register(app: typer.Typer) -> None:
             else:
                 with con.status(f"replaying {info.id} ..."):
                     report = asyncio.run(run())
+            telemetry.shutdown()
         if as_json:
             _dump(report.to_dict())
         else:

@@ -82,17 +82,17 @@ def run(
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
     scenario = _load(file)
+    if tui:
+        from pantheon._cli_monitor import run_tui
+
+        raise typer.Exit(run_tui(file, seed=seed, store=store, record=record, as_json=as_json))
+    telemetry = _telemetry(scenario)
     from pantheon._cluster import ClusterError
 
     try:
-        if tui:
-            from pantheon._cli_monitor import run_tui
-
-            summary = run_tui(
-                lambda on_live: _run(scenario, seed, store, record, False, on_live=on_live)
-            )
-        else:
-            summary = run_async(_run(scenario, seed, store, record, progress=not as_json))
+        summary = run_async(
+            _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
+        )
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {exc}")
         raise typer.Exit(2) from None
@@ -110,9 +110,9 @@ async def _run(  # type: ignore[no-untyped-def]
     store: Path | None,
     record: bool,
     progress: bool,
-    on_live: Any = None,
+    telemetry: Any = None,
 ):
-    """The run; ``on_live(live)`` hands its live feed to a watcher (``--tui``)."""
+    """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     from pantheon._cluster import cluster_transport
@@ -139,10 +139,10 @@ async def _run(  # type: ignore[no-untyped-def]
         async with (
             cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
             recording(scenario, store, seed, enabled=record, transport=transport) as rec,
-            live_run(rec, scenario.name, enabled=record or on_live is not None) as live,
+            live_run(rec, scenario.name, enabled=record) as live,
         ):
-            if on_live is not None:
-                on_live(live)
+            if telemetry is not None:
+                _observe(telemetry, rec.bus)
             summary = await run_scenario(
                 scenario,
                 seed=seed,
@@ -153,7 +153,31 @@ async def _run(  # type: ignore[no-untyped-def]
             )
             await rec.finish(summary, source=source)
             await live.close("completed" if summary.passed else "failed")
+    if telemetry is not None:
+        await asyncio.to_thread(telemetry.shutdown)  # exports buffered spans and metrics
     return summary
+
+
+def _telemetry(scenario: Any) -> Any:
+    """Set up logging, and the OTel exporters the ``OTEL_*`` variables ask for (none by
+    default); a setting that cannot be honoured exits 2 before anything runs."""
+    from pantheon.telemetry import Telemetry, TelemetryConfigError, configure_logging
+
+    try:
+        configure_logging()
+        return Telemetry.for_scenario(scenario)
+    except (TelemetryConfigError, ValueError, ImportError) as exc:
+        console.print(f"[red]observability:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _observe(telemetry: Any, bus: Any) -> None:
+    """Trace the run's bus and bind its session to every log line of the run."""
+    import structlog
+
+    telemetry.instrument(bus)
+    if bus.session_id is not None:
+        structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
 def _print_summary(s: Any) -> None:

@@ -32,7 +32,6 @@ import asyncio
 import atexit
 import contextlib
 import json
-import logging
 import threading
 import time
 from collections import deque
@@ -56,6 +55,7 @@ from pantheon.sessions._store import (
     connect,
     to_db,
 )
+from pantheon.telemetry import get_logger
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
@@ -65,7 +65,7 @@ __all__ = [
     "Recorder",
 ]
 
-log = logging.getLogger("pantheon.sessions")
+log = get_logger("pantheon.sessions")
 
 #: Seconds between group commits. A SIGKILL loses at most what was published in the last
 #: interval, plus one ticker period (10 ms) and the commit in flight.
@@ -224,7 +224,7 @@ class _Writer(threading.Thread):
 
     def _fail(self, exc: BaseException) -> None:
         self.error = exc
-        log.error("session %s: recording stopped: %r", self.session_id, exc)
+        log.error("recording stopped", session=self.session_id, error=repr(exc))
         with self._cond:
             self._cond.notify_all()
 

@@ -1,9 +1,14 @@
 """One logging setup for every ``pantheon`` command: structlog in front, stdlib behind.
 
 JSON lines when the stream is not a terminal (a file, a pipe, a collector), a readable
-console when it is. Standard-library loggers (``pantheon.sessions``, the OTel exporters,
-anything a user's agent imports) go through the same processors, so one run writes one
-format.
+console when it is. Standard-library loggers (the OTel exporters, anything a user's agent
+imports) go through the same processors, so one run writes one format.
+
+Library code (``agents``, ``pantheon.sessions``) logs with :func:`get_logger`: a structlog
+logger whose lines travel as stdlib records with their key-value pairs as ``extra``. Before
+:func:`configure_logging` (a program that imports ``agents`` and never configures logging)
+they behave like any library's stdlib logging: warnings to stderr, nothing on stdout, where
+structlog's own default would print every line.
 
 Each line gets the run's context without the bus paying per message: the session is bound
 once per run with :func:`structlog.contextvars.bind_contextvars`, and :class:`BusContext`
@@ -86,6 +91,7 @@ def configure_logging(
     as_json = not tty if json is None else json
     shared: list[Any] = [
         structlog.contextvars.merge_contextvars,
+        structlog.stdlib.ExtraAdder(),
         structlog.stdlib.add_log_level,
         structlog.stdlib.add_logger_name,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
@@ -120,5 +126,10 @@ def configure_logging(
 
 
 def get_logger(name: str) -> Any:
-    """A structlog logger named ``name`` (works before and after :func:`configure_logging`)."""
-    return structlog.stdlib.get_logger(name)
+    """A structlog logger that writes through the stdlib logger ``name`` (see the module
+    docstring): ``log.info("event", key=value)``, ``log.bind(...)``."""
+    return structlog.wrap_logger(
+        logging.getLogger(name),
+        processors=[structlog.stdlib.render_to_log_kwargs],
+        wrapper_class=structlog.stdlib.BoundLogger,
+    )

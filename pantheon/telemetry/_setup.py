@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bus import Bus
@@ -253,6 +253,12 @@ class Telemetry:
     def enabled(self) -> bool:
         return self.tracer is not None or self.metrics is not None
 
+    @classmethod
+    def for_scenario(cls, scenario: Any, *, environ: Mapping[str, str] | None = None) -> Telemetry:
+        """:meth:`from_env` with a scenario's ``observability`` section as the defaults."""
+        obs = scenario.observability
+        return cls.from_env(sampling=obs.sampling, metrics=obs.metrics, environ=environ)
+
     def instrument(self, bus: Bus) -> Bus:
         """Trace ``bus`` and report its counters; returns it."""
         if self.tracer is not None:
@@ -260,6 +266,19 @@ class Telemetry:
         if self.metrics is not None:
             self.metrics.add(bus)
         return bus
+
+    def wrap_setup(
+        self, setup: Callable[[Bus], Awaitable[None]]
+    ) -> Callable[[Bus], Awaitable[None]]:
+        """A ``setup(bus)`` (as replay and redrive take) that instruments the bus first."""
+        if not self.enabled:
+            return setup
+
+        async def observed(bus: Bus) -> None:
+            self.instrument(bus)
+            await setup(bus)
+
+        return observed
 
     def shutdown(self) -> None:
         """Export what is buffered (spans, a last metrics collection) and stop."""
