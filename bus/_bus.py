@@ -28,8 +28,8 @@ import inspect
 import time
 import traceback
 from collections import OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Protocol, TypeVar, overload
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from typing import Any, Protocol, TypeVar, cast, overload
 
 from bus._breaker import CLOSED, CircuitBreaker
 from bus._clock import Clock, SystemClock
@@ -61,7 +61,7 @@ from bus._metrics import (
     TopicStats,
 )
 from bus._topics import GlobIndex
-from bus._transport import InProcessTransport, Transport
+from bus._transport import BusPort, InProcessTransport, Receipt, Transport
 
 __all__ = [
     "DEFAULT_ROUTE_CACHE",
@@ -93,6 +93,9 @@ _FAIRNESS_BATCH = 128
 _TIME_ALL_UNTIL = 4096
 _TIME_SAMPLE = 16
 _SYSTEM_BREAKER_TOPIC = "system.breaker."
+#: Remote sends ``emit_nowait`` may leave waiting for transport credit in background tasks;
+#: past this it raises QueueFullError (``emit`` waits for credit instead).
+MAX_BACKGROUND_SENDS = 1024
 
 _monotonic_ns = time.monotonic_ns
 
@@ -313,6 +316,12 @@ def _as_async(handler: Callable[[Envelope], Any]) -> Handler:
     return call
 
 
+#: Stands in ``_dispatch``'s list of blocked subscriptions for "the transport had no credit
+#: for this envelope": ``_wait_blocked`` awaits ``transport.send`` for it, so a slow remote
+#: consumer slows ``emit`` exactly as a full local ``block`` mailbox does.
+_REMOTE = cast(Subscription, object())
+
+
 class Bus:
     """An asyncio event bus with per-subscriber mailboxes. Use as ``async with Bus() as bus``.
 
@@ -346,6 +355,10 @@ class Bus:
         self._topic_counts: dict[str, int] = {}
         self._outstanding = 0
         self._drain_waiters: list[asyncio.Future[None]] = []
+        # Remote sends waiting for transport credit (drain waits for them), and the
+        # background tasks emit_nowait leaves them in.
+        self._sending = 0
+        self._send_tasks: set[asyncio.Task[None]] = set()
         self._publisher_policy = publisher_breaker
         self._publisher_breakers: dict[str, CircuitBreaker] = {}
         self._publisher_open: dict[str, CircuitBreaker] = {}
@@ -384,7 +397,7 @@ class Bus:
         self._loop = asyncio.get_running_loop()
         self._running = True
         self.transport.on_change = self._routes_changed
-        await self.transport.start(self._inbound)
+        await self.transport.start(BusPort(self._inbound, self._remote_dead_letter))
         for sub in self._subs.values():
             self._start_workers(sub)
         self._advertise()
@@ -424,6 +437,7 @@ class Bus:
                 self._outstanding -= 1
                 sub.dead_lettered += 1
                 self.dlq.add(env, sub.name, reason)
+                self._release(env, BusClosedError(f"subscription {sub.name!r} closed"))
         for fut in sub.putters:
             if not fut.done():
                 fut.set_exception(BusClosedError(f"subscription {sub.name!r} closed"))
@@ -518,7 +532,7 @@ class Bus:
     def _advertise(self) -> None:
         # From the index, not ``_subs``: off() advertises before its subscription is gone.
         if self._running:
-            self.transport.advertise({s.pattern for s in self._index.items()})
+            self.transport.advertise({(s.name, s.pattern) for s in self._index.items()})
 
     def _routes_changed(self) -> None:
         for topic, route in self._routes.items():
@@ -598,14 +612,19 @@ class Bus:
         cause: Envelope | None = None,
     ) -> Envelope:
         """Like :meth:`emit` but never waits: a full ``block`` mailbox raises
-        :class:`QueueFullError` at once, as ``reject`` does. Messages for remote
-        subscribers are sent by a background task."""
+        :class:`QueueFullError` at once, as ``reject`` does. A message for remote
+        subscribers that the transport has no credit for yet is sent by a background task
+        (at most ``MAX_BACKGROUND_SENDS`` at once; past that, QueueFullError)."""
         if self._publisher_open:
             self._check_publisher(topic)
         env = self._envelope(topic, payload, priority, cause)
         blocked = self._dispatch(env)
         if blocked:
-            self._refuse(env, blocked)
+            if _REMOTE in blocked:
+                blocked = [sub for sub in blocked if sub is not _REMOTE]
+                self._send_later(env)
+            if blocked:
+                self._refuse(env, blocked)
         return env
 
     async def emit_many(
@@ -639,12 +658,13 @@ class Bus:
             await self._wait_blocked(env, blocked)
 
     def _dispatch(
-        self, env: Envelope, only: str | None = None, forward: bool = True
+        self, env: Envelope, only: Collection[str] | None = None, forward: bool = True
     ) -> list[Subscription] | None:
         """Offer ``env`` to its subscribers; return those whose mailbox was full and block.
 
-        ``only`` limits delivery to one subscription (a redrive); ``forward=False`` keeps a
-        message that came from another bus from being sent back out."""
+        ``only`` limits delivery to the named subscriptions (a redrive, or a consumer group's
+        pick on another node); ``forward=False`` keeps a message that came from another bus
+        from being sent back out. ``_REMOTE`` in the result: the transport had no credit."""
         topic = env.topic
         route = self._routes.get(topic)
         if route is None:
@@ -663,7 +683,7 @@ class Bus:
         blocked = None
         rejected = None
         for sub in route.subs:
-            if only is not None and sub.name != only:
+            if only is not None and sub.name not in only:
                 continue
             if sub.plain and sub.size < sub.max_queue:
                 # _enqueue, inlined: this is the path nearly every delivery takes.
@@ -685,9 +705,10 @@ class Bus:
                 if rejected is None:
                     rejected = []
                 rejected.append(sub)
-        if route.remote and forward and only is None:
-            assert self._loop is not None
-            self._loop.create_task(self.transport.send(env))
+        if route.remote and forward and only is None and not self.transport.try_send(env):
+            if blocked is None:
+                blocked = []
+            blocked.append(_REMOTE)
         if rejected:
             if not blocked:
                 self._refuse(env, rejected)
@@ -709,6 +730,7 @@ class Bus:
                 sub.published += 1
                 sub.dead_lettered += 1
                 self.dlq.add(env, sub.name, "filter_error", exc, traceback.format_exc())
+                self._release(env, exc)
                 return None
             if not keep:
                 sub.filtered += 1
@@ -750,6 +772,7 @@ class Bus:
             sub.published += 1
             sub.shed += 1
             self.dlq.add(env, sub.name, "shed")
+            self._release(env, QueueFullError(env.topic, [sub.name]))
             return True
         if lowest is None:
             return False
@@ -758,6 +781,7 @@ class Bus:
         sub.shed += 1
         self._outstanding -= 1
         self.dlq.add(victim, sub.name, "shed")
+        self._release(victim, QueueFullError(victim.topic, [sub.name]))
         self._enqueue(sub, env)
         return True
 
@@ -771,6 +795,9 @@ class Bus:
         assert self._loop is not None
         late = []
         for sub in subs:
+            if sub is _REMOTE:
+                await self._send_remote(env)
+                continue
             if sub.overflow == "reject":  # refused already in _dispatch
                 late.append(sub)
                 continue
@@ -815,11 +842,78 @@ class Bus:
             self._publisher_breakers[topic] = breaker
         breaker.record_failure()
 
-    async def _inbound(self, env: Envelope) -> None:
-        """A message from another bus: deliver locally only, never forward it back."""
-        blocked = self._dispatch(env, forward=False)
-        if blocked:
+    def _inbound(
+        self, env: Envelope, names: Collection[str] | None
+    ) -> Awaitable[None] | None:
+        """A message from another bus: deliver locally only, never forward it back.
+
+        Returns an awaitable only when a ``block`` mailbox is full, so a transport can
+        deliver a batch without a coroutine per message. When ``env.reply`` is a
+        :class:`Receipt`, tells it how many subscriptions took the message (each settles it
+        once); counted from ``published``, which moves exactly when a mailbox takes it."""
+        if not self._running:
+            raise BusClosedError("bus is closed: it takes no more messages from other buses")
+        if env.context is None:
+            env.context = self.context
+        receipt = env.reply
+        if not isinstance(receipt, Receipt):
+            blocked = self._dispatch(env, names, forward=False)
+            return self._wait_blocked(env, blocked) if blocked else None
+        route = self._routes.get(env.topic) or self._route(env.topic)
+        targets = [s for s in route.subs if names is None or s.name in names]
+        before = [s.published for s in targets]
+        try:
+            blocked = self._dispatch(env, names, forward=False)
+        except QueueFullError:
+            receipt.expect(sum(s.published - n for s, n in zip(targets, before, strict=True)))
+            raise
+        took = sum(s.published - n for s, n in zip(targets, before, strict=True))
+        if not blocked:
+            receipt.expect(took)
+            return None
+        return self._inbound_blocked(env, blocked, receipt, took)
+
+    async def _inbound_blocked(
+        self, env: Envelope, blocked: list[Subscription], receipt: Receipt, took: int
+    ) -> None:
+        try:
             await self._wait_blocked(env, blocked)
+        except QueueFullError as exc:
+            receipt.expect(took + sum(1 for s in blocked if s.name not in exc.subscribers))
+            raise
+        receipt.expect(took + len(blocked))
+
+    def _remote_dead_letter(
+        self, env: Envelope, subscriber: str, reason: str, error: BaseException | None
+    ) -> None:
+        """A transport could not deliver ``env`` to the remote ``subscriber``: list it here,
+        in the publishing bus's DLQ, so it shows in stats and the session like any other."""
+        self.dlq.add(env, subscriber, reason, error)
+
+    async def _send_remote(self, env: Envelope) -> None:
+        """Send to remote subscribers, waiting for credit; drain waits for this."""
+        self._sending += 1
+        try:
+            await self.transport.send(env)
+        finally:
+            self._sending -= 1
+            if not self._sending and self._drain_waiters:
+                self._wake_drainers()
+
+    def _send_later(self, env: Envelope) -> None:
+        if len(self._send_tasks) >= MAX_BACKGROUND_SENDS:
+            raise QueueFullError(env.topic, ["<remote>"])
+        assert self._loop is not None
+        task = self._loop.create_task(self._send_background(env))
+        self._send_tasks.add(task)
+        task.add_done_callback(self._send_tasks.discard)
+
+    async def _send_background(self, env: Envelope) -> None:
+        try:
+            await self._send_remote(env)
+        except Exception as exc:
+            # Nobody awaits this task: the message goes to the DLQ rather than vanishing.
+            self.dlq.add(env, "<remote>", "transport_error", exc, traceback.format_exc())
 
     # -- request / reply -------------------------------------------------------------------
 
@@ -840,7 +934,7 @@ class Bus:
         if self._publisher_open:
             self._check_publisher(topic)
         route = self._routes.get(topic) or self._route(topic)
-        if not route.subs:
+        if not route.subs and not route.remote:
             raise NoRouteError(f"no subscriber for request topic {topic!r}")
         assert self._loop is not None
         env = self._envelope(topic, payload, priority, cause)
@@ -933,8 +1027,8 @@ class Bus:
                     sub.delivered += 1
                     if breaker.dirty:
                         breaker.record_success()
-                    if env.reply is not None and result is not None and not env.reply.done():
-                        env.reply.set_result(result)
+                    if env.reply is not None:
+                        self._answer(env, result)
             if sampled or listener is not None:
                 end = now()
                 if sampled:
@@ -1006,8 +1100,8 @@ class Bus:
             sub.delivered += 1
             if breaker.dirty:
                 breaker.record_success()
-            if env.reply is not None and result is not None and not env.reply.done():
-                env.reply.set_result(result)
+            if env.reply is not None:
+                self._answer(env, result)
             return "delivered"
         sub.dead_lettered += 1
         self.dlq.add(env, sub.name, "failed", exc, tb, attempts)
@@ -1026,9 +1120,30 @@ class Bus:
             self._wake_drainers()
 
     @staticmethod
+    def _answer(env: Envelope, result: Any) -> None:
+        """A handler returned: answer a local request, or settle a remote message's receipt."""
+        reply = env.reply
+        if isinstance(reply, Receipt):
+            reply.settle(result, None)
+        elif result is not None and not reply.done():
+            reply.set_result(result)
+
+    @staticmethod
     def _fail_request(env: Envelope, exc: BaseException) -> None:
-        if env.reply is not None and not env.reply.done():
-            env.reply.set_exception(exc)
+        reply = env.reply
+        if reply is None:
+            return
+        if isinstance(reply, Receipt):
+            reply.settle(None, exc)
+        elif not reply.done():
+            reply.set_exception(exc)
+
+    @staticmethod
+    def _release(env: Envelope, exc: BaseException) -> None:
+        """Dead-lettered without a handler run (shed, filter error, closing): a remote
+        message's receipt must still be settled, or its sender waits for it forever."""
+        if isinstance(env.reply, Receipt):
+            env.reply.settle(None, exc)
 
     @staticmethod
     def _wake_putter(sub: Subscription) -> None:
@@ -1048,21 +1163,25 @@ class Bus:
 
     async def drain(self, timeout: float | None = None) -> None:
         """Wait until every accepted message, including those emitted while draining, has
-        been delivered, dead-lettered or shed. Raises TimeoutError after ``timeout``."""
+        been delivered, dead-lettered or shed, here and, for messages sent to other buses,
+        there (``transport.flush()``). Raises TimeoutError after ``timeout``."""
         if not self._running:
             return
         assert self._loop is not None
         async with asyncio.timeout(timeout):
-            while self._outstanding:
-                fut = self._loop.create_future()
-                self._drain_waiters.append(fut)
-                await fut
-            # Let handlers' follow-up work scheduled with call_soon settle too.
-            await asyncio.sleep(0)
-            while self._outstanding:
-                fut = self._loop.create_future()
-                self._drain_waiters.append(fut)
-                await fut
+            while True:
+                while self._outstanding or self._sending:
+                    fut = self._loop.create_future()
+                    self._drain_waiters.append(fut)
+                    await fut
+                # Let handlers' follow-up work scheduled with call_soon settle too.
+                await asyncio.sleep(0)
+                if self._outstanding or self._sending:
+                    continue
+                # Remote receivers may answer (replies, follow-up messages) while we wait.
+                await self.transport.flush()
+                if not (self._outstanding or self._sending):
+                    return
 
     async def _redeliver(self, entry: DeadLetter) -> bool:
         sub = self._subs.get(entry.subscriber)
@@ -1071,7 +1190,7 @@ class Bus:
         # The dead letter already left the subscription's accounting; taking it back is a
         # new publish to that one subscription. Uncount it only once the mailbox took it: a
         # refusal (QueueFullError) leaves the entry listed, so it must stay counted.
-        blocked = self._dispatch(entry.envelope, only=sub.name)
+        blocked = self._dispatch(entry.envelope, only=(sub.name,))
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
         sub.dead_lettered -= entry.reason != "shed"

@@ -1,18 +1,37 @@
 """The seam between a bus and the buses it talks to.
 
 A :class:`Transport` moves envelopes between :class:`~bus.Bus` instances. The bus keeps its
-own mailboxes, breakers and metrics; a transport only answers two questions and does one job:
+own mailboxes, breakers and metrics; a transport answers one question and does three jobs:
 
 * ``has_remote(topic)``: does any *other* bus subscribe to this topic? The bus caches the
   answer per topic with its local routes and drops the cache when ``on_change`` fires.
-* ``send(envelope)``: hand the envelope to every other bus that subscribes to its topic,
-  waiting when a receiver applies backpressure. Local subscribers are never sent anything.
-* ``advertise(patterns)``: tell the others which patterns this bus now subscribes to.
+* ``try_send(envelope)`` / ``send(envelope)``: hand the envelope to every other bus that
+  subscribes to its topic. ``try_send`` never waits: it returns ``False`` when the envelope
+  would have to wait for credit (a slow receiver), and the bus then awaits ``send``, which
+  waits for room. Local subscribers are never sent anything.
+* ``advertise(subscriptions)``: tell the others which ``(name, pattern)`` pairs this bus now
+  subscribes with. Subscriptions with the same name on several buses are one consumer
+  group: a transport that supports groups hands each message to one member only.
+* ``flush()``: wait until everything handed over so far is settled by its receivers
+  (handled or dead-lettered there), so ``Bus.drain`` covers remote work too.
+* ``sync()``: wait until this bus's subscriptions are visible to every other bus. Across
+  processes advertising is eventually consistent; a test or a startup sequence that needs
+  "subscribed everywhere before the first publish" awaits this barrier instead of sleeping.
 
-Resource contract: ``start`` is awaited once before anything else, with the coroutine
-function the transport calls to hand an inbound envelope to the bus; ``aclose`` is awaited
-once, after which ``send`` raises :class:`~bus.TransportError`. A transport owns whatever
-sockets or tasks it opens and releases them in ``aclose``.
+What the bus offers back is a :class:`BusPort`, given to ``start``: ``deliver(env, names)``
+puts an inbound envelope into the local mailboxes (only those named, when ``names`` is not
+``None``) and returns ``None``, or an awaitable when a ``block`` mailbox is full;
+``dead_letter`` lists an envelope a transport could not deliver in the bus's own DLQ.
+
+A transport that needs to know when a receiving bus has finished with an inbound envelope
+puts a :class:`Receipt` in ``envelope.reply`` before ``deliver``: the bus settles it once per
+subscription that took the envelope, when that subscription handled it (with the handler's
+result) or dead-lettered it (with the error). A request's reply future is the in-process
+special case of the same slot.
+
+Resource contract: ``start`` is awaited once before anything else; ``aclose`` is awaited
+once, after which ``send`` and ``try_send`` raise :class:`~bus.TransportError`. A transport
+owns whatever sockets or tasks it opens and releases them in ``aclose``.
 
 :class:`InProcessTransport` is the default: without a hub it has no peers, so every route
 is local and ``send`` is never called. Buses sharing an :class:`InProcessHub` see each other
@@ -24,14 +43,51 @@ from __future__ import annotations
 
 import abc
 import fnmatch
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from bus._envelope import Envelope
-from bus._errors import TransportError
+from bus._errors import BusClosedError, TransportError
 
-__all__ = ["InProcessHub", "InProcessTransport", "Inbound", "Transport"]
+__all__ = ["BusPort", "InProcessHub", "InProcessTransport", "Receipt", "Transport"]
 
-Inbound = Callable[[Envelope], Awaitable[None]]
+Deliver = Callable[[Envelope, Collection[str] | None], Awaitable[None] | None]
+DeadLetter = Callable[[Envelope, str, str, BaseException | None], None]
+
+
+@dataclass(frozen=True, slots=True)
+class BusPort:
+    """What a bus hands its transport: the way in for remote envelopes, and its DLQ.
+
+    ``deliver(env, names)`` raises :class:`~bus.BusClosedError` once the bus stopped taking
+    messages; the transport must then leave the envelope to its other receivers.
+    ``dead_letter(env, subscriber, reason, error)`` records a message the transport could not
+    deliver to a remote subscriber (e.g. reason ``node_lost``) in the publishing bus's DLQ.
+    """
+
+    deliver: Deliver
+    dead_letter: DeadLetter
+
+
+class Receipt:
+    """Told by the receiving bus when each subscription is done with an inbound envelope.
+
+    A plain base class, not an ABC: the bus tests ``isinstance(env.reply, Receipt)`` per
+    remote message, and an ABC's ``__instancecheck__`` costs several times more.
+    ``expect`` comes once, after dispatch; ``settle`` calls may come before or after it.
+    """
+
+    __slots__ = ()
+
+    def expect(self, count: int) -> None:
+        """``count`` subscriptions took the envelope; each will ``settle`` it once."""
+        raise NotImplementedError
+
+    def settle(self, result: Any, error: BaseException | None) -> None:
+        """One subscription finished: ``result`` is its handler's return value, or ``error``
+        says why the message was dead-lettered there instead."""
+        raise NotImplementedError
 
 
 class Transport(abc.ABC):
@@ -41,16 +97,28 @@ class Transport(abc.ABC):
     on_change: Callable[[], None] | None = None
 
     @abc.abstractmethod
-    async def start(self, inbound: Inbound) -> None: ...
+    async def start(self, port: BusPort) -> None: ...
 
     @abc.abstractmethod
-    def advertise(self, patterns: Iterable[str]) -> None: ...
+    def advertise(self, subscriptions: Iterable[tuple[str, str]]) -> None: ...
 
     @abc.abstractmethod
     def has_remote(self, topic: str) -> bool: ...
 
+    def try_send(self, envelope: Envelope) -> bool:
+        """Send without waiting; ``False`` means "call :meth:`send`", which may wait."""
+        return False
+
     @abc.abstractmethod
     async def send(self, envelope: Envelope) -> None: ...
+
+    async def flush(self) -> None:  # noqa: B027 - optional hook, nothing to wait for by default
+        """Wait until every envelope sent so far is settled by its receivers."""
+
+    async def sync(self) -> None:  # noqa: B027 - in-process advertising is already immediate
+        """Wait until this bus's latest subscriptions are visible to every other bus (their
+        ``has_remote`` reflects them and messages published from now on reach them).
+        Advertising is eventually consistent across processes; this is the barrier."""
 
     @abc.abstractmethod
     async def aclose(self) -> None: ...
@@ -89,17 +157,17 @@ class InProcessTransport(Transport):
 
     def __init__(self, hub: InProcessHub | None = None) -> None:
         self._hub = hub
-        self._inbound: Inbound | None = None
+        self._port: BusPort | None = None
         self._closed = False
         self.patterns: frozenset[str] = frozenset()
 
-    async def start(self, inbound: Inbound) -> None:
-        self._inbound = inbound
+    async def start(self, port: BusPort) -> None:
+        self._port = port
         if self._hub is not None:
             self._hub._join(self)
 
-    def advertise(self, patterns: Iterable[str]) -> None:
-        self.patterns = frozenset(patterns)
+    def advertise(self, subscriptions: Iterable[tuple[str, str]]) -> None:
+        self.patterns = frozenset(pattern for _, pattern in subscriptions)
         if self._hub is not None:
             self._hub._changed(self)
 
@@ -112,8 +180,14 @@ class InProcessTransport(Transport):
         if self._hub is None:
             return
         for peer in self._hub._peers(self, envelope.topic):
-            if peer._inbound is not None and not peer._closed:
-                await peer._inbound(envelope)
+            if peer._port is None or peer._closed:
+                continue
+            try:
+                waiting = peer._port.deliver(envelope, None)
+            except BusClosedError:
+                continue  # that bus is closing: it is no longer a receiver
+            if waiting is not None:
+                await waiting
 
     async def aclose(self) -> None:
         self._closed = True

@@ -45,7 +45,19 @@ async def in_process_network() -> AsyncIterator[MakeTransport]:
     yield lambda: InProcessTransport(hub)
 
 
-TRANSPORT_FACTORIES: list[Any] = [pytest.param(in_process_network, id="in-process")]
+@asynccontextmanager
+async def zeromq_network() -> AsyncIterator[MakeTransport]:
+    """A broker in its own process; every bus a node with its own DEALER socket."""
+    from bus.backends.zeromq import ZmqTransport, run_broker
+
+    async with run_broker() as endpoint:
+        yield lambda: ZmqTransport(endpoint)
+
+
+TRANSPORT_FACTORIES: list[Any] = [
+    pytest.param(in_process_network, id="in-process"),
+    pytest.param(zeromq_network, id="zeromq"),
+]
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 5.0) -> None:
@@ -55,6 +67,13 @@ async def eventually(predicate: Callable[[], object], timeout: float = 5.0) -> N
                 await asyncio.sleep(0.001)
     except TimeoutError:
         pytest.fail(f"not delivered within {timeout}s")
+
+
+async def subscribed(*buses: Bus) -> None:
+    """Advertising is eventually consistent across processes: wait on the contract's
+    barrier (``Transport.sync``) until each bus's subscriptions are visible everywhere."""
+    for bus in buses:
+        await bus.transport.sync()
 
 
 class Network:
@@ -84,6 +103,7 @@ class TransportContract:
         b = await network.bus()
         got: list[Envelope] = []
         b.on("orders.*", got.append, name="b-orders")
+        await subscribed(b)
         payload = {"id": 7}
         sent = await a.emit("orders.created", payload)
         await eventually(lambda: got)
@@ -97,6 +117,7 @@ class TransportContract:
         got: list[list[object]] = [[] for _ in receivers]
         for i, r in enumerate(receivers):
             r.on("*", lambda env, i=i: got[i].append(env.payload), name=f"r{i}")
+        await subscribed(*receivers)
         for n in range(5):
             await a.emit("x", n)
         await eventually(lambda: all(len(g) == 5 for g in got))
@@ -107,6 +128,7 @@ class TransportContract:
         b = await network.bus()
         got: list[str] = []
         b.on("billing.*", lambda env: got.append(env.topic), name="billing")
+        await subscribed(b)
         await a.emit("orders.created")
         await a.emit("billing.x")
         await a.emit("billingx")
@@ -121,6 +143,7 @@ class TransportContract:
         at_b: list[object] = []
         a.on("t.*", lambda env: at_a.append(env.payload), name="local")
         b.on("t.*", lambda env: at_b.append(env.payload), name="remote")
+        await subscribed(a, b)
         for n in range(3):
             await a.emit("t.x", n)
         await eventually(lambda: len(at_b) == 3)
@@ -155,6 +178,7 @@ class TransportContract:
             at_b.append(env)
             await b.emit("answer", "42", Priority.HIGH)
 
+        await subscribed(a, b)
         root = await a.emit("question", "?", Priority.CRITICAL)
         await eventually(lambda: back_at_a)
         q, ans = at_b[0], back_at_a[0]
@@ -185,6 +209,7 @@ class TransportContract:
                 await hold.wait()
             order.append(env.payload)
 
+        await subscribed(b)
         await a.emit("w", "first")
         await eventually(lambda: b.stats().subscribers["worker"].in_flight == 1)
         await a.emit("w", "normal", Priority.NORMAL)
@@ -202,6 +227,7 @@ class TransportContract:
         at_b: list[object] = []
         a.on("ping", lambda env: at_a.append(env.payload), name="a")
         b.on("ping", lambda env: at_b.append(env.payload), name="b")
+        await subscribed(a, b)
         await b.emit("ping", "from b")
         await eventually(lambda: at_a)
         await a.emit("ping", "marker")
@@ -231,6 +257,7 @@ class TransportContract:
         at_c: list[object] = []
         b.on("t", lambda env: at_b.append(env.payload), name="b")
         c.on("t", lambda env: at_c.append(env.payload), name="c")
+        await subscribed(b, c)
         await a.emit("t", 1)
         await eventually(lambda: at_b == [1] and at_c == [1])
         await b.aclose()
