@@ -27,6 +27,8 @@ zmq_plain   raw pyzmq PUSH/PULL, ``await sock.recv()`` per message; RTT DEALER -
             same style. The sender sends non-blocking and awaits only when the HWM is reached.
 zmq_drain   raw pyzmq PUSH/PULL, the receiver drains with ``recv(zmq.NOBLOCK)`` and awaits
             only when the socket would block; RTT DEALER -> ROUTER, the same style.
+zmq_proxy   the drain style through a third process running libzmq's ``zmq.proxy`` (PULL/PUSH,
+            ROUTER/DEALER; no Python per message): the floor for any brokered design.
 pantheon    ``Bus(transport=ZmqTransport(...))`` in each process through a broker process
             (``run_broker``), full Envelope, acknowledgements on: ``await bus.emit`` per message
             to a remote subscriber; RTT with ``await bus.request`` to a remote responder.
@@ -324,6 +326,47 @@ class RawZmqDrain(RawZmq):
     drain = True
 
 
+class RawZmqProxied(RawZmqDrain):
+    """The drain style through a broker: both sides connect to a ``zmq.proxy`` process, so
+    the server side connects where it would bind (a DEALER, not a ROUTER, for the echo: the
+    proxy's DEALER hands it the client's identity frame, which it sends back)."""
+
+    def _bind(self, kind: int) -> dict[str, Any]:
+        import zmq
+
+        self._socket(zmq.DEALER if kind == zmq.ROUTER else kind).connect(self.endpoint)
+        return {}
+
+
+def run_proxy(role: str, endpoint: str) -> None:
+    """The broker of the zmq_proxy row: libzmq's own ``zmq.proxy`` (C, no Python per
+    message) between a frontend the clients connect to and a backend the servers connect to.
+    It runs in a thread; stdin closing or a ``quit`` line ends the process."""
+    import threading
+
+    import zmq
+
+    ctx = zmq.Context()
+    kinds = (zmq.PULL, zmq.PUSH) if role == "proxy_pipe" else (zmq.ROUTER, zmq.DEALER)
+    ends = []
+    for side, kind in zip(("front", "back"), kinds, strict=True):
+        sock = ctx.socket(kind)
+        sock.bind(endpoint.replace(".sock", f"-{side}.sock") if "ipc://" in endpoint else endpoint)
+        ends.append(sock)
+    threading.Thread(target=zmq.proxy, args=ends, daemon=True).start()
+    say(
+        ready=True,
+        front=ends[0].getsockopt_string(zmq.LAST_ENDPOINT),
+        back=ends[1].getsockopt_string(zmq.LAST_ENDPOINT),
+    )
+    for line in sys.stdin:
+        if line.strip() and json.loads(line)["cmd"] == "quit":
+            break
+    say(bye=True)
+    sys.stdout.flush()
+    os._exit(0)  # the proxy thread blocks in C with no clean way out; nothing is left to save
+
+
 class Redis(Adapter):
     """Redis pub/sub with redis-py's asyncio client; ``pipeline`` > 0 batches publishes."""
 
@@ -616,6 +659,7 @@ class Pantheon(Adapter):
 ADAPTERS: dict[str, type[Adapter]] = {
     "zmq_plain": RawZmq,
     "zmq_drain": RawZmqDrain,
+    "zmq_proxy": RawZmqProxied,
     "pantheon": Pantheon,
     "redis": Redis,
     "redis_pipe": RedisPipelined,
@@ -776,11 +820,13 @@ class Row:
     needs: str  # the module the client side imports
     server: str | None = None  # the SERVERS key of a broker that must be listening
     broker: bool = False  # Pantheon: start our own broker per measurement
+    proxy: bool = False  # raw pyzmq through a zmq.proxy process
 
 
 ROWS = (
     Row("zmq_plain", "raw pyzmq PUSH/PULL, await recv()", ("ipc", "tcp"), "zmq"),
     Row("zmq_drain", "raw pyzmq PUSH/PULL, drain NOBLOCK", ("ipc", "tcp"), "zmq"),
+    Row("zmq_proxy", "raw pyzmq, drain, via a zmq.proxy broker", ("ipc", "tcp"), "zmq", proxy=True),
     Row(
         "pantheon",
         "Pantheon Bus over ZmqTransport (broker, acks)",
@@ -855,15 +901,23 @@ class Measure:
         async with contextlib.AsyncExitStack() as stack:
             endpoint = self._endpoint()
             token = self._token()
+            spawn = self.ctx.spawn
+            client_endpoint = None
             if self.row.broker:
                 from bus.backends.zeromq import run_broker
 
                 endpoint = await stack.enter_async_context(run_broker(endpoint))
-            spawn = self.ctx.spawn
+            elif self.row.proxy:
+                role = "proxy_pipe" if server_role == "sink" else "proxy_rpc"
+                proxy = await spawn(self.row.id, role, endpoint, token)
+                stack.push_async_callback(proxy.close)
+                ends = await proxy.read(READY_TIMEOUT)
+                endpoint, client_endpoint = ends["back"], ends["front"]
             server = await spawn(self.row.id, server_role, endpoint, token)
             stack.push_async_callback(server.close)
             ready = await server.read(READY_TIMEOUT)
-            client = await spawn(self.row.id, client_role, ready.get("endpoint", endpoint), token)
+            client_endpoint = client_endpoint or ready.get("endpoint", endpoint)
+            client = await spawn(self.row.id, client_role, client_endpoint, token)
             stack.push_async_callback(client.close)
             await client.read(READY_TIMEOUT)
             yield server, client
@@ -1134,6 +1188,8 @@ def main() -> int:
 
     if args._child:
         row_id, role = args._child
+        if role.startswith("proxy_"):
+            run_proxy(role, args._endpoint)
         try:
             with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
                 runner.run(child(row_id, role, args._endpoint, args._token))
