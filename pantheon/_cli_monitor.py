@@ -9,7 +9,11 @@ session runs with a feed and shows its record otherwise. Both need the ``tui`` e
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,7 +21,7 @@ import typer
 from rich.console import Console
 
 from pantheon._cli_sessions import SetupOpt, StoreOpt, _load_setup
-from pantheon.live import FeedNotFound, LiveRun, connect, live_sessions, socket_path
+from pantheon.live import FeedNotFound, connect, live_sessions, socket_path
 from pantheon.sessions import SessionError, SessionStore, Setup, resolve_store_path
 
 if TYPE_CHECKING:
@@ -25,6 +29,8 @@ if TYPE_CHECKING:
 
 __all__ = ["register", "run_tui"]
 
+#: Seconds between looks at the store while ``run --tui`` waits for its child's session.
+_POLL = 0.05
 _TUI_MISSING = "the monitor needs Textual: pip install 'pantheon[tui]' ({exc})"
 
 
@@ -107,54 +113,64 @@ async def _monitor(tui: Any, store: Path, sid: str, feed: Path | None, team: Set
         await source.aclose()
 
 
-def run_tui(start: Callable[[Callable[[LiveRun], None]], Awaitable[Any]]) -> Any:
-    """Run a scenario with the monitor watching it in this terminal. ``start(on_live)``
-    is the run (``pantheon run``'s, which calls ``on_live`` with its :class:`LiveRun`);
-    returns its summary once both the run and the monitor are done. Quitting the monitor
-    early lets the run finish; ctrl+c then aborts it."""
+def run_tui(
+    file: Path, *, seed: int | None, store: Path | None, record: bool, as_json: bool
+) -> int:
+    """``pantheon run FILE --tui``: the run in a child process, the monitor attached to its
+    feed in this one; the run's own output is printed once the monitor closes. Returns the
+    run's exit code.
+
+    A child, not the same event loop: the monitor's rendering would otherwise stall the
+    bus between messages and show up in the very latencies it displays (a p99 expectation
+    of the support scenario failed that way). Quitting the monitor early lets the run
+    finish; ctrl+c then stops it."""
     tui = _tui()
-    return asyncio.run(_run_tui(tui, start))
+    if not record:
+        raise _err("--tui watches the run through its session store: drop --no-record")
+    path = resolve_store_path(store)
+    args = [sys.executable, "-m", "pantheon.cli", "run", str(file), "--store", str(path)]
+    args += [] if seed is None else ["--seed", str(seed)]
+    args += ["--json"] if as_json else []
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        try:
+            found = _child_session(child, path)
+            if found is not None:
+                sid, feed, scenario_text = found
+                team = _load_setup(None, scenario_text)
+                asyncio.run(_monitor(tui, path, sid, feed, team))
+            if child.poll() is None:
+                Console(stderr=True).print("monitor closed; waiting for the run to finish...")
+            code = child.wait()
+        except KeyboardInterrupt:
+            child.send_signal(signal.SIGINT)
+            code = child.wait()
+        for stream, sink in ((out, sys.stdout), (err, sys.stderr)):
+            stream.seek(0)
+            sink.write(stream.read().decode(errors="replace"))
+            sink.flush()
+    return code
 
 
-async def _run_tui(tui: Any, start: Callable[[Callable[[LiveRun], None]], Awaitable[Any]]) -> Any:
-    from pantheon._runtime import team_setup
-
-    loop = asyncio.get_running_loop()
-    got: asyncio.Future[LiveRun] = loop.create_future()
-    run = loop.create_task(start(got.set_result), name="pantheon-run")
-
-    async def first(*aws: Awaitable[Any]) -> None:
-        tasks = [asyncio.ensure_future(a) for a in aws]
-        await asyncio.wait({*tasks, run}, return_when=asyncio.FIRST_COMPLETED)
-        for t in tasks:
-            t.cancel()
-
-    async def feed() -> Any:
-        await first(asyncio.shield(got))
-        if not got.done():
-            return None
-        live = got.result()
-        await first(live.started.wait())
-        return live.feed
-
-    def records() -> Any:
-        live = got.result() if got.done() else None
-        if live is None or live.store_path is None or live.session_id is None:
-            return None
-        return tui.StoreSource(live.store_path, live.session_id, setup=team_setup)
-
-    source = tui.FeedSource(feed, records)
-    app = tui.MonitorApp(source)
-
-    def ended(task: asyncio.Task[Any]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            app.notify(f"the run failed: {task.exception()!r}", severity="error", timeout=30)
-
-    run.add_done_callback(ended)
-    try:
-        await app.run_async()
-    finally:
-        await source.aclose()
-    if not run.done():
-        Console(stderr=True).print("monitor closed; waiting for the run to finish...")
-    return await run
+def _child_session(
+    child: subprocess.Popen[bytes], store: Path
+) -> tuple[str, Path | None, str | None] | None:
+    """Wait for the child's session to appear in ``store`` and for its feed socket (the
+    recorder names the session just before the bus starts); None if the child exits
+    first. Polls the store file: the child owns it, this process only reads."""
+    sid = None
+    while child.poll() is None:
+        if store.exists():
+            with SessionStore(store, create=False) as st:
+                mine = [s for s in st.sessions(limit=20) if s.pid == child.pid]
+                if mine:
+                    info = mine[0]
+                    sock = socket_path(store, info.id)
+                    if sock.exists() or info.status != "running":
+                        return info.id, sock if sock.exists() else None, info.scenario_text
+                    sid = info.id
+        time.sleep(_POLL)
+    if sid is None:
+        return None
+    with SessionStore(store, create=False) as st:
+        return sid, None, st.session(sid).scenario_text

@@ -5,11 +5,10 @@ the commands that start it.
 """
 
 from dashboard.tui._app import DeadLetterScreen, MonitorApp, TimelineScreen
-from dashboard.tui._sources import FeedSource, LiveSource, Source, StoreSource
+from dashboard.tui._sources import LiveSource, Source, StoreSource
 
 __all__ = [
     "DeadLetterScreen",
-    "FeedSource",
     "LiveSource",
     "MonitorApp",
     "Source",

@@ -1,4 +1,4 @@
-"""Where the monitor's snapshots come from: a live feed (socket or in-process) or the store.
+"""Where the monitor's snapshots come from: a running session's feed, or the store.
 
 Every source yields :class:`~pantheon.live.Snapshot` values and answers the two questions
 the app asks besides: one request's waterfall, and "redrive this dead letter". A live
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -18,7 +18,6 @@ from pantheon.live import (
     FeedClosed,
     Hop,
     LiveClient,
-    LiveFeed,
     RedriveResult,
     Snapshot,
     Trace,
@@ -27,7 +26,7 @@ from pantheon.live import (
 )
 from pantheon.sessions import SessionStore, Setup, redrive
 
-__all__ = ["FeedSource", "LiveSource", "Source", "StoreSource"]
+__all__ = ["LiveSource", "Source", "StoreSource"]
 
 #: Seconds between re-reads of a session that is running without a feed.
 STORE_POLL = 1.0
@@ -142,50 +141,6 @@ class LiveSource:
 
     async def aclose(self) -> None:
         await self._client.aclose()
-        if self._store is not None:
-            await self._store.aclose()
-
-
-class FeedSource:
-    """A feed in this very process (``pantheon run --tui``): ``feed()`` waits until the
-    run has started its feed. Continues with ``store`` once the run ends."""
-
-    def __init__(
-        self,
-        feed: Callable[[], Awaitable[LiveFeed | None]],
-        store: Callable[[], StoreSource | None] | None = None,
-    ) -> None:
-        self._feed = feed
-        self._store_factory = store
-        self._store: StoreSource | None = None
-        self._live: LiveFeed | None = None
-        self._last: Snapshot | None = None
-        self.origin = "this run"
-
-    async def snapshots(self) -> AsyncIterator[Snapshot]:
-        live = self._live = await self._feed()
-        if live is not None:
-            async for snap in live.subscribe():
-                self._last = snap
-                yield snap
-        store = self._store = self._store_factory() if self._store_factory else None
-        if store is not None:
-            self.origin = store.origin
-            async for snap in store.snapshots():
-                self._last = snap
-                yield snap
-
-    async def waterfall(self, trace: Trace) -> tuple[Hop, ...]:
-        return await _waterfall(trace, self._last, self._store)
-
-    async def redrive(self, entry_id: int) -> str:
-        if self._live is not None and self._live.status == "running":
-            return _said(await self._live.redrive(entry_id))
-        if self._store is None:
-            raise RuntimeError("the run has ended and was not recorded: nothing to redrive")
-        return await self._store.redrive(entry_id)
-
-    async def aclose(self) -> None:
         if self._store is not None:
             await self._store.aclose()
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Any
 
 from bus import Bus
@@ -34,18 +33,6 @@ class LiveRun:
         self._serve = serve
         self._options = options
         self.feed: LiveFeed | None = None
-        self.started = asyncio.Event()
-
-    @property
-    def store_path(self) -> Path | None:
-        """The session store the run records into (None when it is not recorded)."""
-        recorder = getattr(self._recording, "recorder", None)
-        return None if recorder is None else Path(recorder.store.path)
-
-    @property
-    def session_id(self) -> str | None:
-        recorder = getattr(self._recording, "recorder", None)
-        return None if recorder is None else str(recorder.session_id)
 
     async def attach(self, bus: Bus) -> None:
         """The run's ``attach``: the recording's, then the feed."""
@@ -61,7 +48,6 @@ class LiveRun:
             feed.on_redrive.append(_marker(recorder))
         await feed.start()
         self.feed = feed
-        self.started.set()
 
     async def close(self, status: str) -> None:
         """Publish the final snapshot with the session's ``status`` and stop the feed."""

@@ -21,8 +21,10 @@ def flaky(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """(store path, session id) of one ``pantheon run scenarios/flaky_actor.yaml``."""
     store = tmp_path_factory.mktemp("tui") / "sessions.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", "run", "scenarios/flaky_actor.yaml"]
-        + ["--store", str(store), "--json"],
+        [
+            *(sys.executable, "-m", "pantheon.cli", "run", "scenarios/flaky_actor.yaml"),
+            *("--store", str(store), "--json"),
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,

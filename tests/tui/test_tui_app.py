@@ -73,7 +73,8 @@ async def test_panels_show_the_sessions_numbers_in_80x24(flaky: tuple[Path, str]
 
             # Throughput: one sparkline row per topic and per agent, totals as recorded.
             series = {(s.kind, s.key): s for s in app.snapshot.series}  # type: ignore[union-attr]
-            assert series[("agent", "actor")].total == next(h.count for h in hops if h.name == "actor")
+            actor = next(h for h in hops if h.name == "actor")
+            assert series[("agent", "actor")].total == actor.count
             assert sum(s.total for (kind, _), s in series.items() if kind == "topic") == published
     finally:
         await source.aclose()
