@@ -397,7 +397,11 @@ class Bus:
         self._loop = asyncio.get_running_loop()
         self._running = True
         self.transport.on_change = self._routes_changed
-        await self.transport.start(BusPort(self._inbound, self._remote_dead_letter))
+        try:
+            await self.transport.start(BusPort(self._inbound, self._remote_dead_letter))
+        except BaseException:
+            self._running = False  # e.g. no broker: the bus did not start, and says why
+            raise
         for sub in self._subs.values():
             self._start_workers(sub)
         self._advertise()

@@ -717,14 +717,29 @@ class Broker:
             node = self._dirty.pop()
             if not node.alive:
                 continue
+            # LOST before DONE: once a publisher sees its frames settled (its drain returns),
+            # the dead letters for them must already be in its DLQ.
+            if node.lost_out:
+                entries, node.lost_out = node.lost_out, []
+                self._send_lost(node, entries)
             if node.done_out:
                 seqs, node.done_out = node.done_out, []
                 self._send(node.ident, self._enc.encode(Done(seqs)))
-            if node.lost_out:
-                entries, node.lost_out = node.lost_out, []
-                self._send(node.ident, self._enc.encode(Lost(entries)))  # type: ignore[arg-type]
             if node.batch:
                 self._send_batch(node)
+
+    def _send_lost(self, node: _Node, entries: list[tuple[msgspec.Raw, str, str]]) -> None:
+        """LOST frames cut to stay well under the frame limit (the node drops bigger ones)."""
+        chunk: list[tuple[msgspec.Raw, str, str]] = []
+        size = 0
+        for entry in entries:
+            if chunk and size + len(entry[0]) > self.max_frame // 2:
+                self._send(node.ident, self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
+                chunk, size = [], 0
+            chunk.append(entry)
+            size += len(entry[0]) + len(entry[1]) + 16
+        if chunk:
+            self._send(node.ident, self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
 
     def _send_batch(self, node: _Node) -> None:
         batch, node.batch = node.batch, []

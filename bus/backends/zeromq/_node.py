@@ -308,11 +308,12 @@ class ZmqTransport(Transport):
         ]
 
     async def _handshake(self, monitor: zmq.asyncio.Socket) -> None:
-        """HELLO until WELCOME: a ready handshake, not a sleep. A CURVE refusal shows up on
-        the monitor socket as a failed handshake, which we report as such."""
+        """HELLO until WELCOME and the first INTEREST: a ready handshake, not a sleep. A
+        CURVE refusal shows up on the monitor socket as a failed handshake, reported so."""
         assert self._sock is not None and self._loop is not None
         deadline = self._loop.time() + self.connect_timeout
         refused: str | None = None
+        welcomed = False
         self._send(self._hello())
         recv = self._sock.recv()
         watch = monitor.recv_multipart()
@@ -325,9 +326,10 @@ class ZmqTransport(Transport):
                     {recv, watch}, timeout=min(left, 0.5), return_when=asyncio.FIRST_COMPLETED
                 )
                 if watch in done:
+                    # A refused handshake is final (ZeroMQ would retry and fail forever).
                     event = parse_monitor_message(watch.result())
-                    refused = f"event {event['event']!r}, code {event['value']}"
-                    watch = monitor.recv_multipart()
+                    refused = f"{event['event'].name}, code {event['value']}"
+                    break
                 if recv in done:
                     frame = recv.result()
                     try:
@@ -336,10 +338,14 @@ class ZmqTransport(Transport):
                         self._counts["malformed"] += 1
                         msg = None
                     if isinstance(msg, Welcome):
+                        welcomed = True
+                    elif msg is not None:
+                        self._handle(msg)
+                    if welcomed and isinstance(msg, Interest):
+                        # Ready only once we know what the others subscribe to: a publish
+                        # right after start() must not miss a remote subscriber.
                         self._welcomed()
                         return
-                    if msg is not None:
-                        self._handle(msg)
                     recv = self._sock.recv()
                 elif not done:
                     self._send(self._hello())  # the broker may have started after us
@@ -348,11 +354,16 @@ class ZmqTransport(Transport):
                 task.cancel()
             await asyncio.gather(recv, watch, return_exceptions=True)
         secured = " with CURVE" if self.curve is not None else ""
-        if refused is not None:
+        if refused is not None and self.curve is not None:
             raise AuthenticationFailed(
                 f"broker at {self.endpoint} refused node {self.node!r}{secured}: the CURVE "
                 f"handshake failed ({refused}); check the server key and that this node's "
                 f"public key is in the broker's allow-list"
+            )
+        if refused is not None:
+            raise AuthenticationFailed(
+                f"broker at {self.endpoint} refused node {self.node!r}: the handshake failed "
+                f"({refused}); the broker probably requires CURVE (pass curve= and server_key=)"
             )
         raise ConnectError(
             f"no answer from the broker at {self.endpoint} within {self.connect_timeout}s "

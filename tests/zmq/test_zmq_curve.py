@@ -1,0 +1,72 @@
+"""CURVE: a broker with keys admits only the node keys on its allow-list."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bus import Bus
+from bus.backends.zeromq import (
+    AuthenticationFailed,
+    ConnectError,
+    CurveKeys,
+    ZmqTransport,
+    run_broker,
+)
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, CurveKeys]:
+    made = {name: CurveKeys.generate() for name in ("server", "good", "other", "stranger")}
+    made["server"].save(tmp_path / "server")
+    made["good"].save(tmp_path / "allowed" / "good")
+    made["other"].save(tmp_path / "allowed" / "other")
+    return made
+
+
+async def test_only_allowed_keys_join_and_traffic_flows_between_them(
+    tmp_path: Path, keys: dict[str, CurveKeys]
+) -> None:
+    server = keys["server"].public
+    async with run_broker(
+        curve_secret=tmp_path / "server.key_secret", allow=tmp_path / "allowed"
+    ) as endpoint:
+        async with (
+            Bus(transport=ZmqTransport(endpoint, curve=keys["good"], server_key=server)) as a,
+            Bus(transport=ZmqTransport(endpoint, curve=keys["other"], server_key=server)) as b,
+        ):
+            got: list[object] = []
+            b.on("secret.*", lambda env: got.append(env.payload), name="b")
+            await b.transport.sync()
+            await a.emit("secret.plan", {"x": 1})
+            await a.drain()
+            assert got == [{"x": 1}]
+
+        stranger = ZmqTransport(
+            endpoint, curve=keys["stranger"], server_key=server, connect_timeout=3
+        )
+        with pytest.raises(AuthenticationFailed, match=r"refused .*CURVE.*allow-list") as info:
+            await Bus(transport=stranger).start()
+        assert endpoint in str(info.value)
+
+        plain = ZmqTransport(endpoint, connect_timeout=3)
+        with pytest.raises(AuthenticationFailed, match="requires CURVE"):
+            await Bus(transport=plain).start()
+
+    # And with nobody listening at all, the error says that instead.
+    with pytest.raises(ConnectError, match=r"no answer from the broker at .* within 0\.3s"):
+        await Bus(transport=ZmqTransport(endpoint, connect_timeout=0.3)).start()
+
+
+def test_keys_round_trip_through_zeromq_certificate_files(tmp_path: Path) -> None:
+    pair = CurveKeys.generate()
+    public_file, secret_file = pair.save(tmp_path / "node")
+    assert CurveKeys.load(secret_file) == pair
+    assert CurveKeys.load(tmp_path / "node") == pair
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    assert pair.secret.decode() not in public_file.read_text()
+    with pytest.raises(ValueError, match="no secret key"):
+        CurveKeys.load(public_file)
+    with pytest.raises(ValueError, match="40 bytes"):
+        CurveKeys(b"short", pair.secret)
