@@ -1,0 +1,118 @@
+"""Credit across the wire, requests that fail remotely, heartbeats and the clock offset."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import types
+
+import pytest
+from zmq_helpers import eventually
+
+import bus.backends.zeromq as zeromq
+from bus import Bus, Envelope
+from bus.backends.zeromq import (
+    EncodeError,
+    RemoteHandlerError,
+    ZmqTransport,
+    run_broker,
+)
+
+
+async def test_a_slow_remote_consumer_slows_the_publisher_within_bounded_memory() -> None:
+    window, credit, mailbox = 50, 20, 10
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint, node="pub", window=window)) as pub,
+        Bus(transport=ZmqTransport(endpoint, node="sub", credit=credit)) as sub,
+    ):
+        gate = asyncio.Event()
+        got: list[int] = []
+
+        @sub.on("work", name="slow", max_queue=mailbox)
+        async def slow(env: Envelope) -> None:
+            await gate.wait()
+            got.append(env.payload)
+
+        await sub.transport.sync()
+        peak = 0
+
+        async def publish() -> None:
+            nonlocal peak
+            for i in range(300):
+                await pub.emit("work", i)
+                peak = max(peak, pub.transport.stats()["in_flight"])
+
+        publishing = asyncio.create_task(publish())
+        await eventually(lambda: pub.transport.stats()["in_flight"] == window)
+        await asyncio.sleep(0.05)  # not synchronisation: a window in which nothing may move
+        assert not publishing.done()  # emit is waiting for credit, not buffering without end
+        assert pub.transport.stats()["in_flight"] == window
+        assert sub.stats().subscribers["slow"].queued <= mailbox
+        gate.set()
+        await publishing
+        await pub.drain()
+        assert got == list(range(300))
+        assert peak <= window
+
+
+async def test_a_remote_handler_failure_fails_the_request_with_its_type() -> None:
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint)) as asker,
+        Bus(transport=ZmqTransport(endpoint)) as answerer,
+    ):
+
+        @answerer.on("divide", name="divider")
+        async def divide(env: Envelope) -> float:
+            return 1 / env.payload
+
+        await answerer.transport.sync()
+        assert await asker.request("divide", 4) == 0.25
+        with pytest.raises(RemoteHandlerError, match="ZeroDivisionError") as info:
+            await asker.request("divide", 0)
+        assert info.value.error_type == "ZeroDivisionError"
+
+
+async def test_a_payload_msgpack_cannot_carry_is_refused_at_emit() -> None:
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint)) as a,
+        Bus(transport=ZmqTransport(endpoint)) as b,
+    ):
+        b.on("x", lambda env: None, name="x")
+        await b.transport.sync()
+        with pytest.raises(EncodeError, match=r"'x'.*not msgpack-encodable"):
+            await a.emit("x", object())
+        assert a.transport.stats()["in_flight"] == 0
+
+
+async def test_heartbeats_estimate_the_clock_offset_to_the_broker() -> None:
+    async with (
+        run_broker(heartbeat=0.05) as endpoint,
+        Bus(transport=ZmqTransport(endpoint, heartbeat=0.05)) as node,
+    ):
+        await eventually(lambda: node.transport.stats()["rtt_ns"] > 0, what="a heartbeat")
+        stats = node.transport.stats()
+        # Same machine, same clock: the estimate is within the heartbeat's round trip.
+        assert abs(stats["clock_offset_ns"]) <= stats["rtt_ns"]
+        assert stats["connected"] and stats["broker_lost"] == 0
+
+
+def test_the_package_exports_exactly_its_public_names() -> None:
+    public = {
+        name
+        for name, value in vars(zeromq).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert set(zeromq.__all__) == public
+
+
+def test_importing_bus_and_its_backends_package_does_not_import_pyzmq() -> None:
+    code = "import sys, bus, bus.backends; print(json.dumps('zmq' in sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
+    )
+    assert json.loads(out.stdout) is False
