@@ -214,6 +214,10 @@ class Adapter(abc.ABC):
     async def ping(self) -> None:
         """One round trip: send the payload, wait for the reply, decode it."""
 
+    async def stats(self) -> dict[str, Any]:
+        """What the system itself counted, for the JSON (Pantheon: the transport's acks)."""
+        return {}
+
     async def close(self) -> None:
         for task in self.tasks:
             task.cancel()
@@ -651,6 +655,10 @@ class Pantheon(Adapter):
     async def ping(self) -> None:
         await self.bus.request("bench.ping", PAYLOAD, timeout=10.0)
 
+    async def stats(self) -> dict[str, Any]:
+        await self.bus.drain(timeout=10.0)  # every send settled (acknowledged) first
+        return dict(self.bus.transport.stats())
+
     async def close(self) -> None:
         await super().close()
         await self.bus.aclose()
@@ -670,7 +678,7 @@ ADAPTERS: dict[str, type[Adapter]] = {
 
 
 def say(**msg: Any) -> None:
-    sys.stdout.write(json.dumps(msg) + "\n")
+    sys.stdout.write(json.dumps(msg, default=str) + "\n")
     sys.stdout.flush()
 
 
@@ -706,7 +714,7 @@ async def child(row: str, role: str, endpoint: str, token: str) -> None:
             cmd = json.loads(line) if line.strip() else {"cmd": "quit"}
             op = cmd["cmd"]
             if op == "quit":
-                say(bye=True, received=counter.count)
+                say(bye=True, received=counter.count, stats=await adapter.stats())
                 return
             if op == "expect":
                 done = counter.arm(cmd["n"])
@@ -949,19 +957,22 @@ class Measure:
             timeout = max(30.0, 20 * n / warm2["msgs_per_s"])
             reps = [await once(n, timeout) for _ in range(cfg["repeats"])]
             bye = await sink.quit()
+            stats = {"receiver": bye.get("stats"), "sender": (await source.quit()).get("stats")}
         expected = cfg["n_warm"] + n2 + n * cfg["repeats"]
         if bye.get("received") != expected:
             raise BenchError(f"receiver counted {bye.get('received')}, {expected} were sent")
-        return {"n": n, "warmup": [warm, warm2], "repeats": reps}
+        return {"n": n, "warmup": [warm, warm2], "repeats": reps, "stats": stats}
 
     async def rtt(self) -> dict[str, Any]:
         cfg = self.cfg
-        async with self._pair("echo", "ping") as (_echo, ping):
+        async with self._pair("echo", "ping") as (echo, ping):
             warm = await ping.ask(OP_TIMEOUT, cmd="ping", n=cfg["rtt_warm"])
             k = clamp(cfg["rtt_seconds"] / (warm["mean_us"] / 1e6), cfg["rtt_min"], cfg["rtt_max"])
             timeout = max(30.0, 20 * k * warm["mean_us"] / 1e6)
             reps = [await ping.ask(timeout, cmd="ping", n=k) for _ in range(cfg["repeats"])]
-        return {"n": k, "warmup": warm, "repeats": reps}
+            stats = {"server": (await echo.quit()).get("stats"),
+                     "client": (await ping.quit()).get("stats")}  # fmt: skip
+        return {"n": k, "warmup": warm, "repeats": reps, "stats": stats}
 
 
 @dataclass
