@@ -124,6 +124,9 @@ def broker(
     stats_every: Annotated[
         float, typer.Option(help="Seconds between stats lines on stderr; 0: never.")
     ] = 10.0,
+    control: Annotated[
+        bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
+    ] = False,
 ) -> None:
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
     zmq = _zmq()
@@ -152,7 +155,19 @@ def broker(
             )
             await server.start()
         except Exception as exc:
+            if control:
+                from pantheon._cluster import _say
+
+                _say(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
             raise _err(f"cannot start a broker on {bind}: {exc}") from None
+        if control:
+            from pantheon._cluster import serve_broker
+
+            try:
+                await serve_broker(server)
+            finally:
+                await server.aclose()
+            return
         try:
             security = (
                 f"CURVE on, {len(allowed)} allowed key(s)"

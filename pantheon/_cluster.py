@@ -164,13 +164,14 @@ def _transport_stats(bus: Bus) -> dict[str, Any]:
 
 
 def _in_flight(t: Mapping[str, Any]) -> int:
-    """Messages a transport has accepted and not seen settled (acknowledged, redelivered or
-    dead-lettered), including any still waiting in a send batch."""
-    return int(t.get("in_flight", 0)) + int(t.get("pending", 0))
+    """Messages a transport has sent (or batched) and not yet seen settled by every receiver:
+    handled or dead-lettered there, or dead-lettered here as ``node_lost``."""
+    return int(t.get("in_flight", 0))
 
 
 def _received(t: Mapping[str, Any]) -> int:
-    """Messages that reached this bus from another one (counted again by its publish count)."""
+    """Messages that reached this bus from another one, which its publish count includes
+    (duplicates dropped on arrival too, so a run's total is a slight undercount then)."""
     return int(t.get("received", 0))
 
 
@@ -184,7 +185,8 @@ def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
         "published": bus.stats().published,
         "inputs": sum(o.emitted + o.malformed for o in observers),
         "inputs_done": all(o.done.is_set() for o in observers),
-        "clock_offset_ns": t.get("clock_offset_ns"),
+        # Zero until a heartbeat came back: no round trip measured, no offset known.
+        "clock_offset_ns": t.get("clock_offset_ns") if t.get("rtt_ns") else None,
     }
 
 
@@ -244,6 +246,7 @@ class NodeHost:
             server_key=server_key,
             heartbeat=heartbeat,
             liveness=liveness,
+            connect_timeout=connect_timeout,
         )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
@@ -253,6 +256,7 @@ class NodeHost:
         the agents (from here on they may emit)."""
         await _connect(self.bus, self.endpoint, self.connect_timeout)
         await self.team.attach(self.bus)
+        await _subscribed(self.bus)
         await _await_routes(self.bus, self.probes, self.connect_timeout, self.endpoint)
         await self.team.start()
 
@@ -298,20 +302,28 @@ def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None
 
 
 async def _connect(bus: Bus, endpoint: str, timeout: float) -> None:
+    """Start ``bus`` (its transport's handshake with the broker), as a :class:`ClusterError`
+    naming the endpoint and timeout when no broker answers or the broker refuses us."""
     try:
-        async with asyncio.timeout(timeout):
+        # The transport bounds its handshake by its own connect_timeout; this outer bound
+        # only guards against a transport that does not.
+        async with asyncio.timeout(timeout + 5.0):
             await bus.start()
     except TimeoutError:
         with contextlib.suppress(Exception):
             await bus.aclose(drain=False)
-        raise ClusterError(
-            f"no broker answered at {endpoint} within {timeout:g} s (is `pantheon broker` "
-            "running there, and do the CURVE keys match?)"
-        ) from None
+        raise ClusterError(f"no broker answered at {endpoint} within {timeout:g} s") from None
     except BusError as exc:
         with contextlib.suppress(Exception):
             await bus.aclose(drain=False)
-        raise ClusterError(f"cannot join the broker at {endpoint}: {exc}") from exc
+        raise ClusterError(str(exc)) from None
+
+
+async def _subscribed(bus: Bus) -> None:
+    """Wait until the broker routes by this bus's subscriptions (if the transport says)."""
+    sync = getattr(bus.transport, "sync", None)
+    if sync is not None:
+        await sync()
 
 
 async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoint: str) -> None:
@@ -341,6 +353,31 @@ def _say(out: TextIO, event: str, **fields: Any) -> None:
     out.flush()
 
 
+async def _stdin_lines() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
+    """Serve a started broker under a driver's control until ``leave`` or a closed stdin:
+    ``ready`` carries the bound endpoint (the real port of ``:0``), ``stats`` answers the
+    broker's counters (redelivered, node_lost, malformed...)."""
+    out = out or sys.stdout
+    reader = await _stdin_lines()
+    _say(out, "ready", endpoint=broker.endpoint, pid=os.getpid())
+    while line := await reader.readline():
+        command = json.loads(line).get("cmd")
+        if command == "stats":
+            _say(out, "stats", stats=broker.stats())
+        elif command == "leave":
+            _say(out, "report", stats=broker.stats())
+            return
+        else:
+            _say(out, "error", message=f"unknown command {command!r}")
+
+
 async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
     """Run ``host`` under a driver's control: commands on stdin, JSON lines on ``out``.
 
@@ -348,9 +385,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
     also makes the node leave. A start-up failure is sent as ``error`` and raised."""
     out = out or sys.stdout
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    reader = await _stdin_lines()
     try:
         await host.start()
     except Exception as exc:
@@ -383,13 +418,16 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
 # -- the driver side ---------------------------------------------------------------------------
 
 
-class _Node:
-    """A node process as the driver sees it: its pipes, its state, its last words."""
+class _Child:
+    """A node (or broker) process as the driver sees it: its pipes, state and last words."""
 
-    def __init__(self, name: str, agents: tuple[str, ...], proc: asyncio.subprocess.Process):
+    def __init__(
+        self, name: str, agents: tuple[str, ...], proc: asyncio.subprocess.Process, what: str
+    ) -> None:
         self.name = name
         self.agents = agents
         self.proc = proc
+        self.what = what
         self.stderr: deque[str] = deque(maxlen=_STDERR_TAIL)
         self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.ready: dict[str, Any] | None = None
@@ -421,6 +459,21 @@ class _Node:
         while line := await self.proc.stderr.readline():
             self.stderr.append(line.decode(errors="replace").rstrip())
 
+    @classmethod
+    async def spawn(
+        cls, name: str, agents: tuple[str, ...], command: list[str], what: str
+    ) -> _Child:
+        proc = await asyncio.create_subprocess_exec(
+            *command,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            # Its own session: a Ctrl-C at the terminal reaches the driver only, which then
+            # stops its children in order instead of every process dying at once.
+            start_new_session=True,
+        )
+        return cls(name, agents, proc, what)
+
     def tail(self) -> str:
         lines = [ln for ln in self.stderr if ln.strip()]
         return ("\n  " + "\n  ".join(lines[-12:])) if lines else ""
@@ -445,7 +498,7 @@ class _Node:
                 if kind == "eof":
                     return None
                 if kind == "error":
-                    raise ClusterError(f"node {self.name!r}: {event.get('message')}")
+                    raise ClusterError(f"{self.what}: {event.get('message')}")
 
     async def wait_ready(self, timeout: float) -> None:
         try:
@@ -453,8 +506,7 @@ class _Node:
                 event = await self.events.get()
         except TimeoutError:
             raise ClusterError(
-                f"node {self.name!r} (pid {self.proc.pid}) was not ready within {timeout:g} s"
-                f"{self.tail()}"
+                f"{self.what} (pid {self.proc.pid}) was not ready within {timeout:g} s{self.tail()}"
             ) from None
         kind = event.get("event")
         if kind == "ready":
@@ -462,9 +514,9 @@ class _Node:
             return
         await self._exited()
         if kind == "error":
-            raise ClusterError(f"node {self.name!r} failed to start: {event.get('message')}")
+            raise ClusterError(f"{self.what} failed to start: {event.get('message')}")
         raise ClusterError(
-            f"node {self.name!r} exited during start-up (code {self.proc.returncode}){self.tail()}"
+            f"{self.what} exited during start-up (code {self.proc.returncode}){self.tail()}"
         )
 
     async def _exited(self, timeout: float = 10.0) -> None:
@@ -503,12 +555,19 @@ class _Node:
             "status": state,
             "exit_code": code,
             "killed_at_s": None if self.killed_at is None else round(self.killed_at - started, 3),
-            "clock_offset_us": _offset_us((self.last_status or {}).get("clock_offset_ns")),
+            "clock_offset_us": _clock_us(
+                (self.report or {}).get("transport", {}), self.last_status
+            ),
             "transport": (self.report or {}).get("transport", {}),
         }
 
 
-def _offset_us(ns: Any) -> float | None:
+def _clock_us(transport: Mapping[str, Any], status: Mapping[str, Any] | None) -> float | None:
+    """Clock offset to the broker in µs from final transport stats, else the last status;
+    None while no heartbeat has come back (a run shorter than one heartbeat)."""
+    if transport.get("rtt_ns"):
+        return round(transport["clock_offset_ns"] / 1000, 1)
+    ns = (status or {}).get("clock_offset_ns")
     return None if ns is None else round(ns / 1000, 1)
 
 
@@ -557,7 +616,8 @@ class _Driver:
         self.outbox_dir = outbox_dir
         self.start_timeout = start_timeout
         self.drain_timeout = drain_timeout
-        self.nodes: dict[str, _Node] = {}
+        self.nodes: dict[str, _Child] = {}
+        self.broker_stats: dict[str, Any] = {}
         sid = bus.session_id or "run"
         full = build_team(
             scenario,
@@ -571,18 +631,10 @@ class _Driver:
         sid = self.bus.session_id
         for name, agents in self.placement.nodes.items():
             outbox = self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
-            proc = await asyncio.create_subprocess_exec(
-                *_node_command(self.source, name, self.endpoint, self.seed, sid, outbox),
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                # Its own session: a Ctrl-C at the terminal reaches the driver only, which
-                # then stops the nodes in order instead of every process dying at once.
-                start_new_session=True,
-            )
-            self.nodes[name] = _Node(name, agents, proc)
+            command = _node_command(self.source, name, self.endpoint, self.seed, sid, outbox)
+            self.nodes[name] = await _Child.spawn(name, agents, command, f"node {name!r}")
 
-    def _live(self) -> list[_Node]:
+    def _live(self) -> list[_Child]:
         return [n for n in self.nodes.values() if n.alive]
 
     async def _poll(self) -> list[dict[str, Any]]:
@@ -648,6 +700,7 @@ class _Driver:
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)
+        await _subscribed(self.bus)
         await asyncio.gather(*(n.wait_ready(self.start_timeout) for n in self.nodes.values()))
         await _await_routes(
             self.bus, self.placement.probes(DRIVER_NODE), self.start_timeout, self.endpoint
@@ -671,6 +724,10 @@ class _Driver:
         await self._quiesce(self.drain_timeout)
         elapsed = time.perf_counter() - started
         reports = [local_report(self.bus, self.team) | {"transport": _transport_stats(self.bus)}]
+        broker = _BROKERS.get(id(self.bus.transport))
+        if broker is not None:
+            answer = await broker.call("stats", "stats", 30.0)
+            self.broker_stats = (answer or {}).get("stats", {})
         for node in self._live():
             answer = await node.call("leave", "report", 30.0)
             if answer is not None:
@@ -705,8 +762,8 @@ class _Driver:
                 "status": "ok",
                 "exit_code": None,
                 "killed_at_s": None,
-                "clock_offset_us": _offset_us(driver_t.get("clock_offset_ns")),
-                "broker": self.endpoint,
+                "clock_offset_us": _clock_us(driver_t, None),
+                "broker": {"endpoint": self.endpoint, **self.broker_stats},
                 "transport": driver_t,
             },
             **{name: node.describe(started) for name, node in self.nodes.items()},
@@ -726,10 +783,15 @@ class _Driver:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
 
 
+#: The broker process behind each transport cluster_transport() made, by id(transport).
+_BROKERS: dict[int, _Child] = {}
+
+
 @asynccontextmanager
 async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | None]:
-    """For a ZeroMQ scenario, start its broker (a separate process, stopped on exit) and
-    yield the driver's transport to it; for any other, yield None and import nothing.
+    """For a ZeroMQ scenario, start its broker (``pantheon broker`` in a process of its own,
+    stopped on exit) and yield the driver's transport to it; for any other scenario, yield
+    None and import nothing.
 
     ``pantheon run`` builds the run's bus on this transport, so the recorder and the live
     feed hook the driver's bus exactly as they hook an in-process one."""
@@ -738,12 +800,29 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
         return
     zmq = _zmq()
     cfg = scenario.transport
-    async with zmq.run_broker(
-        cfg.broker, heartbeat=cfg.heartbeat, liveness=cfg.liveness
-    ) as endpoint:
-        yield zmq.ZmqTransport(
-            endpoint, node=DRIVER_NODE, heartbeat=cfg.heartbeat, liveness=cfg.liveness
+    command = [
+        sys.executable, "-m", "pantheon.cli", "broker", "--bind", cfg.broker,
+        "--heartbeat", str(cfg.heartbeat), "--liveness", str(cfg.liveness), "--control",
+    ]  # fmt: skip
+    broker = await _Child.spawn("broker", (), command, f"the broker ({cfg.broker})")
+    try:
+        await broker.wait_ready(DEFAULT_START_TIMEOUT)
+        assert broker.ready is not None
+        transport = zmq.ZmqTransport(
+            broker.ready["endpoint"],
+            node=DRIVER_NODE,
+            heartbeat=cfg.heartbeat,
+            liveness=cfg.liveness,
         )
+        _BROKERS[id(transport)] = broker
+        try:
+            yield transport
+        finally:
+            del _BROKERS[id(transport)]
+    finally:
+        with contextlib.suppress(ClusterError, TimeoutError):
+            await broker.call("leave", "report", 10.0)
+        await broker.close()
 
 
 async def run_cluster(

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from bus import Envelope
+from bus._transport import Receipt
 from pantheon.sessions._codec import safe_repr
 
 __all__ = [
@@ -64,9 +65,10 @@ _raw = msgspec.msgpack.Encoder()
 
 def _skip_type(cls: type) -> bool:
     # ``context`` (an effects runner, when it is not our EffectsContext, which encodes as
-    # ``[]`` for free) and ``reply`` (a future) ride on envelopes but are never serialized;
-    # anything else msgspec cannot encode is a payload problem.
-    return issubclass(cls, asyncio.Future) or callable(getattr(cls, "effect", None))
+    # ``[]`` for free) and ``reply`` (a future, or a transport's Receipt on a message from
+    # another node) ride on envelopes but are never serialized; anything else msgspec
+    # cannot encode is a payload problem.
+    return issubclass(cls, asyncio.Future | Receipt) or callable(getattr(cls, "effect", None))
 
 
 class ChunkEncoder:

@@ -1,0 +1,169 @@
+"""``pantheon keys | broker | node`` as a user runs them: real processes, real sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+THREE_NODE = ROOT / "scenarios" / "support_email_3node.yaml"
+ENV = os.environ | {"COLUMNS": "250"}
+
+
+def pantheon(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
+
+
+def spawn(*args: str, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+    )
+
+
+def read_line(stream, deadline: float, needle: str = "") -> str:  # type: ignore[no-untyped-def]
+    """The first line of ``stream`` containing ``needle`` (blocking reads, with a deadline
+    checked between lines; the caller's process timeout bounds a silent child)."""
+    while time.monotonic() < deadline:
+        line = stream.readline()
+        if not line:
+            break
+        if needle in line:
+            return str(line).strip()
+    raise AssertionError(f"no line with {needle!r} before the deadline or EOF")
+
+
+def stop(proc: subprocess.Popen[str], timeout: float = 30) -> tuple[int, str]:
+    """SIGINT, as Ctrl-C would; returns (exit code, remaining stderr)."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+@contextmanager
+def broker(*args: str, cwd: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """A ``pantheon broker`` on a free port; yields (its endpoint, the process)."""
+    proc = spawn("broker", "--bind", "tcp://127.0.0.1:0", *args, cwd=cwd)
+    try:
+        assert proc.stdout is not None
+        endpoint = read_line(proc.stdout, time.monotonic() + 30, "tcp://")
+        yield endpoint, proc
+    finally:
+        if proc.poll() is None:
+            code, err = stop(proc)
+            assert code == 0, err
+
+
+def test_keys_writes_a_pair_and_refuses_to_overwrite(tmp_path: Path) -> None:
+    proc = pantheon("keys", "keys", "--name", "node1", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    public, secret = tmp_path / "keys" / "node1.key", tmp_path / "keys" / "node1.key_secret"
+    assert "public-key" in public.read_text() and "secret-key" not in public.read_text()
+    assert "secret-key" in secret.read_text()
+    assert secret.stat().st_mode & 0o777 == 0o600
+    before = secret.read_text()
+
+    again = pantheon("keys", "keys", "--name", "node1", cwd=tmp_path)
+    assert again.returncode == 1
+    assert "refusing to overwrite" in again.stderr and "node1.key" in again.stderr
+    assert secret.read_text() == before
+
+
+def test_node_with_a_wrong_key_is_refused_and_the_right_key_joins(tmp_path: Path) -> None:
+    for name in ("broker", "good", "bad"):
+        assert pantheon("keys", "keys", "--name", name, cwd=tmp_path).returncode == 0
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    (allowed / "good.key").write_text((tmp_path / "keys" / "good.key").read_text())
+    curve = ["--curve-secret", "keys/broker.key_secret", "--allow", "allowed"]
+    with broker(*curve, cwd=tmp_path) as (endpoint, _):
+        refused = pantheon(
+            "node", "--connect", endpoint, "--agents", "sensor", "--timeout", "2",
+            "--curve-secret", "keys/bad.key_secret", "--server-key", "keys/broker.key",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert refused.returncode == 2
+        assert endpoint in refused.stderr
+        assert "CURVE" in refused.stderr
+        assert "Traceback" not in refused.stderr
+
+        node = spawn(
+            "node", "--connect", endpoint, "--agents", "sensor,reasoner", "--node", "n1",
+            "--scenario", str(THREE_NODE), "--status-every", "0.2",
+            "--curve-secret", "keys/good.key_secret", "--server-key", "keys/broker.key",
+            cwd=tmp_path,
+        )  # fmt: skip
+        assert node.stderr is not None
+        deadline = time.monotonic() + 30
+        joined = read_line(node.stderr, deadline, "joined")
+        assert f"node n1 joined {endpoint}, hosting sensor, reasoner" in joined
+        # It shows its clock offset to the broker once measured.
+        line = read_line(node.stderr, deadline, "clock offset to broker")
+        while "not yet measured" in line:
+            line = read_line(node.stderr, deadline, "clock offset to broker")
+        assert line.endswith("µs")
+        code, err = stop(node)
+        assert code == 0, err
+        assert "node n1 stopped" in err
+
+
+def test_broker_refuses_allow_without_curve(tmp_path: Path) -> None:
+    (tmp_path / "allowed").mkdir()
+    proc = pantheon("broker", "--allow", "allowed", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--allow needs --curve-secret" in proc.stderr
+
+
+def test_unreachable_broker_names_the_endpoint_and_the_timeout(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    endpoint = f"tcp://127.0.0.1:{port}"
+    proc = pantheon(
+        "node", "--connect", endpoint, "--agents", "sensor", "--timeout", "1", cwd=tmp_path
+    )
+    assert proc.returncode == 2
+    assert endpoint in proc.stderr
+    assert "within 1.0s" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_broker_and_node_stop_cleanly_on_signals(tmp_path: Path, signum: int) -> None:
+    with broker(cwd=tmp_path) as (endpoint, proc):
+        node = spawn("node", "--connect", endpoint, "--agents", "guardian", cwd=tmp_path)
+        assert node.stderr is not None
+        read_line(node.stderr, time.monotonic() + 30, "joined")
+        node.send_signal(signum)
+        _, err = node.communicate(timeout=30)
+        assert node.returncode == 0, err
+        assert "stopped" in err
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "broker stopped" in err

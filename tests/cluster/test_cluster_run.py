@@ -1,0 +1,154 @@
+"""``pantheon run`` of ZeroMQ scenarios: a broker and real node processes on loopback.
+
+Each test runs the real command in a subprocess, which starts the broker and one process per
+node, as a user's run does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from pantheon._cli_cluster import print_nodes
+from pantheon.sessions import SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pantheon(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=os.environ | {"COLUMNS": "250"},
+    )
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    return tmp_path
+
+
+def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
+    """(Guardian verdict, action taken) per email id, from the session's action.executed."""
+    with SessionStore(store) as s:
+        envelopes = s.envelopes(s.resolve(session))
+    return {
+        e.payload["email_id"]: (e.payload["verdict"], e.payload["action"])
+        for e in envelopes
+        if e.topic == "action.executed"
+    }
+
+
+def run_json(workdir: Path, scenario: str, *extra: str) -> tuple[int, dict[str, Any]]:
+    proc = pantheon("run", scenario, "--json", "--store", "s.db", *extra, cwd=workdir)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
+    _, alone = run_json(workdir, "scenarios/support_email.yaml")
+    _, three = run_json(workdir, "scenarios/support_email_3node.yaml")
+
+    # Same decision and action per email id, same seed: only the transport differed.
+    expected = outcomes(workdir / "s.db", alone["session_id"])
+    got = outcomes(workdir / "s.db", three["session_id"])
+    assert len(expected) == 591
+    assert got == expected
+    for key in ("inputs", "malformed", "decisions", "outbox", "accuracy", "seed"):
+        assert three[key] == alone[key], key
+
+    # Nothing lost on any bus, and every functional expectation holds (latency bounds are
+    # the machine's business; under a loaded CI box they say nothing about correctness).
+    assert three["accounting_ok"] is True
+    functional = [e for e in three["expectations"] if not e["name"].startswith("p99")]
+    assert len(functional) == 4  # zero lost, dead letters, accuracy, nodes
+    assert [e for e in functional if not e["passed"]] == []
+
+    nodes = three["nodes"]
+    assert set(nodes) == {"driver", "perception", "cognition", "action"}
+    assert all(n["status"] == "ok" and n["exit_code"] in (0, None) for n in nodes.values())
+    assert nodes["cognition"]["agents"] == ["reasoner", "memory", "planner"]
+    assert len({n["pid"] for n in nodes.values()}) == 4
+    # The hops of agents on other processes are in the summary.
+    assert {"sensor", "reasoner", "guardian", "actor", "learner"} <= set(three["hops"])
+    # Each node's Actor outbox is its own file beside the store.
+    outbox = workdir / "outbox" / f"{three['session_id']}.action.jsonl"
+    assert len(outbox.read_text().splitlines()) == sum(three["outbox"].values())
+
+
+KILL = """
+faults:
+  agents:
+    reasoner: {latency_ms: 5}
+  kill_node: {node: work2, at: 0.15}
+"""
+
+
+def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
+    path = workdir / "scenarios" / "kill.yaml"
+    text = (workdir / "scenarios" / "support_email_3node.yaml").read_text()
+    placement = """  nodes:
+    perception: [sensor, monitor]
+    cognition: [reasoner, memory, planner]
+    action: [guardian, actor]
+"""
+    assert placement in text
+    text = text.replace(
+        placement,
+        """  heartbeat: 0.2
+  liveness: 3
+  nodes:
+    keep: [sensor, memory, planner, monitor]
+    work1: [reasoner, guardian, actor]
+    work2: [reasoner, guardian, actor]
+""",
+    ).replace("name: support_email_3node", "name: kill_one")
+    text = text.replace("  rate: 1000 ", "  count: 300\n  rate: 1000 ")
+    path.write_text(text + KILL)
+
+    _, summary = run_json(workdir, "scenarios/kill.yaml")
+    nodes = summary["nodes"]
+    assert nodes["work2"]["status"] == "killed"
+    assert nodes["work2"]["killed_at_s"] is not None
+    assert nodes["work1"]["status"] == nodes["keep"]["status"] == "ok"
+
+    # published = delivered + dead-lettered (+ shed) on every surviving bus, nothing still
+    # outstanding or in flight: what was in flight to the dead node was redelivered to
+    # work1 or dead-lettered as node_lost, never dropped.
+    assert summary["accounting_ok"] is True
+    broker = nodes["driver"]["broker"]
+    assert broker["nodes_lost"] == 1
+    lost = summary["dlq"].get("node_lost", 0)
+    assert broker["node_lost"] == lost
+    assert broker["redelivered"] + lost > 0, broker
+
+    # Every well-formed email either reached the end (action.executed crossed to the
+    # driver's Learner) or is in a dead-letter queue by id.
+    done = outcomes(workdir / "s.db", summary["session_id"])
+    dead = {d["email_id"] for d in summary["dead_letters"]}
+    assert summary["inputs"] == 300 - summary["malformed"]
+    with SessionStore(workdir / "s.db") as s:
+        ids = {
+            e.payload["id"]
+            for e in s.envelopes(summary["session_id"])
+            if e.topic == "observation.email.received"
+        }
+    assert len(ids) == summary["inputs"]
+    assert ids <= set(done) | dead
+    # The human summary says which node was killed, and when.
+    console = Console(record=True, width=200)
+    print_nodes(console, SimpleNamespace(nodes=nodes))
+    text = console.export_text()
+    assert f"node work2 (pid {nodes['work2']['pid']}): killed (SIGKILL) at " in text
