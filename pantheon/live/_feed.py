@@ -653,13 +653,14 @@ class LiveFeed:
         except ProtocolError as exc:
             log.warning("live feed %s: dropping a client: %s", self.session_id, exc)
         finally:
+            # Also when the feed is closing: aclose() may have listed its clients before
+            # this one left, or after; either way its socket is closed here.
             self._clients.discard(client)
-            if not self._closed:
-                client.slot.close()
-                client.task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await client.task
-                writer.close()
+            client.slot.close()
+            client.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await client.task
+            writer.close()
 
 
 def _existing_socket(path: Path) -> bool:
