@@ -5,6 +5,7 @@ Light on purpose: importing ``bus`` pulls in msgspec and the standard library, n
 
 from bus._breaker import CircuitBreaker
 from bus._bus import (
+    UNSAMPLED,
     Bus,
     DeliveryListener,
     Handler,
@@ -43,6 +44,7 @@ __all__ = [
     "DEFAULT_BLOCK_TIMEOUT",
     "DEFAULT_BREAKER",
     "DEFAULT_MAX_QUEUE",
+    "UNSAMPLED",
     "BreakerPolicy",
     "Bus",
     "BusClosedError",

@@ -65,6 +65,7 @@ from bus._transport import BusPort, InProcessTransport, Receipt, Transport
 
 __all__ = [
     "DEFAULT_ROUTE_CACHE",
+    "UNSAMPLED",
     "Bus",
     "DeliveryListener",
     "Handler",
@@ -136,11 +137,15 @@ def current_subscription() -> str | None:
 
 #: Last hex digit of a W3C ``traceparent`` whose ``sampled`` flag (bit 0) is set.
 _SAMPLED_DIGITS = "13579bdf"
+#: The trace context of a message whose root a tracer declined to sample: W3C flags ``00``
+#: and no ids (making them would cost every unsampled root what skipping a span saves).
+#: Descendants inherit it, and the bus recognises this very object by identity.
+UNSAMPLED = "00-00000000000000000000000000000000-0000000000000000-00"
 
 
 def is_sampled(trace: str | None) -> bool:
     """Whether a W3C ``traceparent`` carries the sampled flag (``None``: no trace context)."""
-    return trace is not None and trace[-1] in _SAMPLED_DIGITS
+    return trace is not None and trace is not UNSAMPLED and trace[-1] in _SAMPLED_DIGITS
 
 
 class Tracer(Protocol):
@@ -148,13 +153,15 @@ class Tracer(Protocol):
 
     The bus knows nothing of OpenTelemetry; ``pantheon.telemetry`` implements this with the
     SDK. The bus calls the tracer only for messages that need it, so an unsampled message
-    costs one string index and no call:
+    costs an identity test and no call:
 
-    * ``on_publish(env)`` for each envelope this bus publishes whose ``trace`` is ``None`` (a
-      root: the tracer decides sampling once and must set ``env.trace``, e.g. to a
-      traceparent with flags ``00`` that every descendant inherits) or sampled. A sampled
-      envelope arriving from another bus is not re-published: its process spans parent to
-      the remote producer.
+    * ``skip``: how many upcoming roots (envelopes with ``trace`` ``None``) the tracer has
+      already declined. The bus stamps those with :data:`UNSAMPLED` itself, counting
+      ``skip`` down, so declining a root costs no call either.
+    * ``on_publish(env)`` for each other envelope this bus publishes whose ``trace`` is
+      ``None`` (a root: the tracer decides sampling once and must set ``env.trace``; every
+      descendant inherits it) or sampled. A sampled envelope arriving from another bus is not
+      re-published: its process spans parent to the remote producer.
     * ``start_process(subscription, env)`` before a subscription handles a sampled envelope;
       whatever it returns goes to ``end_process(token, outcome, error)`` after, with the
       outcome the delivery listener gets (``delivered``, ``failed``, ``circuit_open``, or
@@ -165,6 +172,8 @@ class Tracer(Protocol):
       or ``None`` when there is no sampled span to be a child of (agents use it for their
       GenAI spans; ``kind`` is ``"internal"`` or ``"client"``).
     """
+
+    skip: int
 
     def on_publish(self, env: Envelope) -> None: ...
 
@@ -679,7 +688,13 @@ class Bus:
             trace = env.trace
             # A root gets its sampling decision here, once; a sampled message gets a publish
             # span, except one that arrived from another bus (its producer span is there).
-            if trace is None or (forward and trace[-1] in _SAMPLED_DIGITS):
+            if trace is None:
+                if tracer.skip:
+                    tracer.skip -= 1
+                    env.trace = UNSAMPLED
+                else:
+                    tracer.on_publish(env)
+            elif forward and trace is not UNSAMPLED and trace[-1] in _SAMPLED_DIGITS:
                 tracer.on_publish(env)
         if self.publish_listeners:
             for listener in self.publish_listeners:
@@ -998,7 +1013,7 @@ class Bus:
             tracer = self.tracer
             if tracer is not None:
                 trace = env.trace
-                if trace is not None and trace[-1] in _SAMPLED_DIGITS:
+                if trace is not UNSAMPLED and trace is not None and trace[-1] in _SAMPLED_DIGITS:
                     span = tracer.start_process(sub.name, env)
                     error: BaseException | None = None
             outcome = "delivered"

@@ -13,12 +13,12 @@ kept in the OTel context).
 Sampling is ``ParentBased(TraceIdRatioBased(ratio))``, decided once per root message. Each root
 is sampled independently with probability ``ratio``, but instead of a random draw per root the
 tracer draws how many roots to decline before the next sampled one (geometrically
-distributed, which is the same process), so a declined root costs a decrement. A sampled
-root's trace id has its low 64 bits under ``TraceIdRatioBased.get_bound_for_rate(ratio)``,
-so the SDK's sampler with the same ratio anywhere downstream agrees with the decision. A
-declined root carries :data:`UNSAMPLED` in ``env.trace``, which every message it causes
-inherits, so the bus skips them with one string index: no span object, no id, no context
-attach or detach.
+distributed, which is the same process) and leaves that count in ``skip``, which the bus
+counts down itself: a declined root costs a decrement, not a call. A sampled root's trace id
+has its low 64 bits under ``TraceIdRatioBased.get_bound_for_rate(ratio)``, so the SDK's
+sampler with the same ratio anywhere downstream agrees with the decision. A declined root
+carries :data:`bus.UNSAMPLED` in ``env.trace``, which every message it causes inherits, so the
+bus skips them by identity: no span object, no id, no context attach or detach.
 """
 
 from __future__ import annotations
@@ -40,13 +40,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from bus import Envelope
+from bus import UNSAMPLED, Envelope
 
 __all__ = ["UNSAMPLED", "BusTracer", "parse_traceparent"]
-
-#: The trace context of a message whose root the sampler declined (W3C flags ``00``). It has
-#: no ids on purpose: making them would cost every unsampled root what a span saves.
-UNSAMPLED = "00-00000000000000000000000000000000-0000000000000000-00"
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
@@ -196,7 +192,8 @@ class BusTracer:
             raise ValueError(f"sampling ratio must be in [0, 1], got {ratio!r}")
         self.ratio = ratio
         self._bound = TraceIdRatioBased.get_bound_for_rate(ratio)
-        self._skip = self._draw_skip()
+        #: Roots already declined: the bus stamps them UNSAMPLED and counts this down.
+        self.skip = self._draw_skip()
         self._on_end = processor.on_end
         self._contexts: dict[str, SpanContext] = {}
         self._resource = resource if resource is not None else Resource.create()
@@ -217,12 +214,12 @@ class BusTracer:
     def on_publish(self, env: Envelope) -> None:
         trace = env.trace
         if trace is None:
-            skip = self._skip
-            if skip:
-                self._skip = skip - 1
+            skip = self.skip
+            if skip:  # a bus counts these down itself; this serves other callers
+                self.skip = skip - 1
                 env.trace = UNSAMPLED
                 return
-            self._skip = self._draw_skip()
+            self.skip = self._draw_skip()
             trace_id = (_bits(64) << 64) | (_bits(64) % self._bound) or 1
             parent = None
         else:

@@ -230,11 +230,11 @@ async def test_sampling_ratio_zero_traces_nothing_and_one_traces_everything(
     seen = await run_chains(tracer, roots=50)
     assert len(seen) == 150
     if ratio == 0.0:
-        # Declined at the root, once: only the 50 roots reach the tracer, no handling does,
-        # and every descendant inherits the decision without ids.
+        # Declined at the root, once, in advance: the bus stamps the roots itself (no call
+        # reaches the tracer at all) and every descendant inherits the decision without ids.
         assert traced.spans() == []
-        assert tracer.publishes == 50 and tracer.processes == 0
-        assert all(env.trace == UNSAMPLED for env in seen)
+        assert tracer.publishes == 0 and tracer.processes == 0
+        assert all(env.trace is UNSAMPLED for env in seen)
     else:
         assert len(traced.spans()) == 300  # a publish and a process span per message
         assert tracer.processes == 150
