@@ -239,6 +239,8 @@ class NodeHost:
         transport_cfg = scenario.transport
         heartbeat = getattr(transport_cfg, "heartbeat", 1.0)
         liveness = getattr(transport_cfg, "liveness", 3)
+        #: Seconds after which the broker declares a silent peer lost.
+        self.lost_after: float = heartbeat * liveness
         transport = _zmq().ZmqTransport(
             connect,
             node=node,
@@ -272,8 +274,10 @@ class NodeHost:
         t = _transport_stats(self.bus)
         return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
 
-    async def aclose(self) -> None:
-        await self.bus.aclose()
+    async def aclose(self, *, drain: bool = True) -> None:
+        """Leave the broker; ``drain=False`` dead-letters what is still queued
+        (``bus_closed``) instead of handling it."""
+        await self.bus.aclose(drain=drain)
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
@@ -394,11 +398,17 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
             await host.aclose()
         raise
     _say(out, "ready", node=host.node, pid=os.getpid(), agents=list(host.team.agents))
+    orphaned = False
     try:
         while True:
             line = await reader.readline()
             if not line:
-                await host.stop_agents()
+                # The driver is gone, and likely its broker with it: nobody will read a
+                # report, and work in flight may never settle. Leave within one liveness
+                # period rather than waiting out the drain timeout.
+                orphaned = True
+                with contextlib.suppress(TimeoutError):
+                    await host.stop_agents(timeout=host.lost_after)
                 return
             command = json.loads(line).get("cmd")
             if command == "status":
@@ -412,7 +422,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
             else:
                 _say(out, "error", message=f"unknown command {command!r}")
     finally:
-        await host.aclose()
+        await host.aclose(drain=not orphaned)
 
 
 # -- the driver side ---------------------------------------------------------------------------

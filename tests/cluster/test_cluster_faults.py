@@ -1,0 +1,118 @@
+"""Processes of a multi-process run dying when the scenario did not ask for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pantheon.sessions import SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# Slow enough (300 emails at 200/s) that there is a run in progress to interrupt.
+SLOW = "  count: 300\n  rate: 200 "
+
+
+def children(pid: int) -> dict[int, str]:
+    """The live child processes of ``pid`` and their command lines, from /proc."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
+        if int(ppid) == pid and state != "Z":
+            out[int(entry.name)] = cmd.replace(b"\0", b" ").decode()
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"  # a zombie nobody reaped has exited all the same
+
+
+def wait_for(what: str, check, deadline: float):  # type: ignore[no-untyped-def]
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.05)  # polling a condition with a deadline, not timing anything
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def slow_run(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    path = tmp_path / "scenarios" / "support_email_3node.yaml"
+    text = path.read_text()
+    assert "  rate: 1000 " in text
+    path.write_text(text.replace("  rate: 1000 ", SLOW))
+    return tmp_path
+
+
+def start(workdir: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", "scenarios/support_email_3node.yaml",
+         "--json", "--store", "s.db"],
+        cwd=workdir,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"COLUMNS": "250"},
+    )  # fmt: skip
+
+
+def inputs_flowing(workdir: Path) -> bool:
+    """True once the driver has recorded some of its inputs (the nodes are all up then)."""
+    if not (workdir / "s.db").exists():
+        return False
+    with SessionStore(workdir / "s.db") as store:
+        sessions = store.sessions(limit=1)
+        return bool(sessions) and store.counts(sessions[0].id).get("envelopes", 0) > 20
+
+
+def test_killing_the_driver_leaves_no_process_behind(slow_run: Path) -> None:
+    run = start(slow_run)
+    deadline = time.monotonic() + 60
+    kids = wait_for("a broker and three nodes", lambda: len(children(run.pid)) == 4, deadline)
+    kids = children(run.pid)
+    assert sum("--control" in cmd for cmd in kids.values()) == 4
+    wait_for("inputs to flow", lambda: inputs_flowing(slow_run), deadline)
+    run.kill()
+    run.communicate(timeout=30)
+    # The broker and the nodes see their stdin close and leave on their own.
+    wait_for("every child to exit", lambda: not any(alive(p) for p in kids), deadline + 30)
+
+
+def test_a_node_dying_unasked_fails_the_run_and_says_which(slow_run: Path) -> None:
+    run = start(slow_run)
+    deadline = time.monotonic() + 60
+    wait_for("a broker and three nodes", lambda: len(children(run.pid)) == 4, deadline)
+    wait_for("inputs to flow", lambda: inputs_flowing(slow_run), deadline)
+    [victim] = [p for p, cmd in children(run.pid).items() if "--node cognition" in cmd]
+    os.kill(victim, signal.SIGKILL)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    summary = json.loads(out)
+    assert summary["nodes"]["cognition"]["status"] == "died"
+    assert summary["nodes"]["cognition"]["exit_code"] == -signal.SIGKILL
+    [failed] = [e for e in summary["expectations"] if not e["passed"]]
+    assert failed["actual"] == ["cognition"]
+    # What the dead node held came back to its publishers as node_lost dead letters.
+    assert summary["dlq"].get("node_lost", 0) == (summary["nodes"]["driver"]["broker"]["node_lost"])
+    assert summary["nodes"]["driver"]["broker"]["nodes_lost"] == 1
