@@ -200,8 +200,8 @@ class Telemetry:
 
             wrap = BatchSpanProcessor if batch else SimpleSpanProcessor
             processors += [wrap(e) for e in span_exporters]
-            # The provider serves spans anything else makes inside handlers (they parent to
-            # the bus's current span); the bus's own spans go to the same processors.
+            # For spans anything else makes (set it as the global provider, and spans made
+            # inside handlers nest under the bus's); the bus's own go to the same processors.
             self.tracer_provider = TracerProvider(
                 sampler=ParentBased(TraceIdRatioBased(sampling)), resource=resource
             )

@@ -149,13 +149,17 @@ class _Span:
 
     def activate(self) -> None:
         """Make this the current span of the running task: ours (what emits and agents'
-        spans parent to) and the OTel context's (what any other instrumentation sees)."""
+        spans parent to), and the OTel context's when the application has set a global
+        tracer provider, so spans other instrumentation makes in a handler nest under it.
+        (Attaching costs about as much as the rest of a span: not paid when nobody looks.)"""
         self.token = _current.set(self)
-        ctx = otel_trace.set_span_in_context(NonRecordingSpan(self.context))
-        self.otel_token = otel_context.attach(ctx)
+        if _otel_global():
+            ctx = otel_trace.set_span_in_context(NonRecordingSpan(self.context))
+            self.otel_token = otel_context.attach(ctx)
 
     def deactivate(self) -> None:
-        otel_context.detach(self.otel_token)
+        if self.otel_token is not None:
+            otel_context.detach(self.otel_token)
         _current.reset(self.token)
 
     def __enter__(self) -> _Span:
@@ -170,6 +174,11 @@ class _Span:
 
 
 _current: ContextVar[_Span | None] = ContextVar("pantheon_current_span", default=None)
+
+
+def _otel_global() -> bool:
+    """Whether the application set a global tracer provider (other code may make spans)."""
+    return not isinstance(otel_trace.get_tracer_provider(), otel_trace.ProxyTracerProvider)
 
 
 class BusTracer:
