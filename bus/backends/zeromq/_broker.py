@@ -68,6 +68,8 @@ _ROUTE_CACHE = 10_000
 #: Frames handled back to back before the broker flushes its batches and yields the loop.
 _TURN = 256
 _DATA_HEAD = b"\x93\x05"
+#: Frames are cut near this size: sends past ~64 KB cost ten times more (see _node.py).
+_BATCH_BYTES = 32 * 1024
 
 
 class _Member:
@@ -752,7 +754,9 @@ class Broker:
             encode_into(
                 (flight.env, flight.names if flight.explicit else None, flight.reply_to), buf, -1
             )
-            if flights and (len(buf) > limit or len(flights) >= self.batch_max):
+            if flights and (
+                len(buf) > limit or len(buf) > _BATCH_BYTES or len(flights) >= self.batch_max
+            ):
                 tail = bytes(buf[mark:])
                 del buf[mark:]
                 self._send_frame(node, flights, buf)
