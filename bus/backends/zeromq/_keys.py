@@ -16,9 +16,9 @@ __all__ = ["CurveKeys", "load_public_keys"]
 class CurveKeys:
     """A CURVE key pair as z85 bytes (40 characters each), as pyzmq takes them.
 
-    ``save(path)`` writes ``path`` (secret, mode 0600) and ``path.with_suffix('.key')``
-    beside it... in ZeroMQ's certificate format: ``NAME.key_secret`` holds both keys,
-    ``NAME.key`` only the public one, which is what a broker's allow-list directory holds.
+    Stored in ZeroMQ's certificate format (what ``zmq.auth.load_certificate`` reads):
+    ``NAME.key_secret`` holds both keys (mode 0600), ``NAME.key`` only the public one, which
+    is what goes into a broker's allow-list directory.
     """
 
     public: bytes
