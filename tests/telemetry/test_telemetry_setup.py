@@ -256,3 +256,41 @@ def test_a_bad_otel_setting_stops_pantheon_run_before_it_starts(
     assert proc.returncode == 2
     assert "OTEL_TRACES_EXPORTER='jaeger'" in proc.stderr
     assert "emails" not in proc.stdout
+
+
+def test_spans_other_instrumentation_makes_in_a_handler_nest_under_the_bus_span() -> None:
+    """With the provider set globally (once per process: hence a subprocess), the bus's
+    current span is also the OTel context's."""
+    script = (
+        "import asyncio\n"
+        "from opentelemetry import trace\n"
+        "from opentelemetry.sdk.trace.export.in_memory_span_exporter import "
+        "InMemorySpanExporter\n"
+        "from bus import Bus\n"
+        "from pantheon.telemetry import Telemetry\n"
+        "exporter = InMemorySpanExporter()\n"
+        "t = Telemetry(span_exporters=[exporter], batch=False)\n"
+        "trace.set_tracer_provider(t.tracer_provider)\n"
+        "async def main():\n"
+        "    async with Bus() as bus:\n"
+        "        t.instrument(bus)\n"
+        "        async def handle(env):\n"
+        "            with trace.get_tracer('lib').start_as_current_span('inner'):\n"
+        "                pass\n"
+        "        bus.on('a.*', handle, name='h')\n"
+        "        await bus.emit('a.b', None)\n"
+        "asyncio.run(main())\n"
+        "spans = {s.name: s for s in exporter.get_finished_spans()}\n"
+        "inner, process = spans['inner'], spans['process a.b']\n"
+        "assert inner.parent.span_id == process.context.span_id, (inner.parent, process)\n"
+        "assert inner.context.trace_id == process.context.trace_id\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
