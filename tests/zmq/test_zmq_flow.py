@@ -58,6 +58,29 @@ async def test_a_slow_remote_consumer_slows_the_publisher_within_bounded_memory(
         assert peak <= window
 
 
+async def test_one_group_name_with_different_patterns_on_two_nodes() -> None:
+    # "audit" on x takes a.*, on y b.*: a b.* message from x must reach y's member, and an
+    # a.* message from y must reach x's, though both nodes have a member of the group.
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint, node="x")) as x,
+        Bus(transport=ZmqTransport(endpoint, node="y")) as y,
+    ):
+        at_x: list[str] = []
+        at_y: list[str] = []
+        x.on("a.*", lambda env: at_x.append(env.topic), name="audit")
+        y.on("b.*", lambda env: at_y.append(env.topic), name="audit")
+        await x.transport.sync()
+        await y.transport.sync()
+        await x.emit("b.1")
+        await y.emit("a.1")
+        await x.emit("a.2")  # x's own member: handled at x only, never also at y
+        await x.drain()
+        await y.drain()
+        assert sorted(at_x) == ["a.1", "a.2"]
+        assert at_y == ["b.1"]
+
+
 async def test_a_remote_handler_failure_fails_the_request_with_its_type() -> None:
     async with (
         run_broker() as endpoint,

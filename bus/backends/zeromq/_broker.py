@@ -603,8 +603,8 @@ class Broker:
             groups, per_node = route
             picked: dict[_Node, list[str]] | None = None
             for name, members in groups.items():
-                if name in subs:
-                    continue  # the publishing node has this group: served there, locally
+                if name in subs and any(m.node is node for m in members):
+                    continue  # the publisher's own member matched: served there, locally
                 target = self._pick(name, members, node)
                 if target is None:
                     continue
@@ -777,8 +777,13 @@ class Broker:
     def _send_interest(self) -> None:
         live = [m for m in self._index.items() if m.node.alive]
         for node in self._nodes.values():
+            # A member the node itself has (same name, same pattern) is served there.
             patterns = sorted(
-                {m.pattern for m in live if m.node is not node and m.name not in node.subs}
+                {
+                    m.pattern
+                    for m in live
+                    if m.node is not node and node.subs.get(m.name) != m.pattern
+                }
             )
             if patterns != node.interest_sent:
                 self._interest_seq += 1
