@@ -347,6 +347,14 @@ def print_nodes(out: Console, summary: Any) -> None:
             f"node {name} (pid {n['pid']}): [{colour}]{status}[/{colour}]  "
             f"{', '.join(n['agents']) or '(no agents)'}{clock}"
         )
+        broker = n.get("broker")
+        if broker:
+            out.print(
+                f"broker {broker.get('endpoint')}: redelivered {broker.get('redelivered', 0)}, "
+                f"dead-lettered node_lost {broker.get('node_lost', 0)}, "
+                f"nodes lost {broker.get('nodes_lost', 0)}, malformed "
+                f"{broker.get('malformed', 0)}; processes ready in {n.get('startup_s', 0):.2f}s"
+            )
 
 
 def register(app: typer.Typer) -> None:

@@ -628,6 +628,7 @@ class _Driver:
         self.drain_timeout = drain_timeout
         self.nodes: dict[str, _Child] = {}
         self.broker_stats: dict[str, Any] = {}
+        self.startup_s = 0.0
         sid = bus.session_id or "run"
         full = build_team(
             scenario,
@@ -704,7 +705,7 @@ class _Driver:
         loop = asyncio.get_running_loop()
         if self.bus.context is None:
             self.bus.context = LiveEffects(self.seed)
-        started = time.perf_counter()
+        spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
         await self.team.attach(self.bus)
@@ -715,6 +716,10 @@ class _Driver:
         await _await_routes(
             self.bus, self.placement.probes(DRIVER_NODE), self.start_timeout, self.endpoint
         )
+        # Elapsed time (and so throughput) counts from here, as for an in-process run; the
+        # processes' start-up is reported on its own.
+        started = time.perf_counter()
+        self.startup_s = started - spawned
         await self.team.start()
         inputs_started = loop.time()
         faults = self.scenario.faults
@@ -772,6 +777,7 @@ class _Driver:
                 "status": "ok",
                 "exit_code": None,
                 "killed_at_s": None,
+                "startup_s": round(self.startup_s, 3),
                 "clock_offset_us": _clock_us(driver_t, None),
                 "broker": {"endpoint": self.endpoint, **self.broker_stats},
                 "transport": driver_t,

@@ -152,3 +152,4 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
     print_nodes(console, SimpleNamespace(nodes=nodes))
     text = console.export_text()
     assert f"node work2 (pid {nodes['work2']['pid']}): killed (SIGKILL) at " in text
+    assert f"redelivered {broker['redelivered']}, dead-lettered node_lost {lost}" in text
