@@ -4,7 +4,7 @@ letters, outcomes and requests."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +16,7 @@ from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, open_session, store, when
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from pantheon import readmodel
-from pantheon.sessions import SessionInfo, StoredEnvelope, diff_sessions
+from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
 __all__ = ["session_page"]
 
@@ -224,12 +224,49 @@ def _divergent_style(row: pd.Series[Any]) -> list[str]:
     return ["background-color: #ffcdd2; font-weight: bold" if hit else ""] * len(row)
 
 
-def _comparison(path: Path, original: str, replay: str) -> None:
-    with store(path) as s:
+@dataclass(frozen=True, slots=True)
+class _Comparison:
+    """What the side-by-side view needs, computed once per (original, replay) pair: both
+    are finished sessions, so it never changes (diffing costs a full read of both)."""
+
+    diff: SessionDiff
+    summary: dict[str, Any]
+    messages_a: int
+    messages_b: int
+    window_a: pd.DataFrame
+    window_b: pd.DataFrame
+
+
+@st.cache_data(max_entries=16, show_spinner="Comparing the replay with the original …")
+def _compare(path: str, original: str, replay: str) -> _Comparison:
+    with store(Path(path)) as s:
         diff = diff_sessions(s, original, replay)
         env_a, env_b = s.envelopes(original), s.envelopes(replay)
         summary = s.session(replay).summary.get("replay") or {}
     div = diff.divergence
+    index_a = {e.id: i for i, e in enumerate(env_a)}
+    index_b = {e.id: i for i, e in enumerate(env_b)}
+    ia = index_a.get(div.original_id) if div is not None and div.original_id else None
+    ib = index_b.get(div.replay_id) if div is not None and div.replay_id else None
+    # Centre both windows on the divergence (on whichever side has it, if only one does).
+    centre_a = ia if ia is not None else (ib or 0)
+    centre_b = ib if ib is not None else centre_a
+    span = 2 * DIVERGENCE_WINDOW + 1
+    lo_a = max(0, centre_a - DIVERGENCE_WINDOW)
+    lo_b = max(0, centre_b - DIVERGENCE_WINDOW)
+    return _Comparison(
+        diff,
+        summary,
+        len(env_a),
+        len(env_b),
+        _hop_rows(env_a, lo_a, lo_a + span, None if div is None else div.original_id),
+        _hop_rows(env_b, lo_b, lo_b + span, None if div is None else div.replay_id),
+    )
+
+
+def _comparison(path: Path, original: str, replay: str) -> None:
+    c = _compare(str(path), original, replay)
+    diff, summary, div = c.diff, c.summary, c.diff.divergence
     if div is None:
         st.success(
             f"Replay {replay} matched the original hop by hop: {diff.hops_compared} hops "
@@ -255,27 +292,15 @@ def _comparison(path: Path, original: str, replay: str) -> None:
             f"(effects served {summary.get('effects_served', 0)}, called "
             f"{summary.get('effects_called', 0)})."
         )
-    index_a = {e.id: i for i, e in enumerate(env_a)}
-    index_b = {e.id: i for i, e in enumerate(env_b)}
-    ia = index_a.get(div.original_id) if div is not None and div.original_id else None
-    ib = index_b.get(div.replay_id) if div is not None and div.replay_id else None
-    centre = ia if ia is not None else ib
-    centre_b = ib if ib is not None else centre
-    lo_a = max(0, (centre or 0) - DIVERGENCE_WINDOW)
-    lo_b = max(0, (centre_b or 0) - DIVERGENCE_WINDOW)
-    span = 2 * DIVERGENCE_WINDOW + 1
     left, right = st.columns(2)
-    for col, title, envs, lo, mark in (
-        (left, f"Original {original}", env_a, lo_a, None if div is None else div.original_id),
-        (right, f"Replay {replay}", env_b, lo_b, None if div is None else div.replay_id),
+    for col, side, title, total, frame in (
+        (left, "original", f"Original {original}", c.messages_a, c.window_a),
+        (right, "replay", f"Replay {replay}", c.messages_b, c.window_b),
     ):
         with col:
-            st.markdown(f"**{title}** ({len(envs)} messages)")
-            frame = _hop_rows(envs, lo, lo + span, mark)
+            st.markdown(f"**{title}** ({total} recorded messages)")
             st.dataframe(
-                frame.style.apply(_divergent_style, axis=1),
-                hide_index=True,
-                key=f"side_{title.split()[0].lower()}",
+                frame.style.apply(_divergent_style, axis=1), hide_index=True, key=f"side_{side}"
             )
     if diff.latency:
         st.altair_chart(
