@@ -116,17 +116,18 @@ def test_seed_changes_the_injected_faults(workdir: Path) -> None:
     assert failed[0] != failed[2]
 
 
-def test_zmq_transport_is_refused_before_anything_runs(workdir: Path) -> None:
+def test_zmq_transport_without_nodes_runs_everything_in_the_driver(workdir: Path) -> None:
     path = workdir / "scenarios" / "support_email.yaml"
     text = path.read_text()
     assert "transport:" in text
     lines = [
-        "transport: {kind: zmq}" if ln.startswith("transport:") else ln
+        'transport: {kind: zmq, broker: "tcp://127.0.0.1:0"}' if ln.startswith("transport:") else ln
         for ln in text.splitlines()
         if not ln.startswith("  kind: inprocess")
     ]
     path.write_text("\n".join(lines) + "\n")
-    proc = pantheon("run", "scenarios/support_email.yaml", cwd=workdir)
-    assert proc.returncode == 2
-    assert "transport.kind: 'zmq' is not available yet" in proc.stderr
-    assert not (workdir / ".pantheon").exists()
+    proc = pantheon("run", "scenarios/support_email.yaml", "--json", cwd=workdir)
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a latency bound on a loaded machine
+    summary = json.loads(proc.stdout)
+    assert summary["accounting_ok"] is True and summary["inputs"] == 591
+    assert list(summary["nodes"]) == ["driver"]  # a broker, but no node process
