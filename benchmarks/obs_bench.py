@@ -114,18 +114,22 @@ async def noop(env: Any) -> None:
 
 
 async def run_once(
-    payloads: list[Any], sampling: float | None
+    payloads: list[Any], sampling: float | None, *, traces: bool = True, metrics: bool = True
 ) -> tuple[float, float, dict[str, int]]:
     """One (a) run; ``sampling=None`` is observability off.
 
     Returns (msg per wall second, msg per process CPU second, counts)."""
     telemetry = None
     spans = CountingSpanExporter()
-    metrics = CountingMetricExporter()
+    exported = CountingMetricExporter()
     if sampling is not None:
         telemetry = Telemetry(
-            span_exporters=[spans],
-            metric_readers=[PeriodicExportingMetricReader(metrics, export_interval_millis=100)],
+            span_exporters=[spans] if traces else [],
+            metric_readers=(
+                [PeriodicExportingMetricReader(exported, export_interval_millis=100)]
+                if metrics
+                else []
+            ),
             sampling=sampling,
         )
     async with Bus() as bus:
@@ -146,8 +150,8 @@ async def run_once(
         telemetry.shutdown()
     return len(payloads) / dt, len(payloads) / cpu, {
         "spans": spans.spans,
-        "metric_exports": metrics.exports,
-        "metric_points": metrics.points,
+        "metric_exports": exported.exports,
+        "metric_points": exported.points,
     }
 
 
@@ -171,31 +175,39 @@ def own_cpu() -> float:
     return t.user + t.system
 
 
-async def suite(n: int, repeats: int, sampling: float, log: Any) -> dict[str, Any]:
+async def suite(
+    n: int, repeats: int, sampling: float, log: Any, breakdown: bool = False
+) -> dict[str, Any]:
     payloads = [{"id": i} for i in range(n)]
-    configs: list[tuple[str, float | None]] = [
-        ("off", None),
-        ("on", sampling),
-        ("on-100%", 1.0),
+    configs: list[tuple[str, float | None, dict[str, bool]]] = [
+        ("off", None, {}),
+        ("on", sampling, {}),
+        ("on-100%", 1.0, {}),
     ]
+    if breakdown:
+        configs += [
+            ("traces-0%-only", 0.0, {"metrics": False}),
+            (f"traces-{sampling:.0%}-only", sampling, {"metrics": False}),
+            ("metrics-only", sampling, {"traces": False}),
+        ]
     # Warm-up: one untimed run of each, so imports, caches and the JIT-less interpreter's
     # specializations are in place before anything is timed.
-    for _, s in configs:
-        await run_once(payloads[: n // 4], s)
-    raw: dict[str, list[float]] = {name: [] for name, _ in configs}
-    raw_cpu: dict[str, list[float]] = {name: [] for name, _ in configs}
-    counts: dict[str, list[dict[str, int]]] = {name: [] for name, _ in configs}
+    for _, s, parts in configs:
+        await run_once(payloads[: n // 4], s, **parts)
+    raw: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    raw_cpu: dict[str, list[float]] = {name: [] for name, _, _ in configs}
+    counts: dict[str, list[dict[str, int]]] = {name: [] for name, _, _ in configs}
     for r in range(repeats):
         order = configs[r % len(configs) :] + configs[: r % len(configs)]
-        for name, s in order:
+        for name, s, parts in order:
             gc.collect()
-            rate, rate_cpu, c = await run_once(payloads, s)
+            rate, rate_cpu, c = await run_once(payloads, s, **parts)
             raw[name].append(rate)
             raw_cpu[name].append(rate_cpu)
             counts[name].append(c)
         log(
             f"repeat {r + 1}/{repeats}: "
-            + ", ".join(f"{name} {raw[name][-1]:,.0f}" for name, _ in configs)
+            + ", ".join(f"{name} {raw[name][-1]:,.0f}" for name, _, _ in configs)
         )
     return {"raw": raw, "raw_cpu": raw_cpu, "counts": counts}
 
@@ -206,6 +218,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--sampling", type=float, default=0.01)
     ap.add_argument("--loop", choices=("asyncio", "uvloop"), default="asyncio")
+    ap.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="also run the parts alone: tracer at 0%%, traces only, metrics only",
+    )
     ap.add_argument("--json", default=str(ROOT / "benchmarks" / "results" / "obs_bench.json"))
     args = ap.parse_args()
     if args.repeats < 1 or args.messages < 1000:
@@ -221,7 +238,7 @@ def main() -> int:
     busy0 = busy_jiffies()
     own0 = own_cpu()
     with asyncio.Runner(loop_factory=loop_factory(args.loop)) as runner:
-        res = runner.run(suite(args.messages, args.repeats, args.sampling, log))
+        res = runner.run(suite(args.messages, args.repeats, args.sampling, log, args.breakdown))
     wall = perf() - started
     busy1 = busy_jiffies()
     other = (busy1 - busy0) / os.sysconf("SC_CLK_TCK") - (own_cpu() - own0)
@@ -252,6 +269,9 @@ def main() -> int:
         f"on {med_cpu['on']:,.0f} msg/s, median ratio {ratio_cpu:.3f} "
         f"({1 - ratio_cpu:+.1%} lower)"
     )
+    for name in list(raw)[3:]:
+        part = statistics.median(a / b for a, b in zip(raw_cpu[name], raw_cpu["off"], strict=True))
+        print(f"  breakdown, per CPU-second: {name:<16} median ratio {part:.3f}")
     print(
         f"  spans exported per 'on' run: {spans_on:,.0f} "
         f"(2 per traced message: {spans_on / 2 / args.messages:.2%} of messages traced)"
