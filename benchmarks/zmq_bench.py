@@ -20,6 +20,12 @@ one way   the receiver counts a fixed number of messages; the rate is that count
           about ``tput_seconds`` whatever the row's speed.
 round trip one request in flight: the client sends the payload, the server decodes it and sends
           it back re-encoded, the client decodes the reply. p50/p99 of the per-trip times.
+CPU       microseconds of CPU per message (one way) and per round trip, summed over every
+          thread of every process involved (sender, broker, receiver; for Redis, NATS and
+          RabbitMQ the server's own processes), from the scheduler's ``schedstat``. Unlike the
+          rates it hardly moves when other work shares the machine, and it says which process
+          a message's cost is in: with two processes and a broker on two cores, one way can
+          go no faster than 2 cores / (CPU us/msg).
 
 Rows (``--only`` takes these ids):
 
@@ -890,6 +896,20 @@ class Measure:
         self.cfg = cfg
         self.ctx = ctx
         self.seq = 0
+        #: Processes whose CPU one message costs: client, server, and the broker if any.
+        self.pids: dict[str, int] = {}
+
+    def _cpu(self) -> dict[str, float]:
+        """CPU seconds so far of every process of this measurement (all their threads, so
+        libzmq's I/O threads too); for the broker rows, of the broker servers."""
+        out = {role: proc_cpu(pid) for role, pid in self.pids.items()}
+        if self.row.server is not None:
+            out["broker"] = broker_server_cpu()
+        return out
+
+    def _cpu_per(self, before: dict[str, float], n: int) -> dict[str, float]:
+        after = self._cpu()
+        return {role: (after[role] - before[role]) / n * 1e6 for role in before}
 
     def _endpoint(self) -> str:
         self.seq += 1
@@ -914,13 +934,19 @@ class Measure:
             if self.row.broker:
                 from bus.backends.zeromq import run_broker
 
+                known = set(children_of(os.getpid()))
                 endpoint = await stack.enter_async_context(run_broker(endpoint))
+                brokers = [pid for pid in children_of(os.getpid()) if pid not in known]
+                if len(brokers) != 1:
+                    raise BenchError(f"cannot tell the broker process among {brokers}")
+                self.pids = {"broker": brokers[0]}
             elif self.row.proxy:
                 role = "proxy_pipe" if server_role == "sink" else "proxy_rpc"
                 proxy = await spawn(self.row.id, role, endpoint, token)
                 stack.push_async_callback(proxy.close)
                 ends = await proxy.read(READY_TIMEOUT)
                 endpoint, client_endpoint = ends["back"], ends["front"]
+                self.pids = {"broker": proxy.proc.pid}
             server = await spawn(self.row.id, server_role, endpoint, token)
             stack.push_async_callback(server.close)
             ready = await server.read(READY_TIMEOUT)
@@ -928,7 +954,11 @@ class Measure:
             client = await spawn(self.row.id, client_role, client_endpoint, token)
             stack.push_async_callback(client.close)
             await client.read(READY_TIMEOUT)
-            yield server, client
+            self.pids.update(client=client.proc.pid, server=server.proc.pid)
+            try:
+                yield server, client
+            finally:
+                self.pids = {}
 
     async def throughput(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -937,6 +967,7 @@ class Measure:
             async def once(n: int, timeout: float) -> dict[str, Any]:
                 armed = await sink.ask(READY_TIMEOUT, cmd="expect", n=n, deadline=timeout)
                 assert armed.get("armed"), armed
+                cpu = self._cpu()
                 sent = await source.ask(timeout + 5, cmd="send", n=n)
                 done = await sink.read(timeout + 5)
                 if not done.get("done"):
@@ -947,6 +978,7 @@ class Measure:
                     "n": n,
                     "msgs_per_s": n * 1e9 / (done["t_end"] - sent["t_start"]),
                     "sender_msgs_per_s": n * 1e9 / (sent["t_sent"] - sent["t_start"]),
+                    "cpu_us_per_msg": self._cpu_per(cpu, n),
                 }
 
             warm = await once(cfg["n_warm"], OP_TIMEOUT)
@@ -969,7 +1001,11 @@ class Measure:
             warm = await ping.ask(OP_TIMEOUT, cmd="ping", n=cfg["rtt_warm"])
             k = clamp(cfg["rtt_seconds"] / (warm["mean_us"] / 1e6), cfg["rtt_min"], cfg["rtt_max"])
             timeout = max(30.0, 20 * k * warm["mean_us"] / 1e6)
-            reps = [await ping.ask(timeout, cmd="ping", n=k) for _ in range(cfg["repeats"])]
+            reps = []
+            for _ in range(cfg["repeats"]):
+                cpu = self._cpu()
+                rep = await ping.ask(timeout, cmd="ping", n=k)
+                reps.append({**rep, "cpu_us_per_trip": self._cpu_per(cpu, k)})
             stats = {"server": (await echo.quit()).get("stats"),
                      "client": (await ping.quit()).get("stats")}  # fmt: skip
         return {"n": k, "warmup": warm, "repeats": reps, "stats": stats}
@@ -990,6 +1026,26 @@ def median(xs: list[float]) -> float:
     return float(statistics.median(xs))
 
 
+CPU_ORDER = ("client", "broker", "server")
+
+
+def cpu_medians(reps: list[dict[str, float]]) -> dict[str, float]:
+    """Per process and in total, the median over repeats of CPU microseconds per message."""
+    out = {role: median([r[role] for r in reps]) for role in CPU_ORDER if role in reps[0]}
+    out["total"] = median([sum(r.values()) for r in reps])
+    return out
+
+
+def fmt_cpu(cpu: dict[str, float] | None, split: bool) -> str:
+    """``total (client+broker+server)``: where a message's CPU goes, process by process."""
+    if not cpu:
+        return "-"
+    total = f"{cpu['total']:.1f}"
+    if not split:
+        return total
+    return total + " (" + "+".join(f"{cpu[r]:.1f}" for r in CPU_ORDER if r in cpu) + ")"
+
+
 def summarize_cell(res: dict[str, Any]) -> dict[str, Any]:
     """Medians over the repeats of one row on one transport."""
     out: dict[str, Any] = {}
@@ -997,12 +1053,14 @@ def summarize_cell(res: dict[str, Any]) -> dict[str, Any]:
     if isinstance(tput, dict):
         out["msgs_per_s"] = median([r["msgs_per_s"] for r in tput["repeats"]])
         out["sender_msgs_per_s"] = median([r["sender_msgs_per_s"] for r in tput["repeats"]])
+        out["cpu_us_per_msg"] = cpu_medians([r["cpu_us_per_msg"] for r in tput["repeats"]])
     elif tput is not None:
         out["throughput_error"] = tput
     rtt = res.get("rtt")
     if isinstance(rtt, dict):
         for key in ("p50_us", "p99_us", "p999_us"):
             out[key] = median([r[key] for r in rtt["repeats"]])
+        out["cpu_us_per_trip"] = cpu_medians([r["cpu_us_per_trip"] for r in rtt["repeats"]])
     elif rtt is not None:
         out["rtt_error"] = rtt
     return out
@@ -1080,7 +1138,7 @@ def table_rows(
                 continue
             st = status[row.id][tr]
             if st != "ok" and not c:
-                out.append([row.label, tr, "-", "-", "-", st])
+                out.append([row.label, tr, "-", "-", "-", "-", "-", st])
                 continue
             checks: dict[str, bool | None] = {"rate": None, "p50": None, "p99": None}
             if row.id == "pantheon" and tr == "ipc":
@@ -1096,14 +1154,25 @@ def table_rows(
                 row.label,
                 tr,
                 fmt_num(c.get("msgs_per_s")) + mark(checks["rate"], md),
+                fmt_cpu(c.get("cpu_us_per_msg"), split=True),
                 fmt_num(c.get("p50_us")) + mark(checks["p50"], md),
                 fmt_num(c.get("p99_us")) + mark(checks["p99"], md),
+                fmt_cpu(c.get("cpu_us_per_trip"), split=False),
                 note,
             ])  # fmt: skip
     return out
 
 
-HEADERS = ["system", "transport", "one way msg/s", "RTT p50 us", "RTT p99 us", "note"]
+HEADERS = [
+    "system",
+    "transport",
+    "one way msg/s",
+    "CPU us/msg (send+broker+recv)",
+    "RTT p50 us",
+    "RTT p99 us",
+    "CPU us/trip",
+    "note",
+]
 
 
 def print_table(rows: list[list[str]], targets: list[dict[str, Any]], title: str) -> None:
@@ -1119,7 +1188,7 @@ def print_table(rows: list[list[str]], targets: list[dict[str, Any]], title: str
 
 
 def markdown(rows: list[list[str]], targets: list[dict[str, Any]]) -> str:
-    lines = ["| " + " | ".join(HEADERS) + " |", "|---|---|---:|---:|---:|---|"]
+    lines = ["| " + " | ".join(HEADERS) + " |", "|---|---|---:|---:|---:|---:|---:|---|"]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", "| target | measured | bound | |", "|---|---:|---|---|"]
     for t in targets:
@@ -1128,21 +1197,49 @@ def markdown(rows: list[list[str]], targets: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(command name, parent pid) of a process, or None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.index("(") + 1 : text.rindex(")")], int(
+        text[text.rindex(")") + 2 :].split()[1]
+    )
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds so far of every thread of ``pid``, from the scheduler's own clock
+    (``schedstat``): exact, where the tick-sampled ``utime``/``stime`` of ``stat`` misjudge
+    processes that sleep and wake thousands of times a second."""
+    total = 0
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that just ended
+                total += int((task / "schedstat").read_text().split()[0])
+    except OSError:
+        raise BenchError(f"process {pid} is gone") from None
+    return total / 1e9
+
+
+def children_of(pid: int) -> list[int]:
+    return [p for p in _pids() if (_proc_stat(p) or ("", 0))[1] == pid]
+
+
 def broker_server_cpu() -> float:
     """CPU seconds used so far by the broker servers the rows talk to (Redis, NATS,
     RabbitMQ): their work is part of those rows, not other load on the machine."""
-    hz = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        comm = text[text.index("(") + 1 : text.rindex(")")]
-        if comm in BROKER_SERVERS:
-            fields = text[text.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / hz
+    total = 0.0
+    for pid in _pids():
+        stat = _proc_stat(pid)
+        if stat is not None and stat[0] in BROKER_SERVERS:
+            with contextlib.suppress(BenchError):
+                total += proc_cpu(pid)
+    return total
 
 
 async def run_all(
