@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import json
 import os
 import signal
@@ -65,7 +66,9 @@ __all__ = [
     "NodeHost",
     "Placement",
     "cluster_transport",
+    "install_stop_signals",
     "run_cluster",
+    "serve_broker",
     "serve_node",
 ]
 
@@ -151,10 +154,10 @@ def _probe(pattern: str) -> str | None:
 
 
 def _zmq() -> Any:
-    try:
-        from bus.backends import zeromq
-    except ImportError as exc:  # pragma: no cover - depends on the installed extras
-        raise ImportError(f"ZeroMQ runs need pyzmq: pip install 'pantheon[zmq]' ({exc})") from exc
+    """The ZeroMQ backend, imported on first use: it imports pyzmq, and without it raises
+    an ImportError naming the extra to install."""
+    from bus.backends import zeromq
+
     return zeromq
 
 
@@ -295,8 +298,6 @@ def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None
                 f"agent {name!r} is disabled in scenario {scenario.name!r} "
                 f"(agents.{name}.enabled: false)"
             )
-        import difflib
-
         close = difflib.get_close_matches(name, list(team.agents), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ClusterError(
