@@ -24,6 +24,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 __all__ = ["print_nodes", "register"]
 
@@ -33,12 +34,15 @@ _DEFAULT_SCENARIO = "version: 1\nname: node\ninput: {kind: generator, topic: nod
 
 
 def _err(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    # Escaped: messages quote names, paths and stderr lines, where "[x]" is not markup.
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(message)}"
+    )
     return typer.Exit(code)
 
 
 def _info(message: str) -> None:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(message)
+    Console(stderr=True, highlight=False, soft_wrap=True).print(escape(message))
 
 
 def _run(coro: Any) -> Any:
@@ -140,8 +144,8 @@ def broker(
         allowed = _load_public(allow, "--allow")
     elif curve is not None:
         _info(
-            "[yellow]warning:[/yellow] CURVE without --allow encrypts traffic but lets any "
-            "node that knows the broker's public key join"
+            "warning: CURVE without --allow encrypts traffic but lets any node that knows "
+            "the broker's public key join"
         )
 
     async def serve() -> None:

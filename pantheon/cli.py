@@ -94,7 +94,9 @@ def run(
             _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
         )
     except ClusterError as exc:
-        console.print(f"[red]{file}: the multi-process run failed:[/red] {exc}")
+        from rich.markup import escape
+
+        console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))

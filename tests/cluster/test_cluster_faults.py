@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -116,3 +117,24 @@ def test_a_node_dying_unasked_fails_the_run_and_says_which(slow_run: Path) -> No
     # What the dead node held came back to its publishers as node_lost dead letters.
     assert summary["dlq"].get("node_lost", 0) == (summary["nodes"]["driver"]["broker"]["node_lost"])
     assert summary["nodes"]["driver"]["broker"]["nodes_lost"] == 1
+
+
+def test_a_broker_that_cannot_bind_fails_the_run_clearly(slow_run: Path) -> None:
+    path = slow_run / "scenarios" / "support_email_3node.yaml"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"tcp://127.0.0.1:{taken.getsockname()[1]}"
+        path.write_text(path.read_text().replace("tcp://127.0.0.1:0", address))
+        proc = subprocess.run(
+            [sys.executable, "-m", "pantheon.cli", "run", str(path), "--no-record"],
+            cwd=slow_run,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=os.environ | {"COLUMNS": "250"},
+        )
+    assert proc.returncode == 2
+    assert f"the broker ({address}) failed to start" in proc.stderr
+    assert "bind" in proc.stderr
+    assert "Traceback" not in proc.stderr
