@@ -75,6 +75,8 @@ __all__ = [
 #: Seconds a node process may take from spawn to ready (Python start-up, imports, connect,
 #: route handshake) on a loaded machine.
 DEFAULT_START_TIMEOUT = 60.0
+#: Seconds a stopping node waits for its queued and in-flight work to settle.
+DEFAULT_DRAIN_TIMEOUT = 60.0
 #: Seconds to wait for a broker's handshake before calling it unreachable.
 DEFAULT_CONNECT_TIMEOUT = 10.0
 #: Seconds between two looks at the cluster while waiting for it to be quiet or for inputs.
@@ -244,6 +246,8 @@ class NodeHost:
         liveness = getattr(transport_cfg, "liveness", 3)
         #: Seconds after which the broker declares a silent peer lost.
         self.lost_after: float = heartbeat * liveness
+        #: Seconds :meth:`stop_agents` waits for queued and in-flight work to settle.
+        self.drain_timeout = DEFAULT_DRAIN_TIMEOUT
         transport = _zmq().ZmqTransport(
             connect,
             node=node,
@@ -268,9 +272,11 @@ class NodeHost:
     def status(self) -> dict[str, Any]:
         return bus_status(self.bus, self.team)
 
-    async def stop_agents(self, timeout: float = 60.0) -> None:
+    async def stop_agents(self, timeout: float | None = None) -> None:
+        """Stop the agents' own work, then wait (up to ``timeout``, default
+        :attr:`drain_timeout`) for what is queued or in flight to settle."""
         await self.team.stop()
-        await self.bus.drain(timeout=timeout)
+        await self.bus.drain(timeout=self.drain_timeout if timeout is None else timeout)
 
     def report(self) -> dict[str, Any]:
         """This process's :func:`~pantheon._runtime.local_report`, with its transport."""
@@ -415,8 +421,17 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
             if command == "status":
                 _say(out, "status", **host.status())
             elif command == "stop":
-                await host.stop_agents()
-                _say(out, "stopped")
+                try:
+                    await host.stop_agents(timeout=host.drain_timeout)
+                except TimeoutError:
+                    _say(
+                        out,
+                        "error",
+                        message=f"work still outstanding {host.drain_timeout:g} s after the "
+                        f"agents stopped: {host.status()}",
+                    )
+                else:
+                    _say(out, "stopped")
             elif command == "leave":
                 _say(out, "report", report=host.report())
                 return
@@ -500,16 +515,22 @@ class _Child:
         except (BrokenPipeError, ConnectionResetError):
             self.alive = False
             return None
-        async with asyncio.timeout(timeout):
-            while True:
-                event = await self.events.get()
-                kind = event.get("event")
-                if kind == expect:
-                    return event
-                if kind == "eof":
-                    return None
-                if kind == "error":
-                    raise ClusterError(f"{self.what}: {event.get('message')}")
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    event = await self.events.get()
+                    kind = event.get("event")
+                    if kind == expect:
+                        return event
+                    if kind == "eof":
+                        return None
+                    if kind == "error":
+                        raise ClusterError(f"{self.what}: {event.get('message')}")
+        except TimeoutError:
+            raise ClusterError(
+                f"{self.what} (pid {self.proc.pid}) did not answer {command!r} within "
+                f"{timeout:g} s{self.tail()}"
+            ) from None
 
     async def wait_ready(self, timeout: float) -> None:
         try:
