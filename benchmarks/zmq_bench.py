@@ -59,6 +59,7 @@ import abc
 import argparse
 import asyncio
 import contextlib
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -67,6 +68,7 @@ import os
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -1333,10 +1335,14 @@ def main() -> int:
         print(f"[{time.perf_counter() - started:6.1f}s] {msg}", file=sys.stderr, flush=True)
 
     info = machine_info()
-    info["pyzmq"] = _version("zmq")
     info["libzmq"] = _libzmq()
-    for mod in ("redis", "nats", "aio_pika"):
-        info[mod] = _version(mod)
+    for dist in ("pyzmq", "redis", "nats-py", "aio-pika"):
+        info[dist] = _version(dist)
+    info["servers"] = {
+        "redis": _server_version(["redis-server", "--version"]),
+        "nats": _server_version(["nats-server", "--version"]),
+        "rabbitmq": _server_version(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"]),
+    }
     busy0, total0, steal0 = cpu_jiffies()
     own0, servers0 = own_cpu_seconds(), broker_server_cpu()
     tmp = Path(tempfile.mkdtemp(prefix="pzb-"))  # short: ipc paths must stay under 107 bytes
@@ -1401,11 +1407,20 @@ def main() -> int:
     return 1 if failed else 0
 
 
-def _version(module: str) -> str | None:
+def _version(dist: str) -> str | None:
     try:
-        return str(__import__(module).__version__)
-    except (ImportError, AttributeError):
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
         return None
+
+
+def _server_version(cmd: list[str]) -> str | None:
+    """What a broker server says its version is, if it is installed here."""
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
 
 
 def _libzmq() -> str | None:
