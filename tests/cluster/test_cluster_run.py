@@ -153,3 +153,18 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
     text = console.export_text()
     assert f"node work2 (pid {nodes['work2']['pid']}): killed (SIGKILL) at " in text
     assert f"redelivered {broker['redelivered']}, dead-lettered node_lost {lost}" in text
+
+
+def test_observer_on_a_node_publishes_the_inputs_there(workdir: Path) -> None:
+    path = workdir / "scenarios" / "support_email_3node.yaml"
+    text = path.read_text()
+    assert "perception: [sensor, monitor]" in text
+    path.write_text(text.replace("perception: [sensor, monitor]", "perception: [observer, sensor]"))
+
+    _, summary = run_json(workdir, "scenarios/support_email_3node.yaml")
+    # The driver waited for the node's Observer to finish before looking for quiet.
+    assert (summary["inputs"], summary["malformed"]) == (591, 9)
+    assert summary["accounting_ok"] is True
+    assert summary["accuracy"]["scored"] == 598  # as in-process: 2 records carry no label
+    assert summary["nodes"]["driver"]["agents"] == ["monitor", "learner"]
+    assert summary["nodes"]["perception"]["agents"] == ["observer", "sensor"]
