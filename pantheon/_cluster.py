@@ -39,6 +39,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -605,7 +606,7 @@ def _clock_us(transport: Mapping[str, Any], status: Mapping[str, Any] | None) ->
 
 def _node_command(
     scenario_file: Path, node: str, endpoint: str, seed: int, session: str | None,
-    outbox: Path | None,
+    outbox: Path | None, keys: Path | None,
 ) -> list[str]:  # fmt: skip
     cmd = [
         sys.executable, "-m", "pantheon.cli", "node",
@@ -616,6 +617,9 @@ def _node_command(
         cmd += ["--session", session]
     if outbox is not None:
         cmd += ["--outbox", str(outbox)]
+    if keys is not None:
+        cmd += ["--curve-secret", str(keys / f"{node}.key_secret")]
+        cmd += ["--server-key", str(keys / "broker.key")]
     return cmd
 
 
@@ -650,6 +654,7 @@ class _Driver:
         self.drain_timeout = drain_timeout
         self.nodes: dict[str, _Child] = {}
         self.broker_stats: dict[str, Any] = {}
+        self.curve = False
         self.startup_s = 0.0
         sid = bus.session_id or "run"
         full = build_team(
@@ -664,7 +669,9 @@ class _Driver:
         sid = self.bus.session_id
         for name, agents in self.placement.nodes.items():
             outbox = self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
-            command = _node_command(self.source, name, self.endpoint, self.seed, sid, outbox)
+            run = _RUNS.get(id(self.bus.transport))
+            keys = run.keys if run is not None else None
+            command = _node_command(self.source, name, self.endpoint, self.seed, sid, outbox, keys)
             self.nodes[name] = await _Child.spawn(name, agents, command, f"node {name!r}")
 
     def _live(self) -> list[_Child]:
@@ -761,9 +768,10 @@ class _Driver:
         await self._quiesce(self.drain_timeout)
         elapsed = time.perf_counter() - started
         reports = [local_report(self.bus, self.team) | {"transport": _transport_stats(self.bus)}]
-        broker = _BROKERS.get(id(self.bus.transport))
-        if broker is not None:
-            answer = await broker.call("stats", "stats", 30.0)
+        run = _RUNS.get(id(self.bus.transport))
+        if run is not None:
+            self.curve = run.keys is not None
+            answer = await run.broker.call("stats", "stats", 30.0)
             self.broker_stats = (answer or {}).get("stats", {})
         for node in self._live():
             answer = await node.call("leave", "report", 30.0)
@@ -801,7 +809,7 @@ class _Driver:
                 "killed_at_s": None,
                 "startup_s": round(self.startup_s, 3),
                 "clock_offset_us": _clock_us(driver_t, None),
-                "broker": {"endpoint": self.endpoint, **self.broker_stats},
+                "broker": {"endpoint": self.endpoint, "curve": self.curve, **self.broker_stats},
                 "transport": driver_t,
             },
             **{name: node.describe(started) for name, node in self.nodes.items()},
@@ -821,8 +829,30 @@ class _Driver:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
 
 
-#: The broker process behind each transport cluster_transport() made, by id(transport).
-_BROKERS: dict[int, _Child] = {}
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """What cluster_transport() started for one run: the broker, and the run's CURVE key
+    directory (``NAME.key_secret`` per process, ``broker.key``) when ``curve`` is on."""
+
+    broker: _Child
+    keys: Path | None
+
+
+#: The run behind each transport cluster_transport() made, by id(transport).
+_RUNS: dict[int, _Run] = {}
+
+
+def _make_keys(directory: Path, names: Iterable[str]) -> Path:
+    """A key pair per process of the run, and ``allowed/`` with every public key but the
+    broker's, the broker's allow-list. Returns the allow-list directory."""
+    keys = _zmq().CurveKeys
+    allowed = directory / "allowed"
+    for name in ("broker", *names):
+        public, _ = keys.generate().save(directory / name)
+        if name != "broker":
+            allowed.mkdir(exist_ok=True)
+            (allowed / public.name).write_bytes(public.read_bytes())
+    return allowed
 
 
 @asynccontextmanager
@@ -831,6 +861,8 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
     stopped on exit) and yield the driver's transport to it; for any other scenario, yield
     None and import nothing.
 
+    With ``transport.curve`` every process of the run gets a key pair made for it (in a
+    temporary directory, removed afterwards) and the broker admits only those keys.
     ``pantheon run`` builds the run's bus on this transport, so the recorder and the live
     feed hook the driver's bus exactly as they hook an in-process one."""
     if scenario.transport.kind != "zmq":
@@ -842,25 +874,37 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
         sys.executable, "-m", "pantheon.cli", "broker", "--bind", cfg.broker,
         "--heartbeat", str(cfg.heartbeat), "--liveness", str(cfg.liveness), "--control",
     ]  # fmt: skip
-    broker = await _Child.spawn("broker", (), command, f"the broker ({cfg.broker})")
-    try:
-        await broker.wait_ready(DEFAULT_START_TIMEOUT)
-        assert broker.ready is not None
-        transport = zmq.ZmqTransport(
-            broker.ready["endpoint"],
-            node=DRIVER_NODE,
-            heartbeat=cfg.heartbeat,
-            liveness=cfg.liveness,
-        )
-        _BROKERS[id(transport)] = broker
+    with contextlib.ExitStack() as cleanup:
+        keys: Path | None = None
+        curve: dict[str, Any] = {}
+        if cfg.curve:
+            keys = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pantheon-")))
+            allowed = _make_keys(keys, [DRIVER_NODE, *cfg.nodes])
+            command += ["--curve-secret", str(keys / "broker.key_secret"), "--allow", str(allowed)]
+            curve = {
+                "curve": zmq.CurveKeys.load(keys / f"{DRIVER_NODE}.key_secret"),
+                "server_key": zmq.load_public_keys(keys / "broker.key")[0],
+            }
+        broker = await _Child.spawn("broker", (), command, f"the broker ({cfg.broker})")
         try:
-            yield transport
+            await broker.wait_ready(DEFAULT_START_TIMEOUT)
+            assert broker.ready is not None
+            transport = zmq.ZmqTransport(
+                broker.ready["endpoint"],
+                node=DRIVER_NODE,
+                heartbeat=cfg.heartbeat,
+                liveness=cfg.liveness,
+                **curve,
+            )
+            _RUNS[id(transport)] = _Run(broker, keys)
+            try:
+                yield transport
+            finally:
+                del _RUNS[id(transport)]
         finally:
-            del _BROKERS[id(transport)]
-    finally:
-        with contextlib.suppress(ClusterError, TimeoutError):
-            await broker.call("leave", "report", 10.0)
-        await broker.close()
+            with contextlib.suppress(ClusterError, TimeoutError):
+                await broker.call("leave", "report", 10.0)
+            await broker.close()
 
 
 async def run_cluster(

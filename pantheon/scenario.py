@@ -151,6 +151,9 @@ class ZmqTransportConfig(_Model):
     """Seconds between heartbeats; a node silent for ``heartbeat * liveness`` is lost and
     what was in flight to it is redelivered or dead-lettered (``node_lost``)."""
     liveness: Annotated[int, Field(ge=1)] = 3
+    curve: bool = False
+    """Encrypt and authenticate every link with CURVE keys made for the run: the broker
+    admits only the run's own processes (``pantheon run``; by hand, see ``pantheon keys``)."""
 
 
 TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig
