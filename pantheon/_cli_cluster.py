@@ -345,7 +345,13 @@ def print_nodes(out: Console, summary: Any) -> None:
         elif n.get("exit_code") not in (None, 0):
             status = f"{status} (exit code {n['exit_code']})"
         offset = n.get("clock_offset_us")
-        clock = "" if offset is None else f"  clock offset {offset:+.1f} µs"
+        clock = (
+            f"  clock offset {offset:+.1f} µs"
+            if offset is not None
+            else "  clock offset not measured (shorter than one heartbeat)"
+            if n["status"] == "ok"
+            else ""
+        )
         colour = "green" if n["status"] == "ok" else "yellow" if n["status"] == "killed" else "red"
         out.print(
             f"node {name} (pid {n['pid']}): [{colour}]{status}[/{colour}]  "
