@@ -364,6 +364,15 @@ def register(app: typer.Typer) -> None:
         Exits 0 on a match, 1 on a divergence (printed)."""
         with _open(store) as st:
             info = st.session(session)
+            remote = sorted(set(info.summary.get("nodes") or ()) - {"driver"})
+            if remote:
+                # The record holds what the driver's bus saw; hops handled on other nodes,
+                # and their effects, are not in it, so a replay would diverge at the first.
+                raise _err(
+                    f"session {info.id} ran on several processes (nodes: {', '.join(remote)}); "
+                    "only the driver's messages are recorded, so it cannot be replayed exactly. "
+                    "Replay a single-process run of the same scenario instead."
+                )
             telemetry = _telemetry()
             team = telemetry.wrap_setup(_load_setup(setup, info.scenario_text))
             con = _console()

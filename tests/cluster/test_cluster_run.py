@@ -87,6 +87,11 @@ def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
     outbox = workdir / "outbox" / f"{three['session_id']}.action.jsonl"
     assert len(outbox.read_text().splitlines()) == sum(three["outbox"].values())
 
+    # Its record holds only what the driver saw, so replay refuses it instead of diverging.
+    proc = pantheon("replay", three["session_id"], "--store", "s.db", cwd=workdir)
+    assert proc.returncode == 2
+    assert "ran on several processes" in proc.stderr and "cognition" in proc.stderr
+
 
 KILL = """
 faults:
