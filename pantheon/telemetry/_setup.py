@@ -193,25 +193,28 @@ class Telemetry:
         scope = InstrumentationScope("pantheon", _version())
         if span_exporters or processors:
             from opentelemetry.sdk.trace import SynchronousMultiSpanProcessor, TracerProvider
-            from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
+            from opentelemetry.sdk.trace.export import SimpleSpanProcessor
             from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
-            from pantheon.telemetry._tracing import BusTracer
+            from pantheon.telemetry._tracing import BusTracer, SpanBatcher
 
-            wrap = BatchSpanProcessor if batch else SimpleSpanProcessor
-            processors += [wrap(e) for e in span_exporters]
             # For spans anything else makes (set it as the global provider, and spans made
-            # inside handlers nest under the bus's); the bus's own go to the same processors.
+            # inside handlers nest under the bus's); the bus's own go to the same processor.
             self.tracer_provider = TracerProvider(
                 sampler=ParentBased(TraceIdRatioBased(sampling)), resource=resource
             )
-            for p in processors:
-                self.tracer_provider.add_span_processor(p)
-            target: SpanProcessor = processors[0]
-            if len(processors) > 1:
-                target = SynchronousMultiSpanProcessor()
-                for p in processors:
-                    target.add_span_processor(p)
+            target: SpanProcessor
+            if batch:
+                # Built and exported on the batcher's thread (see pantheon.telemetry._tracing).
+                target = SpanBatcher(list(span_exporters), processors)
+            else:
+                processors += [SimpleSpanProcessor(e) for e in span_exporters]
+                target = processors[0]
+                if len(processors) > 1:
+                    target = SynchronousMultiSpanProcessor()
+                    for p in processors:
+                        target.add_span_processor(p)
+            self.tracer_provider.add_span_processor(target)
             self.tracer = BusTracer(target, ratio=sampling, resource=resource, scope=scope)
         if metric_readers:
             from opentelemetry.sdk.metrics import MeterProvider
@@ -279,6 +282,13 @@ class Telemetry:
             await setup(bus)
 
         return observed
+
+    def force_flush(self) -> None:
+        """Export every span ended so far and collect the metrics once more, now."""
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush()
+        if self.meter_provider is not None:
+            self.meter_provider.force_flush()
 
     def shutdown(self) -> None:
         """Export what is buffered (spans, a last metrics collection) and stop."""
