@@ -328,3 +328,34 @@ async def test_the_bus_without_a_tracer_never_touches_trace_context() -> None:
         await asyncio.sleep(0)
         await bus.drain()
     assert bus.tracer is None and got == [None]
+
+
+async def test_batched_spans_reach_exporters_and_processors_on_flush_and_shutdown() -> None:
+    """With batching the bus's spans (and the provider's) are built on the SpanBatcher's
+    thread; force_flush hands every ended one on, and shutdown drains what is left."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pantheon.telemetry import Telemetry
+
+    exporter, mirrored = InMemorySpanExporter(), InMemorySpanExporter()
+    telemetry = Telemetry(
+        span_exporters=[exporter], span_processors=[SimpleSpanProcessor(mirrored)]
+    )
+    async with Bus() as bus:
+        telemetry.instrument(bus)
+        bus.on("b.*", lambda env: None, name="b")
+        for _ in range(10):
+            await bus.emit("b.x", None)
+        await bus.drain()
+    assert telemetry.tracer_provider is not None
+    with telemetry.tracer_provider.get_tracer("other").start_as_current_span("other work"):
+        pass
+    telemetry.force_flush()
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["other work"] + ["process b.x"] * 10 + ["publish b.x"] * 10
+    assert sorted(s.name for s in mirrored.get_finished_spans()) == names
+    async with Bus() as bus:
+        telemetry.instrument(bus)
+        await bus.emit("late.x", None)
+    telemetry.shutdown()
+    assert [s.name for s in exporter.get_finished_spans()][-1] == "publish late.x"
