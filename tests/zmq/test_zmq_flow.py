@@ -124,6 +124,33 @@ async def test_heartbeats_estimate_the_clock_offset_to_the_broker() -> None:
         assert stats["connected"] and stats["broker_lost"] == 0
 
 
+async def test_the_clock_offset_is_measured_right_after_joining() -> None:
+    # Heartbeats an hour apart: the only clock sample is the ping sent on joining.
+    async with (
+        run_broker(heartbeat=3600) as endpoint,
+        Bus(transport=ZmqTransport(endpoint, heartbeat=3600)) as node,
+    ):
+        await eventually(lambda: node.transport.stats()["rtt_ns"] > 0, what="the join's ping")
+        stats = node.transport.stats()
+        assert abs(stats["clock_offset_ns"]) <= stats["rtt_ns"]
+
+
+async def test_many_requests_in_flight_get_their_own_answers() -> None:
+    # Replies travel with DONE frames in multi-frame messages both ways; each must still
+    # reach its own request, in any interleaving.
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint)) as asker,
+        Bus(transport=ZmqTransport(endpoint)) as answerer,
+    ):
+        answerer.on("sq", lambda env: env.payload * env.payload, name="sq")
+        await answerer.transport.sync()
+        answers = await asyncio.gather(*(asker.request("sq", i) for i in range(500)))
+        assert answers == [i * i for i in range(500)]
+        await asker.drain(timeout=10)
+        assert asker.transport.stats()["acked"] == asker.transport.stats()["sent"] == 500
+
+
 def test_the_package_exports_exactly_its_public_names() -> None:
     public = {
         name

@@ -85,16 +85,16 @@ async def test_malformed_and_oversized_frames_are_counted_dropped_and_survived(
         await raw.send(enc.encode([99, "no such message"]))
         await raw.send(enc.encode((5, "seq must be an int", [])))
         await raw.send(enc.encode((1, PROTOCOL, 7, "types", "all", "wrong", [])))
-        await raw.send_multipart([b"two", b"frames"])
+        await raw.send_multipart([b"\xc1 one", b"\xc1 two"])  # two frames, both bad
         await raw.send(b"\x00" * (MAX_FRAME + 100))  # over the limit: counted, dropped
         await raw.send(b"\x00" * (4 * MAX_FRAME))  # over MAXMSGSIZE: ZeroMQ drops the link
         await eventually(
-            lambda: broker.stats()["malformed"] >= 5 and broker.stats()["oversized"] >= 1,
+            lambda: broker.stats()["malformed"] >= 6 and broker.stats()["oversized"] >= 1,
             what=f"counted: {broker.stats()}",
         )
         await a.emit("t", "still served")
         await eventually(lambda: got == ["still served"])
-        assert broker.stats()["malformed"] == 5
+        assert broker.stats()["malformed"] == 6
         assert broker.stats()["oversized"] == 1
 
 

@@ -8,7 +8,8 @@ of the incoming frame and is copied out verbatim), resolves the topic once per d
 topic with :class:`~bus._topics.GlobIndex`, and for every consumer group (subscriptions of
 one name) that matches picks one live member node: the least loaded, round-robin on ties.
 A group with a member on the publishing node itself is skipped: that node served it
-locally. Messages for one node are batched per loop turn into one frame.
+locally. Messages for one node are batched per drain of the socket into data frames, sent
+with that node's DONE, LOST and reply frames as one ZeroMQ message (one wake-up there).
 
 Accounting: a data frame from a node stays unsettled (no DONE back) until every copy the
 broker made of its messages is settled by the node that received it. So the publisher's
@@ -22,7 +23,6 @@ another member of the same group, or back to the publisher as a ``node_lost`` de
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
 from collections import deque
@@ -70,6 +70,9 @@ _TURN = 256
 _DATA_HEAD = b"\x93\x05"
 #: Frames are cut near this size: sends past ~64 KB cost ten times more (see _node.py).
 _BATCH_BYTES = 32 * 1024
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_EVENTS = int(zmq.EVENTS)
 
 
 class _Member:
@@ -108,6 +111,7 @@ class _Node:
         "alive",
         "backlog",
         "batch",
+        "control",
         "credit",
         "done_out",
         "expected_in",
@@ -147,6 +151,7 @@ class _Node:
         self.batch: list[_Flight] = []
         self.backlog: deque[_Flight] = deque()  # waiting for the node's credit
         self.done_out: list[int] = []
+        self.control: list[bytes] = []  # replies for the node, sent with the next flush
         self.lost_out: list[tuple[msgspec.Raw, str, str]] = []
         self.interest_sent: list[str] | None = None
         self.interest_version = 0  # of the last INTEREST sent to the node
@@ -210,6 +215,12 @@ class Broker:
         self._sync: zmq.Socket[bytes] | None = None
         self._auth: Any = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._fd: int | None = None
+        self._draining = False
+        self._drain_handle: asyncio.Handle | None = None
+        self._send_backlog: deque[list[bytes]] = deque()
+        self._retry_handle: asyncio.TimerHandle | None = None
         self._nodes: dict[bytes, _Node] = {}
         self._index: GlobIndex[_Member] = GlobIndex()
         self._routes: dict[str, tuple[dict[str, list[_Member]], dict[_Node, int]]] = {}
@@ -285,14 +296,22 @@ class Broker:
         self._sock = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._serve(), name="zmq-broker:serve"),
-            loop.create_task(self._watch(), name="zmq-broker:heartbeat"),
-        ]
+        self._loop = loop = asyncio.get_running_loop()
+        # The socket is read by a plain reader callback on its FD: no task, no future per
+        # wake-up; sends are non-blocking on the shadow socket.
+        self._fd = self._sync.getsockopt(zmq.FD)
+        loop.add_reader(self._fd, self._drain)
+        self._tasks = [loop.create_task(self._watch(), name="zmq-broker:heartbeat")]
         _log.info("broker listening on %s%s", self.endpoint, " (CURVE)" if self.curve else "")
 
     async def aclose(self) -> None:
+        if self._fd is not None and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
+        for handle in (self._drain_handle, self._retry_handle):
+            if handle is not None:
+                handle.cancel()
+        self._drain_handle = self._retry_handle = None
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -327,29 +346,33 @@ class Broker:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    async def _serve(self) -> None:
-        assert self._sock is not None and self._sync is not None
-        sock, sync = self._sock, self._sync
-        turn = 0
-        while True:
-            # Drain without awaiting; await only when the socket would block. An await per
-            # frame costs more than handling it.
-            try:
-                parts = sync.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                self._flush()
-                turn = 0
-                parts = await sock.recv_multipart()
-            try:
-                self._handle(parts)
-            except Exception:
-                # A bug here must not take every node down with it; say so loudly.
-                _log.exception("broker failed to handle a frame; dropped it")
-            turn += 1
-            if turn >= _TURN:
-                turn = 0
-                self._flush()
-                await asyncio.sleep(0)
+    def _drain(self) -> None:
+        """The reader: handle every message the socket has without waiting (an await per
+        message costs more than handling it), then flush the batches it made. After
+        ``_TURN`` messages it reschedules itself so heartbeats keep their time."""
+        self._drain_handle = None
+        sync, loop = self._sync, self._loop
+        if sync is None or loop is None or self._fd is None:
+            return
+        self._draining = True
+        try:
+            for _ in range(_TURN):
+                try:
+                    parts = sync.recv_multipart(_NOBLOCK)
+                except zmq.Again:
+                    break
+                try:
+                    self._handle(parts)
+                except Exception:
+                    # A bug here must not take every node down with it; say so loudly.
+                    _log.exception("broker failed to handle a frame; dropped it")
+            else:
+                self._drain_handle = loop.call_soon(self._drain)
+            self._flush()
+            if self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
+                self._drain_handle = loop.call_soon(self._drain)
+        finally:
+            self._draining = False
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
@@ -370,12 +393,18 @@ class Broker:
             self._flush()
 
     def _handle(self, parts: list[bytes]) -> None:
+        """One ZeroMQ message: the node's identity, then one or more frames."""
+        if len(parts) < 2:
+            self._counts["frames_in"] += 1
+            self._malformed(parts[0] if parts else b"?", "no frame after the identity")
+            return
+        ident = parts[0]
+        for i in range(1, len(parts)):
+            self._frame(ident, parts[i])
+
+    def _frame(self, ident: bytes, frame: bytes) -> None:
         counts = self._counts
         counts["frames_in"] += 1
-        if len(parts) != 2:
-            self._malformed(parts[0] if parts else b"?", f"{len(parts) - 1} frames, not 1")
-            return
-        ident, frame = parts
         if len(frame) > self.max_frame:
             counts["oversized"] += 1
             _log.warning(
@@ -397,7 +426,8 @@ class Broker:
         if node is None:
             self._send(ident, self._enc.encode(Reset("unknown node: send HELLO")))
             return
-        node.last_seen = asyncio.get_running_loop().time()
+        assert self._loop is not None
+        node.last_seen = self._loop.time()
         kind = type(msg)
         if kind is DataUp:
             self._data(node, msg)
@@ -681,7 +711,9 @@ class Broker:
             _log.warning("reply to request %d dropped: node %s is gone", reply.request_id, reply.to)
             return
         self._counts["replies"] += 1
-        self._send(target.ident, frame)
+        # Sent with the flush, in one message with the DONE its request's settling makes.
+        target.control.append(frame)
+        self._dirty.add(target)
 
     def _resend(self, node: _Node, expected: int) -> None:
         for seq in sorted(s for s in node.unsettled if s >= expected):
@@ -690,19 +722,52 @@ class Broker:
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, ident: bytes, frame: bytes) -> None:
-        assert self._sock is not None
-        self._counts["frames_out"] += 1
-        fut = self._sock.send_multipart([ident, frame])
-        if fut.done():
-            if fut.exception() is not None:
-                self._unroutable(ident, fut.exception())
-        else:
-            fut.add_done_callback(functools.partial(self._sent, ident))
+    def _send(self, ident: bytes, *frames: bytes) -> None:
+        """Send ``frames`` to one node as one ZeroMQ message, non-blocking. A send can
+        consume the FD's edge for input that arrived meanwhile, so outside the reader the
+        socket is asked whether input waits, and the reader rescheduled if so."""
+        sync = self._sync
+        assert sync is not None
+        self._counts["frames_out"] += len(frames)
+        if self._send_backlog:
+            self._send_backlog.append([ident, *frames])
+            return
+        try:
+            sync.send(ident, _NOBLOCK | _SNDMORE)
+            last = len(frames) - 1
+            for i, frame in enumerate(frames):
+                sync.send(frame, _NOBLOCK if i == last else _NOBLOCK | _SNDMORE)
+        except zmq.Again:
+            # Only past a high-water mark, which is off: keep the order, retry shortly.
+            self._send_backlog.append([ident, *frames])
+            self._schedule_retry()
+        except zmq.ZMQError as exc:
+            self._unroutable(ident, exc)
+        if (
+            not self._draining
+            and self._drain_handle is None
+            and self._loop is not None
+            and self._fd is not None
+            and sync.getsockopt(_EVENTS) & 1
+        ):
+            self._drain_handle = self._loop.call_soon(self._drain)
 
-    def _sent(self, ident: bytes, fut: asyncio.Future[Any]) -> None:
-        if not fut.cancelled() and fut.exception() is not None:
-            self._unroutable(ident, fut.exception())
+    def _schedule_retry(self) -> None:
+        if self._retry_handle is None and self._loop is not None:
+            self._retry_handle = self._loop.call_later(0.001, self._flush_backlog)
+
+    def _flush_backlog(self) -> None:
+        self._retry_handle = None
+        backlog, sync = self._send_backlog, self._sync
+        while backlog and sync is not None:
+            try:
+                sync.send_multipart(backlog[0], _NOBLOCK)
+            except zmq.Again:
+                self._schedule_retry()
+                return
+            except zmq.ZMQError as exc:
+                self._unroutable(backlog[0][0], exc)
+            backlog.popleft()
 
     def _unroutable(self, ident: bytes, exc: BaseException | None) -> None:
         self._counts["unroutable"] += 1
@@ -719,31 +784,40 @@ class Broker:
             node = self._dirty.pop()
             if not node.alive:
                 continue
-            # LOST before DONE: once a publisher sees its frames settled (its drain returns),
-            # the dead letters for them must already be in its DLQ.
+            # Everything for the node goes as one message: one wake-up there. LOST before
+            # DONE: once a publisher sees its frames settled (its drain returns), the dead
+            # letters for them must already be in its DLQ.
+            frames: list[bytes] = []
             if node.lost_out:
                 entries, node.lost_out = node.lost_out, []
-                self._send_lost(node, entries)
+                self._lost_frames(entries, frames)
             if node.done_out:
                 seqs, node.done_out = node.done_out, []
-                self._send(node.ident, self._enc.encode(Done(seqs)))
+                frames.append(self._enc.encode(Done(seqs)))
+            if node.control:
+                frames += node.control
+                node.control = []
             if node.batch:
-                self._send_batch(node)
+                self._batch_frames(node, frames)
+            if frames:
+                self._send(node.ident, *frames)
 
-    def _send_lost(self, node: _Node, entries: list[tuple[msgspec.Raw, str, str]]) -> None:
+    def _lost_frames(
+        self, entries: list[tuple[msgspec.Raw, str, str]], frames: list[bytes]
+    ) -> None:
         """LOST frames cut to stay well under the frame limit (the node drops bigger ones)."""
         chunk: list[tuple[msgspec.Raw, str, str]] = []
         size = 0
         for entry in entries:
             if chunk and size + len(entry[0]) > self.max_frame // 2:
-                self._send(node.ident, self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
+                frames.append(self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
                 chunk, size = [], 0
             chunk.append(entry)
             size += len(entry[0]) + len(entry[1]) + 16
         if chunk:
-            self._send(node.ident, self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
+            frames.append(self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
 
-    def _send_batch(self, node: _Node) -> None:
+    def _batch_frames(self, node: _Node, frames: list[bytes]) -> None:
         batch, node.batch = node.batch, []
         encode_into = self._enc.encode_into
         limit = self.max_frame - 64
@@ -759,20 +833,20 @@ class Broker:
             ):
                 tail = bytes(buf[mark:])
                 del buf[mark:]
-                self._send_frame(node, flights, buf)
+                frames.append(self._data_frame(node, flights, buf))
                 buf = bytearray(tail)
                 flights = []
             flights.append(flight)
         if flights:
-            self._send_frame(node, flights, buf)
+            frames.append(self._data_frame(node, flights, buf))
 
-    def _send_frame(self, node: _Node, flights: list[_Flight], items: bytearray) -> None:
+    def _data_frame(self, node: _Node, flights: list[_Flight], items: bytearray) -> bytes:
         seq = node.out_seq
         node.out_seq += 1
         frame = b"".join((_DATA_HEAD, self._enc.encode(seq), array_header(len(flights)), items))
         node.unsettled[seq] = (frame, flights)
         self._counts["messages_out"] += len(flights)
-        self._send(node.ident, frame)
+        return frame
 
     def _send_interest(self) -> None:
         live = [m for m in self._index.items() if m.node.alive]

@@ -1,19 +1,23 @@
 """ZmqTransport: a bus's link to the broker (one DEALER socket).
 
 Sending: ``try_send`` encodes the envelope straight into the current batch buffer (one
-``encode_into`` call, no per-message object) while the window has credit, and the batch
-goes out as one frame when the loop turns (``call_soon``; or after ``batch_delay``), or at
-once when it reaches ``batch_max`` messages or ``max_frame`` bytes. A frame is kept until
-the broker says it is settled (DONE), which happens only when every receiver has handled or
-dead-lettered every message in it: so ``window`` bounds memory end to end, ``flush`` can
-wait for remote work, and a broker restart or a gap costs a resend, not a loss.
+``encode_into`` call, no per-message object) while the window has credit. Nagle style: a
+message sent when nothing is pending goes out at once (a lone request never waits); what
+follows in the same loop turn is batched and goes out as one frame when the turn ends (or
+after ``batch_delay`` when set), or at once when it reaches ``batch_max`` messages or
+``max_frame`` bytes. DONE frames and replies made in one turn go out as one message. A
+frame is kept until the broker says it is settled (DONE), which happens only when every
+receiver has handled or dead-lettered every message in it: so ``window`` bounds memory end
+to end, ``flush`` can wait for remote work, and a broker restart or a gap costs a resend,
+not a loss.
 
-Receiving: the reader drains the socket without awaiting (``NOBLOCK`` in a loop) and
-awaits only when it would block. Each data frame gets one :class:`_FrameReceipt` shared by
-its envelopes; the bus settles it once per subscription that took a message, and the frame
-is acknowledged when all are done. A full ``block`` mailbox parks the rest of the frame
-(and later frames, in order) behind one task, so the reader keeps answering heartbeats
-while backpressure holds; what can pile up is bounded by the credit this node advertised.
+Receiving: after the handshake the socket's FD has a plain reader callback that drains it
+without waiting (``NOBLOCK`` in a loop): no task and no future per wake-up. Each data frame
+gets one :class:`_FrameReceipt` shared by its envelopes; the bus settles it once per
+subscription that took a message, and the frame is acknowledged when all are done. A full
+``block`` mailbox parks the rest of the frame (and later frames, in order) behind one task,
+so the reader keeps answering heartbeats while backpressure holds; what can pile up is
+bounded by the credit this node advertised.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ DEFAULT_BATCH_BYTES = 32 * 1024
 DEFAULT_DEDUP_WINDOW = 65_536
 _DATA_HEAD = b"\x93\x05"
 _TURN = 256
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
 _CLOCK_SAMPLES = 8
 _AUTH_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
@@ -233,7 +239,14 @@ class ZmqTransport(Transport):
         self._parked: deque[tuple[_FrameReceipt, list[ItemDown], int]] = deque()
         self._unparking = False
         self._done_out: list[int] = []
+        self._control_out: list[bytes] = []
         self._control_handle: asyncio.Handle | None = None
+        # the socket's own reader (after the handshake): a plain callback, not a task
+        self._fd: int | None = None
+        self._draining = False
+        self._drain_handle: asyncio.Handle | None = None
+        self._send_backlog: deque[list[bytes]] = deque()
+        self._retry_handle: asyncio.TimerHandle | None = None
         self._seen: set[Any] = set()
         self._seen_order: deque[Any] = deque()
         self._dedup_window = dedup_window
@@ -305,8 +318,12 @@ class ZmqTransport(Transport):
             self._closed = True
             await self._teardown(linger=0)
             raise
+        # From here on the socket is read by a plain reader callback on its FD (no task, no
+        # future per wake-up) and written with non-blocking sends on the shadow socket.
+        self._fd = self._sync.getsockopt(zmq.FD)
+        self._loop.add_reader(self._fd, self._drain)
+        self._loop.call_soon(self._drain)  # frames that came in behind the handshake's
         self._tasks = [
-            self._loop.create_task(self._read(), name=f"zmq-node:{self.node}:read"),
             self._loop.create_task(self._beat(), name=f"zmq-node:{self.node}:heartbeat"),
         ]
 
@@ -390,6 +407,8 @@ class ZmqTransport(Transport):
         assert self._loop is not None
         self._connected = True
         self._last_heard = self._loop.time()
+        # A clock sample now, so a short run knows the offset before the first heartbeat.
+        self._send(self._enc.encode(Ping(time.time_ns(), self._out_seq - 1)))
 
     async def aclose(self) -> None:
         """Leave: send what is buffered, wait (up to ``heartbeat * liveness``) for it to be
@@ -415,6 +434,13 @@ class ZmqTransport(Transport):
         await self._teardown()
 
     async def _teardown(self, linger: int | None = None) -> None:
+        if self._fd is not None and self._loop is not None:
+            self._loop.remove_reader(self._fd)
+            self._fd = None
+        for handle in (self._drain_handle, self._retry_handle):
+            if handle is not None:
+                handle.cancel()
+        self._flush_backlog()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -516,14 +542,18 @@ class ZmqTransport(Transport):
         self._buf_n += 1
         self._in_flight += 1
         self._counts["sent"] += 1
-        if self._buf_n >= self.batch_max or len(self._buf) >= DEFAULT_BATCH_BYTES:
-            self._flush_data()
-        elif self._flush_handle is None:
+        if self._flush_handle is None:
             assert self._loop is not None
             if self.batch_delay:
-                self._flush_handle = self._loop.call_later(self.batch_delay, self._flush_data)
+                self._flush_handle = self._loop.call_later(self.batch_delay, self._end_turn)
             else:
-                self._flush_handle = self._loop.call_soon(self._flush_data)
+                # Nagle style: nothing was pending, so this one goes now; what follows in
+                # the same loop turn is batched and sent when the turn ends.
+                self._flush_data()
+                self._flush_handle = self._loop.call_soon(self._end_turn)
+                return True
+        if self._buf_n >= self.batch_max or len(self._buf) >= DEFAULT_BATCH_BYTES:
+            self._flush_data()
         return True
 
     async def send(self, envelope: Envelope) -> None:
@@ -567,19 +597,67 @@ class ZmqTransport(Transport):
 
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, frame: bytes) -> None:
-        if self._sock is None:
+    def _send(self, *frames: bytes) -> None:
+        """Send ``frames`` as one ZeroMQ message (one wake-up for the broker), at once.
+
+        Before the reader is installed (the handshake) the asyncio socket sends, so its own
+        pending receive is not starved. After, a non-blocking send on the shadow socket: no
+        future, no callback. A send can consume the FD's edge for frames that arrived
+        meanwhile, so the reader is rescheduled when the socket says it has input."""
+        if self._fd is None:
+            if self._sock is None:
+                return
+            fut = self._sock.send_multipart(frames)
+            if not fut.done():
+                fut.add_done_callback(_log_send_failure)
+            elif fut.exception() is not None:
+                _log_send_failure(fut)
             return
-        fut = self._sock.send(frame)
-        if not fut.done():
-            fut.add_done_callback(_log_send_failure)
-        elif fut.exception() is not None:
-            _log_send_failure(fut)
+        if self._send_backlog:
+            self._send_backlog.append(list(frames))
+            return
+        sync = self._sync
+        assert sync is not None
+        try:
+            if len(frames) == 1:
+                sync.send(frames[0], _NOBLOCK)
+            else:
+                sync.send_multipart(frames, _NOBLOCK)
+        except zmq.Again:
+            # The DEALER has no room (its high-water mark is off, so only without a pipe):
+            # keep the order, retry shortly.
+            self._send_backlog.append(list(frames))
+            self._schedule_retry()
+            return
+        except zmq.ZMQError as exc:
+            _log.warning("send to the broker failed: %s", exc)
+            return
+        if not self._draining and self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
+            self._drain_handle = self._loop.call_soon(self._drain)  # type: ignore[union-attr]
+
+    def _schedule_retry(self) -> None:
+        if self._retry_handle is None and self._loop is not None:
+            self._retry_handle = self._loop.call_later(0.001, self._flush_backlog)
+
+    def _flush_backlog(self) -> None:
+        self._retry_handle = None
+        backlog, sync = self._send_backlog, self._sync
+        while backlog and sync is not None and not sync.closed:
+            try:
+                sync.send_multipart(backlog[0], _NOBLOCK)
+            except zmq.Again:
+                self._schedule_retry()
+                return
+            except zmq.ZMQError as exc:
+                _log.warning("send to the broker failed: %s", exc)
+            backlog.popleft()
+
+    def _end_turn(self) -> None:
+        self._flush_handle = None
+        self._flush_data()
 
     def _flush_data(self) -> None:
-        if self._flush_handle is not None:
-            self._flush_handle.cancel()
-            self._flush_handle = None
+        """Send the batch now (the turn's handle, if any, stays: batching goes on)."""
         n = self._buf_n
         if not n:
             return
@@ -598,10 +676,19 @@ class ZmqTransport(Transport):
             self._control_handle = self._loop.call_soon(self._flush_control)
 
     def _flush_control(self) -> None:
-        self._control_handle = None
-        if self._done_out and self._connected:
+        """DONE and replies made this loop turn go out together, as one message."""
+        if self._control_handle is not None:
+            self._control_handle.cancel()
+            self._control_handle = None
+        if not self._connected:
+            return
+        frames = self._control_out
+        if self._done_out:
             seqs, self._done_out = self._done_out, []
-            self._send(self._enc.encode(Done(seqs)))
+            frames.append(self._enc.encode(Done(seqs)))
+        if frames:
+            self._control_out = []
+            self._send(*frames)
 
     def _settled(self, receipt: _FrameReceipt) -> None:
         if receipt.epoch == self._epoch:
@@ -619,7 +706,9 @@ class ZmqTransport(Transport):
         else:
             reply = (9, to, env.id, True, value, None, None)
         self._counts["replies_sent"] += 1
-        self._send(self._enc.encode(reply))
+        # With the DONE that settling the request makes right after: one message.
+        self._control_out.append(self._enc.encode(reply))
+        self._schedule_control()
 
     def _wake_credit(self) -> None:
         room = self.window - self._in_flight
@@ -642,38 +731,48 @@ class ZmqTransport(Transport):
 
     # -- receiving ---------------------------------------------------------------------------
 
-    async def _read(self) -> None:
-        assert self._sock is not None and self._sync is not None and self._loop is not None
-        sock, sync, loop = self._sock, self._sync, self._loop
-        turn = 0
-        while True:
-            try:
-                frame = sync.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                self._flush_control()
-                turn = 0
-                frame = await sock.recv()
-            self._last_heard = loop.time()
-            self._counts["frames_in"] += 1
-            if len(frame) > self.max_frame:
-                self._counts["oversized"] += 1
-                _log.warning("dropped an oversized frame (%d bytes) from the broker", len(frame))
-                continue
-            try:
-                msg = self._decode(frame)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                self._counts["malformed"] += 1
-                _log.warning("dropped a malformed frame from the broker: %s", exc)
-                continue
-            try:
-                self._handle(msg)
-            except Exception:
-                _log.exception("node %s failed to handle a frame; dropped it", self.node)
-            turn += 1
-            if turn >= _TURN:
-                turn = 0
-                self._flush_control()
-                await asyncio.sleep(0)
+    def _drain(self) -> None:
+        """The reader: take every frame the socket has without waiting, then send what
+        handling them produced (DONE, replies) as one message. Runs as the FD's reader
+        callback; after ``_TURN`` messages it reschedules itself so the loop stays fair."""
+        self._drain_handle = None
+        sync, loop = self._sync, self._loop
+        if sync is None or loop is None or self._fd is None:
+            return
+        self._draining = True
+        try:
+            for _ in range(_TURN):
+                try:
+                    frames = sync.recv_multipart(_NOBLOCK)
+                except zmq.Again:
+                    break
+                self._last_heard = loop.time()
+                for frame in frames:
+                    self._frame_in(frame)
+            else:
+                self._drain_handle = loop.call_soon(self._drain)
+            self._flush_control()
+            if self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
+                self._drain_handle = loop.call_soon(self._drain)
+        finally:
+            self._draining = False
+
+    def _frame_in(self, frame: bytes) -> None:
+        self._counts["frames_in"] += 1
+        if len(frame) > self.max_frame:
+            self._counts["oversized"] += 1
+            _log.warning("dropped an oversized frame (%d bytes) from the broker", len(frame))
+            return
+        try:
+            msg = self._decode(frame)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            self._counts["malformed"] += 1
+            _log.warning("dropped a malformed frame from the broker: %s", exc)
+            return
+        try:
+            self._handle(msg)
+        except Exception:
+            _log.exception("node %s failed to handle a frame; dropped it", self.node)
 
     def _handle(self, msg: Any) -> None:
         kind = type(msg)

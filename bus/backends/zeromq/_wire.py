@@ -1,10 +1,12 @@
 """The wire protocol between nodes and the broker: msgspec msgpack, never pickle.
 
-Every ZeroMQ message is one frame (the broker's ROUTER adds the node's identity in front):
-a msgpack array whose first element says what it is, decoded into one of the tagged
-structs below. Two decoders, one per direction, so each side accepts only what it should
-receive; anything else (bad msgpack, unknown tag, wrong types, a priority out of range)
-is a malformed frame: counted, logged and dropped by the receiver, which keeps running.
+A ZeroMQ message carries one or more frames (the broker's ROUTER adds the node's identity
+in front), each a msgpack array whose first element says what it is, decoded into one of
+the tagged structs below. Several frames for one peer go as one message (a reply with the
+DONE its request made, a DONE with data), which costs the peer one wake-up, not several.
+Two decoders, one per direction, so each side accepts only what it should receive; anything
+else (bad msgpack, unknown tag, wrong types, a priority out of range) is a malformed frame:
+counted, logged and dropped by the receiver, which keeps running.
 
 Data frames carry a batch of messages and a per-link sequence number. The receiver takes
 them strictly in order: a repeated number is a duplicate (dropped), a skipped one is a gap
@@ -56,7 +58,8 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change; a broker refuses a HELLO of another version.
-PROTOCOL = 1
+#: 2: a message may carry several frames.
+PROTOCOL = 2
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20
