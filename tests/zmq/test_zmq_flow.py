@@ -14,6 +14,7 @@ from zmq_helpers import eventually
 import bus.backends.zeromq as zeromq
 from bus import Bus, Envelope
 from bus.backends.zeromq import (
+    Broker,
     EncodeError,
     RemoteHandlerError,
     ZmqTransport,
@@ -166,3 +167,35 @@ def test_importing_bus_and_its_backends_package_does_not_import_pyzmq() -> None:
         [sys.executable, "-c", "import json; " + code], capture_output=True, text=True, check=True
     )
     assert json.loads(out.stdout) is False
+
+
+async def test_flights_split_at_frame_size_batch_count_and_credit_and_keep_order() -> None:
+    # Small frames, small batches and little credit: the broker cuts what it routes at
+    # every one of these limits. Topic t.x also goes to "b" on the publisher itself, so
+    # its copies for the remote "a" carry explicit names; t.r is a request.
+    async with (
+        Broker("tcp://127.0.0.1:0", max_frame=4096, batch_max=7) as broker,
+        Bus(transport=ZmqTransport(str(broker.endpoint), max_frame=4096)) as pub,
+        Bus(transport=ZmqTransport(str(broker.endpoint), max_frame=4096, credit=10)) as sub,
+    ):
+        got: dict[str, list[int]] = {"a": [], "b-local": []}
+        sub.on("t.*", lambda env: got["a"].append(env.payload[0]), name="a")
+        sub.on("t.r", lambda env: -env.payload[0], name="r")
+        pub.on("t.x", lambda env: got["b-local"].append(env.payload[0]), name="b")
+        sub.on("t.x", lambda env: None, name="b")
+        await sub.transport.sync()
+        await pub.transport.sync()
+        sizes = [(i * 379) % 1500 for i in range(400)]
+        topics = ["t.x" if i % 3 == 0 else "t.y" for i in range(400)]
+        for i, (topic, size) in enumerate(zip(topics, sizes, strict=True)):
+            await pub.emit(topic, [i, "p" * size])
+        answers = await asyncio.gather(*(pub.request("t.r", [i, ""]) for i in range(50)))
+        await pub.drain(timeout=10)
+        assert answers == [-i for i in range(50)]
+        assert got["a"][:400] == list(range(400))  # every message once, in order
+        assert sorted(got["a"][400:]) == list(range(50))  # the requests matched t.* too
+        assert got["b-local"] == [i for i in range(400) if topics[i] == "t.x"]
+        stats = broker.stats()
+        assert stats["messages_out"] == 450  # one copy each: one node has every match
+        assert stats["frames_out"] >= 500 // 7
+        assert pub.transport.stats()["acked"] == pub.transport.stats()["sent"] == 450

@@ -85,31 +85,43 @@ class _Member:
 
 
 class _Flight:
-    """One copy of one message on its way to one node, and whose frame it came from."""
+    """Copies of consecutive messages of one incoming frame on their way to one node, for
+    the same subscriptions: routed, counted against credit and settled as one, so the
+    broker's work per message is a list append (messages split across a frame boundary
+    or a credit limit split the flight)."""
 
-    __slots__ = ("env", "explicit", "names", "origin", "origin_seq", "reply_to")
+    __slots__ = ("envs", "explicit", "names", "origin", "origin_seq", "reply_to")
 
     def __init__(
         self,
         origin: _Node,
         origin_seq: int,
-        env: msgspec.Raw,
+        envs: list[msgspec.Raw],
         names: list[str],
         explicit: bool,
         reply_to: str | None,
     ) -> None:
         self.origin = origin
         self.origin_seq = origin_seq
-        self.env = env
+        self.envs = envs
         self.names = names
         self.explicit = explicit
         self.reply_to = reply_to
+
+    def split(self, n: int) -> _Flight:
+        """Take the first ``n`` messages off into a flight of their own."""
+        head = _Flight(
+            self.origin, self.origin_seq, self.envs[:n], self.names, self.explicit, self.reply_to
+        )
+        del self.envs[:n]
+        return head
 
 
 class _Node:
     __slots__ = (
         "alive",
         "backlog",
+        "backlog_n",
         "batch",
         "control",
         "credit",
@@ -127,6 +139,7 @@ class _Node:
         "nacked",
         "name",
         "out_seq",
+        "picked",
         "subs",
         "subs_version",
         "unsettled",
@@ -150,6 +163,8 @@ class _Node:
         self.in_flight = 0  # copies batched or sent to the node, not settled
         self.batch: list[_Flight] = []
         self.backlog: deque[_Flight] = deque()  # waiting for the node's credit
+        self.backlog_n = 0  # messages in the backlog
+        self.picked = 0  # messages routed to the node from the frame being routed
         self.done_out: list[int] = []
         self.control: list[bytes] = []  # replies for the node, sent with the next flush
         self.lost_out: list[tuple[msgspec.Raw, str, str]] = []
@@ -334,7 +349,7 @@ class Broker:
         nodes = {
             n.name: {
                 "in_flight": n.in_flight,
-                "backlog": len(n.backlog),
+                "backlog": n.backlog_n,
                 "credit": n.credit,
                 "unsettled_frames": len(n.unsettled),
                 "upstream_frames": len(n.upstream),
@@ -531,6 +546,7 @@ class Broker:
         node.unsettled.clear()
         node.batch = []
         node.backlog.clear()
+        node.backlog_n = 0
         node.upstream.clear()
         self._check_syncs()
         for flight in flights:
@@ -544,30 +560,30 @@ class Broker:
             )
 
     def _reassign(self, flight: _Flight, dead: _Node) -> None:
-        origin = flight.origin
-        for name in flight.names:
-            members = [m for m in self._index.items() if m.name == name]
-            target = self._pick(name, members, origin)
-            if target is not None:
-                origin.upstream[flight.origin_seq] = origin.upstream.get(flight.origin_seq, 0) + 1
-                self._enqueue(
-                    target,
-                    _Flight(origin, flight.origin_seq, flight.env, [name], True, flight.reply_to),
-                )
-                self._counts["redelivered"] += 1
-            elif origin.alive:
-                origin.lost_out.append((flight.env, name, "node_lost"))
-                self._dirty.add(origin)
-                self._counts["node_lost"] += 1
-            else:
-                self._counts["lost_unreported"] += 1
-                _log.error(
-                    "message for %s lost with node %s, and its publisher %s is gone too",
-                    name,
-                    dead.name,
-                    origin.name,
-                )
-        self._settle_origin(origin, flight.origin_seq)
+        origin, seq = flight.origin, flight.origin_seq
+        for env in flight.envs:
+            for name in flight.names:
+                members = [m for m in self._index.items() if m.name == name]
+                target = self._pick(name, members, origin)
+                if target is not None:
+                    origin.upstream[seq] = origin.upstream.get(seq, 0) + 1
+                    self._enqueue(
+                        target, _Flight(origin, seq, [env], [name], True, flight.reply_to)
+                    )
+                    self._counts["redelivered"] += 1
+                elif origin.alive:
+                    origin.lost_out.append((env, name, "node_lost"))
+                    self._dirty.add(origin)
+                    self._counts["node_lost"] += 1
+                else:
+                    self._counts["lost_unreported"] += 1
+                    _log.error(
+                        "message for %s lost with node %s, and its publisher %s is gone too",
+                        name,
+                        dead.name,
+                        origin.name,
+                    )
+        self._settle_origin(origin, seq, len(flight.envs))
 
     # -- routing -----------------------------------------------------------------------------
 
@@ -595,7 +611,7 @@ class Broker:
             node = members[(start + i) % n].node
             if node is origin or not node.alive:
                 continue
-            load = node.in_flight + len(node.backlog)
+            load = node.in_flight + node.backlog_n + node.picked
             if best is None or load < best_load:
                 best, best_load = node, load
         return best
@@ -626,6 +642,10 @@ class Broker:
         routes = self._routes
         subs = node.subs
         copies = 0
+        flights: list[tuple[_Node, _Flight]] = []
+        # the flight each target node got last from this frame: the next message with the
+        # same names and reply address joins it
+        last: dict[_Node, _Flight] = {}
         for item in msg.items:
             route = routes.get(item.topic)
             if route is None:
@@ -649,29 +669,49 @@ class Broker:
                 continue
             reply_to = node.name if item.request else None
             for target, names in picked.items():
-                explicit = len(names) != per_node[target]
-                self._enqueue(target, _Flight(node, seq, item.env, names, explicit, reply_to))
+                flight = last.get(target)
+                if flight is not None and flight.reply_to == reply_to and flight.names == names:
+                    flight.envs.append(item.env)
+                else:
+                    explicit = len(names) != per_node[target]
+                    last[target] = flight = _Flight(
+                        node, seq, [item.env], names, explicit, reply_to
+                    )
+                    flights.append((target, flight))
+                target.picked += 1
                 copies += 1
         if copies:
             node.upstream[seq] = copies
+            for target, flight in flights:
+                target.picked = 0
+                self._enqueue(target, flight)
         else:
             node.done_out.append(seq)
             self._dirty.add(node)
 
     def _enqueue(self, node: _Node, flight: _Flight) -> None:
-        if node.in_flight < node.credit and not node.backlog:
-            node.batch.append(flight)
-            node.in_flight += 1
-            self._dirty.add(node)
-        else:
-            node.backlog.append(flight)
+        n = len(flight.envs)
+        if not node.backlog:
+            room = node.credit - node.in_flight
+            if n <= room:
+                node.batch.append(flight)
+                node.in_flight += n
+                self._dirty.add(node)
+                return
+            if room > 0:
+                node.batch.append(flight.split(room))
+                node.in_flight += room
+                self._dirty.add(node)
+                n -= room
+        node.backlog.append(flight)
+        node.backlog_n += n
 
-    def _settle_origin(self, origin: _Node, seq: int) -> None:
+    def _settle_origin(self, origin: _Node, seq: int, n: int = 1) -> None:
         left = origin.upstream.get(seq)
         if left is None:
             return
-        if left > 1:
-            origin.upstream[seq] = left - 1
+        if left > n:
+            origin.upstream[seq] = left - n
             return
         del origin.upstream[seq]
         if origin.alive:
@@ -684,15 +724,23 @@ class Broker:
             entry = unsettled.pop(seq, None)
             if entry is None:
                 continue
-            flights = entry[1]
-            node.in_flight -= len(flights)
-            for flight in flights:
-                self._settle_origin(flight.origin, flight.origin_seq)
+            for flight in entry[1]:
+                n = len(flight.envs)
+                node.in_flight -= n
+                self._settle_origin(flight.origin, flight.origin_seq, n)
         backlog = node.backlog
         if backlog:
             while backlog and node.in_flight < node.credit:
-                node.batch.append(backlog.popleft())
-                node.in_flight += 1
+                room = node.credit - node.in_flight
+                flight = backlog[0]
+                n = len(flight.envs)
+                if n <= room:
+                    backlog.popleft()
+                else:
+                    flight, n = flight.split(room), room
+                node.batch.append(flight)
+                node.in_flight += n
+                node.backlog_n -= n
             self._dirty.add(node)
 
     def _ping(self, node: _Node, ping: Ping) -> None:
@@ -818,34 +866,62 @@ class Broker:
             frames.append(self._enc.encode(Lost(chunk)))  # type: ignore[arg-type]
 
     def _batch_frames(self, node: _Node, frames: list[bytes]) -> None:
+        """Cut the node's batch into data frames of at most ``batch_max`` messages and about
+        ``_BATCH_BYTES`` (always under ``max_frame``). A flight for every subscription of the
+        topic on that node with no reply address is encoded as ``[env]`` per message (the
+        item's trailing fields default): one ``join`` for the whole flight."""
         batch, node.batch = node.batch, []
-        encode_into = self._enc.encode_into
-        limit = self.max_frame - 64
-        buf = bytearray()
+        limit = min(self.max_frame - 64, _BATCH_BYTES)
+        encode = self._enc.encode
+        parts: list[bytes] = []  # encoded items of the frame being filled
         flights: list[_Flight] = []
+        size = count = 0
+        room = self.batch_max
         for flight in batch:
-            mark = len(buf)
-            encode_into(
-                (flight.env, flight.names if flight.explicit else None, flight.reply_to), buf, -1
-            )
-            if flights and (
-                len(buf) > limit or len(buf) > _BATCH_BYTES or len(flights) >= self.batch_max
-            ):
-                tail = bytes(buf[mark:])
-                del buf[mark:]
-                frames.append(self._data_frame(node, flights, buf))
-                buf = bytearray(tail)
-                flights = []
-            flights.append(flight)
-        if flights:
-            frames.append(self._data_frame(node, flights, buf))
+            # bytes per item besides the envelope: the item header, names and reply address
+            extra = 3
+            if flight.explicit:
+                extra += sum(len(n.encode()) + 5 for n in flight.names) + 5
+            if flight.reply_to is not None:
+                extra += len(flight.reply_to.encode()) + 5
+            while flight is not None:
+                envs = flight.envs
+                take = len(envs)
+                if take > room - count:
+                    take = room - count
+                fits = sum(map(len, envs[:take])) + extra * take
+                while take > 1 and size + fits > limit:
+                    take //= 2
+                    fits = sum(map(len, envs[:take])) + extra * take
+                if count and size + fits > limit:
+                    take = 0  # not even one more: close this frame first
+                if take:
+                    piece = flight.split(take) if take < len(envs) else flight
+                    if piece.explicit or piece.reply_to is not None:
+                        names = piece.names if piece.explicit else None
+                        parts.extend(encode((env, names, piece.reply_to)) for env in piece.envs)
+                    else:
+                        parts.append(b"\x91" + b"\x91".join(piece.envs))
+                    flights.append(piece)
+                    size += fits
+                    count += take
+                    if piece is flight:
+                        flight = None
+                if flight is not None or count >= room:
+                    frames.append(self._data_frame(node, flights, count, parts))
+                    parts, flights, size, count = [], [], 0, 0
 
-    def _data_frame(self, node: _Node, flights: list[_Flight], items: bytearray) -> bytes:
+        if flights:
+            frames.append(self._data_frame(node, flights, count, parts))
+
+    def _data_frame(
+        self, node: _Node, flights: list[_Flight], count: int, parts: list[bytes]
+    ) -> bytes:
         seq = node.out_seq
         node.out_seq += 1
-        frame = b"".join((_DATA_HEAD, self._enc.encode(seq), array_header(len(flights)), items))
+        frame = b"".join((_DATA_HEAD, self._enc.encode(seq), array_header(count), *parts))
         node.unsettled[seq] = (frame, flights)
-        self._counts["messages_out"] += len(flights)
+        self._counts["messages_out"] += count
         return frame
 
     def _send_interest(self) -> None:
