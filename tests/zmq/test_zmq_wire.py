@@ -137,3 +137,21 @@ async def test_a_lost_last_frame_is_noticed_from_the_heartbeat(
     assert nack.expected == 1
     pong = await until(raw, lambda m: isinstance(m, Pong))
     assert pong.t1 <= pong.t2 <= pong.t3
+
+
+async def test_duplicate_ids_are_dropped_across_dedup_generations(
+    broker: Broker, raw: zmq.asyncio.Socket
+) -> None:
+    assert broker.endpoint is not None
+    async with Bus(transport=ZmqTransport(broker.endpoint, node="b", dedup_window=8)) as b:
+        got: list[int] = []
+        b.on("g.*", lambda env: got.append(env.id), name="g")
+        await b.transport.sync()
+        await raw.send(enc.encode(Hello(PROTOCOL, "raw", 1, 100, 0, [])))
+        await until(raw, lambda m: type(m).__name__ == "Interest")
+        await raw.send(data(0, *range(100, 120)))  # two generations of 8 roll over
+        await raw.send(data(1, *range(112, 120)))  # the newest 8: all remembered
+        await raw.send(data(2, 120))
+        await eventually(lambda: got[-1:] == [120], what=f"the last one, got {got[-3:]}")
+        assert got == [*range(100, 121)]
+        assert b.transport.stats()["duplicates"] == 8

@@ -247,8 +247,10 @@ class ZmqTransport(Transport):
         self._drain_handle: asyncio.Handle | None = None
         self._send_backlog: deque[list[bytes]] = deque()
         self._retry_handle: asyncio.TimerHandle | None = None
+        # Two generations of seen ids: the newest ``dedup_window`` at least, with no
+        # per-message bookkeeping beyond one set add (the old generation is dropped whole).
         self._seen: set[Any] = set()
-        self._seen_order: deque[Any] = deque()
+        self._seen_old: set[Any] = set()
         self._dedup_window = dedup_window
         # clock
         self._last_heard = 0.0
@@ -845,14 +847,13 @@ class ZmqTransport(Transport):
                 continue
             names = item.names
             key = env.id if names is None else (env.id, *names)
-            if key in seen:
+            if key in seen or key in self._seen_old:
                 self._counts["duplicates"] += 1
                 continue
             seen.add(key)
-            order = self._seen_order
-            order.append(key)
-            if len(order) > self._dedup_window:
-                seen.discard(order.popleft())
+            if len(seen) >= self._dedup_window:
+                self._seen_old, self._seen = seen, set()
+                seen = self._seen
             env.created -= to_wire
             env.context = None
             env.reply = (
