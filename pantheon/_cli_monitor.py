@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pantheon._cli_sessions import SetupOpt, StoreOpt, _load_setup
 from pantheon.live import FeedNotFound, connect, live_sessions, socket_path
@@ -35,7 +36,10 @@ _TUI_MISSING = "the monitor needs Textual: pip install 'pantheon[tui]' ({exc})"
 
 
 def _err(message: str) -> typer.Exit:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
+    # Escaped: the message names extras like 'pantheon[tui]', which rich reads as markup.
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"[red]error:[/red] {escape(message)}"
+    )
     return typer.Exit(2)
 
 

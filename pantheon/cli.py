@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pantheon._cli_cluster import print_nodes
@@ -86,6 +87,15 @@ def run(
         from pantheon._cli_monitor import run_tui
 
         raise typer.Exit(run_tui(file, seed=seed, store=store, record=record, as_json=as_json))
+    if scenario.transport.kind == "zmq":
+        try:
+            import zmq  # noqa: F401 - checked before anything starts, not mid-run
+        except ImportError:
+            console.print(
+                f"[red]{file}: transport.kind: zmq needs pyzmq[/red]: "
+                + escape("pip install 'pantheon[zmq]'")
+            )
+            raise typer.Exit(2) from None
     telemetry = _telemetry(scenario)
     from pantheon._cluster import ClusterError
 
@@ -94,8 +104,6 @@ def run(
             _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
         )
     except ClusterError as exc:
-        from rich.markup import escape
-
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if as_json:
