@@ -29,7 +29,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, Protocol, TypeVar, cast, overload
+from typing import Any, NoReturn, Protocol, TypeVar, cast, overload
 
 from bus._breaker import CLOSED, CircuitBreaker
 from bus._clock import Clock, SystemClock
@@ -187,12 +187,16 @@ class Tracer(Protocol):
 
 
 class _Route:
-    __slots__ = ("published", "remote", "subs")
+    __slots__ = ("published", "remote", "single", "subs")
 
     def __init__(self, subs: tuple[Subscription, ...], remote: bool) -> None:
         self.subs = subs
         self.remote = remote
         self.published = 0
+        #: The one subscription of a topic that has exactly one, with neither filter nor
+        #: sampling (``plain`` never changes, and the route is rebuilt when subscriptions
+        #: do): a message from another bus then goes straight to its mailbox.
+        self.single = subs[0] if len(subs) == 1 and subs[0].plain else None
 
 
 class Subscription:
@@ -671,13 +675,13 @@ class Bus:
             await self._wait_blocked(env, blocked)
 
     def _dispatch(
-        self, env: Envelope, only: Collection[str] | None = None, forward: bool = True
+        self, env: Envelope, only: Collection[str] | None = None
     ) -> list[Subscription] | None:
         """Offer ``env`` to its subscribers; return those whose mailbox was full and block.
 
-        ``only`` limits delivery to the named subscriptions (a redrive, or a consumer group's
-        pick on another node); ``forward=False`` keeps a message that came from another bus
-        from being sent back out. ``_REMOTE`` in the result: the transport had no credit."""
+        ``only`` limits delivery to the named subscriptions (a redrive, which is not sent to
+        other buses). ``_REMOTE`` in the result: the transport had no credit. Messages from
+        other buses take :meth:`_inbound` instead."""
         topic = env.topic
         route = self._routes.get(topic)
         if route is None:
@@ -687,14 +691,14 @@ class Bus:
         if tracer is not None:
             trace = env.trace
             # A root gets its sampling decision here, once; a sampled message gets a publish
-            # span, except one that arrived from another bus (its producer span is there).
+            # span (one that arrived from another bus does not: see _inbound).
             if trace is None:
                 if tracer.skip:
                     tracer.skip -= 1
                     env.trace = UNSAMPLED
                 else:
                     tracer.on_publish(env)
-            elif forward and trace is not UNSAMPLED and trace[-1] in _SAMPLED_DIGITS:
+            elif trace is not UNSAMPLED and trace[-1] in _SAMPLED_DIGITS:
                 tracer.on_publish(env)
         if self.publish_listeners:
             for listener in self.publish_listeners:
@@ -724,7 +728,7 @@ class Bus:
                 if rejected is None:
                     rejected = []
                 rejected.append(sub)
-        if route.remote and forward and only is None and not self.transport.try_send(env):
+        if route.remote and only is None and not self.transport.try_send(env):
             if blocked is None:
                 blocked = []
             blocked.append(_REMOTE)
@@ -735,9 +739,7 @@ class Bus:
             # copy silently: _wait_blocked refuses these after it, with any that time out.
             blocked.extend(rejected)
         if self._publisher_breakers and not blocked:
-            breaker = self._publisher_breakers.get(topic)
-            if breaker is not None and breaker.dirty:
-                breaker.record_success()
+            self._publisher_succeeded(topic)
         return blocked
 
     def _offer(self, sub: Subscription, env: Envelope) -> str | None:
@@ -804,7 +806,7 @@ class Bus:
         self._enqueue(sub, env)
         return True
 
-    def _refuse(self, env: Envelope, subs: list[Subscription]) -> None:
+    def _refuse(self, env: Envelope, subs: list[Subscription]) -> NoReturn:
         for sub in subs:
             sub.rejected += 1
         self._publisher_failed(env.topic)
@@ -839,14 +841,17 @@ class Bus:
         if late:
             self._refuse(env, late)
         elif self._publisher_breakers:
-            breaker = self._publisher_breakers.get(env.topic)
-            if breaker is not None and breaker.dirty:
-                breaker.record_success()
+            self._publisher_succeeded(env.topic)
 
     def _check_publisher(self, topic: str) -> None:
         breaker = self._publisher_open.get(topic)
         if breaker is not None:
             breaker.acquire()
+
+    def _publisher_succeeded(self, topic: str) -> None:
+        breaker = self._publisher_breakers.get(topic)
+        if breaker is not None and breaker.dirty:
+            breaker.record_success()
 
     def _publisher_failed(self, topic: str) -> None:
         if self._publisher_policy is None:
@@ -861,48 +866,106 @@ class Bus:
             self._publisher_breakers[topic] = breaker
         breaker.record_failure()
 
-    def _inbound(
-        self, env: Envelope, names: Collection[str] | None
-    ) -> Awaitable[None] | None:
+    def _inbound(self, env: Envelope, names: Collection[str] | None) -> Awaitable[None] | None:
         """A message from another bus: deliver locally only, never forward it back.
 
         Returns an awaitable only when a ``block`` mailbox is full, so a transport can
         deliver a batch without a coroutine per message. When ``env.reply`` is a
         :class:`Receipt`, tells it how many subscriptions took the message (each settles it
-        once); counted from ``published``, which moves exactly when a mailbox takes it."""
+        once); counted from ``published``, which moves exactly when a mailbox takes it.
+
+        :meth:`_dispatch` for a message that is delivered here only, written out because a
+        receiving node runs it once per message: one route lookup, nothing for sending on
+        (``try_send``, a sampled message's publish span), the receipt's count kept as the
+        loop goes, and a topic with one plain subscription (``_Route.single``) takes a
+        branch with no loop at all. It must offer, refuse and count exactly as
+        ``_dispatch(env, names)`` would, minus the sending."""
         if not self._running:
             raise BusClosedError("bus is closed: it takes no more messages from other buses")
         if env.context is None:
             env.context = self.context
+        topic = env.topic
+        route = self._routes.get(topic)
+        if route is None:
+            route = self._route(topic)
+        route.published += 1
+        tracer = self.tracer
+        if tracer is not None and env.trace is None:
+            # A root from a bus without a tracer gets its sampling decision here. A traced
+            # message gets no publish span: its process spans parent to the remote producer.
+            if tracer.skip:
+                tracer.skip -= 1
+                env.trace = UNSAMPLED
+            else:
+                tracer.on_publish(env)
+        if self.publish_listeners:
+            for listener in self.publish_listeners:
+                listener(env)
+        sub = route.single
+        if sub is not None and names is None and sub.size < sub.max_queue:
+            # _enqueue, inlined: a receiving node's usual message takes only this branch.
+            sub.queues[env.priority].append(env)
+            sub.size += 1
+            sub.published += 1
+            self._outstanding += 1
+            if sub.idle:
+                fut = sub.idle.pop()
+                if not fut.done():
+                    fut.set_result(None)
+            if self._publisher_breakers:
+                self._publisher_succeeded(topic)
+            receipt = env.reply
+            if isinstance(receipt, Receipt):
+                receipt.expect(1)
+            return None
+        took = 0
+        blocked = None
+        rejected = None
+        for sub in route.subs:
+            if names is not None and sub.name not in names:
+                continue
+            if sub.plain and sub.size < sub.max_queue:
+                sub.queues[env.priority].append(env)
+                sub.size += 1
+                sub.published += 1
+                self._outstanding += 1
+                took += 1
+                if sub.idle:
+                    fut = sub.idle.pop()
+                    if not fut.done():
+                        fut.set_result(None)
+                continue
+            mark = sub.published
+            verdict = self._offer(sub, env)
+            took += sub.published - mark
+            if verdict == "block":
+                if blocked is None:
+                    blocked = []
+                blocked.append(sub)
+            elif verdict == "reject":
+                if rejected is None:
+                    rejected = []
+                rejected.append(sub)
         receipt = env.reply
         if not isinstance(receipt, Receipt):
-            blocked = self._dispatch(env, names, forward=False)
-            return self._wait_blocked(env, blocked) if blocked else None
-        route = self._routes.get(env.topic) or self._route(env.topic)
-        if len(route.subs) == 1 and names is None:
-            # The common case, without the lists: one subscription on this node.
-            sub = route.subs[0]
-            mark = sub.published
-            try:
-                blocked = self._dispatch(env, None, forward=False)
-            except QueueFullError:
-                receipt.expect(sub.published - mark)
-                raise
+            receipt = None
+        if rejected:
             if not blocked:
-                receipt.expect(sub.published - mark)
-                return None
-            return self._inbound_blocked(env, blocked, receipt, sub.published - mark)
-        targets = [s for s in route.subs if names is None or s.name in names]
-        before = [s.published for s in targets]
-        try:
-            blocked = self._dispatch(env, names, forward=False)
-        except QueueFullError:
-            receipt.expect(sum(s.published - n for s, n in zip(targets, before, strict=True)))
-            raise
-        took = sum(s.published - n for s, n in zip(targets, before, strict=True))
+                try:
+                    self._refuse(env, rejected)
+                finally:
+                    if receipt is not None:
+                        receipt.expect(took)
+            # As in _dispatch: _wait_blocked refuses these after the wait for the others.
+            blocked.extend(rejected)
         if not blocked:
-            receipt.expect(took)
+            if self._publisher_breakers:
+                self._publisher_succeeded(topic)
+            if receipt is not None:
+                receipt.expect(took)
             return None
+        if receipt is None:
+            return self._wait_blocked(env, blocked)
         return self._inbound_blocked(env, blocked, receipt, took)
 
     async def _inbound_blocked(
@@ -1059,8 +1122,13 @@ class Bus:
                     sub.delivered += 1
                     if breaker.dirty:
                         breaker.record_success()
-                    if env.reply is not None:
-                        self._answer(env, result)
+                    reply = env.reply
+                    if reply is not None:
+                        # _answer, inlined: every remote message carries a receipt.
+                        if isinstance(reply, Receipt):
+                            reply.settle(result, None)
+                        elif result is not None and not reply.done():
+                            reply.set_result(result)
             if sampled or listener is not None:
                 end = now()
                 if sampled:
