@@ -35,9 +35,10 @@ zmq_drain   raw pyzmq PUSH/PULL, the receiver drains with ``recv(zmq.NOBLOCK)`` 
             only when the socket would block; RTT DEALER -> ROUTER, the same style.
 zmq_proxy   the drain style through a third process running libzmq's ``zmq.proxy`` (PULL/PUSH,
             ROUTER/DEALER; no Python per message): the floor for any brokered design.
-pantheon    ``Bus(transport=ZmqTransport(...))`` in each process through a broker process
-            (``run_broker``), full Envelope, acknowledgements on: ``await bus.emit`` per message
-            to a remote subscriber; RTT with ``await bus.request`` to a remote responder.
+pantheon    ``Bus(transport=ZmqTransport(...))`` in each process, joined by a broker process
+            (``run_broker``) that keeps the directory; messages go node to node. Full
+            Envelope, acknowledgements on: ``await bus.emit`` per message to a remote
+            subscriber; RTT with ``await bus.request`` to a remote responder.
 redis       Redis pub/sub (redis-py asyncio), ``await r.publish`` per message; RTT ping/pong
             over two channels. tcp only.
 redis_pipe  the same with publishes pipelined 100 at a time (what a tuned client can do).
@@ -612,7 +613,8 @@ class RabbitConfirms(Rabbit):
 
 
 class Pantheon(Adapter):
-    """Pantheon's own bus in each process, joined by ``ZmqTransport`` through a broker."""
+    """Pantheon's own bus in each process, joined by ``ZmqTransport`` (a directory broker;
+    messages go node to node)."""
 
     async def _bus(self) -> Any:
         from bus.backends.zeromq import ZmqTransport
@@ -845,7 +847,7 @@ ROWS = (
     Row("zmq_proxy", "raw pyzmq, drain, via a zmq.proxy broker", ("ipc", "tcp"), "zmq", proxy=True),
     Row(
         "pantheon",
-        "Pantheon Bus over ZmqTransport (broker, acks)",
+        "Pantheon Bus over ZmqTransport (direct, acks)",
         ("ipc", "tcp"),
         "bus.backends.zeromq",
         broker=True,

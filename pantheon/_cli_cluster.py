@@ -229,6 +229,15 @@ def node(
     outbox: Annotated[
         Path | None, typer.Option(help="JSONL file for the Actor's tool calls.")
     ] = None,
+    data: Annotated[
+        str | None,
+        typer.Option(
+            help="Where this node's data socket listens, reachable by the other nodes "
+            "(default: beside an ipc broker, or a free port on the interface that reaches "
+            "the broker).",
+            show_default=False,
+        ),
+    ] = None,
     curve_secret: Annotated[
         Path | None, typer.Option(help="This node's NAME.key_secret (CURVE on).")
     ] = None,
@@ -271,6 +280,7 @@ def node(
             wanted,
             connect=connect,
             node=node_name,
+            data=data,
             seed=seed,
             session_id=session,
             outbox_path=outbox,
@@ -359,11 +369,12 @@ def print_nodes(out: Console, summary: Any) -> None:
         )
         broker = n.get("broker")
         if broker:
+            links = n.get("links", {})
             out.print(
-                f"broker {broker.get('endpoint')}: redelivered {broker.get('redelivered', 0)}, "
-                f"dead-lettered node_lost {broker.get('node_lost', 0)}, "
-                f"nodes lost {broker.get('nodes_lost', 0)}, malformed "
-                f"{broker.get('malformed', 0)}; processes ready in {n.get('startup_s', 0):.2f}s"
+                f"broker {broker.get('endpoint')}: nodes lost {broker.get('nodes_lost', 0)}, "
+                f"malformed {broker.get('malformed', 0)}; publishers redelivered "
+                f"{links.get('redelivered', 0)}, dead-lettered node_lost "
+                f"{links.get('node_lost', 0)}; processes ready in {n.get('startup_s', 0):.2f}s"
             )
 
 

@@ -217,6 +217,7 @@ class NodeHost:
         *,
         connect: str,
         node: str,
+        data: str | None = None,
         seed: int | None = None,
         session_id: str | None = None,
         outbox_path: Path | None = None,
@@ -252,6 +253,7 @@ class NodeHost:
         transport = _zmq().ZmqTransport(
             connect,
             node=node,
+            data=data,
             curve=curve,
             server_key=server_key,
             heartbeat=heartbeat,
@@ -375,7 +377,7 @@ async def _stdin_lines() -> asyncio.StreamReader:
 async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
     """Serve a started broker under a driver's control until ``leave`` or a closed stdin:
     ``ready`` carries the bound endpoint (the real port of ``:0``), ``stats`` answers the
-    broker's counters (redelivered, node_lost, malformed...)."""
+    broker's counters (nodes lost, malformed frames...)."""
     out = out or sys.stdout
     reader = await _stdin_lines()
     _say(out, "ready", endpoint=broker.endpoint, pid=os.getpid())
@@ -810,6 +812,12 @@ class _Driver:
                 "startup_s": round(self.startup_s, 3),
                 "clock_offset_us": _clock_us(driver_t, None),
                 "broker": {"endpoint": self.endpoint, "curve": self.curve, **self.broker_stats},
+                # Publishers redeliver or dead-letter what a lost node held: summed over
+                # every process that reported (a killed node's own counts die with it).
+                "links": {
+                    key: sum(r.get("transport", {}).get(key, 0) for r in reports)
+                    for key in ("redelivered", "node_lost", "peers_lost", "gaps", "resent")
+                },
                 "transport": driver_t,
             },
             **{name: node.describe(started) for name, node in self.nodes.items()},

@@ -53,3 +53,21 @@ def test_missing_broker_is_a_skipped_row(tmp_path: Path) -> None:
     status = res["status"]["nats"]["tcp"]
     assert status.startswith("skipped: "), status
     assert f"127.0.0.1:{port}" in status or "not installed" in status
+
+
+def test_rtt_floor_measures_every_style() -> None:
+    floor = BENCH.with_name("zmq_rtt_floor.py")
+    out = subprocess.run(
+        [sys.executable, str(floor), "--trips", "200", "--repeats", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    rows = [
+        line.split("|") for line in out.splitlines() if line.startswith("| ") and "us" not in line
+    ]
+    assert [r[1].strip() for r in rows] == ["blocking", "asyncio", "uvloop"]
+    for r in rows:
+        p50, p99 = float(r[2]), float(r[3])
+        assert 0 < p50 <= p99

@@ -115,7 +115,7 @@ def test_a_node_dying_unasked_fails_the_run_and_says_which(slow_run: Path) -> No
     [nodes_check] = [e for e in summary["expectations"] if e["name"].startswith("every node")]
     assert nodes_check["passed"] is False and nodes_check["actual"] == ["cognition"]
     # What the dead node held came back to its publishers as node_lost dead letters.
-    assert summary["dlq"].get("node_lost", 0) == (summary["nodes"]["driver"]["broker"]["node_lost"])
+    assert summary["dlq"].get("node_lost", 0) == summary["nodes"]["driver"]["links"]["node_lost"]
     assert summary["nodes"]["driver"]["broker"]["nodes_lost"] == 1
 
 

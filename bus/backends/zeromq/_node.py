@@ -1,35 +1,51 @@
-"""ZmqTransport: a bus's link to the broker (one DEALER socket).
+"""ZmqTransport: a bus's links to the broker (control) and to the other nodes (data).
 
-Sending: ``try_send`` encodes the envelope straight into the current batch buffer (one
-``encode_into`` call, no per-message object) while the window has credit. Nagle style: a
-message sent when nothing is pending goes out at once (a lone request never waits); what
-follows in the same loop turn is batched and goes out as one frame when the turn ends (or
-after ``batch_delay`` when set), or at once when it reaches ``batch_max`` messages or
-``max_frame`` bytes. DONE frames and replies made in one turn go out as one message. A
-frame is kept until the broker says it is settled (DONE), which happens only when every
-receiver has handled or dead-lettered every message in it: so ``window`` bounds memory end
-to end, ``flush`` can wait for remote work, and a broker restart or a gap costs a resend,
-not a loss.
+Messages go straight from the publishing node to the receiving one: one hop each way, two
+processes, no broker in the path. The broker only keeps the directory (who is alive, what
+each subscribes to, where its data socket listens) and the heartbeats; see ``_broker.py``.
 
-Receiving: after the handshake the socket's FD has a plain reader callback that drains it
-without waiting (``NOBLOCK`` in a loop): no task and no future per wake-up. Each data frame
-gets one :class:`_FrameReceipt` shared by its envelopes; the bus settles it once per
-subscription that took a message, and the frame is acknowledged when all are done. A full
+Each node binds one ROUTER data socket that every other node's publisher connects a
+DEALER to. The publisher routes: it resolves a topic once against every node's
+subscriptions (exact globs, cached per topic), and for every consumer group (subscriptions
+of one name) that matches picks one member node, the one it has the least unsettled work
+with (round robin on ties). A group with a member on the publishing node itself is served
+there, locally, zero copy.
+
+Sending: ``try_send`` encodes the envelope straight into the picked peer's batch buffer
+(one ``encode_into`` call, no per-message object) while the window has room. Nagle style:
+a message sent when nothing is pending goes out at once (a lone request never waits); what
+follows in the same loop turn is batched per peer and goes out when the turn ends (or after
+``batch_delay`` when set), or at once at ``batch_max`` messages or ``DEFAULT_BATCH_BYTES``.
+A frame is kept until the receiver says it is settled (DONE), which it does only when every
+message in it was handled or dead-lettered. So ``window`` bounds memory end to end, a
+peer's advertised credit bounds what is sent to it (the rest waits here, within the
+window), ``flush`` can wait for remote work, and a gap costs a resend, not a loss. When
+the directory drops a peer, whatever it had not settled goes to another member of the same
+group, or into this bus's DLQ as ``node_lost``.
+
+Receiving: the data socket's FD has a plain reader callback that drains it without waiting
+(``NOBLOCK`` in a loop): no task and no future per wake-up. Each data frame gets one
+:class:`_FrameReceipt` shared by its envelopes; the bus settles it once per subscription
+that took a message, and the frame is acknowledged when all are done. DONEs made in one
+loop turn go back as one message per link; a request's answer goes back at once. A full
 ``block`` mailbox parks the rest of the frame (and later frames, in order) behind one task,
-so the reader keeps answering heartbeats while backpressure holds; what can pile up is
+so the readers keep answering heartbeats while backpressure holds; what can pile up is
 bounded by the credit this node advertised.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fnmatch
+import ipaddress
 import logging
 import os
 import secrets
 import socket
+import tempfile
 import time
 from collections import deque
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Coroutine, Iterable
 from typing import Any
 
 import msgspec
@@ -54,37 +70,40 @@ from bus.backends.zeromq._wire import (
     DEFAULT_MAX_FRAME,
     PROTOCOL,
     Bye,
-    DataDown,
+    Data,
+    Directory,
+    DirectoryAck,
     Done,
     Hello,
-    Interest,
-    InterestAck,
-    ItemDown,
-    Lost,
+    Item,
+    LinkPing,
     Nack,
+    PeerInfo,
     Ping,
     Pong,
-    ReplyDown,
+    Reply,
     Reset,
     Subs,
     SubsAck,
     Welcome,
     array_header,
-    down_decoder,
+    control_down_decoder,
+    link_back_decoder,
+    link_in_decoder,
 )
 
 __all__ = ["DEFAULT_CREDIT", "DEFAULT_WINDOW", "ZmqTransport"]
 
 _log = logging.getLogger("bus.zeromq.node")
 
-#: Messages this node may have sent and not yet seen settled; past it ``send`` waits.
+#: Message copies this node may have sent (or queued for a peer) and not yet seen settled.
 DEFAULT_WINDOW = 8192
-#: Messages the broker may have in flight to this node at once (advertised in HELLO).
+#: Messages another node may have in flight to this one at once (advertised in HELLO).
 DEFAULT_CREDIT = 4096
 #: A batch is sent once it holds this many bytes: measured here, a 60 KB send costs ~36 us and an
 #: 80 KB one ~400 us (allocations past malloc's mmap threshold), so frames stay well below.
 DEFAULT_BATCH_BYTES = 32 * 1024
-#: Message ids remembered to drop duplicates (a resend after a gap or a broker restart).
+#: Message ids remembered to drop duplicates (a resend after a gap or a re-link).
 DEFAULT_DEDUP_WINDOW = 65_536
 _DATA_HEAD = b"\x93\x05"
 _TURN = 256
@@ -96,17 +115,105 @@ _AUTH_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
+_ITEMS = msgspec.msgpack.Decoder(list[Item])
+#: Frames a LINK_PING may have DONE said again for, at most (the window bounds them anyway).
+_REDONE_MAX = 4096
+
+
+class _Link:
+    """An inbound data link: one publisher's DEALER, as this node's ROUTER sees it."""
+
+    __slots__ = ("control", "done", "expected", "ident", "nacked", "open")
+
+    def __init__(self, ident: bytes) -> None:
+        self.ident = ident
+        self.expected = 0  # next data seq expected on the link
+        self.nacked: int | None = None
+        self.done: list[int] = []
+        self.control: list[bytes] = []  # replies, sent before the link's next DONE
+        self.open: set[int] = set()  # frames taken and not yet settled
+
+
+class _Peer:
+    """An outbound data link to one other node, and what it has not settled."""
+
+    __slots__ = (
+        "backlog",
+        "backlog_n",
+        "buf",
+        "buf_n",
+        "credit",
+        "data",
+        "fd",
+        "incarnation",
+        "key",
+        "name",
+        "out_seq",
+        "sent",
+        "sock",
+        "subs",
+        "unsettled",
+    )
+
+    def __init__(self, info: PeerInfo) -> None:
+        self.name = info.name
+        self.incarnation = info.incarnation
+        self.data = info.data
+        self.key = info.key
+        self.credit = max(1, info.credit)
+        self.subs = list(info.subs)
+        self.sock: zmq.Socket[bytes] | None = None
+        self.fd: int | None = None
+        self.buf = bytearray()
+        self.buf_n = 0
+        self.out_seq = 0
+        self.unsettled: dict[int, tuple[bytes, int]] = {}
+        self.sent = 0  # messages in unsettled frames
+        self.backlog: deque[tuple[bytes, int]] = deque()  # batches waiting for credit
+        self.backlog_n = 0
+
+    def load(self) -> int:
+        """Messages from here the peer has not settled: sent, queued for credit, batched."""
+        return self.sent + self.backlog_n + self.buf_n
+
+
+class _Member:
+    __slots__ = ("name", "pattern", "peer")
+
+    def __init__(self, peer: _Peer | None, name: str, pattern: str) -> None:
+        self.peer = peer  # None: a subscription of this node
+        self.name = name
+        self.pattern = pattern
+
+
+class _Route:
+    """Where a topic's messages go from here: per remote consumer group, its member peers.
+    ``single`` is the common case precomputed: one group, one member, and the names to send
+    (``None`` when that peer has no other matching subscription)."""
+
+    __slots__ = ("groups", "per_peer", "single", "single_names")
+
+    def __init__(self, groups: dict[str, list[_Peer]], per_peer: dict[_Peer, int]) -> None:
+        self.groups = groups
+        self.per_peer = per_peer
+        self.single: _Peer | None = None
+        self.single_names: list[str] | None = None
+        if len(groups) == 1:
+            ((name, peers),) = groups.items()
+            if len(peers) == 1:
+                self.single = peers[0]
+                self.single_names = None if per_peer[peers[0]] == 1 else [name]
 
 
 class _FrameReceipt(Receipt):
     """Settled once per subscription that took one of the frame's messages."""
 
-    __slots__ = ("armed", "epoch", "pending", "seq", "transport")
+    __slots__ = ("armed", "link", "pending", "seq", "transport")
 
-    def __init__(self, transport: ZmqTransport, seq: int, epoch: int) -> None:
+    def __init__(self, transport: ZmqTransport, link: _Link, seq: int) -> None:
         self.transport = transport
+        self.link = link
         self.seq = seq
-        self.epoch = epoch
         self.pending = 0
         self.armed = False
 
@@ -126,13 +233,12 @@ class _FrameReceipt(Receipt):
 
 
 class _RequestReceipt(Receipt):
-    """A request's receipt: the first answer (or failure) goes back to the asking node."""
+    """A request's receipt: the first answer (or failure) goes back on the link."""
 
-    __slots__ = ("answered", "env", "frame", "reply_to")
+    __slots__ = ("answered", "env", "frame")
 
-    def __init__(self, frame: _FrameReceipt, reply_to: str, env: Envelope) -> None:
+    def __init__(self, frame: _FrameReceipt, env: Envelope) -> None:
         self.frame = frame
-        self.reply_to = reply_to
         self.env = env
         self.answered = False
 
@@ -140,20 +246,24 @@ class _RequestReceipt(Receipt):
         self.frame.expect(count)
 
     def settle(self, result: Any, error: BaseException | None) -> None:
+        # The frame first: when this settles it, its DONE goes in the answer's message.
+        self.frame.settle(result, error)
         if not self.answered and (error is not None or result is not None):
             self.answered = True
-            self.frame.transport._answer(self.reply_to, self.env, result, error)
-        self.frame.settle(result, error)
+            self.frame.transport._answer(self.frame.link, self.env, result, error)
 
 
 class ZmqTransport(Transport):
     """A :class:`~bus.Transport` over ZeroMQ: ``Bus(transport=ZmqTransport(endpoint))``.
 
-    ``node`` names this node (its ZeroMQ identity; unique per broker; default
-    host-pid-random). With ``curve`` (this node's key pair) and ``server_key`` (the
-    broker's public key) the link is CURVE-encrypted and the broker checks the node's key.
-    ``heartbeat * liveness`` seconds without a frame from the broker mark it lost (the node
-    keeps re-joining). ``window`` bounds unsettled outbound messages, ``credit`` inbound
+    ``connect`` is the broker's endpoint. ``node`` names this node (unique per broker;
+    default host-pid-random). ``data`` is where this node's data socket listens (default:
+    next to the broker's ipc path, or a free port on the interface that reaches the
+    broker). With ``curve`` (this node's key pair) and ``server_key`` (the broker's public
+    key) every link is CURVE-encrypted: the broker checks this node's key, and this node
+    admits on its data socket only the keys of nodes the broker lists. ``heartbeat *
+    liveness`` seconds without a frame from the broker mark it lost (the node keeps
+    re-joining). ``window`` bounds unsettled outbound message copies, ``credit`` inbound
     ones. ``connect_timeout`` bounds the handshake in ``start``.
     """
 
@@ -162,6 +272,7 @@ class ZmqTransport(Transport):
         connect: str,
         *,
         node: str | None = None,
+        data: str | None = None,
         curve: CurveKeys | None = None,
         server_key: bytes | None = None,
         heartbeat: float = 1.0,
@@ -196,6 +307,10 @@ class ZmqTransport(Transport):
             )
         self.endpoint = connect
         self.node = node or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        if "/" in self.node:
+            raise ValueError(f"ZmqTransport: node name {self.node!r} must not contain '/'")
+        self.data = data
+        self.data_endpoint: str | None = None
         self.curve = curve
         self.server_key = server_key
         self.heartbeat = heartbeat
@@ -206,47 +321,51 @@ class ZmqTransport(Transport):
         self.window = window
         self.credit = credit
         self.connect_timeout = connect_timeout
+        self._limit = max_frame - 64  # bytes of one frame's messages, past its header
+        self._sent = 0  # message copies handed to a peer's batch (a plain int: hot path)
+        self._links_made = 0
         self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: zmq.asyncio.Socket | None = None  # control, to the broker
         self._sync: zmq.Socket[bytes] | None = None
+        self._server: zmq.Socket[bytes] | None = None  # data, from the other nodes
+        self._server_fd: int | None = None
+        self._control_fd: int | None = None
+        self._auth: Any = None
         self._port: BusPort | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._closed = False
         self._connected = False
         self._incarnation = int.from_bytes(os.urandom(4), "big")
-        self._epoch = 0
         self._subs: list[tuple[str, str]] = []
         self._subs_version = 0
         self._subs_acked = 0
         self._sync_waiters: list[asyncio.Future[None]] = []
-        self._interest: GlobIndex[str] = GlobIndex()
         self._enc = msgspec.msgpack.Encoder()
-        self._decode = down_decoder().decode
+        self._decode_control = control_down_decoder().decode
+        self._decode_in = link_in_decoder().decode
+        self._decode_back = link_back_decoder().decode
+        # routing
+        self._peers: dict[str, _Peer] = {}
+        self._index: GlobIndex[_Member] = GlobIndex()
+        self._routes: dict[str, _Route] = {}
+        self._rr: dict[str, int] = {}
+        self._keys: frozenset[bytes] = frozenset()
         # outbound
-        self._buf = bytearray()
-        self._buf_n = 0
+        self._dirty: set[_Peer] = set()
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
-        self._out_seq = 0
-        self._unsettled: dict[int, tuple[bytes, int]] = {}
         self._in_flight = 0
         self._credit_waiters: deque[asyncio.Future[None]] = deque()
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._requests: dict[int, tuple[asyncio.Future[Any], str]] = {}
         # inbound
-        self._expected_in = 0
-        self._nacked: int | None = None
-        self._parked: deque[tuple[_FrameReceipt, list[ItemDown], int]] = deque()
-        self._unparking = False
-        self._done_out: list[int] = []
-        self._control_out: list[bytes] = []
+        self._links: dict[bytes, _Link] = {}
+        self._dirty_links: set[_Link] = set()
         self._control_handle: asyncio.Handle | None = None
-        # the socket's own reader (after the handshake): a plain callback, not a task
-        self._fd: int | None = None
-        self._draining = False
-        self._drain_handle: asyncio.Handle | None = None
-        self._send_backlog: deque[list[bytes]] = deque()
-        self._retry_handle: asyncio.TimerHandle | None = None
+        self._parked: deque[tuple[_FrameReceipt, list[Item], int]] = deque()
+        self._unparking = False
+        self._serving = False
+        self._drain_handles: dict[int, asyncio.Handle] = {}
         # Two generations of seen ids: the newest ``dedup_window`` at least, with no
         # per-message bookkeeping beyond one set add (the old generation is dropped whole).
         self._seen: set[Any] = set()
@@ -261,18 +380,20 @@ class ZmqTransport(Transport):
         self._to_wire = self._mono_to_wall
         self._counts = dict.fromkeys(
             (
-                "sent",
                 "frames_out",
                 "acked",
                 "received",
                 "frames_in",
                 "duplicates",
+                "duplicate_frames",
                 "malformed",
                 "oversized",
                 "gaps",
                 "resent",
                 "rejected",
+                "redelivered",
                 "node_lost",
+                "peers_lost",
                 "replies_sent",
                 "replies_received",
                 "broker_lost",
@@ -287,12 +408,19 @@ class ZmqTransport(Transport):
         if self._sock is not None:
             raise TransportError(f"ZmqTransport {self.node!r} is already started")
         self._port = port
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
         self._ctx = zmq.asyncio.Context()
+        try:
+            self._bind_server()
+        except BaseException:
+            if self._auth is not None:
+                self._auth.stop()  # its ZAP socket would keep term() waiting forever
+                self._auth = None
+            self._ctx.term()
+            self._ctx = None
+            raise
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.node.encode())
-        sock.setsockopt(zmq.SNDHWM, 0)  # bounded by the window, and a DEALER never drops
-        sock.setsockopt(zmq.RCVHWM, 0)  # bounded by the credit we advertise
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame)
         sock.setsockopt(zmq.LINGER, 1000)
         if self.curve is not None and self.server_key is not None:
@@ -306,7 +434,7 @@ class ZmqTransport(Transport):
             sock.disable_monitor()
             monitor.close(0)
             sock.close(0)
-            self._ctx.term()
+            await self._teardown(linger=0)
             raise ConnectError(f"cannot connect to {self.endpoint}: {exc}") from exc
         self._sock = sock
         self._sync = zmq.Socket.shadow(sock.underlying)
@@ -320,23 +448,67 @@ class ZmqTransport(Transport):
             self._closed = True
             await self._teardown(linger=0)
             raise
-        # From here on the socket is read by a plain reader callback on its FD (no task, no
-        # future per wake-up) and written with non-blocking sends on the shadow socket.
-        self._fd = self._sync.getsockopt(zmq.FD)
-        self._loop.add_reader(self._fd, self._drain)
-        self._loop.call_soon(self._drain)  # frames that came in behind the handshake's
-        self._tasks = [
-            self._loop.create_task(self._beat(), name=f"zmq-node:{self.node}:heartbeat"),
-        ]
+        # From here on every socket is read by a plain reader callback on its FD (no task,
+        # no future per wake-up) and written with non-blocking sends.
+        fd = self._sync.getsockopt(zmq.FD)
+        self._control_fd = fd
+        loop.add_reader(fd, self._drain_control)
+        loop.call_soon(self._drain_control)  # frames that came in behind the handshake's
+        self._tasks = [loop.create_task(self._beat(), name=f"zmq-node:{self.node}:heartbeat")]
+
+    def _bind_server(self) -> None:
+        """Bind the data socket other nodes send to (a CURVE server with this node's keys,
+        admitting only the keys the broker's directory lists)."""
+        assert self._ctx is not None
+        server = zmq.Context.shadow(self._ctx.underlying).socket(zmq.ROUTER)
+        server.setsockopt(zmq.SNDHWM, 0)  # replies and DONEs: bounded by the senders' windows
+        server.setsockopt(zmq.RCVHWM, 0)  # bounded by the credit we advertise
+        server.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame)
+        server.setsockopt(zmq.LINGER, 1000)
+        if self.curve is not None:
+            from zmq.auth.asyncio import AsyncioAuthenticator
+
+            self._auth = AsyncioAuthenticator(self._ctx)
+            self._auth.start()
+            self._auth.configure_curve_callback("*", credentials_provider=_KeyGate(self))
+            server.curve_secretkey = self.curve.secret
+            server.curve_publickey = self.curve.public
+            server.curve_server = True
+        bind = self.data or _default_data_bind(self.endpoint, self._incarnation)
+        try:
+            server.bind(bind)
+        except zmq.ZMQError as exc:
+            server.close(0)
+            raise ConnectError(
+                f"node {self.node!r} cannot bind its data socket {bind}: {exc}"
+            ) from exc
+        self._server = server
+        endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+        if endpoint.startswith("tcp://0.0.0.0:"):
+            endpoint = f"tcp://{_local_address(self.endpoint)}:{endpoint.rsplit(':', 1)[1]}"
+        self.data_endpoint = endpoint
+        self._server_fd = server.getsockopt(zmq.FD)
+        assert self._loop is not None
+        self._loop.add_reader(self._server_fd, self._drain_server)
+
+    def _admit(self, key: bytes) -> bool:
+        """ZAP: admit a CURVE client key on the data socket iff the broker lists its node.
+        Unknown keys are refused at once (waiting would let any client stall every other
+        handshake, which the authenticator answers one at a time). A node that connects a
+        moment before our directory names it is refused once, and ZeroMQ reconnects."""
+        if key in self._keys:
+            return True
+        _log.info("node %s refused a data link from key %s (not listed)", self.node, key.decode())
+        return False
 
     async def _handshake(self, monitor: zmq.asyncio.Socket) -> None:
-        """HELLO until WELCOME and the first INTEREST: a ready handshake, not a sleep. A
+        """HELLO until WELCOME and the first DIRECTORY: a ready handshake, not a sleep. A
         CURVE refusal shows up on the monitor socket as a failed handshake, reported so."""
         assert self._sock is not None and self._loop is not None
         deadline = self._loop.time() + self.connect_timeout
         refused: str | None = None
         welcomed = False
-        self._send(self._hello())
+        self._send_control(self._hello())
         recv = self._sock.recv()
         watch = monitor.recv_multipart()
         try:
@@ -355,22 +527,22 @@ class ZmqTransport(Transport):
                 if recv in done:
                     frame = recv.result()
                     try:
-                        msg = self._decode(frame)
+                        msg = self._decode_control(frame)
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         self._counts["malformed"] += 1
                         msg = None
                     if isinstance(msg, Welcome):
                         welcomed = True
                     elif msg is not None:
-                        self._handle(msg)
-                    if welcomed and isinstance(msg, Interest):
+                        self._handle_control(msg)
+                    if welcomed and isinstance(msg, Directory):
                         # Ready only once we know what the others subscribe to: a publish
                         # right after start() must not miss a remote subscriber.
                         self._welcomed()
                         return
                     recv = self._sock.recv()
                 elif not done:
-                    self._send(self._hello())  # the broker may have started after us
+                    self._send_control(self._hello())  # the broker may have started after us
         finally:
             for task in (recv, watch):
                 task.cancel()
@@ -394,6 +566,7 @@ class ZmqTransport(Transport):
         )
 
     def _hello(self) -> bytes:
+        assert self.data_endpoint is not None
         return self._enc.encode(
             Hello(
                 PROTOCOL,
@@ -402,6 +575,8 @@ class ZmqTransport(Transport):
                 self.credit,
                 self._subs_version,
                 list(self._subs),
+                self.data_endpoint,
+                self.curve.public if self.curve is not None else None,
             )
         )
 
@@ -410,39 +585,42 @@ class ZmqTransport(Transport):
         self._connected = True
         self._last_heard = self._loop.time()
         # A clock sample now, so a short run knows the offset before the first heartbeat.
-        self._send(self._enc.encode(Ping(time.time_ns(), self._out_seq - 1)))
+        self._send_control(self._enc.encode(Ping(time.time_ns())))
 
     async def aclose(self) -> None:
-        """Leave: send what is buffered, wait (up to ``heartbeat * liveness``) for it to be
+        """Leave: send what is batched, wait (up to ``heartbeat * liveness``) for it to be
         settled, say BYE, close. Anything still unsettled then is dead-lettered here with
-        reason ``bus_closed``; the broker hands what this node had not settled to others."""
+        reason ``bus_closed``; the others redeliver what this node had not settled."""
         if self._closed:
             return
         self._closed = True
         if self._sock is None:
             return
-        self._flush_data()
-        self._flush_control()
+        self._flush_all()
+        self._flush_links()
         if self._in_flight and self._connected:
             try:
                 async with asyncio.timeout(self.heartbeat * self.liveness):
                     await self._idle()
             except TimeoutError:
                 pass
-        self._dead_letter_unsettled()
-        self._flush_control()
+        for peer in list(self._peers.values()):
+            self._dead_letter_all(peer, "bus_closed")
+        self._flush_links()
         if self._connected:
-            self._send(self._enc.encode(Bye()))
+            self._send_control(self._enc.encode(Bye()))
         await self._teardown()
 
     async def _teardown(self, linger: int | None = None) -> None:
-        if self._fd is not None and self._loop is not None:
-            self._loop.remove_reader(self._fd)
-            self._fd = None
-        for handle in (self._drain_handle, self._retry_handle):
+        loop = self._loop
+        for fd in (self._control_fd, self._server_fd):
+            if fd is not None and loop is not None:
+                loop.remove_reader(fd)
+        self._control_fd = self._server_fd = None
+        for handle in (self._flush_handle, self._control_handle, *self._drain_handles.values()):
             if handle is not None:
                 handle.cancel()
-        self._flush_backlog()
+        self._drain_handles.clear()
         tasks, self._tasks = self._tasks, []
         for task in tasks:
             task.cancel()
@@ -451,42 +629,36 @@ class ZmqTransport(Transport):
             if not fut.done():
                 fut.set_exception(TransportError(f"transport {self.node!r} is closed"))
         self._credit_waiters.clear()
-        self._wake_idle()
+        self._wake(self._idle_waiters)
         self._wake(self._sync_waiters)
+        for peer in self._peers.values():
+            self._disconnect(peer)
+        self._peers.clear()
+        if self._server is not None:
+            self._server.close(linger)
+            self._server = None
         if self._sock is not None:
             self._sock.close(linger)  # the default LINGER lets BYE go out
             self._sock = None
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
-
-    def _dead_letter_unsettled(self) -> None:
-        if not self._unsettled or self._port is None:
-            return
-        decoder = msgspec.msgpack.Decoder(list[tuple[str, Envelope, bool]])
-        for body, _ in self._unsettled.values():
-            for _, env, _ in decoder.decode(body):
-                env.created -= self._to_wire
-                self._port.dead_letter(
-                    env,
-                    "<remote>",
-                    "bus_closed",
-                    PeerLost(f"node {self.node!r} closed before the broker settled it"),
-                )
-        self._unsettled.clear()
-        self._in_flight = 0
 
     # -- the Transport contract ----------------------------------------------------------------
 
     def advertise(self, subscriptions: Iterable[tuple[str, str]]) -> None:
         self._subs = sorted(subscriptions)
         self._subs_version += 1
+        self._reindex()
         if self._connected and not self._closed:
-            self._send(self._enc.encode(Subs(self._subs_version, list(self._subs))))
+            self._send_control(self._enc.encode(Subs(self._subs_version, list(self._subs))))
 
     async def sync(self) -> None:
-        """Wait until the broker routes by this node's latest subscriptions and every other
-        node's ``has_remote`` reflects them (the broker collected their acknowledgements)."""
+        """Wait until the broker's directory has this node's latest subscriptions and every
+        other node acknowledged it (their routing and ``has_remote`` reflect them)."""
         while self._subs_acked < self._subs_version and not self._closed:
             assert self._loop is not None
             fut = self._loop.create_future()
@@ -494,68 +666,38 @@ class ZmqTransport(Transport):
             await fut
 
     def has_remote(self, topic: str) -> bool:
-        return bool(self._interest.resolve(topic))
+        route = self._routes.get(topic)
+        if route is None:
+            route = self._route(topic)
+        return bool(route.groups)
 
     def try_send(self, envelope: Envelope) -> bool:
         if self._closed:
             raise TransportError(f"transport {self.node!r} is closed")
         if self._in_flight >= self.window:
             return False
-        buf = self._buf
-        mark = len(buf)
-        request = isinstance(envelope.reply, asyncio.Future)
         env = envelope
-        try:
-            self._enc.encode_into(
-                (
-                    env.topic,
-                    (
-                        env.topic, env.payload, env.priority, env.id, env.session_id,
-                        env.correlation_id, env.causation_id, env.trace,
-                        env.created + self._to_wire, env.hops, env.source,
-                    ),
-                    request,
-                ),
-                buf,
-                -1,
-            )  # fmt: skip
-        except (TypeError, ValueError, OverflowError) as exc:
-            del buf[mark:]
-            raise EncodeError(
-                f"cannot send {env.topic!r} to other nodes: its payload is not msgpack-"
-                f"encodable ({exc}); use dicts, lists, str, numbers, bytes or msgspec Structs"
-            ) from exc
-        size = len(buf) - mark
-        if size > self.max_frame - 64:
-            del buf[mark:]
-            raise FrameTooLarge(
-                f"cannot send {env.topic!r}: {size} bytes encoded, frame limit {self.max_frame}"
-            )
-        if len(buf) > self.max_frame - 64:
-            # This message would push the batch past the frame limit: send the batch first.
-            tail = bytes(buf[mark:])
-            del buf[mark:]
-            self._flush_data()
-            self._buf += tail
+        route = self._routes.get(env.topic)
+        if route is None:
+            route = self._route(env.topic)
+        reply = env.reply
+        request = reply is not None and isinstance(reply, asyncio.Future)
+        wire = _wire_of(env, self._to_wire)
+        single = route.single
+        if single is not None:
+            self._encode(single, wire, route.single_names, request)
+        else:
+            targets = self._pick(route)
+            if not targets:
+                return True
+            if len(targets) > 1:
+                wire = msgspec.Raw(self._encode_env(wire))
+            for peer, names in targets:
+                self._encode(peer, wire, names, request)
         if request:
             fut: asyncio.Future[Any] = envelope.reply
             self._requests[env.id] = (fut, env.topic)
             fut.add_done_callback(lambda _f, i=env.id: self._requests.pop(i, None))
-        self._buf_n += 1
-        self._in_flight += 1
-        self._counts["sent"] += 1
-        if self._flush_handle is None:
-            assert self._loop is not None
-            if self.batch_delay:
-                self._flush_handle = self._loop.call_later(self.batch_delay, self._end_turn)
-            else:
-                # Nagle style: nothing was pending, so this one goes now; what follows in
-                # the same loop turn is batched and sent when the turn ends.
-                self._flush_data()
-                self._flush_handle = self._loop.call_soon(self._end_turn)
-                return True
-        if self._buf_n >= self.batch_max or len(self._buf) >= DEFAULT_BATCH_BYTES:
-            self._flush_data()
         return True
 
     async def send(self, envelope: Envelope) -> None:
@@ -569,7 +711,7 @@ class ZmqTransport(Transport):
         """Wait until every message sent so far is settled by its receivers."""
         if self._sock is None or self._closed:
             return
-        self._flush_data()
+        self._flush_all()
         await self._idle()
 
     async def _idle(self) -> None:
@@ -580,246 +722,562 @@ class ZmqTransport(Transport):
             await fut
 
     def stats(self) -> dict[str, Any]:
-        """Counters since start, the link state, and the clock offset to the broker
+        """Counters since start, the links' state, and the clock offset to the broker
         (``clock_offset_ns``: broker wall clock minus ours, from the lowest-delay of the last
         heartbeats, NTP style; ``rtt_ns`` is that heartbeat's round trip)."""
         return {
             "node": self.node,
             "endpoint": self.endpoint,
+            "data_endpoint": self.data_endpoint,
             "connected": self._connected,
             "in_flight": self._in_flight,
             "window": self.window,
-            "unsettled_frames": len(self._unsettled),
+            "peers": {
+                p.name: {
+                    "data": p.data,
+                    "sent": p.sent,
+                    "backlog": p.load() - p.sent,
+                    "unsettled_frames": len(p.unsettled),
+                }
+                for p in self._peers.values()
+            },
+            "unsettled_frames": sum(len(p.unsettled) for p in self._peers.values()),
             "parked_frames": len(self._parked),
             "pending_requests": len(self._requests),
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
+            "sent": self._sent,
             **self._counts,
         }
 
+    # -- routing -----------------------------------------------------------------------------
+
+    def _reindex(self) -> None:
+        index: GlobIndex[_Member] = GlobIndex()
+        for name, pattern in self._subs:
+            index.add(pattern, _Member(None, name, pattern))
+        for peer in self._peers.values():
+            for name, pattern in peer.subs:
+                index.add(pattern, _Member(peer, name, pattern))
+        self._index = index
+        self._routes.clear()
+        if self.on_change is not None:
+            self.on_change()
+
+    def _route(self, topic: str) -> _Route:
+        members = self._index.resolve(topic)
+        local = {m.name for m in members if m.peer is None}
+        groups: dict[str, list[_Peer]] = {}
+        per_peer: dict[_Peer, int] = {}
+        for m in members:
+            peer = m.peer
+            if peer is None:
+                continue
+            per_peer[peer] = per_peer.get(peer, 0) + 1
+            if m.name in local:
+                continue  # a member here matched: served locally
+            group = groups.get(m.name)
+            if group is None:
+                groups[m.name] = [peer]
+            elif peer not in group:
+                group.append(peer)
+        route = _Route(groups, per_peer)
+        if len(self._routes) >= 10_000:
+            self._routes.clear()
+        self._routes[topic] = route
+        return route
+
+    def _pick(self, route: _Route) -> list[tuple[_Peer, list[str] | None]]:
+        """One member per group: the peer with the least unsettled work from here, round
+        robin on ties; names only where the peer has other matching subscriptions."""
+        picked: dict[_Peer, list[str]] = {}
+        for name, peers in route.groups.items():
+            if len(peers) == 1:
+                best = peers[0]
+            else:
+                start = self._rr.get(name, 0)
+                self._rr[name] = start + 1
+                best = None
+                best_load = 0
+                n = len(peers)
+                for i in range(n):
+                    peer = peers[(start + i) % n]
+                    load = peer.load()
+                    if best is None or load < best_load:
+                        best, best_load = peer, load
+            assert best is not None
+            names = picked.get(best)
+            if names is None:
+                picked[best] = [name]
+            else:
+                names.append(name)
+        return [
+            (peer, None if len(names) == route.per_peer[peer] else names)
+            for peer, names in picked.items()
+        ]
+
     # -- sending -----------------------------------------------------------------------------
 
-    def _send(self, *frames: bytes) -> None:
-        """Send ``frames`` as one ZeroMQ message (one wake-up for the broker), at once.
+    def _encode_env(self, wire: tuple[Any, ...]) -> bytes:
+        try:
+            return self._enc.encode(wire)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise _not_encodable(wire[0], exc) from exc
 
-        Before the reader is installed (the handshake) the asyncio socket sends, so its own
-        pending receive is not starved. After, a non-blocking send on the shadow socket: no
-        future, no callback. A send can consume the FD's edge for frames that arrived
-        meanwhile, so the reader is rescheduled when the socket says it has input."""
-        if self._fd is None:
+    def _encode(self, peer: _Peer, wire: Any, names: list[str] | None, request: bool) -> None:
+        """Append one message for ``peer`` to its batch; Nagle: the first of a loop turn
+        goes at once."""
+        buf = peer.buf
+        mark = len(buf)
+        try:
+            self._enc.encode_into((wire, names, request), buf, -1)
+        except (TypeError, ValueError, OverflowError) as exc:
+            del buf[mark:]
+            raise _not_encodable(wire[0], exc) from exc
+        end = len(buf)
+        if end > self._limit:
+            size = end - mark
+            if size > self._limit:
+                del buf[mark:]
+                topic = wire[0] if isinstance(wire, tuple) else "message"
+                raise FrameTooLarge(
+                    f"cannot send {topic!r}: {size} bytes encoded, frame limit {self.max_frame}"
+                )
+            # This message would push the batch past the frame limit: send the batch first.
+            tail = bytes(buf[mark:])
+            del buf[mark:]
+            self._flush_peer(peer)
+            peer.buf += tail
+            end = size
+        peer.buf_n += 1
+        self._in_flight += 1
+        self._sent += 1
+        if self._flush_handle is None:
+            assert self._loop is not None
+            if self.batch_delay:
+                self._dirty.add(peer)
+                self._flush_handle = self._loop.call_later(self.batch_delay, self._end_turn)
+            else:
+                # Nagle style: nothing was pending, so this one goes now; what follows in
+                # the same loop turn is batched and sent when the turn ends.
+                self._flush_peer(peer)
+                self._flush_handle = self._loop.call_soon(self._end_turn)
+            return
+        if peer.buf_n == 1:
+            self._dirty.add(peer)
+        elif peer.buf_n >= self.batch_max or end >= DEFAULT_BATCH_BYTES:
+            self._flush_peer(peer)
+
+    def _end_turn(self) -> None:
+        self._flush_handle = None
+        self._flush_all()
+
+    def _flush_all(self) -> None:
+        dirty = self._dirty
+        while dirty:
+            self._flush_peer(dirty.pop())
+
+    def _flush_peer(self, peer: _Peer) -> None:
+        """Close the peer's batch into a frame: sent now if the peer has credit for it,
+        queued behind its backlog otherwise."""
+        n = peer.buf_n
+        if not n:
+            return
+        body = array_header(n) + peer.buf
+        peer.buf = bytearray()
+        peer.buf_n = 0
+        if peer.backlog or peer.sent >= peer.credit:
+            peer.backlog.append((body, n))
+            peer.backlog_n += n
+            return
+        self._send_frame(peer, body, n)
+
+    def _send_frame(self, peer: _Peer, body: bytes, n: int) -> None:
+        seq = peer.out_seq
+        peer.out_seq += 1
+        peer.unsettled[seq] = (body, n)
+        peer.sent += n
+        self._counts["frames_out"] += 1
+        self._send_data(peer, b"".join((_DATA_HEAD, self._enc.encode(seq), body)))
+
+    def _send_data(self, peer: _Peer, frame: bytes) -> None:
+        sock = peer.sock
+        if sock is None:
+            return
+        try:
+            sock.send(frame, _NOBLOCK)
+        except zmq.ZMQError as exc:
+            # A DEALER with no high-water mark only refuses when closing: the frame stays
+            # unsettled, and is resent or redelivered from there.
+            _log.warning("send to node %s failed: %s", peer.name, exc)
+            return
+        self._redrain(peer.fd, sock, self._drain_peer, peer)
+
+    def _send_control(self, frame: bytes) -> None:
+        """One frame to the broker, at once. Before the reader is installed (the handshake)
+        the asyncio socket sends, so its own pending receive is not starved."""
+        if self._control_fd is None:
             if self._sock is None:
                 return
-            fut = self._sock.send_multipart(frames)
+            fut = self._sock.send(frame)
             if not fut.done():
                 fut.add_done_callback(_log_send_failure)
             elif fut.exception() is not None:
                 _log_send_failure(fut)
             return
-        if self._send_backlog:
-            self._send_backlog.append(list(frames))
-            return
         sync = self._sync
         assert sync is not None
         try:
-            if len(frames) == 1:
-                sync.send(frames[0], _NOBLOCK)
-            else:
-                sync.send_multipart(frames, _NOBLOCK)
-        except zmq.Again:
-            # The DEALER has no room (its high-water mark is off, so only without a pipe):
-            # keep the order, retry shortly.
-            self._send_backlog.append(list(frames))
-            self._schedule_retry()
-            return
+            sync.send(frame, _NOBLOCK)
         except zmq.ZMQError as exc:
             _log.warning("send to the broker failed: %s", exc)
             return
-        if not self._draining and self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
-            self._drain_handle = self._loop.call_soon(self._drain)  # type: ignore[union-attr]
+        self._redrain(self._control_fd, sync, self._drain_control)
 
-    def _schedule_retry(self) -> None:
-        if self._retry_handle is None and self._loop is not None:
-            self._retry_handle = self._loop.call_later(0.001, self._flush_backlog)
+    def _redrain(
+        self, fd: int | None, sock: zmq.Socket[bytes] | None, drain: Any, *args: Any
+    ) -> None:
+        """Run ``drain`` for ``fd`` soon, unless it is pending already. With ``sock``, only if
+        input waits: ZMQ_FD is edge-triggered, and a send or a drain can consume the edge of
+        input that arrived meanwhile, so nothing else would wake the reader for it."""
+        if fd is None or fd in self._drain_handles or self._loop is None:
+            return
+        if sock is not None and not sock.getsockopt(_EVENTS) & 1:
+            return
+        self._drain_handles[fd] = self._loop.call_soon(drain, *args)
 
-    def _flush_backlog(self) -> None:
-        self._retry_handle = None
-        backlog, sync = self._send_backlog, self._sync
-        while backlog and sync is not None and not sync.closed:
+    # -- outbound links ------------------------------------------------------------------------
+
+    def _connect(self, peer: _Peer) -> None:
+        assert self._ctx is not None and self._loop is not None
+        sock = zmq.Context.shadow(self._ctx.underlying).socket(zmq.DEALER)
+        # Never reused, not even for a peer that comes back under the same name: a receiver
+        # that still has state for an old identity would take new frames as duplicates.
+        self._links_made += 1
+        ident = f"{self.node}/{self._incarnation:x}/{self._links_made}"
+        sock.setsockopt(zmq.IDENTITY, ident.encode())
+        sock.setsockopt(zmq.SNDHWM, 0)  # bounded by the window, and a DEALER never drops
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame)
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None and peer.key is not None:
+            sock.curve_secretkey = self.curve.secret
+            sock.curve_publickey = self.curve.public
+            sock.curve_serverkey = peer.key
+        sock.connect(peer.data)
+        peer.sock = sock
+        peer.fd = fd = sock.getsockopt(zmq.FD)
+        self._loop.add_reader(fd, self._drain_peer, peer)
+
+    def _disconnect(self, peer: _Peer) -> None:
+        if peer.fd is not None:
+            if self._loop is not None:
+                self._loop.remove_reader(peer.fd)
+            handle = self._drain_handles.pop(peer.fd, None)
+            if handle is not None:
+                handle.cancel()
+            peer.fd = None
+        if peer.sock is not None:
+            peer.sock.close(0)
+            peer.sock = None
+
+    def _relink(self, peer: _Peer) -> None:
+        """A fresh link to ``peer`` (after we were reset): number frames from zero again and
+        resend everything unsettled; the receiver drops what it already had by id."""
+        self._disconnect(peer)
+        self._connect(peer)
+        old = sorted(peer.unsettled.items())
+        peer.unsettled = {}
+        peer.out_seq = 0
+        peer.sent = 0
+        for _, (body, n) in old:
+            self._counts["resent"] += 1
+            self._send_frame(peer, body, n)
+
+    def _drain_peer(self, peer: _Peer) -> None:
+        """What comes back on an outbound link: DONE, replies, NACKs."""
+        fd = peer.fd
+        if fd is None:
+            return
+        self._drain_handles.pop(fd, None)
+        sock = peer.sock
+        assert sock is not None
+        for _ in range(_TURN):
             try:
-                sync.send_multipart(backlog[0], _NOBLOCK)
+                frames = sock.recv_multipart(_NOBLOCK)
             except zmq.Again:
-                self._schedule_retry()
-                return
-            except zmq.ZMQError as exc:
-                _log.warning("send to the broker failed: %s", exc)
-            backlog.popleft()
-
-    def _end_turn(self) -> None:
-        self._flush_handle = None
-        self._flush_data()
-
-    def _flush_data(self) -> None:
-        """Send the batch now (the turn's handle, if any, stays: batching goes on)."""
-        n = self._buf_n
-        if not n:
-            return
-        body = array_header(n) + self._buf
-        self._buf = bytearray()
-        self._buf_n = 0
-        seq = self._out_seq
-        self._out_seq += 1
-        self._unsettled[seq] = (body, n)
-        self._counts["frames_out"] += 1
-        if self._connected:
-            self._send(b"".join((_DATA_HEAD, self._enc.encode(seq), body)))
-
-    def _schedule_control(self) -> None:
-        if self._control_handle is None and self._loop is not None:
-            self._control_handle = self._loop.call_soon(self._flush_control)
-
-    def _flush_control(self) -> None:
-        """DONE and replies made this loop turn go out together, as one message."""
-        if self._control_handle is not None:
-            self._control_handle.cancel()
-            self._control_handle = None
-        if not self._connected:
-            return
-        frames = self._control_out
-        if self._done_out:
-            seqs, self._done_out = self._done_out, []
-            frames.append(self._enc.encode(Done(seqs)))
-        if frames:
-            self._control_out = []
-            self._send(*frames)
-
-    def _settled(self, receipt: _FrameReceipt) -> None:
-        if receipt.epoch == self._epoch:
-            self._done_out.append(receipt.seq)
-            self._schedule_control()
-
-    def _answer(self, to: str, env: Envelope, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            try:
-                value = msgspec.Raw(self._enc.encode(result))
-            except (TypeError, ValueError, OverflowError) as exc:
-                error = EncodeError(f"reply to {env.topic!r} is not msgpack-encodable: {exc}")
-        if error is not None:
-            reply = (9, to, env.id, False, None, type(error).__name__, str(error))
+                break
+            for frame in frames:
+                self._counts["frames_in"] += 1
+                if len(frame) > self.max_frame:
+                    self._counts["oversized"] += 1
+                    continue
+                try:
+                    msg = self._decode_back(frame)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    self._counts["malformed"] += 1
+                    _log.warning("dropped a malformed frame from node %s: %s", peer.name, exc)
+                    continue
+                kind = type(msg)
+                if kind is Done:
+                    self._acked(peer, msg.seqs)
+                elif kind is Reply:
+                    self._reply(msg)
+                elif kind is Nack:
+                    self._resend(peer, msg.expected)
+                if peer.sock is None:
+                    return  # dropped while handling (closing)
         else:
-            reply = (9, to, env.id, True, value, None, None)
-        self._counts["replies_sent"] += 1
-        # With the DONE that settling the request makes right after: one message.
-        self._control_out.append(self._enc.encode(reply))
-        self._schedule_control()
-
-    def _wake_credit(self) -> None:
-        room = self.window - self._in_flight
-        waiters = self._credit_waiters
-        while waiters and room > 0:
-            fut = waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)
-                room -= 1
-
-    def _wake_idle(self) -> None:
-        self._wake(self._idle_waiters)
-
-    @staticmethod
-    def _wake(waiters: list[asyncio.Future[None]]) -> None:
-        while waiters:
-            fut = waiters.pop()
-            if not fut.done():
-                fut.set_result(None)
-
-    # -- receiving ---------------------------------------------------------------------------
-
-    def _drain(self) -> None:
-        """The reader: take every frame the socket has without waiting, then send what
-        handling them produced (DONE, replies) as one message. Runs as the FD's reader
-        callback; after ``_TURN`` messages it reschedules itself so the loop stays fair."""
-        self._drain_handle = None
-        sync, loop = self._sync, self._loop
-        if sync is None or loop is None or self._fd is None:
+            self._redrain(fd, None, self._drain_peer, peer)
             return
-        self._draining = True
+        self._redrain(fd, sock, self._drain_peer, peer)
+
+    def _acked(self, peer: _Peer, seqs: list[int]) -> None:
+        settled = 0
+        unsettled = peer.unsettled
+        for seq in seqs:
+            entry = unsettled.pop(seq, None)
+            if entry is not None:
+                settled += entry[1]
+        if not settled:
+            return
+        peer.sent -= settled
+        backlog = peer.backlog
+        while backlog and peer.sent < peer.credit:
+            body, n = backlog.popleft()
+            peer.backlog_n -= n
+            self._send_frame(peer, body, n)
+        self._settle(settled)
+
+    def _settle(self, n: int) -> None:
+        self._in_flight -= n
+        self._counts["acked"] += n
+        if self._credit_waiters:
+            room = self.window - self._in_flight
+            waiters = self._credit_waiters
+            while waiters and room > 0:
+                fut = waiters.popleft()
+                if not fut.done():
+                    fut.set_result(None)
+                    room -= 1
+        if not self._in_flight and self._idle_waiters:
+            self._wake(self._idle_waiters)
+
+    def _reply(self, msg: Reply) -> None:
+        entry = self._requests.get(msg.request_id)
+        self._counts["replies_received"] += 1
+        if entry is None or entry[0].done():
+            return  # answered already (locally, or by another node), or given up
+        fut, topic = entry
+        if msg.ok:
+            fut.set_result(msg.value)
+        else:
+            fut.set_exception(RemoteHandlerError(topic, msg.error_type or "?", msg.error or ""))
+
+    def _resend(self, peer: _Peer, expected: int) -> None:
+        for seq in sorted(s for s in peer.unsettled if s >= expected):
+            self._counts["resent"] += 1
+            body = peer.unsettled[seq][0]
+            self._send_data(peer, b"".join((_DATA_HEAD, self._enc.encode(seq), body)))
+
+    def _peer_lost(self, peer: _Peer) -> None:
+        """The directory dropped ``peer``: everything it had not settled goes to another
+        member of the same group, or into this bus's DLQ as ``node_lost``."""
+        self._disconnect(peer)
+        self._counts["peers_lost"] += 1
+        items = self._take_unsettled(peer)
+        if not items:
+            return
+        _log.warning(
+            "node %s lost with %d unsettled messages from %s: redelivered or dead-lettered",
+            peer.name,
+            len(items),
+            self.node,
+        )
+        assert self._port is not None
+        subs = {name for name, _ in self._subs}
+        for item in items:
+            env = item.env
+            names = item.names or [n for n, p in peer.subs if fnmatch.fnmatchcase(env.topic, p)]
+            route = self._routes.get(env.topic) or self._route(env.topic)
+            for name in names:
+                others = route.groups.get(name)
+                if others:
+                    target = min(others, key=_Peer.load)
+                    self._counts["redelivered"] += 1
+                    self._encode(target, _wire_of(env, self._to_wire), [name], item.request)
+                    continue
+                if name in subs:
+                    # The group is served here now: deliver it locally (a request's answer
+                    # then completes its future directly).
+                    self._counts["redelivered"] += 1
+                    self._background(self._deliver_here(env, name, peer.name))
+                    continue
+                self._lost(env, name, "node_lost", peer.name)
+
+    async def _deliver_here(self, env: Envelope, name: str, where: str) -> None:
+        assert self._port is not None
+        request = self._requests.get(env.id)
+        env.reply = request[0] if request is not None else None
+        try:
+            waiting = self._port.deliver(env, [name])
+            if waiting is not None:
+                await waiting
+        except (BusClosedError, QueueFullError):
+            self._lost(env, name, "node_lost", where)
+
+    def _lost(self, env: Envelope, subscriber: str, reason: str, where: str) -> None:
+        assert self._port is not None
+        error = PeerLost(
+            f"node {where!r} holding {env.topic!r} for {subscriber!r} was lost and no other "
+            f"member of that group could take it"
+            if reason == "node_lost"
+            else f"node {self.node!r} closed before node {where!r} settled it"
+        )
+        request = self._requests.get(env.id)
+        if request is not None and not request[0].done():
+            request[0].set_exception(error)
+        if reason == "node_lost":
+            self._counts["node_lost"] += 1
+        self._port.dead_letter(env, subscriber, reason, error)
+
+    def _take_unsettled(self, peer: _Peer) -> list[Item]:
+        """Everything sent or queued to ``peer`` and not settled, decoded, and the window
+        room it held given back."""
+        self._dirty.discard(peer)
+        bodies = [body for body, _ in peer.unsettled.values()]
+        bodies += [body for body, _ in peer.backlog]
+        if peer.buf_n:
+            bodies.append(array_header(peer.buf_n) + peer.buf)
+        count = peer.sent + peer.backlog_n + peer.buf_n
+        peer.unsettled.clear()
+        peer.backlog.clear()
+        peer.buf = bytearray()
+        peer.sent = peer.backlog_n = peer.buf_n = 0
+        items: list[Item] = []
+        for body in bodies:
+            for item in _ITEMS.decode(body):
+                item.env.created -= self._to_wire
+                items.append(item)
+        if count:
+            self._in_flight -= count
+            if self._credit_waiters or self._idle_waiters:
+                self._settle(0)
+        return items
+
+    def _dead_letter_all(self, peer: _Peer, reason: str) -> None:
+        for item in self._take_unsettled(peer):
+            names = item.names or ["<remote>"]
+            for name in names:
+                self._lost(item.env, name, reason, peer.name)
+
+    # -- inbound links -------------------------------------------------------------------------
+
+    def _drain_server(self) -> None:
+        """The data socket's reader: take every frame it has without waiting, then send the
+        DONEs handling them made, one message per link. Reschedules itself after ``_TURN``
+        messages so the loop stays fair."""
+        fd = self._server_fd
+        server = self._server
+        if fd is None or server is None:
+            return
+        self._drain_handles.pop(fd, None)
+        assert self._loop is not None
+        self._serving = True
         try:
             for _ in range(_TURN):
                 try:
-                    frames = sync.recv_multipart(_NOBLOCK)
+                    parts = server.recv_multipart(_NOBLOCK)
                 except zmq.Again:
                     break
-                self._last_heard = loop.time()
-                for frame in frames:
-                    self._frame_in(frame)
+                ident = parts[0]
+                link = self._links.get(ident)
+                if link is None:
+                    link = self._links[ident] = _Link(ident)
+                for i in range(1, len(parts)):
+                    self._link_frame(link, parts[i])
             else:
-                self._drain_handle = loop.call_soon(self._drain)
-            self._flush_control()
-            if self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
-                self._drain_handle = loop.call_soon(self._drain)
+                self._redrain(fd, None, self._drain_server)
+            self._flush_links()
+            self._redrain(fd, server, self._drain_server)
         finally:
-            self._draining = False
+            self._serving = False
 
-    def _frame_in(self, frame: bytes) -> None:
-        self._counts["frames_in"] += 1
+    def _link_frame(self, link: _Link, frame: bytes) -> None:
+        counts = self._counts
+        counts["frames_in"] += 1
         if len(frame) > self.max_frame:
-            self._counts["oversized"] += 1
-            _log.warning("dropped an oversized frame (%d bytes) from the broker", len(frame))
+            counts["oversized"] += 1
+            _log.warning(
+                "dropped an oversized frame (%d bytes > %d) from %r",
+                len(frame),
+                self.max_frame,
+                link.ident,
+            )
             return
         try:
-            msg = self._decode(frame)
+            msg = self._decode_in(frame)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            self._counts["malformed"] += 1
-            _log.warning("dropped a malformed frame from the broker: %s", exc)
+            counts["malformed"] += 1
+            n = counts["malformed"]
+            if n <= 10 or not n % 1000:
+                _log.warning("dropped malformed frame #%d from %r: %s", n, link.ident, exc)
             return
         try:
-            self._handle(msg)
+            if type(msg) is Data:
+                self._data(link, msg)
+            else:
+                self._link_ping(link, msg)
         except Exception:
             _log.exception("node %s failed to handle a frame; dropped it", self.node)
 
-    def _handle(self, msg: Any) -> None:
-        kind = type(msg)
-        if kind is DataDown:
-            self._data(msg)
-        elif kind is Done:
-            self._acked(msg.seqs)
-        elif kind is Pong:
-            self._pong(msg)
-        elif kind is Interest:
-            self._set_interest(msg.patterns)
-            self._send(self._enc.encode(InterestAck(msg.version)))
-        elif kind is SubsAck:
-            self._subs_acked = max(self._subs_acked, msg.version)
-            self._wake(self._sync_waiters)
-        elif kind is ReplyDown:
-            self._reply(msg)
-        elif kind is Lost:
-            self._lost(msg)
-        elif kind is Nack:
-            self._resend(msg.expected)
-        elif kind is Reset:
-            _log.warning("broker reset node %s (%s); re-joining", self.node, msg.reason)
-            self._rejoin()
-        elif kind is Welcome:
-            if not self._connected:
-                self._counts["rejoined"] += 1
-                self._resync()
-            self._welcomed()
+    def _link_ping(self, link: _Link, ping: LinkPing) -> None:
+        """The publisher still waits for frames from ``ping.first_unsettled`` on. Frames or
+        answers can be lost either way (a ROUTER drops what it sends to a peer whose pipe is
+        down, e.g. while it reconnects), so each ping repairs both: a gap is NACKed again,
+        and DONE is said again for every frame since then that is settled here."""
+        if ping.last_seq >= link.expected:
+            # Frames were sent that we never got (or our NACK was lost): ask again.
+            self._gap(link)
+        first = max(ping.first_unsettled, link.expected - _REDONE_MAX)
+        again = [seq for seq in range(first, link.expected) if seq not in link.open]
+        if again:
+            link.done += again
+            self._dirty_links.add(link)
+            self._schedule_links()
 
-    def _data(self, msg: DataDown) -> None:
+    def _gap(self, link: _Link) -> None:
+        self._counts["gaps"] += 1
+        link.nacked = link.expected
+        link.control.append(self._enc.encode(Nack(link.expected)))
+        self._dirty_links.add(link)
+        self._schedule_links()
+
+    def _data(self, link: _Link, msg: Data) -> None:
         seq = msg.seq
-        if seq != self._expected_in:
-            if seq < self._expected_in:
-                self._counts["duplicates"] += 1
+        if seq != link.expected:
+            if seq < link.expected:
+                self._counts["duplicate_frames"] += 1
+                if seq not in link.open:
+                    # Settled already: a resend crossed our DONE; say it again.
+                    link.done.append(seq)
+                    self._dirty_links.add(link)
+            elif link.nacked != link.expected:
+                _log.warning(
+                    "gap on the link from %r: expected frame %d, got %d; asked to resend",
+                    link.ident,
+                    link.expected,
+                    seq,
+                )
+                self._gap(link)
             else:
                 self._counts["gaps"] += 1
-                if self._nacked != self._expected_in:
-                    self._nacked = self._expected_in
-                    self._send(self._enc.encode(Nack(self._expected_in)))
             return
-        self._expected_in = seq + 1
-        self._nacked = None
+        link.expected = seq + 1
+        link.nacked = None
         self._counts["received"] += len(msg.items)
-        receipt = _FrameReceipt(self, seq, self._epoch)
+        receipt = _FrameReceipt(self, link, seq)
+        link.open.add(seq)
         if self._parked or self._unparking:
             self._parked.append((receipt, msg.items, 0))
             return
@@ -827,16 +1285,16 @@ class ZmqTransport(Transport):
         if waiting is not None:
             assert self._loop is not None
             self._unparking = True
-            self._tasks.append(self._loop.create_task(self._unpark(waiting)))
+            self._background(self._unpark(waiting))
 
     def _deliver(
-        self, receipt: _FrameReceipt, items: list[ItemDown], start: int
+        self, receipt: _FrameReceipt, items: list[Item], start: int
     ) -> Awaitable[None] | None:
         """Offer the frame's messages from ``start`` on; on a full ``block`` mailbox, park
         the rest in front of the queue and return what to wait for."""
         assert self._port is not None
         deliver = self._port.deliver
-        seen = self._seen
+        seen, seen_old, window = self._seen, self._seen_old, self._dedup_window
         to_wire = self._to_wire
         for i in range(start, len(items)):
             item = items[i]
@@ -847,23 +1305,20 @@ class ZmqTransport(Transport):
                 continue
             names = item.names
             key = env.id if names is None else (env.id, *names)
-            if key in seen or key in self._seen_old:
+            if key in seen or key in seen_old:
                 self._counts["duplicates"] += 1
                 continue
             seen.add(key)
-            if len(seen) >= self._dedup_window:
-                self._seen_old, self._seen = seen, set()
-                seen = self._seen
-            env.created -= to_wire
-            env.context = None
-            env.reply = (
-                receipt if item.reply_to is None else _RequestReceipt(receipt, item.reply_to, env)
-            )
+            if len(seen) >= window:
+                self._seen_old = seen_old = seen
+                self._seen = seen = set()
+            env.created -= to_wire  # decoded: context is None, reply is set here
+            env.reply = receipt if not item.request else _RequestReceipt(receipt, env)
             try:
                 waiting = deliver(env, names)
             except BusClosedError:
-                # The bus stopped taking messages: leave the frame unsettled; the broker
-                # hands it to another member when this node says BYE.
+                # The bus stopped taking messages: leave the frame unsettled; the publisher
+                # hands it to another member when this node leaves the directory.
                 return None
             except QueueFullError:
                 self._counts["rejected"] += 1
@@ -877,6 +1332,17 @@ class ZmqTransport(Transport):
                 return waiting
         receipt.arm()
         return None
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task that teardown cancels, forgotten once it is done."""
+        assert self._loop is not None
+        task = self._loop.create_task(work)
+        self._tasks.append(task)
+        task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[None]) -> None:
+        if task in self._tasks:
+            self._tasks.remove(task)
 
     async def _unpark(self, waiting: Awaitable[None]) -> None:
         try:
@@ -899,62 +1365,143 @@ class ZmqTransport(Transport):
         finally:
             self._unparking = False
 
-    def _acked(self, seqs: list[int]) -> None:
-        settled = 0
-        for seq in seqs:
-            entry = self._unsettled.pop(seq, None)
-            if entry is not None:
-                settled += entry[1]
-        if not settled:
-            return
-        self._in_flight -= settled
-        self._counts["acked"] += settled
-        if self._credit_waiters:
-            self._wake_credit()
-        if not self._in_flight and self._idle_waiters:
-            self._wake_idle()
+    def _settled(self, receipt: _FrameReceipt) -> None:
+        link = receipt.link
+        link.open.discard(receipt.seq)
+        if self._links.get(link.ident) is link:
+            link.done.append(receipt.seq)
+            self._dirty_links.add(link)
+            self._schedule_links()
 
-    def _set_interest(self, patterns: list[str]) -> None:
-        index: GlobIndex[str] = GlobIndex()
-        for pattern in patterns:
-            index.add(pattern, pattern)
-        self._interest = index
-        if self.on_change is not None:
-            self.on_change()
-
-    def _reply(self, msg: ReplyDown) -> None:
-        entry = self._requests.get(msg.request_id)
-        self._counts["replies_received"] += 1
-        if entry is None or entry[0].done():
-            return  # answered already (locally, or by another node), or given up
-        fut, topic = entry
-        if msg.ok:
-            fut.set_result(msg.value)
+    def _answer(self, link: _Link, env: Envelope, result: Any, error: BaseException | None) -> None:
+        if error is None:
+            try:
+                value = msgspec.Raw(self._enc.encode(result))
+            except (TypeError, ValueError, OverflowError) as exc:
+                error = EncodeError(f"reply to {env.topic!r} is not msgpack-encodable: {exc}")
+        if error is not None:
+            reply = (9, env.id, False, None, type(error).__name__, str(error))
         else:
-            fut.set_exception(RemoteHandlerError(topic, msg.error_type or "?", msg.error or ""))
+            reply = (9, env.id, True, value, None, None)
+        self._counts["replies_sent"] += 1
+        link.control.append(self._enc.encode(reply))
+        self._dirty_links.add(link)
+        if not self._serving:
+            # The asker is waiting: answer now (with the DONEs this turn made so far), not
+            # at the end of the loop turn.
+            self._flush_links()
 
-    def _lost(self, msg: Lost) -> None:
-        assert self._port is not None
-        for entry in msg.entries:
-            env = entry.env
-            env.created -= self._to_wire
-            error = PeerLost(
-                f"the node holding {env.topic!r} for {entry.subscriber!r} was lost and no "
-                f"other member of that group could take it"
-            )
-            request = self._requests.get(env.id)
-            if request is not None and not request[0].done():
-                request[0].set_exception(error)
-            self._counts["node_lost"] += 1
-            self._port.dead_letter(env, entry.subscriber, entry.reason, error)
+    def _schedule_links(self) -> None:
+        if not self._serving and self._control_handle is None and self._loop is not None:
+            self._control_handle = self._loop.call_soon(self._flush_links)
 
-    def _resend(self, expected: int) -> None:
-        for seq in sorted(s for s in self._unsettled if s >= expected):
-            self._counts["resent"] += 1
-            body = self._unsettled[seq][0]
-            self._send(b"".join((_DATA_HEAD, self._enc.encode(seq), body)))
+    def _flush_links(self) -> None:
+        """Replies, NACKs and DONEs made this loop turn: one message per link."""
+        if self._control_handle is not None:
+            self._control_handle.cancel()
+            self._control_handle = None
+        server = self._server
+        dirty = self._dirty_links
+        while dirty:
+            link = dirty.pop()
+            frames = [link.ident]
+            if link.control:
+                frames += link.control
+                link.control = []
+            if link.done:
+                frames.append(self._enc.encode(Done(link.done)))
+                link.done = []
+            if server is None or len(frames) == 1:
+                continue
+            try:
+                server.send_multipart(frames, _NOBLOCK)
+            except zmq.ZMQError as exc:
+                _log.warning("answer to %r failed: %s", link.ident, exc)
+        if server is not None and not self._serving:
+            self._redrain(self._server_fd, server, self._drain_server)
 
-    # -- heartbeats, clock, re-joining ---------------------------------------------------------
+    # -- control -------------------------------------------------------------------------------
+
+    def _drain_control(self) -> None:
+        fd = self._control_fd
+        sync = self._sync
+        if fd is None or sync is None or self._loop is None:
+            return
+        self._drain_handles.pop(fd, None)
+        for _ in range(_TURN):
+            try:
+                frames = sync.recv_multipart(_NOBLOCK)
+            except zmq.Again:
+                break
+            self._last_heard = self._loop.time()
+            for frame in frames:
+                self._counts["frames_in"] += 1
+                try:
+                    msg = self._decode_control(frame)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    self._counts["malformed"] += 1
+                    _log.warning("dropped a malformed frame from the broker: %s", exc)
+                    continue
+                try:
+                    self._handle_control(msg)
+                except Exception:
+                    _log.exception("node %s failed to handle a broker frame", self.node)
+            if self._sync is None:
+                return
+        else:
+            self._redrain(fd, None, self._drain_control)
+            return
+        self._redrain(fd, sync, self._drain_control)
+
+    def _handle_control(self, msg: Any) -> None:
+        kind = type(msg)
+        if kind is Directory:
+            self._set_directory(msg.peers)
+            self._send_control(self._enc.encode(DirectoryAck(msg.version)))
+        elif kind is Pong:
+            self._pong(msg)
+        elif kind is SubsAck:
+            self._subs_acked = max(self._subs_acked, msg.version)
+            self._wake(self._sync_waiters)
+        elif kind is Reset:
+            _log.warning("broker reset node %s (%s); re-joining", self.node, msg.reason)
+            self._rejoin()
+        elif kind is Welcome and not self._connected:
+            # Back after a reset: the others may have dropped our links; start them afresh.
+            self._counts["rejoined"] += 1
+            for peer in self._peers.values():
+                self._relink(peer)
+            self._welcomed()
+
+    def _set_directory(self, infos: list[PeerInfo]) -> None:
+        new = {info.name: info for info in infos}
+        lost: list[_Peer] = []
+        for name, peer in list(self._peers.items()):
+            info = new.get(name)
+            if (
+                info is None
+                or info.incarnation != peer.incarnation
+                or info.data != peer.data
+                or info.key != peer.key
+            ):
+                del self._peers[name]
+                lost.append(peer)
+            else:
+                peer.subs = list(info.subs)
+                peer.credit = max(1, info.credit)
+        self._keys = frozenset(info.key for info in infos if info.key is not None)
+        for info in infos:
+            if info.name not in self._peers and self._ctx is not None:
+                peer = self._peers[info.name] = _Peer(info)
+                self._connect(peer)
+        # Inbound links from nodes no longer listed (or listed with a new incarnation) are
+        # over: their senders redeliver whatever those links had not settled.
+        live = {f"{info.name}/{info.incarnation:x}".encode() for info in infos}
+        for ident in [i for i in self._links if i.rsplit(b"/", 1)[0] not in live]:
+            del self._links[ident]
+        self._reindex()
+        for peer in lost:
+            self._peer_lost(peer)
 
     async def _beat(self) -> None:
         assert self._loop is not None
@@ -973,9 +1520,13 @@ class ZmqTransport(Transport):
                     )
                     self._rejoin()
                 else:
-                    self._send(self._enc.encode(Ping(time.time_ns(), self._out_seq - 1)))
+                    self._send_control(self._enc.encode(Ping(time.time_ns())))
             else:
-                self._send(self._hello())
+                self._send_control(self._hello())
+            for peer in self._peers.values():
+                if peer.unsettled:
+                    ping = LinkPing(peer.out_seq - 1, min(peer.unsettled))
+                    self._send_data(peer, self._enc.encode(ping))
 
     def _pong(self, pong: Pong) -> None:
         t4 = time.time_ns()
@@ -984,33 +1535,76 @@ class ZmqTransport(Transport):
         self._clock.append((delay, offset))
         self._rtt, self._offset = min(self._clock)
         self._to_wire = self._mono_to_wall + self._offset
-        if pong.last_seq >= self._expected_in and self._nacked != self._expected_in:
-            # The broker sent frames we never got, and nothing after them showed the gap.
-            self._counts["gaps"] += 1
-            self._nacked = self._expected_in
-            self._send(self._enc.encode(Nack(self._expected_in)))
 
     def _rejoin(self) -> None:
         self._connected = False
-        self._send(self._hello())
+        self._send_control(self._hello())
 
-    def _resync(self) -> None:
-        """A new link (the broker restarted, or dropped us): number frames afresh both ways
-        and resend every unsettled frame; receivers drop what they already had by id."""
-        self._epoch += 1
-        self._expected_in = 0
-        self._nacked = None
-        self._done_out = []
-        old = sorted(self._unsettled.items())
-        self._unsettled = {}
-        self._out_seq = 0
-        self._connected = True
-        for _, (body, n) in old:
-            seq = self._out_seq
-            self._out_seq += 1
-            self._unsettled[seq] = (body, n)
-            self._counts["resent"] += 1
-            self._send(b"".join((_DATA_HEAD, self._enc.encode(seq), body)))
+    @staticmethod
+    def _wake(waiters: list[asyncio.Future[None]]) -> None:
+        while waiters:
+            fut = waiters.pop()
+            if not fut.done():
+                fut.set_result(None)
+
+
+def _wire_of(env: Envelope, to_wire: int) -> tuple[Any, ...]:
+    """An envelope as it travels (see ``_wire``): its fields without ``context`` and
+    ``reply``, ``created`` moved to the broker's wall clock."""
+    return (
+        env.topic, env.payload, env.priority, env.id, env.session_id, env.correlation_id,
+        env.causation_id, env.trace, env.created + to_wire, env.hops, env.source,
+    )  # fmt: skip
+
+
+def _not_encodable(topic: str, exc: BaseException) -> EncodeError:
+    return EncodeError(
+        f"cannot send {topic!r} to other nodes: its payload is not msgpack-encodable "
+        f"({exc}); use dicts, lists, str, numbers, bytes or msgspec Structs"
+    )
+
+
+class _KeyGate:
+    """ZAP credentials provider for a node's data socket (see ``ZmqTransport._admit``)."""
+
+    def __init__(self, transport: ZmqTransport) -> None:
+        self.transport = transport
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        return self.transport._admit(key)
+
+
+def _default_data_bind(broker: str, incarnation: int) -> str:
+    """Where a node's data socket listens unless told: beside the broker's ipc socket, or
+    on a free port of the interface that reaches the broker."""
+    if broker.startswith("ipc://"):
+        path = f"{broker[len('ipc://') :]}.{os.getpid()}-{incarnation:08x}"
+        if len(path) > 100:  # the limit of a Unix socket path
+            path = os.path.join(tempfile.gettempdir(), f"pantheon-{os.getpid()}-{incarnation:x}")
+        return f"ipc://{path}"
+    if broker.startswith("tcp://"):
+        host = broker[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
+        if _is_loopback(host):
+            return "tcp://127.0.0.1:0"
+        return "tcp://0.0.0.0:0"
+    return "tcp://127.0.0.1:0"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _local_address(broker: str) -> str:
+    """The address of this machine's interface that routes to the broker (no packet sent)."""
+    host, port = broker[len("tcp://") :].rsplit(":", 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host.strip("[]"), int(port)))
+        return str(probe.getsockname()[0])
 
 
 def _log_send_failure(fut: asyncio.Future[Any]) -> None:

@@ -1,19 +1,27 @@
-"""The wire protocol between nodes and the broker: msgspec msgpack, never pickle.
+"""The wire protocol: msgspec msgpack, never pickle.
 
-A ZeroMQ message carries one or more frames (the broker's ROUTER adds the node's identity
-in front), each a msgpack array whose first element says what it is, decoded into one of
-the tagged structs below. Several frames for one peer go as one message (a reply with the
-DONE its request made, a DONE with data), which costs the peer one wake-up, not several.
-Two decoders, one per direction, so each side accepts only what it should receive; anything
-else (bad msgpack, unknown tag, wrong types, a priority out of range) is a malformed frame:
+Two kinds of link, each with its own messages:
+
+* **Control**, node <-> broker (the node's DEALER, the broker's ROUTER): joining, the
+  directory of who serves what where, subscription barriers, heartbeats and clock samples.
+  No message data ever goes through the broker.
+* **Data**, publisher -> receiver, direct (the publisher's DEALER per peer, connected to
+  the receiver's ROUTER): batches of messages and the receiver's DONE, replies and NACKs
+  coming back on the same link. Two processes, one hop each way.
+
+A ZeroMQ message carries one or more frames (a ROUTER adds the peer's identity in front),
+each a msgpack array whose first element says what it is, decoded into one of the tagged
+structs below. Each receiving side has its own decoder and accepts only what it should
+receive; anything else (bad msgpack, unknown tag, wrong types) is a malformed frame:
 counted, logged and dropped by the receiver, which keeps running.
 
-Data frames carry a batch of messages and a per-link sequence number. The receiver takes
-them strictly in order: a repeated number is a duplicate (dropped), a skipped one is a gap
-(reported with a NACK, and the sender resends from there). Heartbeats carry the sender's
-last data sequence number, so a lost *last* frame is noticed too. A data frame is settled
-(DONE) when the receiver is finished with every message in it; until then the sender keeps
-it, which is what makes credit, resending and ``node_lost`` accounting possible.
+Data frames carry a batch and a per-link sequence number. The receiver takes them strictly
+in order: a repeated number is a duplicate (dropped), a skipped one is a gap (answered with
+a NACK, and the publisher resends from there). While frames are unsettled the publisher
+sends a LINK_PING each heartbeat with its last and its first unsettled sequence numbers,
+so a lost *last* frame, a lost NACK and a lost DONE are all repaired. A frame is settled
+(DONE) when the receiver is finished with every message in it; until then the publisher
+keeps it, which is what makes credit, resending and ``node_lost`` accounting possible.
 
 An envelope travels as the array ``[topic, payload, priority, id, session_id,
 correlation_id, causation_id, trace, created, hops, source]`` (``Envelope``'s own field
@@ -33,40 +41,43 @@ __all__ = [
     "DEFAULT_MAX_FRAME",
     "PROTOCOL",
     "Bye",
-    "DataDown",
-    "DataUp",
+    "Data",
+    "Directory",
+    "DirectoryAck",
     "Done",
     "Hello",
-    "Interest",
-    "InterestAck",
-    "ItemDown",
-    "ItemUp",
-    "Lost",
-    "LostEntry",
+    "Item",
+    "LinkPing",
     "Nack",
+    "PeerInfo",
     "Ping",
     "Pong",
-    "ReplyDown",
-    "ReplyUp",
+    "Reply",
     "Reset",
     "Subs",
     "SubsAck",
     "Welcome",
     "array_header",
-    "down_decoder",
-    "up_decoder",
+    "control_down_decoder",
+    "control_up_decoder",
+    "link_back_decoder",
+    "link_in_decoder",
 ]
 
 #: Bumped on any incompatible change; a broker refuses a HELLO of another version.
-#: 2: a message may carry several frames.
-PROTOCOL = 2
+#: 3: messages go node to node; the broker keeps only the directory and heartbeats.
+PROTOCOL = 3
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20
 
 
+# -- control: node <-> broker ------------------------------------------------------------------
+
+
 class Hello(msgspec.Struct, array_like=True, tag=1):
-    """node -> broker: join (or re-join after a reset) with its subscriptions."""
+    """node -> broker: join (or re-join after a reset) with its subscriptions, the endpoint
+    its data socket listens on, and (with CURVE) the public key that socket serves with."""
 
     version: int
     node: str
@@ -74,6 +85,8 @@ class Hello(msgspec.Struct, array_like=True, tag=1):
     credit: int
     subs_version: int
     subs: list[tuple[str, str]]
+    data: str
+    key: bytes | None = None
 
 
 class Welcome(msgspec.Struct, array_like=True, tag=2):
@@ -88,119 +101,32 @@ class Welcome(msgspec.Struct, array_like=True, tag=2):
 class Subs(msgspec.Struct, array_like=True, tag=3):
     """node -> broker: the node's full set of (subscription name, pattern) pairs now.
 
-    Answered with SUBS_ACK once every other node has applied the interest it changed."""
+    Answered with SUBS_ACK once every other node has applied the directory it changed."""
 
     version: int
     subs: list[tuple[str, str]]
 
 
-class Interest(msgspec.Struct, array_like=True, tag=4):
-    """broker -> node: the patterns other nodes serve that this node does not serve itself.
+class PeerInfo(msgspec.Struct, array_like=True):
+    """One other live node, as the directory lists it."""
 
-    The node answers INTEREST_ACK with the version once ``has_remote`` reflects it."""
+    name: str
+    incarnation: int
+    data: str
+    key: bytes | None
+    credit: int
+    subs: list[tuple[str, str]]
+
+
+class Directory(msgspec.Struct, array_like=True, tag=4):
+    """broker -> node: every *other* live node now. Answered with DIRECTORY_ACK once
+    ``has_remote`` and routing reflect it; a node missing from it is lost."""
 
     version: int
-    patterns: list[str]
+    peers: list[PeerInfo]
 
 
-class ItemUp(msgspec.Struct, array_like=True):
-    """One message a node publishes. ``env`` stays raw in the broker (never decoded)."""
-
-    topic: str
-    env: msgspec.Raw
-    request: bool = False
-
-
-class DataUp(msgspec.Struct, array_like=True, tag=5):
-    seq: int
-    items: list[ItemUp]
-
-
-class ItemDown(msgspec.Struct, array_like=True):
-    """One message for a node: deliver to ``names`` only (all matching when ``None``);
-    ``reply_to`` names the requesting node when the message is a request."""
-
-    env: Envelope
-    names: list[str] | None = None
-    reply_to: str | None = None
-
-
-class DataDown(msgspec.Struct, array_like=True, tag=5):
-    seq: int
-    items: list[ItemDown]
-
-
-class Done(msgspec.Struct, array_like=True, tag=7):
-    """Either way: these data frames are settled (every message handled or dead-lettered)."""
-
-    seqs: list[int]
-
-
-class LostEntry(msgspec.Struct, array_like=True):
-    env: Envelope
-    subscriber: str
-    reason: str
-
-
-class Lost(msgspec.Struct, array_like=True, tag=8):
-    """broker -> publishing node: nobody can take these; dead-letter them there."""
-
-    entries: list[LostEntry]
-
-
-class ReplyUp(msgspec.Struct, array_like=True, tag=9):
-    """node -> broker -> node: a request's answer. The broker forwards the frame as is."""
-
-    to: str
-    request_id: int
-    ok: bool
-    value: msgspec.Raw
-    error_type: str | None = None
-    error: str | None = None
-
-
-class ReplyDown(msgspec.Struct, array_like=True, tag=9):
-    to: str
-    request_id: int
-    ok: bool
-    value: Any
-    error_type: str | None = None
-    error: str | None = None
-
-
-class Ping(msgspec.Struct, array_like=True, tag=10):
-    """node -> broker heartbeat: the node's send time and its last data sequence number."""
-
-    t1: int
-    last_seq: int
-
-
-class Pong(msgspec.Struct, array_like=True, tag=11):
-    """broker -> node: NTP-style times (t1 echoed, t2 received, t3 sent) and last seq."""
-
-    t1: int
-    t2: int
-    t3: int
-    last_seq: int
-
-
-class Nack(msgspec.Struct, array_like=True, tag=12):
-    """Either way: a gap; resend data frames from ``expected`` on."""
-
-    expected: int
-
-
-class Bye(msgspec.Struct, array_like=True, tag=13):
-    """node -> broker: leaving cleanly; hand whatever it has not settled to others."""
-
-
-class Reset(msgspec.Struct, array_like=True, tag=14):
-    """broker -> node: it does not know this node (restarted, or declared it lost)."""
-
-    reason: str
-
-
-class InterestAck(msgspec.Struct, array_like=True, tag=15):
+class DirectoryAck(msgspec.Struct, array_like=True, tag=15):
     version: int
 
 
@@ -210,16 +136,99 @@ class SubsAck(msgspec.Struct, array_like=True, tag=16):
     version: int
 
 
-Up = Hello | Subs | DataUp | Done | ReplyUp | Ping | Nack | Bye | InterestAck
-Down = Welcome | Interest | DataDown | Done | Lost | ReplyDown | Pong | Nack | Reset | SubsAck
+class Ping(msgspec.Struct, array_like=True, tag=10):
+    """node -> broker heartbeat, and a clock sample: the node's send time."""
+
+    t1: int
 
 
-def up_decoder() -> msgspec.msgpack.Decoder[Up]:
-    return msgspec.msgpack.Decoder(Up)
+class Pong(msgspec.Struct, array_like=True, tag=11):
+    """broker -> node: NTP-style times (t1 echoed, t2 received, t3 sent)."""
+
+    t1: int
+    t2: int
+    t3: int
 
 
-def down_decoder() -> msgspec.msgpack.Decoder[Down]:
-    return msgspec.msgpack.Decoder(Down)
+class Bye(msgspec.Struct, array_like=True, tag=13):
+    """node -> broker: leaving cleanly; tell the others at once, not after a timeout."""
+
+
+class Reset(msgspec.Struct, array_like=True, tag=14):
+    """broker -> node: it does not know this node (restarted, or declared it lost)."""
+
+    reason: str
+
+
+# -- data: publisher -> receiver, and back --------------------------------------------------------
+
+
+class Item(msgspec.Struct, array_like=True):
+    """One message: deliver to the subscriptions in ``names`` only (every matching one
+    when ``None``); ``request`` asks for the first answer to come back on the link."""
+
+    env: Envelope
+    names: list[str] | None = None
+    request: bool = False
+
+
+class Data(msgspec.Struct, array_like=True, tag=5):
+    seq: int
+    items: list[Item]
+
+
+class LinkPing(msgspec.Struct, array_like=True, tag=6):
+    """publisher -> receiver, each heartbeat while frames are unsettled: the last sequence
+    number sent, so a lost last frame (nothing after it to show the gap) is noticed, and
+    the first one not settled, so a lost DONE is said again."""
+
+    last_seq: int
+    first_unsettled: int = 0
+
+
+class Done(msgspec.Struct, array_like=True, tag=7):
+    """receiver -> publisher: these data frames are settled (every message handled or
+    dead-lettered)."""
+
+    seqs: list[int]
+
+
+class Reply(msgspec.Struct, array_like=True, tag=9):
+    """receiver -> publisher: a request's answer."""
+
+    request_id: int
+    ok: bool
+    value: Any
+    error_type: str | None = None
+    error: str | None = None
+
+
+class Nack(msgspec.Struct, array_like=True, tag=12):
+    """receiver -> publisher: a gap; resend data frames from ``expected`` on."""
+
+    expected: int
+
+
+ControlUp = Hello | Subs | DirectoryAck | Ping | Bye
+ControlDown = Welcome | Directory | SubsAck | Pong | Reset
+LinkIn = Data | LinkPing
+LinkBack = Done | Reply | Nack
+
+
+def control_up_decoder() -> msgspec.msgpack.Decoder[ControlUp]:
+    return msgspec.msgpack.Decoder(ControlUp)
+
+
+def control_down_decoder() -> msgspec.msgpack.Decoder[ControlDown]:
+    return msgspec.msgpack.Decoder(ControlDown)
+
+
+def link_in_decoder() -> msgspec.msgpack.Decoder[LinkIn]:
+    return msgspec.msgpack.Decoder(LinkIn)
+
+
+def link_back_decoder() -> msgspec.msgpack.Decoder[LinkBack]:
+    return msgspec.msgpack.Decoder(LinkBack)
 
 
 def array_header(n: int) -> bytes:
