@@ -84,6 +84,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 _POLL = 0.02
 #: Lines of a node's stderr kept to explain its failure.
 _STDERR_TAIL = 40
+#: Link repair counts every process reports, summed into the driver's ``links``.
+_LINK_COUNTS = ("redelivered", "node_lost", "peers_lost", "gaps", "resent", "relinked")
 
 
 class ClusterError(RuntimeError):
@@ -816,7 +818,7 @@ class _Driver:
                 # every process that reported (a killed node's own counts die with it).
                 "links": {
                     key: sum(r.get("transport", {}).get(key, 0) for r in reports)
-                    for key in ("redelivered", "node_lost", "peers_lost", "gaps", "resent")
+                    for key in _LINK_COUNTS
                 },
                 "transport": driver_t,
             },

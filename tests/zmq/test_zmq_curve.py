@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,42 @@ async def test_only_allowed_keys_join_and_traffic_flows_between_them(
     # And with nobody listening at all, the error says that instead.
     with pytest.raises(ConnectError, match=r"no answer from the broker at .* within 0\.3s"):
         await Bus(transport=ZmqTransport(endpoint, connect_timeout=0.3)).start()
+
+
+async def test_a_data_link_refused_before_the_directory_listed_it_links_again(
+    tmp_path: Path, keys: dict[str, CurveKeys], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race CI hit: node a dials b's data socket before b's directory lists a's key, so
+    b refuses the handshake, and ZeroMQ never retries a refused one. Here every first
+    handshake is refused; without linking again, nothing a sends would ever arrive."""
+    refused: set[bytes] = set()
+    admit = ZmqTransport._admit
+
+    def refuse_first(self: ZmqTransport, key: bytes) -> bool:
+        if key not in refused:
+            refused.add(key)
+            return False
+        return admit(self, key)
+
+    monkeypatch.setattr(ZmqTransport, "_admit", refuse_first)
+    server = keys["server"].public
+    async with run_broker(
+        curve_secret=tmp_path / "server.key_secret", allow=tmp_path / "allowed"
+    ) as endpoint:
+        async with (
+            Bus(transport=ZmqTransport(endpoint, curve=keys["good"], server_key=server)) as a,
+            Bus(transport=ZmqTransport(endpoint, curve=keys["other"], server_key=server)) as b,
+        ):
+            got: list[object] = []
+            b.on("secret.*", lambda env: got.append(env.payload["i"]), name="b")
+            await b.transport.sync()
+            async with asyncio.timeout(20):
+                for i in range(200):
+                    await a.emit("secret.plan", {"i": i})
+                await a.drain()
+            assert sorted(got) == list(range(200))
+            assert keys["good"].public in refused
+            assert a.transport.stats()["relinked"] >= 1
 
 
 def test_keys_round_trip_through_zeromq_certificate_files(tmp_path: Path) -> None:

@@ -110,6 +110,7 @@ _TURN = 256
 _NOBLOCK = int(zmq.NOBLOCK)
 _EVENTS = int(zmq.EVENTS)
 _CLOCK_SAMPLES = 8
+_RELINK_FIRST = 0.02  # seconds before linking again to a node that refused the handshake
 _AUTH_EVENTS = (
     zmq.EVENT_HANDSHAKE_FAILED_AUTH
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
@@ -149,6 +150,8 @@ class _Peer:
         "key",
         "name",
         "out_seq",
+        "refusals",
+        "relink",
         "sent",
         "sock",
         "subs",
@@ -171,6 +174,8 @@ class _Peer:
         self.sent = 0  # messages in unsettled frames
         self.backlog: deque[tuple[bytes, int]] = deque()  # batches waiting for credit
         self.backlog_n = 0
+        self.refusals = 0  # handshakes the peer refused in a row (see ZmqTransport._refused)
+        self.relink: asyncio.TimerHandle | None = None
 
     def load(self) -> int:
         """Messages from here the peer has not settled: sent, queued for credit, batched."""
@@ -390,6 +395,7 @@ class ZmqTransport(Transport):
                 "oversized",
                 "gaps",
                 "resent",
+                "relinked",
                 "rejected",
                 "redelivered",
                 "node_lost",
@@ -495,7 +501,7 @@ class ZmqTransport(Transport):
         """ZAP: admit a CURVE client key on the data socket iff the broker lists its node.
         Unknown keys are refused at once (waiting would let any client stall every other
         handshake, which the authenticator answers one at a time). A node that connects a
-        moment before our directory names it is refused once, and ZeroMQ reconnects."""
+        moment before our directory names it is refused, and links again (``_refused``)."""
         if key in self._keys:
             return True
         _log.info("node %s refused a data link from key %s (not listed)", self.node, key.decode())
@@ -906,12 +912,32 @@ class ZmqTransport(Transport):
             return
         try:
             sock.send(frame, _NOBLOCK)
+        except zmq.Again:
+            self._refused(peer)
+            return
         except zmq.ZMQError as exc:
-            # A DEALER with no high-water mark only refuses when closing: the frame stays
-            # unsettled, and is resent or redelivered from there.
+            # Closing: the frame stays unsettled, and is resent or redelivered from there.
             _log.warning("send to node %s failed: %s", peer.name, exc)
             return
         self._redrain(peer.fd, sock, self._drain_peer, peer)
+
+    def _refused(self, peer: _Peer) -> None:
+        """A DEALER with no high-water mark refuses a send only when its one pipe is gone,
+        and here that means the peer refused the CURVE handshake: we connected a moment
+        before its directory listed our key. ZeroMQ never retries a refused handshake, so
+        link again, soon and then less often, and resend what is unsettled (the frames
+        stay in ``unsettled`` until then)."""
+        if peer.relink is not None or self._loop is None:
+            return
+        delay = min(self.heartbeat, _RELINK_FIRST * 2**peer.refusals)
+        peer.refusals += 1
+        _log.info("node %s refused our data link; linking again in %.2fs", peer.name, delay)
+        peer.relink = self._loop.call_later(delay, self._relink_refused, peer)
+
+    def _relink_refused(self, peer: _Peer) -> None:
+        peer.relink = None
+        self._counts["relinked"] += 1
+        self._relink(peer)
 
     def _send_control(self, frame: bytes) -> None:
         """One frame to the broker, at once. Before the reader is installed (the handshake)
@@ -970,6 +996,9 @@ class ZmqTransport(Transport):
         self._loop.add_reader(fd, self._drain_peer, peer)
 
     def _disconnect(self, peer: _Peer) -> None:
+        if peer.relink is not None:
+            peer.relink.cancel()
+            peer.relink = None
         if peer.fd is not None:
             if self._loop is not None:
                 self._loop.remove_reader(peer.fd)
