@@ -29,6 +29,7 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
+from fnmatch import fnmatchcase
 from typing import Any, NoReturn, Protocol, TypeVar, cast, overload
 
 from bus._breaker import CLOSED, CircuitBreaker
@@ -187,16 +188,21 @@ class Tracer(Protocol):
 
 
 class _Route:
-    __slots__ = ("published", "remote", "single", "subs")
+    __slots__ = ("inbound", "published", "remote", "single", "subs")
 
-    def __init__(self, subs: tuple[Subscription, ...], remote: bool) -> None:
+    def __init__(
+        self, subs: tuple[Subscription, ...], remote: bool, leaving: tuple[Subscription, ...]
+    ) -> None:
         self.subs = subs
         self.remote = remote
         self.published = 0
+        #: What a message from another bus may reach: ``subs``, and subscriptions that
+        #: ``off()`` is removing, which other buses may still route to until they know.
+        self.inbound = subs + leaving if leaving else subs
         #: The one subscription of a topic that has exactly one, with neither filter nor
         #: sampling (``plain`` never changes, and the route is rebuilt when subscriptions
         #: do): a message from another bus then goes straight to its mailbox.
-        self.single = subs[0] if len(subs) == 1 and subs[0].plain else None
+        self.single = subs[0] if len(subs) == 1 and subs[0].plain and not leaving else None
 
 
 class Subscription:
@@ -361,6 +367,7 @@ class Bus:
         self.dlq = DeadLetterQueue(self._redeliver, dlq_size)
         self._index: GlobIndex[Subscription] = GlobIndex()
         self._subs: dict[str, Subscription] = {}
+        self._leaving: dict[str, Subscription] = {}  # off() in progress (see _Route.inbound)
         # OrderedDict, not dict: evicting the oldest of a plain dict with next(iter()) scans
         # past every deleted slot at its front (2-10 µs per miss once the cache is full).
         self._routes: OrderedDict[str, _Route] = OrderedDict()
@@ -528,15 +535,26 @@ class Bus:
         return register(handler)
 
     async def off(self, name: str) -> None:
-        """Unsubscribe: no new messages; queued ones are handled first, then workers stop."""
+        """Unsubscribe: no new messages; queued ones are handled first, then workers stop.
+
+        Other buses learn of it only eventually, so until the transport's ``sync`` says
+        they all have, what they still route here is handled as before; anything that
+        arrives later still is dead-lettered as ``unsubscribed``, never dropped."""
         sub = self._subs.get(name)
-        if sub is None:
+        if sub is None or name in self._leaving:
             raise KeyError(f"no subscription named {name!r}")
         self._index.remove(sub.pattern, sub)
+        self._leaving[name] = sub
         self._routes_changed()
         self._advertise()
-        while sub.size or sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
-            await asyncio.sleep(0.001)
+        try:
+            if self._running:
+                await self.transport.sync()
+            while sub.size or sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+                await asyncio.sleep(0.001)
+        finally:
+            del self._leaving[name]
+            self._routes_changed()
         for task in sub.workers:
             task.cancel()
         await asyncio.gather(*sub.workers, return_exceptions=True)
@@ -570,7 +588,12 @@ class Bus:
             raise BusClosedError(
                 "bus is not running: use `async with Bus() as bus` or `await bus.start()`"
             )
-        route = _Route(tuple(self._index.resolve(topic)), self.transport.has_remote(topic))
+        leaving = self._leaving
+        route = _Route(
+            tuple(self._index.resolve(topic)),
+            self.transport.has_remote(topic),
+            tuple(s for s in leaving.values() if fnmatchcase(topic, s.pattern)) if leaving else (),
+        )
         routes = self._routes
         if len(routes) >= self._route_cache:
             old_topic, old_route = routes.popitem(last=False)
@@ -921,9 +944,11 @@ class Bus:
         took = 0
         blocked = None
         rejected = None
-        for sub in route.subs:
+        matched = 0
+        for sub in route.inbound:
             if names is not None and sub.name not in names:
                 continue
+            matched += 1
             if sub.plain and sub.size < sub.max_queue:
                 sub.queues[env.priority].append(env)
                 sub.size += 1
@@ -946,6 +971,8 @@ class Bus:
                 if rejected is None:
                     rejected = []
                 rejected.append(sub)
+        if matched < (1 if names is None else len(names)):
+            self._unsubscribed(env, names, route.inbound)
         receipt = env.reply
         if not isinstance(receipt, Receipt):
             receipt = None
@@ -977,6 +1004,15 @@ class Bus:
             receipt.expect(took + sum(1 for s in blocked if s.name not in exc.subscribers))
             raise
         receipt.expect(took + len(blocked))
+
+    def _unsubscribed(
+        self, env: Envelope, names: Collection[str] | None, here: tuple[Subscription, ...]
+    ) -> None:
+        """Another bus routed ``env`` to subscriptions of ours that are gone: it had not
+        yet heard that ``off()`` removed them. Dead-lettered here, so nothing vanishes."""
+        gone = ["<any>"] if names is None else [n for n in names if n not in {s.name for s in here}]
+        for name in gone:
+            self.dlq.add(env, name, "unsubscribed")
 
     def _remote_dead_letter(
         self, env: Envelope, subscriber: str, reason: str, error: BaseException | None

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from bus import Bus, BusClosedError, Envelope, Priority, current_envelope
+from bus import Bus, BusClosedError, Envelope, InProcessTransport, Priority, current_envelope
+from bus._transport import BusPort
 
 
 async def test_decorator_form_returns_the_handler_and_subscribes(bus: Bus) -> None:
@@ -303,3 +304,40 @@ async def test_emit_many_waits_on_backpressure(bus: Bus, gate, until) -> None:
     assert await asyncio.wait_for(sending, 1.0) == 10
     await bus.drain()
     assert got == list(range(10))
+
+
+class _SlowToSync(InProcessTransport):
+    """A transport whose other buses learn of a subscription change only when told."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.known = asyncio.Event()
+        self.port: BusPort | None = None
+
+    async def start(self, port: BusPort) -> None:
+        await super().start(port)
+        self.port = port
+
+    async def sync(self) -> None:
+        await self.known.wait()
+
+
+async def test_off_still_takes_what_others_route_to_it_until_they_know() -> None:
+    transport = _SlowToSync()
+    async with Bus(transport=transport) as bus:
+        got: list[int] = []
+        bus.on("t", lambda env: got.append(env.payload), name="w")
+        assert transport.port is not None
+        deliver = transport.port.deliver
+        leaving = asyncio.create_task(bus.off("w"))
+        await asyncio.sleep(0)  # off() has removed the local route and waits on sync()
+        await bus.emit("t", 0)  # a local publish no longer reaches it...
+        deliver(Envelope.new("t", 1), ["w"])  # ...but another bus's, routed by name, does,
+        deliver(Envelope.new("t", 2), None)  # and so does one routed by pattern
+        transport.known.set()
+        await leaving
+        deliver(Envelope.new("t", 3), ["w"])  # later still: dead-lettered, not dropped
+        await bus.drain()
+        assert got == [1, 2]
+        [late] = bus.dlq.entries()
+        assert (late.envelope.payload, late.subscriber, late.reason) == (3, "w", "unsubscribed")

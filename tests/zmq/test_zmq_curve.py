@@ -77,23 +77,23 @@ async def test_a_data_link_refused_before_the_directory_listed_it_links_again(
 
     monkeypatch.setattr(ZmqTransport, "_admit", refuse_first)
     server = keys["server"].public
-    async with run_broker(
-        curve_secret=tmp_path / "server.key_secret", allow=tmp_path / "allowed"
-    ) as endpoint:
-        async with (
-            Bus(transport=ZmqTransport(endpoint, curve=keys["good"], server_key=server)) as a,
-            Bus(transport=ZmqTransport(endpoint, curve=keys["other"], server_key=server)) as b,
-        ):
-            got: list[object] = []
-            b.on("secret.*", lambda env: got.append(env.payload["i"]), name="b")
-            await b.transport.sync()
-            async with asyncio.timeout(20):
-                for i in range(200):
-                    await a.emit("secret.plan", {"i": i})
-                await a.drain()
-            assert sorted(got) == list(range(200))
-            assert keys["good"].public in refused
-            assert a.transport.stats()["relinked"] >= 1
+    async with (
+        run_broker(
+            curve_secret=tmp_path / "server.key_secret", allow=tmp_path / "allowed"
+        ) as endpoint,
+        Bus(transport=ZmqTransport(endpoint, curve=keys["good"], server_key=server)) as a,
+        Bus(transport=ZmqTransport(endpoint, curve=keys["other"], server_key=server)) as b,
+    ):
+        got: list[object] = []
+        b.on("secret.*", lambda env: got.append(env.payload["i"]), name="b")
+        await b.transport.sync()
+        async with asyncio.timeout(20):
+            for i in range(200):
+                await a.emit("secret.plan", {"i": i})
+            await a.drain()
+        assert sorted(got) == list(range(200))
+        assert keys["good"].public in refused
+        assert a.transport.stats()["relinked"] >= 1
 
 
 def test_keys_round_trip_through_zeromq_certificate_files(tmp_path: Path) -> None:

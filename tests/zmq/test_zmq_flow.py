@@ -82,6 +82,44 @@ async def test_one_group_name_with_different_patterns_on_two_nodes() -> None:
         assert at_y == ["b.1"]
 
 
+async def test_a_group_member_leaving_under_traffic_loses_nothing() -> None:
+    # b leaves group "w" while pub streams to it and c: what pub routed to b before it
+    # heard is still handled at b, so each message is handled exactly once (or, arriving
+    # later than every barrier, dead-lettered at b as unsubscribed: never marked done unseen).
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint, node="pub")) as pub,
+        Bus(transport=ZmqTransport(endpoint, node="b")) as b,
+        Bus(transport=ZmqTransport(endpoint, node="c")) as c,
+    ):
+        at_b: list[int] = []
+        at_c: list[int] = []
+        b.on("work", lambda env: at_b.append(env.payload), name="w")
+        c.on("work", lambda env: at_c.append(env.payload), name="w")
+        await b.transport.sync()
+        await c.transport.sync()
+        n = 4000
+
+        async def publish() -> None:
+            for i in range(n):
+                await pub.emit("work", i)
+                if i % 50 == 0:
+                    await asyncio.sleep(0)  # batches of 50, so b's off() lands mid-stream
+
+        publishing = asyncio.create_task(publish())
+        await eventually(lambda: len(at_b) >= 300, what="b handling its share")
+        await b.off("w")
+        left_at = len(at_b)
+        await publishing
+        await pub.drain()
+        assert left_at < n // 2  # b left with most of the stream still to come
+        unsubscribed = [e.envelope.payload for e in b.dlq.entries(reason="unsubscribed")]
+        handled = at_b + at_c
+        assert len(handled) == len(set(handled))  # none twice
+        assert sorted(handled + unsubscribed) == list(range(n))  # none lost
+        assert len(at_b) == left_at  # and none handled at b after it left
+
+
 async def test_a_remote_handler_failure_fails_the_request_with_its_type() -> None:
     async with (
         run_broker() as endpoint,

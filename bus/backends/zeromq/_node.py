@@ -670,6 +670,11 @@ class ZmqTransport(Transport):
             fut = self._loop.create_future()
             self._sync_waiters.append(fut)
             await fut
+        # The others sent what they routed by the old directory before acknowledging, but
+        # on other sockets than the broker's: take in what has reached ours already.
+        server = self._server
+        while server is not None and not self._closed and server.getsockopt(_EVENTS) & 1:  # noqa: ASYNC110 - a socket state, no waiter
+            await asyncio.sleep(0.001)
 
     def has_remote(self, topic: str) -> bool:
         route = self._routes.get(topic)
@@ -1486,6 +1491,9 @@ class ZmqTransport(Transport):
         kind = type(msg)
         if kind is Directory:
             self._set_directory(msg.peers)
+            # What this turn batched was routed by the old directory: out before the ack,
+            # which tells a node that is leaving a group that we route around it now.
+            self._flush_all()
             self._send_control(self._enc.encode(DirectoryAck(msg.version)))
         elif kind is Pong:
             self._pong(msg)
