@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -154,6 +155,7 @@ class Broker:
         self._enc = msgspec.msgpack.Encoder()
         self._changed = False
         self._version = 0
+        self._epoch = secrets.randbits(63)
         # (node, its subs version, {other node: directory version it must acknowledge})
         self._syncs: list[tuple[_Node, int, dict[_Node, int]]] = []
         self._counts = dict.fromkeys(
@@ -362,7 +364,7 @@ class Broker:
         _log.info("node %s joined (%d subs, data at %s)", node.name, len(node.subs), node.data)
 
     def _welcome(self, node: _Node) -> None:
-        welcome = Welcome("broker", self.heartbeat, self.liveness, self.max_frame)
+        welcome = Welcome("broker", self.heartbeat, self.liveness, self.max_frame, self._epoch)
         self._send(node.ident, self._enc.encode(welcome))
         self._changed = True
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import ipaddress
+import itertools
 import logging
 import os
 import secrets
@@ -356,6 +357,9 @@ class ZmqTransport(Transport):
         self._routes: dict[str, _Route] = {}
         self._rr: dict[str, int] = {}
         self._keys: frozenset[bytes] = frozenset()
+        self._listed: list[PeerInfo] = []  # the latest directory
+        self._settling_until = 0.0  # see _set_directory
+        self._broker_epoch: int | None = None
         # outbound
         self._dirty: set[_Peer] = set()
         self._flush_handle: asyncio.Handle | asyncio.TimerHandle | None = None
@@ -539,6 +543,7 @@ class ZmqTransport(Transport):
                         msg = None
                     if isinstance(msg, Welcome):
                         welcomed = True
+                        self._broker_epoch = msg.epoch
                     elif msg is not None:
                         self._handle_control(msg)
                     if welcomed and isinstance(msg, Directory):
@@ -1504,17 +1509,35 @@ class ZmqTransport(Transport):
             _log.warning("broker reset node %s (%s); re-joining", self.node, msg.reason)
             self._rejoin()
         elif kind is Welcome and not self._connected:
-            # Back after a reset: the others may have dropped our links; start them afresh.
             self._counts["rejoined"] += 1
-            for peer in self._peers.values():
-                self._relink(peer)
+            if msg.epoch != self._broker_epoch:
+                # A new broker run. The data links never went through the broker and are
+                # intact; its first directories are partial (see _set_directory).
+                assert self._loop is not None
+                self._broker_epoch = msg.epoch
+                # Every live node is heard by then, or this broker drops it anyway.
+                self._settling_until = self._loop.time() + msg.heartbeat * msg.liveness
+            else:
+                # Back after this broker reset us: the others dropped our links.
+                for peer in self._peers.values():
+                    self._relink(peer)
             self._welcomed()
 
     def _set_directory(self, infos: list[PeerInfo]) -> None:
+        """Link to the peers ``infos`` lists, and lose those it no longer does. Except for
+        a while after a broker restart: the new broker lists only the nodes that have
+        joined it so far, and the others, alive, are on their way. Until ``heartbeat *
+        liveness`` after a WELCOME from a new broker run, an unlisted peer and its links
+        are kept; ``_beat`` then applies the latest directory in full."""
+        self._listed = infos
         new = {info.name: info for info in infos}
+        assert self._loop is not None
+        settling = self._loop.time() < self._settling_until
         lost: list[_Peer] = []
         for name, peer in list(self._peers.items()):
             info = new.get(name)
+            if info is None and settling:
+                continue
             if (
                 info is None
                 or info.incarnation != peer.incarnation
@@ -1526,7 +1549,10 @@ class ZmqTransport(Transport):
             else:
                 peer.subs = list(info.subs)
                 peer.credit = max(1, info.credit)
-        self._keys = frozenset(info.key for info in infos if info.key is not None)
+        keys = (info.key for info in infos)
+        if settling:
+            keys = itertools.chain(keys, (peer.key for peer in self._peers.values()))
+        self._keys = frozenset(key for key in keys if key is not None)
         for info in infos:
             if info.name not in self._peers and self._ctx is not None:
                 peer = self._peers[info.name] = _Peer(info)
@@ -1534,6 +1560,8 @@ class ZmqTransport(Transport):
         # Inbound links from nodes no longer listed (or listed with a new incarnation) are
         # over: their senders redeliver whatever those links had not settled.
         live = {f"{info.name}/{info.incarnation:x}".encode() for info in infos}
+        if settling:
+            live.update(f"{p.name}/{p.incarnation:x}".encode() for p in self._peers.values())
         for ident in [i for i in self._links if i.rsplit(b"/", 1)[0] not in live]:
             del self._links[ident]
         self._reindex()
@@ -1545,6 +1573,9 @@ class ZmqTransport(Transport):
         loop = self._loop
         while True:
             await asyncio.sleep(self.heartbeat)
+            if self._settling_until and loop.time() >= self._settling_until:
+                self._settling_until = 0.0
+                self._set_directory(self._listed)
             if self._connected:
                 silent = loop.time() - self._last_heard
                 if silent > self.heartbeat * self.liveness:

@@ -66,7 +66,8 @@ __all__ = [
 
 #: Bumped on any incompatible change; a broker refuses a HELLO of another version.
 #: 3: messages go node to node; the broker keeps only the directory and heartbeats.
-PROTOCOL = 3
+#: 4: WELCOME says which broker run it is (``epoch``), so a node can tell a restart.
+PROTOCOL = 4
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20
@@ -96,6 +97,7 @@ class Welcome(msgspec.Struct, array_like=True, tag=2):
     heartbeat: float
     liveness: int
     max_frame: int
+    epoch: int  # random per broker run: a new one means the broker restarted
 
 
 class Subs(msgspec.Struct, array_like=True, tag=3):
