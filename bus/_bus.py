@@ -877,7 +877,11 @@ class Bus:
             breaker.record_success()
 
     def _publisher_failed(self, topic: str) -> None:
-        if self._publisher_policy is None:
+        # The bus's own breaker reports get no publisher breaker. A refused report feeding
+        # one would trip it, whose report is refused in turn (on an ever longer topic, until
+        # RecursionError under ``consecutive_failures=1``); and an open one would fail the
+        # reports fast, losing them uncounted. Refused, a report counts in ``rejected``.
+        if self._publisher_policy is None or topic.startswith(_SYSTEM_BREAKER_TOPIC):
             return
         breaker = self._publisher_breakers.get(topic)
         if breaker is None:
@@ -1366,8 +1370,10 @@ class Bus:
                 "trips": breaker.trips,
                 "retry_after": breaker.retry_after(),
             }
-            # A full system subscriber refuses per its own policy, and that is counted there.
-            with contextlib.suppress(QueueFullError, CircuitOpenError):
+            # A full system subscriber refuses per its own policy, and that is counted there
+            # (``rejected``). No publisher breaker guards these topics (see _publisher_failed),
+            # so a report is never failed fast nor feeds another report.
+            with contextlib.suppress(QueueFullError):
                 self.emit_nowait(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH)
 
     def stats(self) -> BusStats:

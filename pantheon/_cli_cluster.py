@@ -119,7 +119,8 @@ def broker(
     allow: Annotated[
         Path | None,
         typer.Option(
-            help="Directory of node public keys (*.key); only those nodes may join.",
+            help="Directory of node public keys (*.key); only those nodes may join. "
+            "Required with --curve-secret.",
             show_default=False,
         ),
     ] = None,
@@ -133,20 +134,23 @@ def broker(
     ] = False,
 ) -> None:
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
+    # CURVE here means authentication, not only encryption: the broker admits the node keys
+    # on its allow-list, and each node's data socket admits only nodes the broker lists. So
+    # the two options go together; either alone is a usage error, never a warning.
+    if allow is not None and curve_secret is None:
+        raise _err("--allow needs --curve-secret: keys are only checked with CURVE on")
+    if curve_secret is not None and allow is None:
+        raise _err(
+            "--curve-secret needs --allow DIR, the directory of the public keys (*.key) of "
+            "the nodes that may join: a CURVE broker admits only those"
+        )
     zmq = _zmq()
     curve = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
     allowed: list[bytes] = []
     if allow is not None:
-        if curve is None:
-            raise _err("--allow needs --curve-secret: keys are only checked with CURVE on")
         if not allow.is_dir():
             raise _err(f"--allow {allow}: not a directory of *.key files")
         allowed = _load_public(allow, "--allow")
-    elif curve is not None:
-        _info(
-            "warning: CURVE without --allow encrypts traffic but lets any node that knows "
-            "the broker's public key join"
-        )
 
     async def serve() -> None:
         from pantheon._cluster import install_stop_signals
@@ -175,8 +179,6 @@ def broker(
         try:
             security = (
                 f"CURVE on, {len(allowed)} allowed key(s)"
-                if allowed
-                else "CURVE on, any key"
                 if curve
                 else "no CURVE: plain text, anyone may join"
             )

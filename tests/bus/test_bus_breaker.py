@@ -335,6 +335,63 @@ async def test_publisher_breaker_can_be_turned_off(until) -> None:
         hold.set()
 
 
+async def _fill_catch_all(bus: Bus, g, until) -> None:
+    """A ``*`` subscription (so it also gets ``system.breaker.*``) with a full reject mailbox."""
+
+    @bus.on("*", name="all", max_queue=1, overflow="reject")
+    async def catch_all(env: Envelope) -> None:
+        await g.wait()
+
+    await bus.emit("t", "held")
+    await until(lambda: g.waiting == 1)
+    await bus.emit("t", "queued")
+
+
+async def test_a_refused_breaker_report_does_not_feed_a_breaker_of_its_own(gate, until) -> None:
+    # One failure opens a publisher breaker, so before the fix each refused report opened a
+    # breaker on its own topic, whose report was refused in turn: RecursionError.
+    async with Bus(clock=FakeClock(), publisher_breaker=BreakerPolicy(consecutive_failures=1)) as b:
+        g = gate()
+        await _fill_catch_all(b, g, until)
+        seen: list[tuple[str, str, str]] = []
+        b.breaker_listeners.append(lambda name, old, new, why: seen.append((name, old, new)))
+        with pytest.raises(QueueFullError):
+            await b.emit("t", "refused")
+        assert seen == [("publish:t", "closed", "open")]
+        assert b.breakers() == {"all": "closed", "publish:t": "open"}
+        # Neither lost: the user's message and the breaker's report were each refused and
+        # counted, and the report stays out of the DLQ as any refusal at the publisher does.
+        assert b.stats().subscribers["all"].rejected == 2
+        assert b.dlq.entries() == []
+        g.open()
+
+
+async def test_every_refused_breaker_report_is_counted_over_many_transitions(
+    bus: Bus, clock: FakeClock, gate, until
+) -> None:
+    g = gate()
+    await _fill_catch_all(bus, g, until)
+    seen: list[tuple[str, str, str]] = []
+    bus.breaker_listeners.append(lambda name, old, new, why: seen.append((name, old, new)))
+    refused = 0
+    for _ in range(3):  # three refusals open it ...
+        with pytest.raises(QueueFullError):
+            await bus.emit("t")
+        refused += 1
+    for _ in range(2):  # ... then twice: cooldown, half-open, the probe refused, open again
+        await clock.advance(1.0)
+        with pytest.raises(QueueFullError):
+            await bus.emit("t", "probe")
+        refused += 1
+    cycle = [("publish:t", "open", "half_open"), ("publish:t", "half_open", "open")]
+    assert seen == [("publish:t", "closed", "open"), *cycle, *cycle]
+    # Only the user's topic has a publisher breaker: a report never fails fast, so each of
+    # the five was offered to the full mailbox and refused there.
+    assert bus.breakers() == {"all": "closed", "publish:t": "open"}
+    assert bus.stats().subscribers["all"].rejected == refused + len(seen)
+    g.open()
+
+
 # -- the breaker on its own ----------------------------------------------------------------
 
 

@@ -139,6 +139,21 @@ def test_broker_refuses_allow_without_curve(tmp_path: Path) -> None:
     assert "--allow needs --curve-secret" in proc.stderr
 
 
+def test_broker_refuses_curve_without_allow_rather_than_refusing_every_node(
+    tmp_path: Path,
+) -> None:
+    # It once started after warning that any node could join, then refused every node.
+    assert pantheon("keys", "keys", "--name", "broker", cwd=tmp_path).returncode == 0
+    proc = pantheon(
+        "broker", "--bind", "tcp://127.0.0.1:0", "--curve-secret", "keys/broker.key_secret",
+        cwd=tmp_path, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "--curve-secret needs --allow DIR" in proc.stderr
+    assert "warning" not in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""  # never listened: no endpoint printed
+
+
 def test_unreachable_broker_names_the_endpoint_and_the_timeout(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))

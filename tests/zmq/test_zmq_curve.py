@@ -10,6 +10,7 @@ import pytest
 from bus import Bus
 from bus.backends.zeromq import (
     AuthenticationFailed,
+    Broker,
     ConnectError,
     CurveKeys,
     ZmqTransport,
@@ -107,3 +108,9 @@ def test_keys_round_trip_through_zeromq_certificate_files(tmp_path: Path) -> Non
         CurveKeys.load(public_file)
     with pytest.raises(ValueError, match="40 bytes"):
         CurveKeys(b"short", pair.secret)
+
+
+def test_a_curve_broker_with_an_empty_allow_list_is_refused_at_construction() -> None:
+    # It would refuse every node: a configuration error to name now, not a log line.
+    with pytest.raises(ValueError, match="every node would be refused"):
+        Broker("tcp://127.0.0.1:0", curve=CurveKeys.generate(), allow=())

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if (args.curve_secret is None) != (args.allow is None):
         parser.error(
-            "--curve-secret and --allow go together (CURVE without an allow-list "
-            "would let any key in)"
+            "--curve-secret and --allow go together (a CURVE broker admits only the "
+            "node keys in --allow, so without it every node would be refused)"
         )
     try:
         curve = CurveKeys.load(args.curve_secret) if args.curve_secret else None

@@ -113,7 +113,8 @@ class Broker:
 
     ``bind`` is a ZeroMQ endpoint (``tcp://127.0.0.1:0`` picks a free port; ``.endpoint``
     tells which). With ``curve`` the broker is a CURVE server and a ZAP handler admits only
-    the public keys in ``allow``. A node is lost after
+    the public keys in ``allow``, which must then list at least one (ValueError otherwise:
+    such a broker would refuse every node). A node is lost after
     ``heartbeat * liveness`` seconds without a frame. Frames over ``max_frame`` bytes are
     counted and dropped (ZeroMQ's own ``MAXMSGSIZE`` at twice that drops the connection of
     a sender of anything larger).
@@ -135,9 +136,14 @@ class Broker:
             )
         if max_frame < 1024:
             raise ValueError(f"Broker: max_frame must be >= 1024, got {max_frame}")
+        self.allow = [k.encode("ascii") if isinstance(k, str) else k for k in allow]
+        if curve is not None and not self.allow:
+            raise ValueError(
+                "Broker: curve needs the public keys of the nodes that may join in allow; "
+                "with none, every node would be refused"
+            )
         self.bind = bind
         self.curve = curve
-        self.allow = [k.encode("ascii") if isinstance(k, str) else k for k in allow]
         self.heartbeat = heartbeat
         self.liveness = liveness
         self.max_frame = max_frame
@@ -186,8 +192,6 @@ class Broker:
 
             self._auth = AsyncioAuthenticator(self._ctx)
             self._auth.start()
-            if not self.allow:
-                _log.warning("CURVE broker with an empty allow-list: every node is refused")
             self._auth.configure_curve_callback("*", credentials_provider=_AllowList(self.allow))
             sock.curve_secretkey = self.curve.secret
             sock.curve_publickey = self.curve.public
