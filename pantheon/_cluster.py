@@ -514,6 +514,12 @@ class _Child:
         if not self.alive:
             return None
         assert self.proc.stdin is not None
+        # A node that dies closes its stdin pipe and its stdout together, and the loop may
+        # notice the pipe first: ``alive`` is still True then. uvloop's write() raises
+        # RuntimeError on a closed pipe (asyncio's drain() raises ConnectionResetError).
+        if self.proc.stdin.is_closing():
+            self.alive = False
+            return None
         try:
             self.proc.stdin.write(json.dumps({"cmd": command}).encode() + b"\n")
             await self.proc.stdin.drain()

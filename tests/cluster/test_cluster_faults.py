@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 
 import pytest
+import uvloop
 
+from pantheon._cluster import _Child
 from pantheon.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -117,6 +119,28 @@ def test_a_node_dying_unasked_fails_the_run_and_says_which(slow_run: Path) -> No
     # What the dead node held came back to its publishers as node_lost dead letters.
     assert summary["dlq"].get("node_lost", 0) == summary["nodes"]["driver"]["links"]["node_lost"]
     assert summary["nodes"]["driver"]["broker"]["nodes_lost"] == 1
+
+
+def test_a_node_whose_pipe_closed_before_its_output_ended_counts_as_gone() -> None:
+    # A SIGKILLed node's stdin pipe and stdout both close; when the loop notices the pipe
+    # first, the driver still thinks the node alive and its next status poll writes to a
+    # closed pipe. uvloop (what ``pantheon run`` uses) raises RuntimeError there, which
+    # crashed the run with a traceback instead of reporting the node as died. Closing our
+    # end of the pipe makes that state without waiting on the scheduler.
+    async def main() -> None:
+        command = [sys.executable, "-c", "import time; time.sleep(60)"]
+        child = await _Child.spawn("cognition", (), command, "node 'cognition'")
+        try:
+            assert child.proc.stdin is not None
+            child.proc.stdin.close()
+            await child.proc.stdin.wait_closed()
+            assert child.alive  # its stdout is still open
+            assert await child.call("status", "status", 30.0) is None
+            assert not child.alive
+        finally:
+            await child.close()
+
+    uvloop.run(main())
 
 
 def test_a_broker_that_cannot_bind_fails_the_run_clearly(slow_run: Path) -> None:
