@@ -1435,7 +1435,11 @@ class ZmqTransport(Transport):
             self._control_handle = self._loop.call_soon(self._flush_links)
 
     def _flush_links(self) -> None:
-        """Replies, NACKs and DONEs made this loop turn: one message per link."""
+        """Replies, NACKs and DONEs made this loop turn: one message per link. What the
+        handlers emitted goes to libzmq first: a DONE settles its message for good, so the
+        messages that handling produced must not be left behind it in a batch."""
+        if self._dirty:
+            self._flush_all()
         if self._control_handle is not None:
             self._control_handle.cancel()
             self._control_handle = None
