@@ -19,6 +19,7 @@ from conftest import Recorded
 from pantheon.sessions import SessionStore
 
 webdriver = pytest.importorskip("selenium.webdriver")
+from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -114,8 +115,27 @@ def _wait_for(driver: WebDriver, what: str, ok: Callable[[str], bool]) -> str:
 
 
 def _click(driver: WebDriver, label: str) -> None:
-    (button,) = [b for b in driver.find_elements(By.TAG_NAME, "button") if b.text == label]
-    button.click()
+    """Click the one button labelled ``label`` once it is there: Streamlit draws a page
+    element by element, so text above a button can show before the button does, and a
+    rerun may replace the button between finding and clicking it."""
+
+    def click(d: WebDriver) -> bool:
+        buttons = [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == label]
+        if len(buttons) != 1:
+            return False
+        buttons[0].click()
+        return True
+
+    wait = WebDriverWait(
+        driver,
+        DEADLINE_S,
+        poll_frequency=0.2,
+        ignored_exceptions=(StaleElementReferenceException,),
+    )
+    try:
+        wait.until(click)
+    except Exception as exc:
+        raise AssertionError(f"no button {label!r}; the page says:\n{_body(driver)}") from exc
 
 
 def test_browser_opens_a_failed_session_and_replays_it(
@@ -123,17 +143,34 @@ def test_browser_opens_a_failed_session_and_replays_it(
 ) -> None:
     browser.get(server)
     text = _wait_for(browser, "the sessions list", lambda t: "Pantheon sessions" in t)
-    _wait_for(browser, "the failed session named", lambda t: recorded.failed in t)
-    text = _body(browser)
+    # Streamlit draws the page element by element: wait for each line read below.
+    text = _wait_for(
+        browser,
+        "the failed session named, with the store and the failure count",
+        lambda t: (
+            recorded.failed in t
+            and "1 session(s) failed or diverged" in t
+            and f"Store: {recorded.path}" in t
+        ),
+    )
     assert "1 session(s) failed or diverged" in text
     assert f"Store: {recorded.path}" in text
     browser.save_screenshot(str(tmp_path / "1-sessions.png"))
 
     _click(browser, "Open session")  # the picker starts on the failed session
     text = _wait_for(browser, "the session page", lambda t: f"Session {recorded.failed}" in t)
-    text = _wait_for(browser, "the replay panel", lambda t: "Replay this session" in t)
     with SessionStore(recorded.path, create=False) as store:
         dead = len(store.dead_letters(recorded.failed))
+    text = _wait_for(
+        browser,
+        "the failed expectation, the dead letters and the replay panel",
+        lambda t: (
+            "Replay this session" in t
+            and "Failed expectations: dead letters <= 0" in t
+            and f"dead letters\n{dead}" in t
+            and "This session has not been replayed yet." in t
+        ),
+    )
     assert "Failed expectations: dead letters <= 0" in text
     assert f"dead letters\n{dead}" in text
     assert "This session has not been replayed yet." in text
@@ -144,6 +181,15 @@ def test_browser_opens_a_failed_session_and_replays_it(
     text = _wait_for(browser, "the replay's result", lambda t: "matched the original" in t)
     with SessionStore(recorded.path, create=False) as store:
         (replay,) = [s for s in store.sessions() if s.replay_of == recorded.failed]
+    text = _wait_for(
+        browser,
+        "the reproduced failures and both sides of the replay",
+        lambda t: (
+            f"{dead} recorded failure(s) reproduced at the same hop" in t
+            and f"Original {recorded.failed}" in t
+            and f"Replay {replay.id}" in t
+        ),
+    )
     assert replay.status == "completed"
     assert f"Replay {replay.id} matched the original hop by hop" in text
     assert f"{dead} recorded failure(s) reproduced at the same hop" in text
@@ -160,8 +206,10 @@ def test_browser_page_of_a_running_session_refreshes_by_itself(
     with SessionStore(recorded.path) as store:
         sid = store.begin_session(scenario="live")
     browser.get(f"{server}/?session={sid}")
-    _wait_for(browser, "the running session", lambda t: f"Session {sid}" in t)
-    assert "status\nrunning" in _body(browser)
+    # The status metric is drawn after the title: wait for it too.
+    _wait_for(
+        browser, "the running session", lambda t: f"Session {sid}" in t and "status\nrunning" in t
+    )
     browser.save_screenshot(str(tmp_path / "live-running.png"))
     with SessionStore(recorded.path) as store:
         store.end_session(sid, "completed", {"passed": True})
