@@ -205,9 +205,15 @@ def test_live_effects_replay_highlights_the_first_divergence(
     div = diff.divergence
     assert div is not None
     assert any(f"agent `{div.agent}`, topic `{div.topic}`" in t for t in _texts(at))
+    # With live effects the breaker's cooldown runs on the wall clock, so what diverges first
+    # depends on timing: a changed message (both sides highlighted), or one that only one
+    # side has ("missing", "extra": the other side highlights nothing).
     original, replayed = (d.value for d in at.dataframe if "payload" in d.value.columns)
-    assert list(original.loc[original[""] != "", "seq"]) == [seq_a[div.original_id]]
-    assert list(replayed.loc[replayed[""] != "", "seq"]) == [seq_b[div.replay_id]]
+    want_a = [] if div.original_id is None else [seq_a[div.original_id]]
+    want_b = [] if div.replay_id is None else [seq_b[div.replay_id]]
+    assert want_a or want_b
+    assert list(original.loc[original[""] != "", "seq"]) == want_a
+    assert list(replayed.loc[replayed[""] != "", "seq"]) == want_b
 
 
 def test_redrive_runs_and_reports_every_entry(
