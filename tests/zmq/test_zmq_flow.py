@@ -152,9 +152,11 @@ async def test_a_payload_msgpack_cannot_carry_is_refused_at_emit() -> None:
 
 
 async def test_heartbeats_estimate_the_clock_offset_to_the_broker() -> None:
+    # Quick heartbeats for a quick sample, but a long liveness: with the default 3 a stall
+    # of 0.15 s on a loaded machine would lose the broker and fail ``broker_lost == 0``.
     async with (
-        run_broker(heartbeat=0.05) as endpoint,
-        Bus(transport=ZmqTransport(endpoint, heartbeat=0.05)) as node,
+        run_broker(heartbeat=0.05, liveness=40) as endpoint,
+        Bus(transport=ZmqTransport(endpoint, heartbeat=0.05, liveness=40)) as node,
     ):
         await eventually(lambda: node.transport.stats()["rtt_ns"] > 0, what="a heartbeat")
         stats = node.transport.stats()
