@@ -1014,7 +1014,8 @@ class Bus:
     ) -> None:
         """Another bus routed ``env`` to subscriptions of ours that are gone: it had not
         yet heard that ``off()`` removed them. Dead-lettered here, so nothing vanishes."""
-        gone = ["<any>"] if names is None else [n for n in names if n not in {s.name for s in here}]
+        taken = {s.name for s in here}
+        gone = ["<any>"] if names is None else [n for n in names if n not in taken]
         for name in gone:
             self.dlq.add(env, name, "unsubscribed")
 

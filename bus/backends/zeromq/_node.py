@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import ipaddress
-import itertools
 import logging
 import os
 import secrets
@@ -175,8 +174,12 @@ class _Peer:
         self.sent = 0  # messages in unsettled frames
         self.backlog: deque[tuple[bytes, int]] = deque()  # batches waiting for credit
         self.backlog_n = 0
-        self.refusals = 0  # handshakes the peer refused in a row (see ZmqTransport._refused)
+        self.refusals = 0  # handshakes the peer refused: the relink backoff (see _refused)
         self.relink: asyncio.TimerHandle | None = None
+
+    def info(self) -> PeerInfo:
+        """The directory entry this link was made from."""
+        return PeerInfo(self.name, self.incarnation, self.data, self.key, self.credit, self.subs)
 
     def load(self) -> int:
         """Messages from here the peer has not settled: sent, queued for credit, batched."""
@@ -1534,14 +1537,14 @@ class ZmqTransport(Transport):
         liveness`` after a WELCOME from a new broker run, an unlisted peer and its links
         are kept; ``_beat`` then applies the latest directory in full."""
         self._listed = infos
-        new = {info.name: info for info in infos}
         assert self._loop is not None
-        settling = self._loop.time() < self._settling_until
+        if self._loop.time() < self._settling_until:
+            listed = {info.name for info in infos}
+            infos = infos + [p.info() for p in self._peers.values() if p.name not in listed]
+        new = {info.name: info for info in infos}
         lost: list[_Peer] = []
         for name, peer in list(self._peers.items()):
             info = new.get(name)
-            if info is None and settling:
-                continue
             if (
                 info is None
                 or info.incarnation != peer.incarnation
@@ -1553,10 +1556,7 @@ class ZmqTransport(Transport):
             else:
                 peer.subs = list(info.subs)
                 peer.credit = max(1, info.credit)
-        keys = (info.key for info in infos)
-        if settling:
-            keys = itertools.chain(keys, (peer.key for peer in self._peers.values()))
-        self._keys = frozenset(key for key in keys if key is not None)
+        self._keys = frozenset(info.key for info in infos if info.key is not None)
         for info in infos:
             if info.name not in self._peers and self._ctx is not None:
                 peer = self._peers[info.name] = _Peer(info)
@@ -1564,8 +1564,6 @@ class ZmqTransport(Transport):
         # Inbound links from nodes no longer listed (or listed with a new incarnation) are
         # over: their senders redeliver whatever those links had not settled.
         live = {f"{info.name}/{info.incarnation:x}".encode() for info in infos}
-        if settling:
-            live.update(f"{p.name}/{p.incarnation:x}".encode() for p in self._peers.values())
         for ident in [i for i in self._links if i.rsplit(b"/", 1)[0] not in live]:
             del self._links[ident]
         self._reindex()
