@@ -52,7 +52,7 @@ SetupOpt = Annotated[
     typer.Option(
         "--setup",
         help="MODULE:FACTORY (or path/to/file.py:FACTORY) called with the scenario text to "
-        "build the team's setup(bus); default: pantheon._runtime.team_setup.",
+        "build the team's setup(bus); default: pantheon._team.team_setup.",
         show_default=False,
     ),
 ]
@@ -107,10 +107,10 @@ def _load_setup(spec: str | None, scenario_text: str | None) -> Setup:
     """The team for a replay/redrive: ``spec``'s factory, or the runtime's."""
     if spec is None:
         try:
-            from pantheon._runtime import team_setup  # type: ignore[import-not-found]
+            from pantheon._team import team_setup
         except ImportError as exc:
             raise _err(
-                f"cannot build the team: pantheon._runtime.team_setup is not available ({exc}); "
+                f"cannot build the team: pantheon._team.team_setup is not available ({exc}); "
                 "pass --setup MODULE:FACTORY"
             ) from None
         factory: Callable[[str | None], Setup] = team_setup

@@ -14,8 +14,8 @@
   runs in the driver and ``faults.kill_node`` SIGKILLs a node process at its time.
 * when the inputs, flood and kill are done, the driver waits for the cluster to be quiet,
   stops the agents everywhere, waits again, and asks each node to leave: each sends its
-  :func:`~pantheon._runtime.local_report` and exits. The driver merges the reports into one
-  :class:`~pantheon._runtime.RunSummary`, with a ``nodes`` section saying how each process
+  :func:`~pantheon._report.local_report` and exits. The driver merges the reports into one
+  :class:`~pantheon._report.RunSummary`, with a ``nodes`` section saying how each process
   ended.
 
 The driver talks to its nodes over their stdin/stdout (JSON lines), not over the bus:
@@ -51,15 +51,10 @@ from typing import Any, TextIO
 from agents import ROLES as AGENT_CLASSES
 from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
-from pantheon._runtime import (
-    RunSummary,
-    Team,
-    _count_inputs,
-    _flood,
-    build_team,
-    local_report,
-    summarize,
-)
+from pantheon._errors import PantheonError
+from pantheon._inputs import count_inputs, run_flood
+from pantheon._report import RunSummary, local_report, summarize
+from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, Scenario
 
 __all__ = [
@@ -88,7 +83,7 @@ _STDERR_TAIL = 40
 _LINK_COUNTS = ("redelivered", "node_lost", "peers_lost", "gaps", "resent", "relinked")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(PantheonError, RuntimeError):
     """A multi-process run could not start, or lost control of one of its processes.
 
     The message names the node, endpoint or agent concerned and, for a node that died,
@@ -284,7 +279,7 @@ class NodeHost:
         await self.bus.drain(timeout=self.drain_timeout if timeout is None else timeout)
 
     def report(self) -> dict[str, Any]:
-        """This process's :func:`~pantheon._runtime.local_report`, with its transport."""
+        """This process's :func:`~pantheon._report.local_report`, with its transport."""
         t = _transport_stats(self.bus)
         return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
 
@@ -700,7 +695,7 @@ class _Driver:
         return out
 
     async def _wait_inputs(self, on_progress: Callable[[int, int | None], None] | None) -> None:
-        total = _count_inputs(self.scenario)
+        total = count_inputs(self.scenario)
         while True:
             statuses = await self._poll()
             if on_progress is not None:
@@ -765,7 +760,7 @@ class _Driver:
         chores = []
         if faults.flood is not None:
             f = faults.flood
-            flood = _flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])
+            flood = run_flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])
             chores.append(loop.create_task(flood))
         if faults.kill_node is not None:
             k = faults.kill_node

@@ -55,6 +55,7 @@ async def recording(
             session_store,
             scenario=scenario.name,
             scenario_text=scenario.text,
+            scenario_dir=None if scenario.base_dir is None else str(scenario.base_dir),
             seed=scenario.seed if seed is None else seed,
         )
         bus = Bus(session_id=recorder.session_id, transport=transport)

@@ -125,10 +125,7 @@ async def _run(  # type: ignore[no-untyped-def]
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-    from pantheon._cluster import cluster_transport
-    from pantheon._runtime import run_scenario
-    from pantheon._session_run import recording
-    from pantheon.live import live_run
+    import pantheon
 
     bar = Progress(
         "[progress.description]{task.description}",
@@ -140,29 +137,19 @@ async def _run(  # type: ignore[no-untyped-def]
         transient=True,
     )
     task = bar.add_task(f"{scenario.name}: emails in", total=None)
-    source = str(Path(scenario.source).resolve())  # noqa: ASYNC240 - once, before the run
 
     def on_progress(done: int, total: int | None) -> None:
         bar.update(task, completed=done, total=total)
 
     with bar:
-        async with (
-            cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
-            recording(scenario, store, seed, enabled=record, transport=transport) as rec,
-            live_run(rec, scenario.name, enabled=record) as live,
-        ):
-            if telemetry is not None:
-                _observe(telemetry, rec.bus)
-            summary = await run_scenario(
-                scenario,
-                seed=seed,
-                on_progress=on_progress,
-                bus=rec.bus,
-                attach=live.attach,
-                outbox_dir=rec.outbox_dir,
-            )
-            await rec.finish(summary, source=source)
-            await live.close("completed" if summary.passed else "failed")
+        summary = await pantheon.run(
+            scenario,
+            seed=seed,
+            store=store,
+            record=record,
+            on_progress=on_progress,
+            on_bus=None if telemetry is None else lambda bus: _observe(telemetry, bus),
+        )
     if telemetry is not None:
         await asyncio.to_thread(telemetry.shutdown)  # exports buffered spans and metrics
     return summary

@@ -10,10 +10,12 @@
 
 from __future__ import annotations
 
+from pantheon._errors import PantheonError
+
 __all__ = ["FeedClosed", "FeedNotFound", "LiveError", "ProtocolError"]
 
 
-class LiveError(Exception):
+class LiveError(PantheonError):
     """Root of every live feed error."""
 
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pantheon._errors import PantheonError
+
 __all__ = [
     "RecordedError",
     "RecordingError",
@@ -30,7 +32,7 @@ __all__ = [
 ]
 
 
-class SessionError(Exception):
+class SessionError(PantheonError):
     """Root of every error the session layer raises."""
 
 

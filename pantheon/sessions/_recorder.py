@@ -375,6 +375,7 @@ class Recorder:
         seed: int | None = None,
         replay_of: str | None = None,
         kind: str = "run",
+        scenario_dir: str | None = None,
         commit_interval: float = DEFAULT_COMMIT_INTERVAL,
         commit_rows: int = DEFAULT_COMMIT_ROWS,
         max_pending: int = DEFAULT_MAX_PENDING,
@@ -390,6 +391,7 @@ class Recorder:
             seed=seed,
             replay_of=replay_of,
             kind=kind,
+            scenario_dir=scenario_dir,
         )
         self.seed = seed
         self.commit_interval = commit_interval

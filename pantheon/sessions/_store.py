@@ -97,7 +97,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     summary TEXT,
     replay_of TEXT,
     pid INTEGER,
-    host TEXT
+    host TEXT,
+    scenario_dir TEXT
 );
 CREATE TABLE IF NOT EXISTS envelopes (
     session TEXT NOT NULL,
@@ -274,6 +275,9 @@ class SessionInfo:
     replay_of: str | None
     pid: int | None
     host: str | None
+    scenario_dir: str | None = None
+    """The folder the scenario was loaded from: where its own agent modules are imported
+    from when the session is replayed or redriven."""
 
     @property
     def duration(self) -> float | None:
@@ -293,6 +297,7 @@ class SessionInfo:
             "replay_of": self.replay_of,
             "pid": self.pid,
             "host": self.host,
+            "scenario_dir": self.scenario_dir,
         }
 
 
@@ -537,6 +542,20 @@ class SessionStore:
             raise SchemaVersionError(
                 self.path, found if found is not None else "none", SCHEMA_VERSION
             )
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        """Columns added since a version-1 store was first made: added in place, since an
+        older Pantheon names its columns and never notices them."""
+        try:
+            have = {row[1] for row in self._conn.execute("PRAGMA table_info(sessions)")}
+            if "scenario_dir" not in have:
+                with self._tx() as conn:
+                    have = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+                    if "scenario_dir" not in have:
+                        conn.execute("ALTER TABLE sessions ADD COLUMN scenario_dir TEXT")
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a usable session store: {exc}") from exc
 
     def _read_version(self) -> int | str | None:
         has_meta = self._conn.execute(
@@ -564,6 +583,7 @@ class SessionStore:
         replay_of: str | None = None,
         kind: str = "run",
         started: float | None = None,
+        scenario_dir: str | None = None,
     ) -> str:
         """Create a ``running`` session owned by this process and return its id (a new one
         when ``session_id`` is None). An existing id is taken over only if it is still
@@ -579,7 +599,8 @@ class SessionStore:
                 return sid
             conn.execute(
                 "INSERT INTO sessions (id, kind, scenario, scenario_text, seed, started, status,"
-                " summary, replay_of, pid, host) VALUES (?,?,?,?,?,?,'running','{}',?,?,?)",
+                " summary, replay_of, pid, host, scenario_dir)"
+                " VALUES (?,?,?,?,?,?,'running','{}',?,?,?,?)",
                 (
                     sid,
                     kind,
@@ -590,6 +611,7 @@ class SessionStore:
                     replay_of,
                     os.getpid(),
                     socket.gethostname(),
+                    scenario_dir,
                 ),
             )
         return sid
@@ -811,10 +833,18 @@ class SessionStore:
 
 
 _SESSION_COLS = (
-    "id, kind, scenario, scenario_text, seed, started, ended, status, summary, replay_of, pid, host"
+    "id, kind, scenario, scenario_text, seed, started, ended, status, summary, replay_of, pid,"
+    " host, scenario_dir"
 )
 
 
 def _session(row: tuple[Any, ...]) -> SessionInfo:
     summary = json.loads(row[8]) if row[8] else {}
-    return SessionInfo(*row[:8], summary=summary, replay_of=row[9], pid=row[10], host=row[11])
+    return SessionInfo(
+        *row[:8],
+        summary=summary,
+        replay_of=row[9],
+        pid=row[10],
+        host=row[11],
+        scenario_dir=row[12],
+    )

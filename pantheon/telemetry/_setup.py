@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bus import Bus
+from pantheon._errors import PantheonError
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -51,7 +52,7 @@ _FIXED_SAMPLERS = {
 }
 
 
-class TelemetryConfigError(ValueError):
+class TelemetryConfigError(PantheonError, ValueError):
     """An ``OTEL_*`` variable or an ``observability`` setting this setup cannot honour."""
 
 

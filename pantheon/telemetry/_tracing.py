@@ -340,9 +340,7 @@ class BusTracer:
         span.end = _time_ns()
         self._ended(span)
 
-    def span(
-        self, name: str, attributes: dict[str, Any], kind: str = "internal"
-    ) -> _Span | None:
+    def span(self, name: str, attributes: dict[str, Any], kind: str = "internal") -> _Span | None:
         current = _current.get()
         if current is None:
             return None

@@ -8,8 +8,9 @@ from opentelemetry.trace import SpanKind
 from telemetry_helpers import Traced
 
 from bus import Bus
-from pantheon._runtime import run_scenario, team_setup
+from pantheon._runtime import run_scenario
 from pantheon._session_run import recording
+from pantheon._team import team_setup
 from pantheon.scenario import Scenario, load_scenario
 from pantheon.sessions import SessionStore, replay_session
 

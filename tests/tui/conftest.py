@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from bus import Bus
-from pantheon._runtime import team_setup
+from pantheon._team import team_setup
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,15 +1,6 @@
-"""Scenarios: the YAML file that says what a Pantheon run is, validated before anything starts.
-
-A scenario names the agents and their settings, the transport, the input, the faults to inject
-and the expectations that turn a run into a test (see ``docs`` and ``scenarios/*.yaml``). It is
-read once, up front, so every mistake in it must be reported then, all at once, in the words
-of the file: ``scenarios/bad.yaml:12:5: agents.actor.overflow: Input should be 'block', 'shed'
-or 'reject'``. Hence the two halves of this module:
-
-* immutable pydantic models (``frozen``, ``extra="forbid"``: a misspelt key is an error, never
-  a silently ignored setting), whose field names are the contract the runtime codes against;
-* a loader that composes the YAML node tree to remember where every key sits, validates, and
-  maps each pydantic error location back to a line and column (:class:`ScenarioError`).
+"""The scenario schema: immutable pydantic models whose field names are the contract the
+runtime codes against (``frozen``, ``extra="forbid"``: a misspelt key is an error, never a
+silently ignored setting).
 
 Checks that span sections (an expectation about an agent that does not exist, ``kill_node`` on
 the in-process transport) run on the raw data beside field validation, so they are reported
@@ -18,17 +9,13 @@ together with the field errors instead of only after those are fixed.
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
-import types
 import typing
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -37,13 +24,13 @@ from pydantic import (
     Field,
     PrivateAttr,
     Tag,
-    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 
 import bus
+from pantheon.scenario._locate import _dotted, _suggest
 
 __all__ = [
     "DRIVER_NODE",
@@ -63,18 +50,15 @@ __all__ = [
     "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
-    "Problem",
     "ProviderConfig",
     "RetryConfig",
     "Role",
     "RulesProviderConfig",
     "Scenario",
-    "ScenarioError",
     "TransportConfig",
     "ZmqTransportConfig",
-    "load_scenario",
-    "parse_scenario",
 ]
+
 
 #: The only scenario schema version this module reads.
 SCENARIO_VERSION = 1
@@ -445,6 +429,7 @@ class Scenario(_Model):
 
     _text: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="<string>")
+    _base_dir: Path | None = PrivateAttr(default=None)
 
     @field_validator("version", mode="before")
     @classmethod
@@ -486,6 +471,12 @@ class Scenario(_Model):
         return self._text
 
     @property
+    def base_dir(self) -> Path | None:
+        """The folder relative paths and the team's own modules are taken from (the scenario
+        file's folder); ``None`` for a scenario parsed from a string without one."""
+        return self._base_dir
+
+    @property
     def source(self) -> str:
         """Where the text came from: the path as given to :func:`load_scenario`, or a label."""
         return self._source
@@ -498,11 +489,6 @@ class Scenario(_Model):
             if name in ROLES:  # only reachable on a hand-built Scenario
                 return AgentConfig(role=name)  # type: ignore[arg-type]
             raise KeyError(f"no agent {name!r} in scenario {self.name!r}") from None
-
-
-def _suggest(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
@@ -624,348 +610,3 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                     )
                 )
     return out
-
-
-# -- errors ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Problem:
-    """One thing wrong with a scenario, located in its file (line and column are 1-based)."""
-
-    file: str
-    line: int
-    column: int
-    field: str
-    """Dotted path to the offending key (``agents.actor.retry.attempts``, ``rules.spam[2]``);
-    empty for problems with the document as a whole (YAML syntax)."""
-    message: str
-
-    def __str__(self) -> str:
-        where = f"{self.file}:{self.line}:{self.column}"
-        return (
-            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
-        )
-
-
-class ScenarioError(ValueError):
-    """A scenario could not be loaded; ``problems`` lists every reason, in file order.
-
-    The message has one ``file:line:column: field: message`` line per problem, so an editor or
-    CI log can jump to each.
-    """
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = sorted(problems, key=lambda p: (p.line, p.column, p.field))
-        self.source = self.problems[0].file if self.problems else "<string>"
-        lines = [str(p) for p in self.problems]
-        if len(lines) > 1:
-            lines.insert(0, f"{len(lines)} problems in scenario {self.source}:")
-        super().__init__("\n".join(lines))
-
-
-# -- loading -----------------------------------------------------------------------------------
-
-_Loc: TypeAlias = tuple[Any, ...]
-
-
-#: Key paths a scenario may expand to. A real one has a few hundred; aliases to aliases
-#: ("billion laughs") reach millions, which validation would then walk one by one.
-_MAX_PATHS = 50_000
-
-
-class _MarkingLoader(yaml.SafeLoader):
-    """A safe loader; :func:`_marks` walks the node tree it composes for key positions."""
-
-
-class _TooLarge(Exception):
-    pass
-
-
-def _marks(
-    loader: _MarkingLoader, root: yaml.Node, source: str
-) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
-    """Position (1-based line, column) of every key path, and any duplicate keys.
-
-    A mapping entry is placed at its key, a sequence item at its first character, so an error
-    about a value points at the line that names it. Keys brought in by a ``<<`` merge keep the
-    position of the anchored mapping; the mapping's own keys win, as in YAML.
-    """
-    marks: dict[_Loc, tuple[int, int]] = {}
-    duplicates: list[Problem] = []
-
-    def at(node: yaml.Node) -> tuple[int, int]:
-        return node.start_mark.line + 1, node.start_mark.column + 1
-
-    def walk(node: yaml.Node, loc: _Loc, merged: bool, seen: set[int]) -> None:
-        if id(node) in seen:  # an alias cycle; YAML allows them, we need not follow
-            return
-        if len(marks) > _MAX_PATHS:
-            raise _TooLarge
-        seen = seen | {id(node)}
-        if isinstance(node, yaml.MappingNode):
-            own: list[tuple[yaml.Node, yaml.Node]] = []
-            merges: list[yaml.Node] = []
-            for key_node, value_node in node.value:
-                if key_node.tag == "tag:yaml.org,2002:merge":
-                    if isinstance(value_node, yaml.SequenceNode):
-                        merges.extend(value_node.value)
-                    else:
-                        merges.append(value_node)
-                else:
-                    own.append((key_node, value_node))
-            first: dict[Any, tuple[int, int]] = {}
-            for key_node, value_node in own:
-                key = _key(loader, key_node)
-                child = (*loc, key)
-                if key in first and not merged:
-                    line, _ = first[key]
-                    duplicates.append(
-                        Problem(
-                            source,
-                            *at(key_node),
-                            _dotted(child),
-                            f"duplicate key {key!r} (first defined on line {line}); "
-                            "YAML keeps only the last",
-                        )
-                    )
-                first.setdefault(key, at(key_node))
-                if merged:
-                    marks.setdefault(child, at(key_node))
-                else:
-                    marks[child] = at(key_node)
-                walk(value_node, child, merged, seen)
-            for merge in merges:
-                walk(merge, loc, True, seen)
-        elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                child = (*loc, i)
-                if merged:
-                    marks.setdefault(child, at(item))
-                else:
-                    marks[child] = at(item)
-                walk(item, child, merged, seen)
-
-    marks[()] = at(root)
-    walk(root, (), False, set())
-    return marks, duplicates
-
-
-def _key(loader: _MarkingLoader, node: yaml.Node) -> Any:
-    if isinstance(node, yaml.ScalarNode):
-        try:
-            return loader.construct_object(node)
-        except yaml.YAMLError:
-            return node.value
-    return f"<{node.id} key>"
-
-
-def _dotted(loc: _Loc) -> str:
-    """``("rules", "spam", 2)`` -> ``rules.spam[2]``."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int) and not isinstance(part, bool):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def _clean_loc(loc: _Loc) -> _Loc:
-    """Drop union tags (``@zmq``), which pydantic adds to ``loc`` but the file never has."""
-    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("@")))
-
-
-def _model_at(loc: _Loc) -> type[BaseModel] | None:
-    """The model class validating the value at raw pydantic ``loc`` (tags included), if any."""
-    tp: Any = Scenario
-    for part in loc:
-        tp = _unwrap(tp)
-        if isinstance(part, str) and part.startswith("@"):
-            tp = _tagged_member(tp, part)
-        elif isinstance(tp, type) and issubclass(tp, BaseModel):
-            field = tp.model_fields.get(part) if isinstance(part, str) else None
-            if field is None:
-                return None
-            tp = field.annotation
-            if any(isinstance(m, Discriminator) for m in field.metadata):
-                continue  # the next part is the tag
-        elif typing.get_origin(tp) is dict:
-            tp = typing.get_args(tp)[1]
-        elif typing.get_origin(tp) in (tuple, list):
-            tp = typing.get_args(tp)[0]
-        else:
-            return None
-        if tp is None:
-            return None
-    tp = _unwrap(tp)
-    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
-
-
-def _unwrap(tp: Any) -> Any:
-    """Strip ``Annotated`` and a trailing ``| None`` (but keep tagged unions whole)."""
-    while True:
-        if typing.get_origin(tp) is Annotated:
-            tp = typing.get_args(tp)[0]
-            continue
-        if typing.get_origin(tp) in (typing.Union, types.UnionType):
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
-            if len(args) == 1:
-                tp = args[0]
-                continue
-        return tp
-
-
-def _tagged_member(tp: Any, tag: str) -> Any:
-    for arg in typing.get_args(tp):
-        if typing.get_origin(arg) is Annotated:
-            inner, *meta = typing.get_args(arg)
-            if any(isinstance(m, Tag) and m.tag == tag for m in meta):
-                return inner
-        found = _tagged_member(arg, tag) if typing.get_origin(arg) else None
-        if found is not None:
-            return found
-    return None
-
-
-def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
-    """A pydantic error as (location in the file, message a scenario author understands)."""
-    raw: _Loc = tuple(error["loc"])
-    loc = _clean_loc(raw)
-    kind = error["type"]
-    msg: str = error["msg"]
-    ctx = error.get("ctx") or {}
-    if kind == "extra_forbidden":
-        key = loc[-1] if loc else "?"
-        model = _model_at(raw[:-1])
-        if model is not None:
-            fields = list(model.model_fields)
-            hint = _suggest(str(key), fields)
-            msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
-        else:
-            msg = f"unknown key {key!r}"
-    elif kind == "union_tag_invalid":
-        tags = [
-            t.strip().strip("'").lstrip("@") for t in str(ctx.get("expected_tags", "")).split(",")
-        ]
-        msg = f"Input should be {_or(tags)}"
-        loc = (*loc, "kind")
-    elif kind == "union_tag_not_found":
-        msg = "Input should be a mapping"
-    elif kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_HELP:
-        msg = _PATTERN_HELP[ctx["pattern"]]
-    elif loc and loc[-1] == "[key]":
-        loc = loc[:-1]
-        msg = f"invalid name: {msg}"
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix) :]
-    return loc, msg
-
-
-_PATTERN_HELP = {
-    _NAME: "use lowercase letters, digits, '_' and '-' only",
-    _TOPIC: "should be a dotted topic name such as observation.email.received",
-}
-
-
-def _or(words: list[str]) -> str:
-    quoted = [f"'{w}'" for w in words]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
-
-
-def _locate(marks: Mapping[_Loc, tuple[int, int]], loc: _Loc) -> tuple[int, int]:
-    """The position of ``loc``, or of its nearest ancestor the file has (a missing key)."""
-    while loc not in marks and loc:
-        loc = loc[:-1]
-    return marks.get(loc, (1, 1))
-
-
-def parse_scenario(
-    text: str,
-    source: str = "<string>",
-    base_dir: Path | None = None,
-    *,
-    check_files: bool = True,
-) -> Scenario:
-    """Validate scenario ``text``; ``source`` names it in errors, ``base_dir`` anchors
-    ``input.path`` (default: the working directory).
-
-    ``check_files=False`` skips the check that the input file exists, for callers that
-    rebuild a recorded scenario without reading its input (replay, redrive).
-
-    Raises :class:`ScenarioError` listing every problem found, YAML syntax errors included.
-    """
-    loader = _MarkingLoader(text)
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
-        try:
-            marks, problems = _marks(loader, root, source)
-        except _TooLarge:
-            message = f"the scenario expands to over {_MAX_PATHS} keys (aliases of aliases?)"
-            raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
-        data = loader.construct_document(root)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        what = "; ".join(filter(None, [exc.context, exc.problem]))
-        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
-    except yaml.YAMLError as exc:  # unmarked: e.g. a reader error on a control character
-        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
-    finally:
-        loader.dispose()
-
-    def problem(loc: _Loc, message: str) -> Problem:
-        return Problem(source, *_locate(marks, loc), _dotted(loc), message)
-
-    if not isinstance(data, Mapping):
-        raise ScenarioError(
-            [problem((), f"a scenario is a mapping of keys, not a {type(data).__name__}")]
-        )
-    version = data.get("version", SCENARIO_VERSION)
-    if version != SCENARIO_VERSION or type(version) is not int:
-        # Another version is another schema: its other keys would only add noise.
-        raise ScenarioError(
-            [
-                problem(
-                    ("version",),
-                    f"unsupported scenario version {version!r}: this Pantheon reads version "
-                    f"{SCENARIO_VERSION}",
-                )
-            ]
-        )
-
-    cross: list[tuple[_Loc, str]] = []
-    context = {"base_dir": base_dir, "check_files": check_files, "cross_problems": cross}
-    try:
-        scenario = Scenario.model_validate(data, context=context)
-    except ValidationError as exc:
-        problems.extend(problem(*_describe(e)) for e in exc.errors())
-    problems.extend(problem(loc, msg) for loc, msg in cross)
-    if problems:
-        raise ScenarioError(problems)
-    scenario._text = text
-    scenario._source = source
-    return scenario
-
-
-def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate the scenario file at ``path``.
-
-    Relative paths inside it (``input.path``) are taken from the file's directory. Raises
-    :class:`ScenarioError` for anything wrong with the content and ``OSError`` if the file
-    cannot be read.
-    """
-    path = Path(path)
-    raw = path.read_bytes()
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise ScenarioError(
-            [Problem(str(path), line, column, "", "not UTF-8 text: a scenario is a YAML text file")]
-        ) from None
-    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent)

@@ -1,0 +1,152 @@
+"""Building a team: the scenario's agents, configured and ready to attach to a bus.
+
+Kept apart from the run loop and the report so that everything that needs a team (a run, a
+replay, a redrive, a ZeroMQ node) builds it one way, and none of them imports the others.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agents import (
+    ROLES,
+    Actor,
+    Agent,
+    AgentOptions,
+    Fault,
+    Guardian,
+    Learner,
+    Monitor,
+    Observer,
+    OpenAIProvider,
+    Outbox,
+    Reasoner,
+    RuleProvider,
+    read_emails,
+)
+from agents._providers import ModelProvider
+from bus import Bus
+from pantheon.scenario import Scenario
+
+__all__ = ["Setup", "Team", "build_team", "team_setup"]
+
+Setup = Callable[[Bus], Awaitable[None]]
+
+
+@dataclass
+class Team:
+    """The agents of one run, with handles on the ones whose results the summary reads."""
+
+    agents: dict[str, Agent]
+    outbox: Outbox
+
+    def of_role(self, cls: type[Agent]) -> list[Any]:
+        return [a for a in self.agents.values() if isinstance(a, cls)]
+
+    async def attach(self, bus: Bus) -> None:
+        for agent in self.agents.values():
+            await agent.attach(bus)
+
+    async def start(self) -> None:
+        for agent in self.agents.values():
+            await agent.start()
+
+    async def stop(self) -> None:
+        for agent in self.agents.values():
+            await agent.stop()
+
+
+def _provider(scenario: Scenario) -> ModelProvider:
+    p = scenario.provider
+    if p.kind == "openai":
+        key = os.environ.get(p.api_key_env) if p.api_key_env else None
+        return OpenAIProvider(p.base_url, p.model, key, p.timeout)
+    return RuleProvider(p.rules, p.default_intent)
+
+
+def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
+    if path is None or not path.exists():
+        return {}
+    return {
+        str(r["id"]): r["expected"]
+        for r in read_emails(path)
+        if isinstance(r.get("id"), str) and isinstance(r.get("expected"), dict)
+    }
+
+
+def build_team(
+    scenario: Scenario,
+    *,
+    replay: bool = False,
+    outbox_path: Path | None = None,
+    seed: int | None = None,
+) -> Team:
+    """The scenario's agents, configured. ``replay`` leaves out everything that creates
+    outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
+    those from the recording instead."""
+    inp = scenario.input
+    path = inp.path if inp.kind == "file" else None
+    provider = _provider(scenario)
+    outbox = Outbox(outbox_path)
+    names = list(scenario.agents) + [r for r in ROLES if r not in scenario.agents]
+    agents: dict[str, Agent] = {}
+    for name in names:
+        cfg = scenario.agent(name)
+        if not cfg.enabled:
+            continue
+        role = getattr(cfg, "role", None) or name
+        cls = ROLES[role]
+        options = AgentOptions(
+            concurrency=cfg.concurrency,
+            max_queue=cfg.max_queue,
+            overflow=cfg.overflow,
+            block_timeout=cfg.block_timeout,
+            retry=cfg.retry.to_policy(),
+            breaker=cfg.breaker.to_policy() if cfg.breaker is not None else None,
+        )
+        f = scenario.faults.agents.get(name)
+        fault = Fault(f.failure_rate, f.latency_ms, f.tool) if f is not None else None
+        settings = dict(cfg.settings)
+        kwargs: dict[str, Any] = {}
+        if cls is Observer and not replay:
+            settings.update(path=str(path) if path else None, count=inp.count)
+            settings.update(duration=inp.duration, rate=inp.rate)
+        elif cls is Guardian:
+            settings.update(scenario.policy.model_dump())
+        elif cls is Reasoner:
+            kwargs["provider"] = provider
+        elif cls is Learner:
+            kwargs["labels"] = _labels(path)
+        elif cls is Actor:
+            kwargs["outbox"] = outbox
+        elif cls is Monitor:
+            kwargs["sample"] = not replay
+        agents[name] = cls(
+            name,
+            settings=settings,
+            options=options,
+            fault=fault,
+            seed=scenario.seed if seed is None else seed,
+            **kwargs,
+        )
+    return Team(agents, outbox)
+
+
+def team_setup(scenario_text: str, *, base_dir: Path | None = None, replay: bool = True) -> Setup:
+    """A ``setup(bus)`` that attaches and starts the team of a recorded scenario, for replay
+    and redrive (``pantheon.sessions`` calls it with a fresh bus). The input file need not
+    exist any more: a replay takes its inputs from the recording."""
+    from pantheon.scenario import parse_scenario
+
+    scenario = parse_scenario(scenario_text, base_dir=base_dir, check_files=False)
+
+    async def setup(bus: Bus) -> None:
+        team = build_team(scenario, replay=replay)
+        await team.attach(bus)
+        await team.start()
+
+    return setup

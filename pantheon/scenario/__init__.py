@@ -1,0 +1,77 @@
+"""Scenarios: the YAML file that says what a Pantheon run is, validated before anything starts.
+
+A scenario names the agents and their settings, the transport, the input, the faults to inject
+and the expectations that turn a run into a test (see ``docs`` and ``scenarios/*.yaml``). It is
+read once, up front, so every mistake in it must be reported then, all at once, in the words
+of the file: ``scenarios/bad.yaml:12:5: agents.actor.overflow: Input should be 'block', 'shed'
+or 'reject'``. Hence the two halves of this module:
+
+* immutable pydantic models (``frozen``, ``extra="forbid"``: a misspelt key is an error, never
+  a silently ignored setting), whose field names are the contract the runtime codes against;
+* a loader that composes the YAML node tree to remember where every key sits, validates, and
+  maps each pydantic error location back to a line and column (:class:`ScenarioError`).
+
+Checks that span sections (an expectation about an agent that does not exist, ``kill_node`` on
+the in-process transport) run on the raw data beside field validation, so they are reported
+together with the field errors instead of only after those are fixed.
+"""
+
+from pantheon.scenario._load import load_scenario, parse_scenario
+from pantheon.scenario._locate import Problem, ScenarioError
+from pantheon.scenario._schema import (
+    DRIVER_NODE,
+    ROLES,
+    SCENARIO_VERSION,
+    AgentConfig,
+    AgentFaultConfig,
+    BreakerConfig,
+    ExpectConfig,
+    FaultsConfig,
+    FileInputConfig,
+    FloodConfig,
+    GeneratorInputConfig,
+    InProcessTransportConfig,
+    InputConfig,
+    KillNodeConfig,
+    ObservabilityConfig,
+    OpenAIProviderConfig,
+    PolicyConfig,
+    ProviderConfig,
+    RetryConfig,
+    Role,
+    RulesProviderConfig,
+    Scenario,
+    TransportConfig,
+    ZmqTransportConfig,
+)
+
+__all__ = [
+    "DRIVER_NODE",
+    "ROLES",
+    "SCENARIO_VERSION",
+    "AgentConfig",
+    "AgentFaultConfig",
+    "BreakerConfig",
+    "ExpectConfig",
+    "FaultsConfig",
+    "FileInputConfig",
+    "FloodConfig",
+    "GeneratorInputConfig",
+    "InProcessTransportConfig",
+    "InputConfig",
+    "KillNodeConfig",
+    "ObservabilityConfig",
+    "OpenAIProviderConfig",
+    "PolicyConfig",
+    "Problem",
+    "ProviderConfig",
+    "RetryConfig",
+    "Role",
+    "RulesProviderConfig",
+    "Scenario",
+    "ScenarioError",
+    "TransportConfig",
+    "ZmqTransportConfig",
+    "load_scenario",
+    "parse_scenario",
+]

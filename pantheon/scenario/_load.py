@@ -1,0 +1,215 @@
+"""Loading a scenario: compose the YAML node tree to remember where every key sits, validate
+against the schema, and map each pydantic error location back to a line and column."""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any
+
+import yaml
+from pydantic import BaseModel, Discriminator, Tag, ValidationError
+
+from pantheon.scenario._locate import (
+    _MAX_PATHS,
+    Problem,
+    ScenarioError,
+    _clean_loc,
+    _dotted,
+    _Loc,
+    _locate,
+    _MarkingLoader,
+    _marks,
+    _or,
+    _suggest,
+    _TooLarge,
+)
+from pantheon.scenario._schema import _NAME, _TOPIC, SCENARIO_VERSION, Scenario
+
+__all__ = ["load_scenario", "parse_scenario"]
+
+
+def _model_at(loc: _Loc) -> type[BaseModel] | None:
+    """The model class validating the value at raw pydantic ``loc`` (tags included), if any."""
+    tp: Any = Scenario
+    for part in loc:
+        tp = _unwrap(tp)
+        if isinstance(part, str) and part.startswith("@"):
+            tp = _tagged_member(tp, part)
+        elif isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = tp.model_fields.get(part) if isinstance(part, str) else None
+            if field is None:
+                return None
+            tp = field.annotation
+            if any(isinstance(m, Discriminator) for m in field.metadata):
+                continue  # the next part is the tag
+        elif typing.get_origin(tp) is dict:
+            tp = typing.get_args(tp)[1]
+        elif typing.get_origin(tp) in (tuple, list):
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+        if tp is None:
+            return None
+    tp = _unwrap(tp)
+    return tp if isinstance(tp, type) and issubclass(tp, BaseModel) else None
+
+
+def _unwrap(tp: Any) -> Any:
+    """Strip ``Annotated`` and a trailing ``| None`` (but keep tagged unions whole)."""
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp = typing.get_args(tp)[0]
+            continue
+        if typing.get_origin(tp) in (typing.Union, types.UnionType):
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            if len(args) == 1:
+                tp = args[0]
+                continue
+        return tp
+
+
+def _tagged_member(tp: Any, tag: str) -> Any:
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Annotated:
+            inner, *meta = typing.get_args(arg)
+            if any(isinstance(m, Tag) and m.tag == tag for m in meta):
+                return inner
+        found = _tagged_member(arg, tag) if typing.get_origin(arg) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
+    """A pydantic error as (location in the file, message a scenario author understands)."""
+    raw: _Loc = tuple(error["loc"])
+    loc = _clean_loc(raw)
+    kind = error["type"]
+    msg: str = error["msg"]
+    ctx = error.get("ctx") or {}
+    if kind == "extra_forbidden":
+        key = loc[-1] if loc else "?"
+        model = _model_at(raw[:-1])
+        if model is not None:
+            fields = list(model.model_fields)
+            hint = _suggest(str(key), fields)
+            msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
+        else:
+            msg = f"unknown key {key!r}"
+    elif kind == "union_tag_invalid":
+        tags = [
+            t.strip().strip("'").lstrip("@") for t in str(ctx.get("expected_tags", "")).split(",")
+        ]
+        msg = f"Input should be {_or(tags)}"
+        loc = (*loc, "kind")
+    elif kind == "union_tag_not_found":
+        msg = "Input should be a mapping"
+    elif kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_HELP:
+        msg = _PATTERN_HELP[ctx["pattern"]]
+    elif loc and loc[-1] == "[key]":
+        loc = loc[:-1]
+        msg = f"invalid name: {msg}"
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    return loc, msg
+
+
+_PATTERN_HELP = {
+    _NAME: "use lowercase letters, digits, '_' and '-' only",
+    _TOPIC: "should be a dotted topic name such as observation.email.received",
+}
+
+
+def parse_scenario(
+    text: str,
+    source: str = "<string>",
+    base_dir: Path | None = None,
+    *,
+    check_files: bool = True,
+) -> Scenario:
+    """Validate scenario ``text``; ``source`` names it in errors, ``base_dir`` anchors
+    ``input.path`` (default: the working directory).
+
+    ``check_files=False`` skips the check that the input file exists, for callers that
+    rebuild a recorded scenario without reading its input (replay, redrive).
+
+    Raises :class:`ScenarioError` listing every problem found, YAML syntax errors included.
+    """
+    loader = _MarkingLoader(text)
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
+        try:
+            marks, problems = _marks(loader, root, source)
+        except _TooLarge:
+            message = f"the scenario expands to over {_MAX_PATHS} keys (aliases of aliases?)"
+            raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
+        data = loader.construct_document(root)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        what = "; ".join(filter(None, [exc.context, exc.problem]))
+        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
+    except yaml.YAMLError as exc:  # unmarked: e.g. a reader error on a control character
+        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+
+    def problem(loc: _Loc, message: str) -> Problem:
+        return Problem(source, *_locate(marks, loc), _dotted(loc), message)
+
+    if not isinstance(data, Mapping):
+        raise ScenarioError(
+            [problem((), f"a scenario is a mapping of keys, not a {type(data).__name__}")]
+        )
+    version = data.get("version", SCENARIO_VERSION)
+    if version != SCENARIO_VERSION or type(version) is not int:
+        # Another version is another schema: its other keys would only add noise.
+        raise ScenarioError(
+            [
+                problem(
+                    ("version",),
+                    f"unsupported scenario version {version!r}: this Pantheon reads version "
+                    f"{SCENARIO_VERSION}",
+                )
+            ]
+        )
+
+    cross: list[tuple[_Loc, str]] = []
+    context = {"base_dir": base_dir, "check_files": check_files, "cross_problems": cross}
+    try:
+        scenario = Scenario.model_validate(data, context=context)
+    except ValidationError as exc:
+        problems.extend(problem(*_describe(e)) for e in exc.errors())
+    problems.extend(problem(loc, msg) for loc, msg in cross)
+    if problems:
+        raise ScenarioError(problems)
+    scenario._text = text
+    scenario._source = source
+    scenario._base_dir = None if base_dir is None else base_dir.resolve()
+    return scenario
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate the scenario file at ``path``.
+
+    Relative paths inside it (``input.path``) are taken from the file's directory. Raises
+    :class:`ScenarioError` for anything wrong with the content and ``OSError`` if the file
+    cannot be read.
+    """
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ScenarioError(
+            [Problem(str(path), line, column, "", "not UTF-8 text: a scenario is a YAML text file")]
+        ) from None
+    return parse_scenario(text, source=str(path), base_dir=path.resolve().parent)

@@ -1,0 +1,187 @@
+"""Where things are in a scenario file: YAML key paths mapped to line and column, and the
+:class:`Problem`/:class:`ScenarioError` that report them in the file's own words.
+
+Kept apart from the schema so anything that validates part of a scenario (agent settings
+checked against an agent's own model, imports of agent classes) can report through the same
+``file:line:column: field: message`` lines.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import yaml
+
+from pantheon._errors import PantheonError
+
+__all__ = ["Problem", "ScenarioError"]
+
+
+def _suggest(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with a scenario, located in its file (line and column are 1-based)."""
+
+    file: str
+    line: int
+    column: int
+    field: str
+    """Dotted path to the offending key (``agents.actor.retry.attempts``, ``rules.spam[2]``);
+    empty for problems with the document as a whole (YAML syntax)."""
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}:{self.column}"
+        return (
+            f"{where}: {self.field}: {self.message}" if self.field else f"{where}: {self.message}"
+        )
+
+
+class ScenarioError(PantheonError, ValueError):
+    """A scenario could not be loaded; ``problems`` lists every reason, in file order.
+
+    The message has one ``file:line:column: field: message`` line per problem, so an editor or
+    CI log can jump to each.
+    """
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = sorted(problems, key=lambda p: (p.line, p.column, p.field))
+        self.source = self.problems[0].file if self.problems else "<string>"
+        lines = [str(p) for p in self.problems]
+        if len(lines) > 1:
+            lines.insert(0, f"{len(lines)} problems in scenario {self.source}:")
+        super().__init__("\n".join(lines))
+
+
+# -- loading -----------------------------------------------------------------------------------
+
+_Loc: TypeAlias = tuple[Any, ...]
+
+
+#: Key paths a scenario may expand to. A real one has a few hundred; aliases to aliases
+#: ("billion laughs") reach millions, which validation would then walk one by one.
+_MAX_PATHS = 50_000
+
+
+class _MarkingLoader(yaml.SafeLoader):
+    """A safe loader; :func:`_marks` walks the node tree it composes for key positions."""
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _marks(
+    loader: _MarkingLoader, root: yaml.Node, source: str
+) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
+    """Position (1-based line, column) of every key path, and any duplicate keys.
+
+    A mapping entry is placed at its key, a sequence item at its first character, so an error
+    about a value points at the line that names it. Keys brought in by a ``<<`` merge keep the
+    position of the anchored mapping; the mapping's own keys win, as in YAML.
+    """
+    marks: dict[_Loc, tuple[int, int]] = {}
+    duplicates: list[Problem] = []
+
+    def at(node: yaml.Node) -> tuple[int, int]:
+        return node.start_mark.line + 1, node.start_mark.column + 1
+
+    def walk(node: yaml.Node, loc: _Loc, merged: bool, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias cycle; YAML allows them, we need not follow
+            return
+        if len(marks) > _MAX_PATHS:
+            raise _TooLarge
+        seen = seen | {id(node)}
+        if isinstance(node, yaml.MappingNode):
+            own: list[tuple[yaml.Node, yaml.Node]] = []
+            merges: list[yaml.Node] = []
+            for key_node, value_node in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    if isinstance(value_node, yaml.SequenceNode):
+                        merges.extend(value_node.value)
+                    else:
+                        merges.append(value_node)
+                else:
+                    own.append((key_node, value_node))
+            first: dict[Any, tuple[int, int]] = {}
+            for key_node, value_node in own:
+                key = _key(loader, key_node)
+                child = (*loc, key)
+                if key in first and not merged:
+                    line, _ = first[key]
+                    duplicates.append(
+                        Problem(
+                            source,
+                            *at(key_node),
+                            _dotted(child),
+                            f"duplicate key {key!r} (first defined on line {line}); "
+                            "YAML keeps only the last",
+                        )
+                    )
+                first.setdefault(key, at(key_node))
+                if merged:
+                    marks.setdefault(child, at(key_node))
+                else:
+                    marks[child] = at(key_node)
+                walk(value_node, child, merged, seen)
+            for merge in merges:
+                walk(merge, loc, True, seen)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                child = (*loc, i)
+                if merged:
+                    marks.setdefault(child, at(item))
+                else:
+                    marks[child] = at(item)
+                walk(item, child, merged, seen)
+
+    marks[()] = at(root)
+    walk(root, (), False, set())
+    return marks, duplicates
+
+
+def _key(loader: _MarkingLoader, node: yaml.Node) -> Any:
+    if isinstance(node, yaml.ScalarNode):
+        try:
+            return loader.construct_object(node)
+        except yaml.YAMLError:
+            return node.value
+    return f"<{node.id} key>"
+
+
+def _dotted(loc: _Loc) -> str:
+    """``("rules", "spam", 2)`` -> ``rules.spam[2]``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _clean_loc(loc: _Loc) -> _Loc:
+    """Drop union tags (``@zmq``), which pydantic adds to ``loc`` but the file never has."""
+    return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("@")))
+
+
+def _or(words: list[str]) -> str:
+    quoted = [f"'{w}'" for w in words]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def _locate(marks: Mapping[_Loc, tuple[int, int]], loc: _Loc) -> tuple[int, int]:
+    """The position of ``loc``, or of its nearest ancestor the file has (a missing key)."""
+    while loc not in marks and loc:
+        loc = loc[:-1]
+    return marks.get(loc, (1, 1))
