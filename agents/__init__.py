@@ -6,7 +6,16 @@ non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox, redact
-from agents._base import Agent, AgentOptions, Fault, InjectedFault
+from agents._base import (
+    Agent,
+    AgentOptions,
+    AgentSettings,
+    Fault,
+    FunctionAgent,
+    Handler,
+    InjectedFault,
+    handler_arity,
+)
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
@@ -25,9 +34,12 @@ __all__ = [
     "Actor",
     "Agent",
     "AgentOptions",
+    "AgentSettings",
     "Effects",
     "Fault",
+    "FunctionAgent",
     "Guardian",
+    "Handler",
     "InjectedFault",
     "Learner",
     "LiveEffects",
@@ -44,6 +56,7 @@ __all__ = [
     "Sensor",
     "extract_features",
     "find_pii",
+    "handler_arity",
     "read_emails",
     "redact",
 ]

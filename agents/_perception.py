@@ -8,9 +8,11 @@ import re
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agents._base import Agent
+from pydantic import Field
+
+from agents._base import Agent, AgentSettings
 from bus import Envelope, Priority
 
 __all__ = ["Monitor", "Observer", "Sensor", "extract_features", "find_pii", "read_emails"]
@@ -72,6 +74,14 @@ class Observer(Agent):
 
     role = "observer"
 
+    class Settings(AgentSettings):
+        """Filled from the scenario's ``input`` section, not written by hand."""
+
+        path: str | None = None
+        count: Annotated[int, Field(gt=0)] | None = None
+        duration: Annotated[float, Field(gt=0)] | None = None
+        rate: Annotated[float, Field(ge=0)] = 0.0
+
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.emitted = 0
@@ -80,7 +90,7 @@ class Observer(Agent):
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.settings.get("path"):
+        if self.settings.path:
             self._task = asyncio.get_running_loop().create_task(self.ingest())
         else:
             self.done.set()
@@ -98,10 +108,10 @@ class Observer(Agent):
             self.done.set()
 
     async def _ingest(self) -> None:
-        path = Path(self.settings["path"])
-        count = self.settings.get("count")
-        duration = self.settings.get("duration")
-        rate = float(self.settings.get("rate") or 0)
+        path = Path(self.settings.path)
+        count = self.settings.count
+        duration = self.settings.duration
+        rate = self.settings.rate
         loop = asyncio.get_running_loop()
         started = loop.time()
         for n, record in enumerate(read_emails(path)):
@@ -233,6 +243,12 @@ class Monitor(Agent):
     role = "monitor"
     subscriptions = ("system.*",)
 
+    class Settings(AgentSettings):
+        interval: Annotated[float, Field(gt=0)] = 0.5
+        """Seconds between samples of the bus's queue depths and dead letters."""
+        queue_alert_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+        """A mailbox this full raises a ``queue_depth`` alert."""
+
     def __init__(self, name: str | None = None, *, sample: bool = True, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.alerts: list[dict[str, Any]] = []
@@ -275,8 +291,8 @@ class Monitor(Agent):
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _watch(self) -> None:
-        interval = float(self.settings.get("interval", 0.5))
-        depth_ratio = float(self.settings.get("queue_alert_ratio", 0.8))
+        interval = self.settings.interval
+        depth_ratio = self.settings.queue_alert_ratio
         while True:
             await asyncio.sleep(interval)
             await self.check(depth_ratio)

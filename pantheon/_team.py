@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from agents import (
-    ROLES,
     Actor,
     Agent,
     AgentOptions,
@@ -31,6 +30,7 @@ from agents import (
 from agents._providers import ModelProvider
 from bus import Bus
 from pantheon.scenario import Scenario
+from pantheon.scenario._agents import agent_class, resolve_handler
 
 __all__ = ["Setup", "Team", "build_team", "team_setup"]
 
@@ -92,14 +92,11 @@ def build_team(
     path = inp.path if inp.kind == "file" else None
     provider = _provider(scenario)
     outbox = Outbox(outbox_path)
-    names = list(scenario.agents) + [r for r in ROLES if r not in scenario.agents]
     agents: dict[str, Agent] = {}
-    for name in names:
-        cfg = scenario.agent(name)
+    for name, cfg in scenario.agents.items():
         if not cfg.enabled:
             continue
-        role = getattr(cfg, "role", None) or name
-        cls = ROLES[role]
+        cls = agent_class(name, cfg)
         options = AgentOptions(
             concurrency=cfg.concurrency,
             max_queue=cfg.max_queue,
@@ -112,18 +109,24 @@ def build_team(
         fault = Fault(f.failure_rate, f.latency_ms, f.tool) if f is not None else None
         settings = dict(cfg.settings)
         kwargs: dict[str, Any] = {}
-        if cls is Observer and not replay:
+        if cfg.handler is not None:
+            kwargs["handler"] = resolve_handler(cfg.handler)
+        if cfg.subscribe is not None:
+            kwargs["subscribe"] = cfg.subscribe
+        # What the built-in roles take from other sections of the scenario; subclasses of
+        # them (a user's own Guardian) take the same.
+        if issubclass(cls, Observer) and not replay:
             settings.update(path=str(path) if path else None, count=inp.count)
             settings.update(duration=inp.duration, rate=inp.rate)
-        elif cls is Guardian:
-            settings.update(scenario.policy.model_dump())
-        elif cls is Reasoner:
+        elif issubclass(cls, Guardian):
+            settings = scenario.policy.model_dump() | settings
+        elif issubclass(cls, Reasoner):
             kwargs["provider"] = provider
-        elif cls is Learner:
+        elif issubclass(cls, Learner):
             kwargs["labels"] = _labels(path)
-        elif cls is Actor:
+        elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
-        elif cls is Monitor:
+        elif issubclass(cls, Monitor):
             kwargs["sample"] = not replay
         agents[name] = cls(
             name,
