@@ -53,6 +53,7 @@ __all__ = [
     "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
+    "PriceConfig",
     "ProviderConfig",
     "RetryConfig",
     "Role",
@@ -196,6 +197,14 @@ class OpenAIProviderConfig(_Model):
     model: str = Field(min_length=1)
     api_key_env: str = "OPENAI_API_KEY"
     timeout: _PositiveFloat = 30.0
+    """Seconds for a whole request (reading the answer included)."""
+    connect_timeout: _PositiveFloat = 5.0
+    max_retries: Annotated[int, Field(ge=0)] = 3
+    """Retries after a 429, a 5xx or a refused connection, with exponential backoff."""
+    backoff: Annotated[float, Field(ge=0)] = 0.2
+    """Seconds before the first retry; doubled each time, jittered, honouring Retry-After."""
+    max_backoff: Annotated[float, Field(ge=0)] = 5.0
+    max_connections: Annotated[int, Field(ge=1)] = 32
     default_intent: str = "question"
 
 
@@ -204,6 +213,13 @@ _Provider = Annotated[
     Annotated[RulesProviderConfig, Tag("@rules")] | Annotated[OpenAIProviderConfig, Tag("@openai")],
     _by_kind("rules"),
 ]
+
+class PriceConfig(_Model):
+    """What a model's tokens cost, in US dollars per million, as the provider bills them."""
+
+    input: Annotated[float, Field(ge=0)]
+    output: Annotated[float, Field(ge=0)]
+
 
 # -- policy ------------------------------------------------------------------------------------
 
@@ -439,6 +455,9 @@ class Scenario(_Model):
     transport: _Transport = InProcessTransportConfig()
     provider: _Provider = RulesProviderConfig()
     policy: PolicyConfig = PolicyConfig()
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    """Model name (as the server reports it) -> price per million tokens; a run's cost is
+    counted from these, and a model missing here is counted in tokens only."""
     input: _Input
     agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
     """The team, in the file's order: only the agents listed here run."""

@@ -240,3 +240,29 @@ def test_validate_and_run_refuse_a_bad_team_before_anything_runs(team: Path) -> 
     proc = pantheon("run", "bad.yaml", cwd=team)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert not (team / ".pantheon").exists()  # no session, no store: nothing ran
+
+
+def test_an_installed_package_adds_agents_through_entry_points(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An installed distribution, as pip leaves one: a module and a dist-info with the
+    # pantheon.agents entry point, on sys.path.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "epteam_mod.py").write_text(MODULE, encoding="utf-8")
+    info = site / "epteam-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: epteam\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[pantheon.agents]\ntriage = epteam_mod:Triage\n")
+    monkeypatch.syspath_prepend(str(site))
+    (tmp_path / "t.jsonl").write_text(json.dumps(EMAILS[0]) + "\n", encoding="utf-8")
+    text = "version: 1\nname: ep\ninput:\n  path: t.jsonl\nagents:\n  sorter:\n    class: triage\n"
+    (tmp_path / "ep.yaml").write_text(text, encoding="utf-8")
+    from pantheon._team import build_team
+
+    sorter = build_team(load_scenario(tmp_path / "ep.yaml")).agents["sorter"]
+    assert type(sorter).__name__ == "Triage" and type(sorter).__module__ == "epteam_mod"
+
+    (tmp_path / "ep.yaml").write_text(text.replace("class: triage", "class: triag"))
+    with pytest.raises(ScenarioError, match="neither an import path.*installed: triage"):
+        load_scenario(tmp_path / "ep.yaml")
