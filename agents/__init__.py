@@ -10,7 +10,20 @@ from agents._base import Agent, AgentOptions, Fault, InjectedFault
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
-from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
+from agents._providers import (
+    INTENTS,
+    ChatResult,
+    ModelProvider,
+    OpenAIProvider,
+    ProviderError,
+    ProviderResponseError,
+    ProviderUnavailable,
+    RuleProvider,
+    SupportsChat,
+    ToolCall,
+    Usage,
+    classify,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -25,6 +38,7 @@ __all__ = [
     "Actor",
     "Agent",
     "AgentOptions",
+    "ChatResult",
     "Effects",
     "Fault",
     "Guardian",
@@ -39,9 +53,15 @@ __all__ = [
     "Outbox",
     "Planner",
     "ProviderError",
+    "ProviderResponseError",
+    "ProviderUnavailable",
     "Reasoner",
     "RuleProvider",
     "Sensor",
+    "SupportsChat",
+    "ToolCall",
+    "Usage",
+    "classify",
     "extract_features",
     "find_pii",
     "read_emails",

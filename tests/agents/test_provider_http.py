@@ -1,0 +1,261 @@
+"""The OpenAI-compatible provider over real sockets, against :class:`pantheon.testing.ModelServer`:
+usage, JSON modes, tool calls, streaming, retries, unreachable servers, connection reuse."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from agents import (
+    ChatResult,
+    OpenAIProvider,
+    ProviderError,
+    ProviderResponseError,
+    ProviderUnavailable,
+    ToolCall,
+    Usage,
+)
+from pantheon.testing import ModelServer, Reply
+
+HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
+LOOKUP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup_order",
+        "parameters": {"type": "object", "properties": {"order": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def server() -> Iterator[ModelServer]:
+    with ModelServer("Hello there, friend.") as s:
+        yield s
+
+
+def provider_for(server: ModelServer, **kwargs: Any) -> OpenAIProvider:
+    """Retries fast enough for tests, unless a test says otherwise."""
+    return OpenAIProvider(server.base_url, **{"model": "local", "backoff": 0.001} | kwargs)
+
+
+def free_port() -> int:
+    """A port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# -- answers -----------------------------------------------------------------------------------
+
+
+async def test_plain_chat_reports_the_servers_usage(server: ModelServer) -> None:
+    async with provider_for(server, api_key="sk-local") as provider:
+        result = await provider.chat(HELLO, temperature=0.2, max_tokens=50)
+    assert result == ChatResult(
+        content="Hello there, friend.",
+        usage=Usage(input_tokens=4, output_tokens=3),  # words: "Be brief." + "Say hello"
+        model="local",
+        finish_reason="stop",
+    )
+    [req] = server.requests
+    assert req.body == {"model": "local", "messages": HELLO, "temperature": 0.2, "max_tokens": 50}
+    assert req.headers["Authorization"] == "Bearer sk-local"
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_object"},
+        {
+            "type": "json_schema",
+            "json_schema": {
+                "name": "answer",
+                "schema": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            },
+        },
+    ],
+)
+async def test_json_output_is_parsed_into_data(response_format: dict[str, Any]) -> None:
+    with ModelServer({"n": 3, "why": ["a", "b"]}) as s:
+        async with provider_for(s) as provider:
+            result = await provider.chat(HELLO, response_format=response_format)
+        assert result.data == {"n": 3, "why": ["a", "b"]}
+        assert s.requests[0].body["response_format"] == response_format
+
+
+async def test_fenced_json_is_accepted() -> None:
+    with ModelServer('```json\n{"ok": true}\n```') as s:
+        async with provider_for(s) as provider:
+            result = await provider.chat(HELLO, response_format={"type": "json_object"})
+    assert result.data == {"ok": True}
+
+
+async def test_prose_when_json_was_asked_is_a_response_error() -> None:
+    with ModelServer("Sure! Here is your JSON: none") as s:
+        async with provider_for(s) as provider:
+            with pytest.raises(ProviderResponseError, match="not JSON") as caught:
+                await provider.chat(HELLO, response_format={"type": "json_object"})
+        assert s.url in str(caught.value) and caught.value.url == s.url
+        assert len(s.requests) == 1  # a bad answer is not retried
+
+
+async def test_tool_calls_are_parsed_and_tools_sent() -> None:
+    reply = Reply(
+        tool_calls=[
+            {"id": "call_a", "name": "lookup_order", "arguments": {"order": "ORD-1"}},
+            {"id": "call_b", "name": "lookup_order", "arguments": {"order": "ORD-2"}},
+        ]
+    )
+    with ModelServer(reply) as s:
+        async with provider_for(s) as provider:
+            result = await provider.chat(HELLO, tools=[LOOKUP_TOOL])
+        assert s.requests[0].body["tools"] == [LOOKUP_TOOL]
+    assert result.content is None and result.finish_reason == "tool_calls"
+    assert result.tool_calls == (
+        ToolCall("call_a", "lookup_order", {"order": "ORD-1"}),
+        ToolCall("call_b", "lookup_order", {"order": "ORD-2"}),
+    )
+
+
+async def test_tool_arguments_that_are_not_json_are_a_response_error() -> None:
+    with ModelServer(Reply(tool_calls=[{"name": "lookup_order", "arguments": "{order: ORD"}])) as s:
+        async with provider_for(s) as provider:
+            with pytest.raises(ProviderResponseError, match="'lookup_order' with arguments"):
+                await provider.chat(HELLO, tools=[LOOKUP_TOOL])
+
+
+# -- streaming ---------------------------------------------------------------------------------
+
+
+async def test_streaming_hands_out_tokens_in_order_and_returns_the_same_result() -> None:
+    text = "The quick  brown fox\njumps over the lazy dog."
+    with ModelServer(text) as s:
+        async with provider_for(s) as provider:
+            whole = await provider.chat(HELLO)
+            tokens: list[str] = []
+            streamed = await provider.chat(HELLO, stream=True, on_token=tokens.append)
+        stream_request = s.requests[1].body
+    assert tokens == ["The", " quick", "  brown", " fox", "\njumps", " over", " the", " lazy",
+                      " dog."]  # fmt: skip
+    assert streamed == whole
+    assert streamed.usage == Usage(4, 9) and streamed.content == text
+    assert stream_request["stream"] is True
+    assert stream_request["stream_options"] == {"include_usage": True}
+
+
+async def test_streamed_tool_call_fragments_are_joined() -> None:
+    reply = Reply(
+        tool_calls=[
+            {"id": "c1", "name": "lookup_order", "arguments": {"order": "ORD-123456"}},
+            {"id": "c2", "name": "refund", "arguments": {"amount": 12.5, "currency": "EUR"}},
+        ]
+    )
+    with ModelServer(reply) as s:
+        async with provider_for(s) as provider:
+            whole = await provider.chat(HELLO, tools=[LOOKUP_TOOL])
+            streamed = await provider.chat(HELLO, tools=[LOOKUP_TOOL], stream=True)
+    assert streamed == whole
+    assert streamed.tool_calls[1] == ToolCall("c2", "refund", {"amount": 12.5, "currency": "EUR"})
+
+
+async def test_streamed_json_is_parsed_too() -> None:
+    with ModelServer({"intent": "bug", "confidence": 0.9}) as s:
+        async with provider_for(s) as provider:
+            result = await provider.chat(
+                HELLO, response_format={"type": "json_object"}, stream=True
+            )
+    assert result.data == {"intent": "bug", "confidence": 0.9}
+
+
+# -- failures and retries ----------------------------------------------------------------------
+
+
+async def test_429_with_retry_after_then_200_succeeds_with_two_requests(
+    server: ModelServer,
+) -> None:
+    server.fail_next(429, retry_after=0.2)
+    async with provider_for(server) as provider:
+        started = time.monotonic()
+        result = await provider.chat(HELLO)
+        waited = time.monotonic() - started
+    assert result.content == "Hello there, friend."
+    assert [r.status for r in server.requests] == [429, 200]
+    assert waited >= 0.2  # Retry-After honoured, not the 1 ms backoff
+
+
+async def test_retry_after_is_capped_by_max_backoff(server: ModelServer) -> None:
+    server.fail_next(503, retry_after=30)
+    async with provider_for(server, max_backoff=0.05) as provider:
+        started = time.monotonic()
+        await provider.chat(HELLO)
+        assert time.monotonic() - started < 5
+    assert [r.status for r in server.requests] == [503, 200]
+
+
+async def test_503_on_every_attempt_is_a_response_error_naming_url_and_status(
+    server: ModelServer,
+) -> None:
+    server.fail_next(503, times=3, body="model is loading")
+    async with provider_for(server, max_retries=2) as provider:
+        with pytest.raises(ProviderResponseError) as caught:
+            await provider.chat(HELLO)
+    message = str(caught.value)
+    assert server.url in message and "HTTP 503 after 3 attempts" in message
+    assert "model is loading" in message
+    assert caught.value.status == 503
+    assert len(server.requests) == 3
+
+
+async def test_a_client_error_status_is_not_retried(server: ModelServer) -> None:
+    server.fail_next(400, times=5, body="unknown model 'local'")
+    async with provider_for(server) as provider:
+        with pytest.raises(ProviderResponseError, match=r"HTTP 400: .*unknown model") as caught:
+            await provider.chat(HELLO)
+    assert caught.value.status == 400 and len(server.requests) == 1
+
+
+async def test_refused_connection_is_unavailable_naming_the_url_quickly() -> None:
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    provider = OpenAIProvider(url, max_retries=3, backoff=0.01)
+    started = time.monotonic()
+    with pytest.raises(ProviderUnavailable) as caught:
+        await provider.chat(HELLO)
+    elapsed = time.monotonic() - started
+    await provider.aclose()
+    assert str(caught.value).startswith(
+        f"cannot reach model server at {url}/chat/completions: connection refused"
+    )
+    assert "(4 attempts)" in str(caught.value)
+    assert elapsed < 1.0  # 0.01 + 0.02 + 0.04 s of backoff at most, plus four refusals
+
+
+async def test_a_closed_provider_refuses_to_chat(server: ModelServer) -> None:
+    provider = provider_for(server)
+    await provider.chat(HELLO)
+    await provider.aclose()
+    with pytest.raises(ProviderError, match="closed"):
+        await provider.chat(HELLO)
+
+
+# -- connections -------------------------------------------------------------------------------
+
+
+async def test_calls_reuse_one_kept_alive_connection(server: ModelServer) -> None:
+    async with provider_for(server) as provider:
+        for i in range(5):
+            await provider.chat(HELLO, stream=i % 2 == 1)
+    ports = {r.client_port for r in server.requests}
+    assert len(server.requests) == 5 and len(ports) == 1
+
+
+async def test_concurrent_calls_share_at_most_max_connections() -> None:
+    with ModelServer("ok", delay=0.05) as s:
+        async with provider_for(s, max_connections=2) as provider:
+            await asyncio.gather(*(provider.chat(HELLO) for _ in range(6)))
+        ports = {r.client_port for r in s.requests}
+    assert len(s.requests) == 6 and len(ports) == 2
