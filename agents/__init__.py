@@ -6,7 +6,7 @@ non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox, redact
-from agents._base import Agent, AgentOptions, Fault, InjectedFault
+from agents._base import Agent, AgentOptions, AgentUsage, Fault, InjectedFault
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
@@ -38,6 +38,7 @@ __all__ = [
     "Actor",
     "Agent",
     "AgentOptions",
+    "AgentUsage",
     "ChatResult",
     "Effects",
     "Fault",

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agents._base import Agent
-from agents._providers import INTENTS, ModelProvider
+from agents._providers import INTENTS, classify
 from bus import Envelope, Priority
 
 __all__ = ["ACTION_FOR_INTENT", "Memory", "Planner", "Reasoner"]
@@ -67,6 +67,9 @@ class Memory(Agent):
 class Reasoner(Agent):
     """Classifies each enriched email with the model provider and proposes ranked actions.
 
+    The question goes through :meth:`Agent.chat` (:func:`agents.classify` asked of the agent,
+    not of the provider), so it is recorded, replayed, and counted in :attr:`Agent.usage`.
+
     ``thresholds`` (per intent, tuned by the Learner) is the confidence under which the
     Reasoner does not trust the provider's intent: it halves the confidence, which sends the
     email to a human through the Guardian. A sender with earlier complaints who writes again
@@ -76,9 +79,10 @@ class Reasoner(Agent):
     role = "reasoner"
     subscriptions = ("sensor.email.enriched", "learner.threshold.updated")
 
-    def __init__(self, name: str | None = None, *, provider: ModelProvider, **kwargs: Any) -> None:
+    def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.provider = provider
+        if self.provider is None:
+            raise TypeError("a Reasoner needs a model provider (provider=...)")
         base = float(self.settings.get("threshold", 0.4))
         self.thresholds: dict[str, float] = {i: base for i in INTENTS}
         self.thresholds.update(self.settings.get("thresholds", {}))
@@ -94,12 +98,7 @@ class Reasoner(Agent):
         history = await self.effect(
             "memory.lookup", self.request, "memory.lookup", {"sender": sender}
         )
-        verdict = await self.effect(
-            f"model.{self.provider.name}.classify",
-            self.provider.classify,
-            email.get("subject", ""),
-            email.get("body", ""),
-        )
+        verdict = await classify(self, email.get("subject", ""), email.get("body", ""))
         thresholds = await self.effect("reasoner.thresholds", dict, self.thresholds)
         intent, confidence = verdict["intent"], float(verdict["confidence"])
         if (

@@ -1,5 +1,6 @@
 """The OpenAI-compatible provider over real sockets, against :class:`pantheon.testing.ModelServer`:
-usage, JSON modes, tool calls, streaming, retries, unreachable servers, connection reuse."""
+usage, JSON modes, tool calls, streaming, retries, unreachable servers, connection reuse, and
+:meth:`agents.Agent.chat` recorded in a session and replayed without a single request."""
 
 from __future__ import annotations
 
@@ -7,20 +8,27 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from agents import (
+    Agent,
+    AgentUsage,
     ChatResult,
     OpenAIProvider,
     ProviderError,
     ProviderResponseError,
     ProviderUnavailable,
+    Reasoner,
     ToolCall,
     Usage,
 )
-from pantheon.testing import ModelServer, Reply
+from bus import Bus, Envelope
+from bus.testing import capture_events
+from pantheon.sessions import Recorder, SessionStore, replay_session
+from pantheon.testing import ModelServer, Reply, classify_reply
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
 LOOKUP_TOOL = {
@@ -259,3 +267,121 @@ async def test_concurrent_calls_share_at_most_max_connections() -> None:
             await asyncio.gather(*(provider.chat(HELLO) for _ in range(6)))
         ports = {r.client_port for r in s.requests}
     assert len(s.requests) == 6 and len(ports) == 2
+
+
+# -- through an agent --------------------------------------------------------------------------
+
+
+class Asker(Agent):
+    """Asks the model about each question and publishes the answer."""
+
+    role = "asker"
+    subscriptions = ("question.asked",)
+
+    async def handle(self, env: Envelope) -> None:
+        result = await self.chat(
+            [{"role": "user", "content": env.payload["text"]}],
+            response_format={"type": "json_object"},
+        )
+        await self.emit("question.answered", {"n": env.payload["n"], "result": result.to_dict()})
+
+
+def answer(request: dict[str, Any]) -> dict[str, Any]:
+    text = request["messages"][-1]["content"]
+    return {"echo": text, "words": len(text.split())}
+
+
+PRICES = {"local": (0.5, 2.0)}  # USD per million tokens in, out
+
+
+async def test_agent_chat_replays_from_the_record_without_requests(tmp_path: Path) -> None:
+    questions = [{"n": i, "text": "word " * (i + 1)} for i in range(3)]
+    askers: list[Asker] = []
+
+    def make_setup(server: ModelServer) -> Any:
+        async def setup(bus: Bus) -> None:
+            asker = Asker(provider=provider_for(server), prices=PRICES)
+            askers.append(asker)
+            await asker.attach(bus)
+
+        return setup
+
+    with ModelServer(answer) as server, SessionStore(tmp_path / "sessions.db") as store:
+        recorder = Recorder(store, scenario="ask", scenario_text="ask", seed=1)
+        async with Bus() as bus:
+            recorder.attach(bus)
+            await make_setup(server)(bus)
+            with capture_events(bus, "question.answered") as answered:
+                for q in questions:
+                    await bus.emit("question.asked", q)
+                await bus.drain()
+        await recorder.finish("completed", {})
+        live = {e.payload["n"]: ChatResult.from_dict(e.payload["result"]) for e in answered}
+        assert len(server.requests) == 3
+        assert [e.name for e in store.effects(recorder.session_id)] == ["model.openai.chat"] * 3
+
+        report = await replay_session(store, recorder.session_id, make_setup(server))
+        assert report.matched, report.divergence
+        assert len(server.requests) == 3  # the replay asked nothing
+        replayed = {
+            e.payload["n"]: ChatResult.from_dict(e.payload["result"])
+            for e in store.envelopes(report.new_session_id)
+            if e.topic == "question.answered"
+        }
+    for asker in askers:
+        assert asker.provider is not None
+        await asker.provider.aclose()
+    assert replayed == live
+    assert live[2].data == {"echo": "word word word ", "words": 3}
+    original, replay = askers
+    assert replay.usage == original.usage
+    assert original.usage == AgentUsage(
+        calls=3, input_tokens=6, output_tokens=18, cost_usd=(6 * 0.5 + 18 * 2.0) / 1e6
+    )
+
+
+async def test_agent_usage_prices_only_known_models(server: ModelServer) -> None:
+    async with provider_for(server) as provider:
+        priced = Agent(provider=provider, prices=PRICES)
+        await priced.chat(HELLO)
+        await priced.chat(HELLO)
+        unpriced = Agent(provider=provider, prices={"other-model": (1.0, 1.0)})
+        await unpriced.chat(HELLO)
+    assert priced.usage.as_dict() == {
+        "calls": 2,
+        "input_tokens": 8,
+        "output_tokens": 6,
+        "cost_usd": (8 * 0.5 + 6 * 2.0) / 1e6,
+        "priced": True,
+    }
+    assert unpriced.usage.cost_usd == 0 and not unpriced.usage.priced
+    assert unpriced.usage.total_tokens == 7
+
+
+async def test_agent_without_a_provider_says_so() -> None:
+    with pytest.raises(ProviderError, match="'lonely' has no model provider"):
+        await Agent("lonely").chat(HELLO)
+    with pytest.raises(TypeError, match="Reasoner needs a model provider"):
+        Reasoner()
+
+
+async def test_the_reasoner_counts_tokens_against_a_server() -> None:
+    email = {"id": "e1", "from": "a@x.example", "subject": "Refund", "body": "I was charged"}
+    with ModelServer(classify_reply) as s:
+        async with provider_for(s) as provider, Bus() as bus:
+            reasoner = Reasoner(provider=provider)
+            await reasoner.attach(bus)
+
+            @bus.on("memory.lookup", name="memory")
+            async def memory(env: Envelope) -> dict[str, Any]:
+                return {"count": 0, "complaints": 0}
+
+            with capture_events(bus, "reasoning.intent.classified") as classified:
+                await bus.emit("sensor.email.enriched", {"email": email, "features": {}})
+                await bus.drain()
+        [req] = s.requests
+    [c] = classified
+    assert c.payload["intent"] == "refund"
+    words = sum(len(m["content"].split()) for m in req.body["messages"])
+    assert reasoner.usage.calls == 1 and reasoner.usage.input_tokens == words
+    assert reasoner.usage.output_tokens == 4  # {"intent": "refund", "confidence": 0.75}
