@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections import Counter
@@ -20,15 +21,14 @@ from agents import (
     Guardian,
     Learner,
     LiveEffects,
+    ModelProvider,
     Monitor,
     Observer,
     OpenAIProvider,
     Outbox,
-    Reasoner,
     RuleProvider,
     read_emails,
 )
-from agents._providers import ModelProvider
 from bus import Bus, BusError, Priority
 from pantheon.scenario import Scenario
 
@@ -53,6 +53,8 @@ class Team:
 
     agents: dict[str, Agent]
     outbox: Outbox
+    #: The model provider every agent of the team shares; closed by :meth:`aclose`.
+    provider: ModelProvider | None = None
 
     def of_role(self, cls: type[Agent]) -> list[Any]:
         return [a for a in self.agents.values() if isinstance(a, cls)]
@@ -68,6 +70,23 @@ class Team:
     async def stop(self) -> None:
         for agent in self.agents.values():
             await agent.stop()
+
+    async def aclose(self) -> None:
+        """Release the provider's connections: after the last drain, since a message still
+        queued for the Reasoner would otherwise find its provider closed."""
+        if self.provider is not None:
+            await self.provider.aclose()
+
+    def usage(self) -> dict[str, Any]:
+        """The team's model calls, tokens and cost, summed over its agents."""
+        usages = [a.usage for a in self.agents.values()]
+        return {
+            "calls": sum(u.calls for u in usages),
+            "input_tokens": sum(u.input_tokens for u in usages),
+            "output_tokens": sum(u.output_tokens for u in usages),
+            "cost_usd": sum(u.cost_usd for u in usages),
+            "priced": all(u.priced for u in usages),
+        }
 
 
 def _provider(scenario: Scenario) -> ModelProvider:
@@ -127,8 +146,6 @@ def build_team(
             settings.update(duration=inp.duration, rate=inp.rate)
         elif cls is Guardian:
             settings.update(scenario.policy.model_dump())
-        elif cls is Reasoner:
-            kwargs["provider"] = provider
         elif cls is Learner:
             kwargs["labels"] = _labels(path)
         elif cls is Actor:
@@ -141,9 +158,10 @@ def build_team(
             options=options,
             fault=fault,
             seed=scenario.seed if seed is None else seed,
+            provider=provider,
             **kwargs,
         )
-    return Team(agents, outbox)
+    return Team(agents, outbox, provider)
 
 
 def team_setup(scenario_text: str, *, base_dir: Path | None = None, replay: bool = True) -> Setup:
@@ -188,6 +206,9 @@ class RunSummary:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per process of a ZeroMQ run (``driver`` and each node): pid, agents, how it ended,
     clock offset and transport counters. Empty for an in-process run."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """Model calls, input and output tokens, cost in USD and whether every call was
+    priced, summed over the team (see :class:`agents.AgentUsage`)."""
 
     @property
     def passed(self) -> bool:
@@ -257,7 +278,9 @@ async def run_scenario(
     observers: list[Observer] = team.of_role(Observer)
     total = _count_inputs(scenario)
     started = time.perf_counter()
-    async with bus:
+    async with contextlib.AsyncExitStack() as closing:
+        closing.push_async_callback(team.aclose)  # last, once the bus is closed and quiet
+        await closing.enter_async_context(bus)
         await team.attach(bus)
         if attach is not None:
             await attach(bus)
@@ -360,6 +383,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "decisions": dict(decisions),
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
+        "usage": team.usage(),
     }
 
 
@@ -398,7 +422,9 @@ def summarize(
         dlq.update(r["dlq"])
         decisions.update(r["decisions"])
         outbox.update(r["outbox"])
-    accuracy = next((r["accuracy"] for r in reports if r["accuracy"] is not None), {})
+    accuracy: dict[str, Any] = next(
+        (r["accuracy"] for r in reports if r["accuracy"] is not None), {}
+    )
     if messages is None:
         messages = sum(r["published"] for r in reports)
     summary = RunSummary(
@@ -420,6 +446,13 @@ def summarize(
         outbox=dict(outbox),
         alerts=sum(r["alerts"] for r in reports),
         accounting_ok=all(r["accounting_ok"] for r in reports),
+        usage={
+            "calls": sum(r["usage"]["calls"] for r in reports),
+            "input_tokens": sum(r["usage"]["input_tokens"] for r in reports),
+            "output_tokens": sum(r["usage"]["output_tokens"] for r in reports),
+            "cost_usd": sum(r["usage"]["cost_usd"] for r in reports),
+            "priced": all(r["usage"]["priced"] for r in reports),
+        },
     )
     summary.expectations = judge(scenario, summary)
     return summary

@@ -207,6 +207,13 @@ def _print_summary(s: Any) -> None:
         f"  alerts {s.alerts}  accounting {'ok' if s.accounting_ok else 'BROKEN'}\n"
         f"guardian {s.decisions}  outbox {s.outbox}"
     )
+    u = s.usage
+    if u:
+        cost = f"${u['cost_usd']:.4f}" if u["priced"] else "n/a (a model has no price)"
+        out.print(
+            f"model calls {u['calls']:,}  tokens {u['input_tokens']:,} in / "
+            f"{u['output_tokens']:,} out  cost {cost}"
+        )
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):
         table.add_column(col, justify="right" if col != "agent" else "left")
