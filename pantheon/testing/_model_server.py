@@ -116,8 +116,7 @@ class ModelServer:
     def start(self) -> Self:
         if self._httpd is not None:
             raise RuntimeError("the model server is already running")
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self._state))
-        httpd.daemon_threads = True
+        httpd = _Server(("127.0.0.1", 0), _handler(self._state))
         self._httpd = httpd
         self._port = int(httpd.server_address[1])
         self._thread = threading.Thread(
@@ -181,6 +180,13 @@ class ModelServer:
             self._state.forced.extend([forced] * times)
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # socketserver's default backlog is 5: a client opening more connections at once than
+    # that has the extra SYNs dropped and retried a second later.
+    request_queue_size = 1024
+
+
 def _source(reply: ReplyLike | Sequence[ReplyLike] | Responder) -> Responder:
     if isinstance(reply, str | Mapping | Reply):
         return lambda request: reply
@@ -233,6 +239,9 @@ def _pieces(text: str) -> list[str]:
 def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive: every answer has a length or is chunked
+        # Headers and body go out in separate writes; with Nagle on, the body waits for the
+        # client's delayed ACK of the headers, 40 ms on Linux, on every kept-alive answer.
+        disable_nagle_algorithm = True
 
         def setup(self) -> None:
             super().setup()
