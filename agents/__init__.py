@@ -15,7 +15,10 @@ from agents._base import (
     FunctionAgent,
     Handler,
     InjectedFault,
+    Prices,
+    UsageMeter,
     handler_arity,
+    total_usage,
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
@@ -66,6 +69,7 @@ __all__ = [
     "OpenAIProvider",
     "Outbox",
     "Planner",
+    "Prices",
     "ProviderError",
     "ProviderResponseError",
     "ProviderUnavailable",
@@ -75,10 +79,12 @@ __all__ = [
     "SupportsChat",
     "ToolCall",
     "Usage",
+    "UsageMeter",
     "classify",
     "extract_features",
     "find_pii",
     "handler_arity",
     "read_emails",
     "redact",
+    "total_usage",
 ]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import random
 from collections import Counter
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -15,7 +16,7 @@ import structlog
 from pydantic import BaseModel, ConfigDict
 
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
-from agents._providers import ChatResult, ModelProvider, ProviderError
+from agents._providers import ChatResult, ModelProvider, ProviderError, Usage
 from bus import (
     DEFAULT_BREAKER,
     BreakerPolicy,
@@ -37,7 +38,10 @@ __all__ = [
     "FunctionAgent",
     "Handler",
     "InjectedFault",
+    "Prices",
+    "UsageMeter",
     "handler_arity",
+    "total_usage",
 ]
 
 #: Model name -> (USD per million input tokens, USD per million output tokens).
@@ -78,8 +82,9 @@ class AgentSettings(BaseModel):
 
 @dataclass(frozen=True, slots=True)
 class AgentUsage:
-    """What an agent's model calls have consumed so far (replayed calls included: a replay
-    serves the recorded usage, so it reports what the original run spent).
+    """What model calls have consumed: one agent's so far, or a sum of several agents'
+    (replayed calls included: a replay serves the recorded usage, so it reports what the
+    original run spent).
 
     ``cost_usd`` covers the calls whose model has a price; ``priced`` says whether that is
     all of them (a model missing from the prices costs 0 and makes ``priced`` false).
@@ -98,10 +103,49 @@ class AgentUsage:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AgentUsage:
+        """The inverse of :meth:`as_dict`; other keys (a summary's ``by_agent``) are
+        ignored."""
+        return cls(
+            calls=int(data.get("calls", 0)),
+            input_tokens=int(data.get("input_tokens", 0)),
+            output_tokens=int(data.get("output_tokens", 0)),
+            cost_usd=float(data.get("cost_usd", 0.0)),
+            priced=bool(data.get("priced", True)),
+        )
 
-class _UsageMeter:
-    """Token totals per priced model, so the cost is computed from totals when asked: the
-    same whatever order concurrent calls finished in (float sums are order-sensitive)."""
+
+def total_usage(usages: Iterable[AgentUsage]) -> AgentUsage:
+    """Several usages added up; ``priced`` only if every part was.
+
+    The cost is an exactly rounded sum (:func:`math.fsum`), so the total is the same
+    whatever order the parts come in: a run summary adds its agents in team order, the
+    read model adds them from the session store, and the two must agree to the last bit.
+    """
+    parts = list(usages)
+    return AgentUsage(
+        calls=sum(u.calls for u in parts),
+        input_tokens=sum(u.input_tokens for u in parts),
+        output_tokens=sum(u.output_tokens for u in parts),
+        cost_usd=math.fsum(u.cost_usd for u in parts),
+        priced=all(u.priced for u in parts),
+    )
+
+
+def _cost(tokens_in: int, tokens_out: int, price: tuple[float, float]) -> float:
+    return (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+
+
+class UsageMeter:
+    """Counts one agent's model calls: token totals per priced model, so the cost is
+    computed from totals when asked, the same whatever order concurrent calls finished in
+    (float sums are order-sensitive).
+
+    Every :meth:`Agent.chat` result goes through one, and :func:`pantheon.readmodel.usage`
+    feeds a session's recorded calls through one per agent, which is why a session's usage
+    read from the store is exactly its run summary's.
+    """
 
     __slots__ = ("calls", "tokens", "unpriced")
 
@@ -111,23 +155,27 @@ class _UsageMeter:
         self.tokens: dict[str, list[int]] = {}
         self.unpriced = 0
 
-    def add(self, result: ChatResult, fallback_model: str, prices: Prices) -> None:
+    def add(self, model: str, usage: Usage, asked: str, prices: Prices) -> float | None:
+        """Count one call answered by ``model`` (empty: unknown) after ``asked`` was asked
+        for; return that call's cost, or None when neither model has a price."""
         self.calls += 1
-        model = result.model or fallback_model
-        if model not in prices and fallback_model in prices:
-            model = fallback_model  # "gpt-4o-mini" priced, "gpt-4o-mini-2024-07-18" answered
-        if model not in prices:
+        key = model or asked
+        if key not in prices and asked in prices:
+            key = asked  # "gpt-4o-mini" priced, "gpt-4o-mini-2024-07-18" answered
+        price = prices.get(key)
+        if price is None:
             self.unpriced += 1
-        totals = self.tokens.setdefault(model, [0, 0])
-        totals[0] += result.usage.input_tokens
-        totals[1] += result.usage.output_tokens
+        totals = self.tokens.setdefault(key, [0, 0])
+        totals[0] += usage.input_tokens
+        totals[1] += usage.output_tokens
+        return None if price is None else _cost(usage.input_tokens, usage.output_tokens, price)
 
     def snapshot(self, prices: Prices) -> AgentUsage:
         cost = 0.0
         for model, (tokens_in, tokens_out) in sorted(self.tokens.items()):
             price = prices.get(model)
             if price is not None:
-                cost += (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+                cost += _cost(tokens_in, tokens_out, price)
         return AgentUsage(
             calls=self.calls,
             input_tokens=sum(t[0] for t in self.tokens.values()),
@@ -177,7 +225,7 @@ class Agent:
         self.name = name or self.role
         self.provider = provider
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
-        self._usage = _UsageMeter()
+        self._usage = UsageMeter()
         self.seed = seed
         self._draws: Counter[str] = Counter()
         if isinstance(settings, self.Settings):
@@ -350,7 +398,7 @@ class Agent:
             f"model.{provider.name}.chat", _recorded_chat, provider, messages, kwargs
         )
         result = ChatResult.from_dict(recorded)
-        self._usage.add(result, provider.model, self.prices)
+        self._usage.add(result.model, result.usage, provider.model, self.prices)
         return result
 
     @property

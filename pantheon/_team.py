@@ -16,6 +16,7 @@ from agents import (
     Actor,
     Agent,
     AgentOptions,
+    AgentUsage,
     Fault,
     Guardian,
     Learner,
@@ -26,6 +27,7 @@ from agents import (
     Outbox,
     RuleProvider,
     read_emails,
+    total_usage,
 )
 from bus import Bus
 from pantheon.scenario import Scenario
@@ -68,19 +70,27 @@ class Team:
 
     def usage(self) -> dict[str, Any]:
         """The team's model calls, tokens and cost: summed, and per agent that called."""
-        by_agent = {n: a.usage.as_dict() for n, a in self.agents.items() if a.usage.calls}
-        return {**sum_usage(list(by_agent.values())), "by_agent": by_agent}
+        by_agent = self.usage_by_agent()
+        return {
+            **total_usage(by_agent.values()).as_dict(),
+            "by_agent": {name: u.as_dict() for name, u in by_agent.items()},
+        }
+
+    def usage_by_agent(self) -> dict[str, AgentUsage]:
+        """Each agent that has called a model, with its usage so far: a few dict reads per
+        agent, cheap enough for a live feed to ask every snapshot."""
+        out = {}
+        for name, agent in self.agents.items():
+            usage = agent.usage
+            if usage.calls:
+                out[name] = usage
+        return out
 
 
 def sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
-    """Calls, tokens and cost added up; ``priced`` only if every part was."""
-    return {
-        "calls": sum(u["calls"] for u in usages),
-        "input_tokens": sum(u["input_tokens"] for u in usages),
-        "output_tokens": sum(u["output_tokens"] for u in usages),
-        "cost_usd": sum(u["cost_usd"] for u in usages),
-        "priced": all(u["priced"] for u in usages),
-    }
+    """Calls, tokens and cost added up (:func:`agents.total_usage`: the same total in any
+    order); ``priced`` only if every part was."""
+    return total_usage(AgentUsage.from_dict(u) for u in usages).as_dict()
 
 
 def _provider(scenario: Scenario) -> ModelProvider:

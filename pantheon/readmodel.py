@@ -21,6 +21,10 @@ Conventions, everywhere in this module:
   ``memory:action.executed`` for an agent's second subscription. An **edge** is
   ``"source -> subscriber"``, the source being the subscription that published the envelope
   or ``<outside>`` for an input.
+* **Model usage** is counted from the session's recorded ``model.<provider>.chat`` effects
+  (what :meth:`agents.Agent.chat` records) and priced from the ``prices`` of the session's
+  stored scenario; its *agent* is the agent's name (the subscription name up to the first
+  ``:``), since tokens are spent by an agent, not by one of its subscriptions.
 """
 
 from __future__ import annotations
@@ -28,11 +32,20 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from pantheon.sessions import SessionInfo, SessionStore, StoredDelivery, StoredEnvelope
+import yaml
+
+from agents import AgentUsage, Prices, Usage, UsageMeter, total_usage
+from pantheon.sessions import (
+    SessionInfo,
+    SessionStore,
+    StoredDelivery,
+    StoredEffect,
+    StoredEnvelope,
+)
 
 __all__ = [
     "BreakerEvent",
@@ -40,9 +53,11 @@ __all__ = [
     "GuardianDecision",
     "HopBar",
     "HopLatency",
+    "ModelCall",
     "Outcomes",
     "RequestRow",
     "SessionRow",
+    "SessionUsage",
     "ThroughputPoint",
     "breaker_timeline",
     "dead_letters",
@@ -53,11 +68,14 @@ __all__ = [
     "session_row",
     "session_rows",
     "throughput",
+    "usage",
     "waterfall",
 ]
 
 #: The source name of an envelope nobody in the team published (an input).
 OUTSIDE = "<outside>"
+#: The recorded effects that are model calls (a SQLite GLOB): what ``Agent.chat`` records.
+MODEL_CALLS = "model.*.chat"
 RequestOutcome = Literal["ok", "dead_letter", "failed", "pending"]
 
 
@@ -72,7 +90,7 @@ class SessionRow:
     ``passed`` is the run's verdict on its expectations, or for a replay whether it matched
     its original; None when the session never got that far (running, aborted, crashed).
     ``note`` says why a session ended badly: the run's error, the abort reason, or the
-    replay's divergence."""
+    replay's divergence. ``usage``: its model calls, tokens and cost so far."""
 
     id: str
     kind: str
@@ -86,6 +104,8 @@ class SessionRow:
     passed: bool | None
     replay_of: str | None
     note: str | None = None
+    usage: AgentUsage = field(default_factory=AgentUsage)
+    """The session's model calls, tokens and cost (:func:`usage`'s total)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +237,59 @@ class HopBar:
     error: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One recorded model call: who made it, which model answered, the tokens it used and
+    what they cost (None when the model has no price in the scenario), when it started
+    (``start_ms``, a session offset) and how long it took (``latency_ms``; 0 for a call a
+    replay served from the record)."""
+
+    seq: int
+    agent: str
+    subscriber: str | None
+    envelope_id: int
+    effect: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float | None
+    start_ms: float
+    latency_ms: float
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SessionUsage:
+    """A session's model usage: ``total``, ``by_agent`` (each agent that called a model,
+    by name) and the ``calls`` themselves, in the order they were recorded.
+
+    The live feed's snapshots carry this type too, without ``calls``: a running process
+    knows each agent's totals for free, while listing calls means reading the store.
+    :meth:`as_dict` has the shape of a run summary's ``usage``, and equals it for the
+    session that summary describes."""
+
+    total: AgentUsage = field(default_factory=AgentUsage)
+    by_agent: dict[str, AgentUsage] = field(default_factory=dict)
+    calls: tuple[ModelCall, ...] = ()
+
+    @classmethod
+    def of(
+        cls, by_agent: Mapping[str, AgentUsage], calls: tuple[ModelCall, ...] = ()
+    ) -> SessionUsage:
+        """The usage of agents (by name); the total is their :func:`agents.total_usage`."""
+        return cls(total_usage(by_agent.values()), dict(by_agent), calls)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{calls, input_tokens, output_tokens, cost_usd, priced, by_agent: {...}}``."""
+        return {
+            **self.total.as_dict(),
+            "by_agent": {name: u.as_dict() for name, u in self.by_agent.items()},
+        }
+
+
 # -- helpers -------------------------------------------------------------------------------
 
 
@@ -316,6 +389,7 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
         passed=passed,
         replay_of=info.replay_of,
         note=None if note is None else str(note),
+        usage=usage(store, info.id, calls=False).total,
     )
 
 
@@ -564,3 +638,96 @@ def waterfall(store: SessionStore, sid: str, correlation_id: int) -> list[HopBar
         )
     bars.sort(key=lambda b: (b.start_ms, b.depth, b.agent))
     return bars
+
+
+# -- model usage -----------------------------------------------------------------------------
+
+
+def usage(store: SessionStore, sid: str, *, calls: bool = True) -> SessionUsage:
+    """The session's model calls, tokens and cost: per call, per agent and in total.
+
+    Counted from the recorded ``model.*.chat`` effects that returned (a call that raised
+    used nothing the session knows of), through the same :class:`agents.UsageMeter` per
+    agent that :meth:`agents.Agent.chat` counts with, and priced from the ``prices`` of the
+    stored scenario: so a finished run's usage is exactly its summary's, a running one's is
+    the calls committed so far, and a replay's (which serves the recorded results) is the
+    original's. A call made outside any handler (an agent's ``start``) has no subscriber
+    on record and is counted under ``<outside>``; the summary names its agent. A ZeroMQ
+    run records what its driver's bus saw, so calls made on other nodes are not here.
+
+    ``calls=False`` leaves out the list of calls and the read of the envelopes their
+    start times are measured from (the sessions list needs only the totals)."""
+    info = store.session(sid)
+    effects = store.effects(info.id, name=MODEL_CALLS)
+    prices, asked = _pricing(info.scenario_text)
+    origin_ns = _Origin(info, store.envelopes(info.id)).mono_ns if calls and effects else 0
+    meters: dict[str, UsageMeter] = {}
+    listed: list[ModelCall] = []
+    for e in effects:
+        answer = _chat_result(e)
+        if answer is None:
+            continue
+        model, tokens = answer
+        agent = OUTSIDE if e.subscriber is None else e.subscriber.partition(":")[0]
+        meter = meters.get(agent)
+        if meter is None:
+            meter = meters[agent] = UsageMeter()
+        cost = meter.add(model, tokens, asked, prices)
+        if calls:
+            listed.append(
+                ModelCall(
+                    seq=e.seq,
+                    agent=agent,
+                    subscriber=e.subscriber,
+                    envelope_id=e.envelope_id,
+                    effect=e.name,
+                    model=model or asked,
+                    input_tokens=tokens.input_tokens,
+                    output_tokens=tokens.output_tokens,
+                    cost_usd=cost,
+                    start_ms=(e.started_ns - origin_ns) / 1e6 if e.started_ns else 0.0,
+                    latency_ms=max(0, e.ended_ns - e.started_ns) / 1e6,
+                )
+            )
+    by_agent = {name: meters[name].snapshot(prices) for name in sorted(meters)}
+    return SessionUsage.of(by_agent, tuple(listed))
+
+
+def _chat_result(e: StoredEffect) -> tuple[str, Usage] | None:
+    """The answering model and the tokens of a recorded chat result, read as
+    :meth:`agents.ChatResult.from_dict` reads them; None for a call that did not return a
+    result (it raised, or a replay diverged there)."""
+    if not e.returned:
+        return None
+    value = e.value
+    if not isinstance(value, Mapping):
+        return None
+    raw = value.get("usage")
+    return str(value.get("model") or ""), Usage.from_dict(raw if isinstance(raw, Mapping) else {})
+
+
+def _pricing(scenario_text: str | None) -> tuple[Prices, str]:
+    """The stored scenario's ``prices`` and the model its provider asks for (what a price
+    is looked up by when the answering model has none).
+
+    Read as plain YAML, never parsed as a :class:`~pantheon.scenario.Scenario`: that would
+    import the team's own modules, and a dashboard must not run a recorded team's code. A
+    price that is not two numbers is left out, as an unknown model would be."""
+    try:
+        data = yaml.safe_load(scenario_text or "")
+    except yaml.YAMLError:
+        return {}, ""
+    if not isinstance(data, Mapping):
+        return {}, ""
+    prices: dict[str, tuple[float, float]] = {}
+    table = data.get("prices")
+    for model, price in table.items() if isinstance(table, Mapping) else ():
+        if not isinstance(price, Mapping):
+            continue
+        try:
+            prices[str(model)] = (float(price["input"]), float(price["output"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+    provider = data.get("provider")
+    asked = provider.get("model") if isinstance(provider, Mapping) else None
+    return prices, "" if asked is None else str(asked)

@@ -419,6 +419,11 @@ class StoredEffect:
     def value(self) -> Any:
         return decode(self.result)
 
+    @property
+    def returned(self) -> bool:
+        """The call returned and its result is stored (``value`` is what it returned)."""
+        return self.flag == EFFECT_OK
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "seq": self.seq,
@@ -807,12 +812,19 @@ class SessionStore:
             for r in rows
         ]  # fmt: skip
 
-    def effects(self, session_id: str) -> list[StoredEffect]:
-        rows = self._query(
+    def effects(self, session_id: str, *, name: str | None = None) -> list[StoredEffect]:
+        """The session's effects in the order they were recorded; ``name`` keeps only those
+        whose name matches it as a SQLite GLOB (``model.*.chat``: every model call), so a
+        reader after a few kinds does not decode every tool result."""
+        sql = (
             "SELECT seq, envelope_id, subscriber, ordinal, name, flag, result, error_type, "
-            "error, time, started_ns, ended_ns FROM effects WHERE session = ? ORDER BY seq",
-            (session_id,),
+            "error, time, started_ns, ended_ns FROM effects WHERE session = ?"
         )
+        params: tuple[Any, ...] = (session_id,)
+        if name is not None:
+            sql += " AND name GLOB ?"
+            params += (name,)
+        rows = self._query(sql + " ORDER BY seq", params)
         return [StoredEffect(r[0], from_db(r[1]), *r[2:]) for r in rows]
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:

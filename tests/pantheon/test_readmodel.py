@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
+from agents import Agent, OpenAIProvider
 from bus import BreakerPolicy, Bus, Envelope
 from pantheon import readmodel as rm
 from pantheon.sessions import Recorder, SessionNotFound, SessionStore, diff_sessions
+from pantheon.testing import ModelServer, classify_reply
 
 EMAILS = 6
 FAILING = {1, 2}  # the actor raises on these; two in a row open its breaker
@@ -304,3 +309,146 @@ def test_replay_rows_report_the_match(tmp_path: Path) -> None:
             "at hop 3",
             "orig",
         )
+
+
+# -- model usage --------------------------------------------------------------------------------
+
+
+def test_usage_is_exactly_the_run_summarys(model_session: Any) -> None:
+    """Per agent and in total, to the last bit of the cost; per call, each call's own."""
+    price = model_session.prices[model_session.model]
+    with SessionStore(model_session.store, create=False) as store:
+        sid = model_session.session_id
+        usage = rm.usage(store, sid)
+        row = rm.session_row(store, sid)
+        effects = store.effects(sid)
+    assert usage.as_dict() == model_session.summary["usage"]
+    assert row.usage == usage.total
+    assert (
+        usage.total.calls
+        == len(usage.calls)
+        == len([e for e in effects if e.name == "model.openai.chat"])
+    )
+    assert {c.agent for c in usage.calls} == {"reasoner", "summarizer"}
+    for agent, part in usage.by_agent.items():
+        mine = [c for c in usage.calls if c.agent == agent]
+        assert part.calls == len(mine)
+        assert part.input_tokens == sum(c.input_tokens for c in mine)
+        assert part.output_tokens == sum(c.output_tokens for c in mine)
+        assert math.isclose(part.cost_usd, math.fsum(c.cost_usd or 0.0 for c in mine))
+    for c in usage.calls:
+        assert c.model == model_session.model and c.effect == "model.openai.chat"
+        assert (
+            c.cost_usd
+            == (c.input_tokens * price["input"] + c.output_tokens * price["output"]) / 1e6
+        )
+        assert c.latency_ms > 0 and c.start_ms >= 0 and c.input_tokens > 0
+    assert [c.seq for c in usage.calls] == sorted(c.seq for c in usage.calls)
+    # The list without its calls (what the sessions list reads) has the same totals.
+    with SessionStore(model_session.store, create=False) as store:
+        assert rm.usage(store, sid, calls=False) == rm.SessionUsage.of(usage.by_agent)
+
+
+async def test_a_replay_reports_the_originals_usage(model_session: Any, tmp_path: Path) -> None:
+    """A replay serves the recorded results: the same tokens and cost, no latency."""
+    import pantheon
+
+    copy = tmp_path / "sessions.db"
+    src, dst = sqlite3.connect(model_session.store), sqlite3.connect(copy)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    report = await pantheon.replay(model_session.session_id, store=copy)
+    assert report.matched, report.divergence
+    with SessionStore(copy, create=False) as store:
+        original = rm.usage(store, model_session.session_id)
+        replay = rm.usage(store, report.new_session_id)
+    assert replay.as_dict() == original.as_dict()
+    assert sorted((c.agent, c.input_tokens, c.output_tokens) for c in replay.calls) == sorted(
+        (c.agent, c.input_tokens, c.output_tokens) for c in original.calls
+    )
+    assert all(c.latency_ms == 0 for c in replay.calls)
+
+
+MODEL = "local"
+PRICES = {MODEL: {"input": 2.5, "output": 10.0}}
+
+
+class _Asker(Agent):
+    subscriptions = ("question.asked",)
+
+    async def handle(self, env: Envelope) -> None:
+        await self.chat([{"role": "user", "content": env.payload["text"]}])
+
+
+def _scenario_text(prices: dict[str, Any] | None) -> str:
+    data: dict[str, Any] = {"provider": {"kind": "openai", "model": MODEL}}
+    if prices is not None:
+        data["prices"] = prices
+    return yaml.safe_dump(data)
+
+
+async def test_usage_of_a_running_session_counts_the_calls_so_far(tmp_path: Path) -> None:
+    """Read while the run goes; the server answers a dated model name, priced by the name
+    asked for, as the agent prices it; a call made outside a handler is ``<outside>``."""
+    price = (PRICES[MODEL]["input"], PRICES[MODEL]["output"])
+    with (
+        ModelServer(classify_reply, model=f"{MODEL}-2024-07-18") as server,
+        SessionStore(tmp_path / "sessions.db") as store,
+    ):
+        recorder = Recorder(store, scenario="ask", scenario_text=_scenario_text(PRICES))
+        provider = OpenAIProvider(server.base_url, MODEL, max_retries=0)
+        asker = _Asker("asker", provider=provider, prices={MODEL: price})
+        async with Bus(session_id=recorder.session_id) as bus:
+            recorder.attach(bus)
+            await asker.attach(bus)
+            for text in ("one two three", "four five"):
+                await bus.emit("question.asked", {"text": text})
+            await bus.drain()
+            await recorder.flush()
+            running = rm.usage(store, recorder.session_id)
+            assert store.session(recorder.session_id).status == "running"
+            assert running.by_agent == {"asker": asker.usage}
+            assert running.total == asker.usage and running.total.priced
+            assert [c.model for c in running.calls] == [f"{MODEL}-2024-07-18"] * 2
+            assert [c.input_tokens for c in running.calls] == [3, 2]
+
+            await asker.chat([{"role": "user", "content": "outside any handler"}])
+            await recorder.flush()
+            later = rm.usage(store, recorder.session_id)
+            assert later.by_agent["<outside>"].calls == 1 and later.by_agent["asker"].calls == 2
+            assert later.total == asker.usage  # the agent counts all three as its own
+        await recorder.finish("completed", {})
+
+        # The same calls with no price table: tokens counted, cost 0, not priced.
+        bare = Recorder(store, scenario="ask", scenario_text=_scenario_text(None))
+        unpriced = _Asker("asker", provider=provider, prices={})
+        async with Bus(session_id=bare.session_id) as bus:
+            bare.attach(bus)
+            await unpriced.attach(bus)
+            await bus.emit("question.asked", {"text": "six"})
+            await bus.drain()
+        await bare.finish("completed", {})
+        await provider.aclose()
+        alone = rm.usage(store, bare.session_id)
+    assert alone.total == unpriced.usage
+    assert (alone.total.calls, alone.total.cost_usd, alone.total.priced) == (1, 0.0, False)
+    assert alone.calls[0].cost_usd is None
+
+
+def test_prices_are_read_as_plain_yaml_and_bad_ones_left_out() -> None:
+    text = """
+provider: {kind: openai, model: m}
+prices:
+  m: {input: 1, output: 2}
+  half: {input: 1}
+  words: {input: a, output: b}
+  listed: [1, 2]
+agents: {triage: {class: "not_importable_anywhere:Triage"}}
+"""
+    assert rm._pricing(text) == ({"m": (1.0, 2.0)}, "m")
+    assert rm._pricing("[unclosed") == ({}, "")
+    assert rm._pricing(None) == ({}, "")
+    assert rm._pricing("provider: {kind: rules}") == ({}, "")
