@@ -53,6 +53,7 @@ async def run(
             bus=rec.bus,
             attach=live.attach,
             outbox_dir=rec.outbox_dir,
+            on_team=live.watch,
         )
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)

@@ -931,6 +931,7 @@ async def run_cluster(
     attach: Callable[[Bus], Awaitable[Any]] | None = None,
     drain_timeout: float = 60.0,
     start_timeout: float = DEFAULT_START_TIMEOUT,
+    on_team: Callable[[Team], None] | None = None,
 ) -> RunSummary:
     """Run a ZeroMQ scenario as local processes and return its merged summary.
 
@@ -949,6 +950,7 @@ async def run_cluster(
                 attach=attach,
                 drain_timeout=drain_timeout,
                 start_timeout=start_timeout,
+                on_team=on_team,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
     if scenario.transport.kind != "zmq" or not isinstance(endpoint, str):
@@ -966,6 +968,8 @@ async def run_cluster(
         start_timeout=start_timeout,
         drain_timeout=drain_timeout,
     )
+    if on_team is not None:
+        on_team(driver.team)  # the driver's agents: the others' calls are on their nodes
     try:
         return await driver.run(attach, on_progress)
     finally:

@@ -14,7 +14,7 @@ from agents import LiveEffects, Observer
 from bus import Bus, Priority
 from pantheon._inputs import count_inputs, run_flood
 from pantheon._report import RunSummary, local_report, summarize
-from pantheon._team import build_team
+from pantheon._team import Team, build_team
 from pantheon.scenario import Scenario
 
 __all__ = ["run_scenario"]
@@ -29,11 +29,14 @@ async def run_scenario(
     bus: Bus | None = None,
     attach: Callable[[Bus], Awaitable[Any]] | None = None,
     drain_timeout: float = 60.0,
+    on_team: Callable[[Team], None] | None = None,
 ) -> RunSummary:
     """Run the scenario to completion and judge its expectations.
 
     ``attach(bus)`` runs after the team is wired and before input flows (the session
     recorder hooks in there); ``on_progress(done, total)`` is called as inputs go out.
+    ``on_team(team)`` sees the team of this process once it is built, before ``attach``
+    (the live feed reads its agents' model usage from there).
 
     A scenario with ``transport.kind: zmq`` runs as a broker and node processes
     (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then be on its broker.
@@ -49,6 +52,7 @@ async def run_scenario(
             bus=bus,
             attach=attach,
             drain_timeout=drain_timeout,
+            on_team=on_team,
         )
     seed = scenario.seed if seed is None else seed
     bus = bus or Bus()
@@ -59,6 +63,8 @@ async def run_scenario(
         seed=seed,
         outbox_path=(outbox_dir / f"{bus.session_id or 'run'}.jsonl") if outbox_dir else None,
     )
+    if on_team is not None:
+        on_team(team)
     observers: list[Observer] = team.of_role(Observer)
     total = count_inputs(scenario)
     started = time.perf_counter()

@@ -11,6 +11,9 @@ Cost to the run, and why it is arranged this way:
   request started and ended when), so the feed chains the bus's delivery listener with one
   append of a tuple to a bounded ring. That append is the only per-message work; a feed
   made with ``trace_ring=0`` does none and shows no traces.
+* Model usage (calls, tokens, cost per agent) is what the agents count anyway: the feed
+  asks the run's ``usage`` callable once per snapshot and adds nothing to a model call, or
+  to a run that makes none.
 * Snapshots are only assembled when someone watches (an in-process subscriber or a socket
   client), and encoded once per tick for all clients.
 
@@ -52,6 +55,7 @@ from pantheon.live._snapshot import (
 )
 from pantheon.live._snapshot import DeadLetter as DeadLetterView
 from pantheon.live._wire import decode_client, encode, read_frame
+from pantheon.readmodel import SessionUsage
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -184,6 +188,8 @@ class LiveFeed:
     status, closes every client and removes the socket file. Limits: ``history`` buckets of
     throughput, the last ``max_dead_letters`` dead letters and ``max_traces`` traces, a ring
     of ``trace_ring`` deliveries (0: no traces, no per-message work), ``max_clients``.
+    ``usage`` says what the run's model calls have used so far (per agent; the runtime
+    reads its team's); without it, snapshots show no model usage.
     """
 
     def __init__(
@@ -199,6 +205,7 @@ class LiveFeed:
         max_traces: int = DEFAULT_MAX_TRACES,
         trace_ring: int = DEFAULT_TRACE_RING,
         max_clients: int = DEFAULT_MAX_CLIENTS,
+        usage: Callable[[], SessionUsage] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -219,6 +226,7 @@ class LiveFeed:
         self.max_traces = max_traces
         self.max_clients = max_clients
         self.status = "running"
+        self.usage = usage
         #: Called with each entry id a client redrove successfully (the runtime marks it in
         #: the session store).
         self.on_redrive: list[Callable[[int], Awaitable[None]]] = []
@@ -489,6 +497,7 @@ class LiveFeed:
             ),
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
+            usage=SessionUsage() if self.usage is None else self.usage(),
         )
 
     def _series(self, origin: int) -> tuple[Series, ...]:

@@ -5,18 +5,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus import Bus
 from pantheon.live._feed import LiveFeed
 from pantheon.live._wire import socket_path
+from pantheon.readmodel import SessionUsage
+
+if TYPE_CHECKING:
+    from pantheon._team import Team
 
 __all__ = ["LiveRun", "live_run"]
 
 
 class LiveRun:
     """Wraps a run's ``attach(bus)`` so the feed starts once the recorder has named the
-    session. ``feed`` is None until then, and stays None when the run is not live."""
+    session. ``feed`` is None until then, and stays None when the run is not live. Pass
+    :meth:`watch` as the run's ``on_team`` for the feed to show the team's model usage."""
 
     def __init__(
         self,
@@ -32,7 +37,17 @@ class LiveRun:
         self._enabled = enabled
         self._serve = serve
         self._options = options
+        self._team: Team | None = None
         self.feed: LiveFeed | None = None
+
+    def watch(self, team: Team) -> None:
+        """The run's ``on_team``: snapshots carry the model usage its agents count."""
+        self._team = team
+
+    def _usage(self) -> SessionUsage:
+        return (
+            SessionUsage() if self._team is None else SessionUsage.of(self._team.usage_by_agent())
+        )
 
     async def attach(self, bus: Bus) -> None:
         """The run's ``attach``: the recording's, then the feed."""
@@ -43,7 +58,7 @@ class LiveRun:
         path = None
         if recorder is not None and self._serve:
             path = socket_path(recorder.store.path, recorder.session_id)
-        feed = LiveFeed(bus, scenario=self._scenario, path=path, **self._options)
+        feed = LiveFeed(bus, scenario=self._scenario, path=path, usage=self._usage, **self._options)
         if recorder is not None:
             feed.on_redrive.append(_marker(recorder))
         await feed.start()

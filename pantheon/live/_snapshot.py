@@ -7,7 +7,12 @@ Every part is a frozen msgspec Struct of plain values: it crosses the feed's soc
 msgpack without a hand-written codec, and never carries a live object.
 
 Conventions follow :mod:`pantheon.readmodel`: times are offsets from the session's first
-envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscription name.
+envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscription name
+(but an agent's name where model usage is concerned).
+
+The model usage section is the read model's own :class:`~pantheon.readmodel.SessionUsage`
+(frozen dataclasses, which msgspec encodes as it does Structs): one type for both sources,
+as every view type should be (docs: ARCHITECTURE-2, section 2).
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import msgspec
+
+from pantheon.readmodel import SessionUsage
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -160,7 +167,9 @@ class Trace(msgspec.Struct, frozen=True):
 class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     """A session at one instant. ``live`` is True while a feed publishes it; ``status`` is
     the session's (``running`` until the run ends); ``seq`` numbers a feed's snapshots
-    (a viewer that skipped some sees the gap); ``t_s`` is the session's age."""
+    (a viewer that skipped some sees the gap); ``t_s`` is the session's age. ``usage``:
+    model calls, tokens and cost per agent and in total, without the list of calls (the
+    read model has those)."""
 
     session_id: str
     scenario: str | None
@@ -175,6 +184,7 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     breaker_events: tuple[BreakerEvent, ...] = ()
     dead_letters: tuple[DeadLetter, ...] = ()
     traces: tuple[Trace, ...] = ()
+    usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
 
 
 # -- the socket protocol ---------------------------------------------------------------------

@@ -31,7 +31,8 @@ def snapshot_from_store(
     """The same :class:`Snapshot` a live feed publishes, built from the read model: exact
     latency quantiles, every dead letter and breaker transition, and every request as a
     :class:`Trace` without its hops (ask :func:`trace_from_store` for one waterfall: each
-    costs a pass over the session). ``session_id`` may be a unique prefix."""
+    costs a pass over the session), and the model usage without its calls.
+    ``session_id`` may be a unique prefix."""
     info = store.session(session_id)
     sid = info.id
     requests = readmodel.requests(store, sid)
@@ -98,6 +99,7 @@ def snapshot_from_store(
             Trace(r.correlation_id, r.topic, r.label, r.start_ms, r.total_ms, r.hops, r.outcome)
             for r in requests
         ),
+        usage=readmodel.usage(store, sid, calls=False),
     )
 
 

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 import types
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from pantheon.live import (
     trace_from_store,
 )
 from pantheon.sessions import SessionStore
+from pantheon.testing import ModelServer, classify_reply
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
@@ -128,6 +130,9 @@ def test_clients_see_the_counters_grow_until_the_final_status(watched: Watched) 
         assert any(s.traces and s.traces[-1].hops for s in live)  # recent waterfalls
         assert {b.name for b in last.breakers} >= {"actor", "reasoner"}
         assert {s.key for s in last.series if s.kind == "agent"} >= {"actor", "sensor"}
+        # The Reasoner asks the rule provider: model calls, no tokens, no price for "rules".
+        assert last.usage.total.calls > 0 and last.usage.total.total_tokens == 0
+        assert set(last.usage.by_agent) == {"reasoner"} and not last.usage.total.priced
 
 
 def test_a_client_redrives_a_dead_letter_in_the_running_process(watched: Watched) -> None:
@@ -174,6 +179,46 @@ def test_a_finished_sessions_snapshot_is_the_read_models(watched: Watched) -> No
         assert [(h.agent, h.start_ms, h.outcome) for h in hops_of] == [
             (b.agent, b.start_ms, b.outcome) for b in bars
         ]
+
+
+def test_model_usage_grows_live_and_ends_as_the_read_models(
+    model_scenario: Callable[..., Path], tmp_path: Path
+) -> None:
+    """A run against a model server, paced to about two seconds: its feed counts tokens
+    and cost while it goes, and its last snapshot's usage is the store's, exactly."""
+    store = tmp_path / "sessions.db"
+    with ModelServer(classify_reply) as server:
+        scenario = model_scenario(tmp_path, server.base_url, count=24, rate=12)
+        child = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "pantheon.cli", "run", str(scenario)),
+                *("--store", str(store), "--json"),
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            watched = asyncio.run(_watch(store, child))
+            out, err = child.communicate(timeout=DEADLINE)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.communicate()
+    assert child.returncode == 0, err
+    summary = json.loads(out)
+    live = [s.usage for s in watched.first if s.live]
+    calls = [u.total.calls for u in live]
+    assert calls == sorted(calls) and len(set(calls)) >= 3, calls  # counted as it goes
+    assert all(u.calls == () for u in live)  # totals only: the calls are in the store
+    assert any(0 < u.total.cost_usd < summary["usage"]["cost_usd"] for u in live)
+    last = watched.first[-1]
+    assert not last.live
+    with SessionStore(store, create=False) as st:
+        stored = readmodel.usage(st, watched.session_id, calls=False)
+        assert snapshot_from_store(st, watched.session_id).usage == stored
+    assert last.usage == stored
+    assert last.usage.as_dict() == summary["usage"]
 
 
 # -- in-process: limits and misuse ------------------------------------------------------------
