@@ -9,6 +9,7 @@ names the store file; the default is ``.pantheon/sessions.db`` under the current
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as _dt
 import importlib
 import importlib.util
@@ -21,8 +22,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from agents import AgentUsage
+from pantheon import readmodel
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -35,7 +39,7 @@ from pantheon.sessions import (
     resolve_store_path,
 )
 
-__all__ = ["register"]
+__all__ = ["register", "usage_lines"]
 
 StoreOpt = Annotated[
     Path | None,
@@ -143,6 +147,27 @@ def _load_setup(
     return factory(scenario_text)
 
 
+def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
+    """The model usage block of ``sessions show`` and ``run``: the session's model calls,
+    tokens and cost, then one line per agent that called a model."""
+    if not usage.total.calls:
+        return ["models    no calls"]
+    width = max(len(name) for name in usage.by_agent)
+    lines = [f"models    {_usage_text(usage.total)}"]
+    lines.extend(
+        f"  {escape(name):<{width}}  {_usage_text(u)}" for name, u in usage.by_agent.items()
+    )
+    return lines
+
+
+def _usage_text(u: AgentUsage) -> str:
+    cost = readmodel.usd(u.cost_usd) + ("" if u.priced else " (a model has no price)")
+    return (
+        f"{u.calls:,} call{'s' if u.calls != 1 else ''}, tokens {u.input_tokens:,} in / "
+        f"{u.output_tokens:,} out, cost {cost}"
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add ``sessions``, ``dlq``, ``export``, ``diff`` and ``replay`` to ``app``."""
     sessions = typer.Typer(help="List and inspect recorded sessions.", no_args_is_help=True)
@@ -191,6 +216,7 @@ def register(app: typer.Typer) -> None:
             info = st.session(session)
             counts = st.counts(info.id)
             letters = st.dead_letters(info.id)
+            usage = readmodel.usage(st, info.id, calls=as_json)
             if as_json:
                 _dump(
                     {
@@ -198,6 +224,8 @@ def register(app: typer.Typer) -> None:
                         "scenario_text": info.scenario_text,
                         "counts": counts,
                         "dead_letters": [d.to_dict() for d in letters],
+                        "usage": usage.as_dict(),
+                        "model_calls": [dataclasses.asdict(c) for c in usage.calls],
                     }
                 )
                 return
@@ -213,6 +241,8 @@ def register(app: typer.Typer) -> None:
                     f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if k != "journal_chunks"
                 )
             )
+            for line in usage_lines(usage):
+                con.print(line)
             if info.summary:
                 con.print("summary   " + json.dumps(info.summary, default=repr)[:2000])
             if letters:

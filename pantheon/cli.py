@@ -20,7 +20,9 @@ from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_sessions import register as register_sessions
+from pantheon._cli_sessions import usage_lines
 from pantheon._report import RunSummary
+from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = ["app", "main", "run_async"]
@@ -186,14 +188,6 @@ def _observe(telemetry: Any, bus: Any) -> None:
         structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
-def _usage_text(u: dict[str, Any]) -> str:
-    cost = f"${u['cost_usd']:.4f}" + ("" if u["priced"] else "+ (a model has no price)")
-    return (
-        f"calls {u['calls']:,}  tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
-        f"  cost {cost}"
-    )
-
-
 def _print_summary(s: Any) -> None:
     out = Console()
     acc = s.accuracy or {}
@@ -219,12 +213,8 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
-    u = s.usage
-    if u.get("calls"):
-        lines.append(f"model {_usage_text(u)}")
-        lines.extend(
-            f"  {escape(name)}: {_usage_text(part)}" for name, part in u["by_agent"].items()
-        )
+    if s.usage.get("calls"):
+        lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
     out.print("\n".join(lines))
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):

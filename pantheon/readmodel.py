@@ -69,6 +69,7 @@ __all__ = [
     "session_rows",
     "throughput",
     "usage",
+    "usd",
     "waterfall",
 ]
 
@@ -281,6 +282,18 @@ class SessionUsage:
     ) -> SessionUsage:
         """The usage of agents (by name); the total is their :func:`agents.total_usage`."""
         return cls(total_usage(by_agent.values()), dict(by_agent), calls)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SessionUsage:
+        """The inverse of :meth:`as_dict` (a run summary's ``usage``), without calls."""
+        by_agent = data.get("by_agent")
+        return cls(
+            AgentUsage.from_dict(data),
+            {
+                str(name): AgentUsage.from_dict(part)
+                for name, part in (by_agent.items() if isinstance(by_agent, Mapping) else ())
+            },
+        )
 
     def as_dict(self) -> dict[str, Any]:
         """``{calls, input_tokens, output_tokens, cost_usd, priced, by_agent: {...}}``."""
@@ -691,6 +704,18 @@ def usage(store: SessionStore, sid: str, *, calls: bool = True) -> SessionUsage:
             )
     by_agent = {name: meters[name].snapshot(prices) for name in sorted(meters)}
     return SessionUsage.of(by_agent, tuple(listed))
+
+
+def usd(cost: float) -> str:
+    """A cost in US dollars as every view writes it: cents from a dollar up, four decimals
+    from a cent, six below (where one model call usually is), ``$0`` for nothing."""
+    if cost == 0:
+        return "$0"
+    if abs(cost) >= 1:
+        return f"${cost:,.2f}"
+    if abs(cost) >= 0.01:
+        return f"${cost:.4f}"
+    return f"${cost:.6f}"
 
 
 def _chat_result(e: StoredEffect) -> tuple[str, Usage] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import typer
@@ -11,6 +12,7 @@ from sessions_team import CALLS, email, make_setup
 from typer.testing import CliRunner
 
 from bus import Bus
+from pantheon import readmodel as rm
 from pantheon._cli_sessions import register
 from pantheon.sessions import Recorder, SessionStore
 
@@ -66,6 +68,39 @@ def test_sessions_list_and_show(app: typer.Typer, runner: CliRunner, recorded) -
 
     result = runner.invoke(app, ["sessions", "show", sid, "--store", str(path)])
     assert result.exit_code == 0 and "1 dead letters" in result.output
+    assert "models    no calls" in result.output
+
+
+def test_show_has_the_sessions_model_usage(
+    app: typer.Typer, runner: CliRunner, model_session: Any
+) -> None:
+    """Totals and per agent in text, the summary-shaped ``usage`` and every call in JSON,
+    all the read model's (which is the run summary's)."""
+    store, sid = str(model_session.store), model_session.session_id
+    with SessionStore(model_session.store, create=False) as st:
+        usage = rm.usage(st, sid)
+    result = runner.invoke(app, ["sessions", "show", sid, "--store", store, "--json"])
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["usage"] == usage.as_dict() == model_session.summary["usage"]
+    assert [c["seq"] for c in shown["model_calls"]] == [c.seq for c in usage.calls]
+    assert shown["model_calls"][0]["cost_usd"] == usage.calls[0].cost_usd
+
+    result = runner.invoke(app, ["sessions", "show", sid, "--store", store])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    t = usage.total
+    assert (
+        f"models    {t.calls} calls, tokens {t.input_tokens:,} in / "
+        f"{t.output_tokens:,} out, cost {rm.usd(t.cost_usd)}"
+    ) in lines
+    for name, u in usage.by_agent.items():
+        assert any(
+            line.split() == [name, str(u.calls), "calls,", "tokens", f"{u.input_tokens:,}",
+                             "in", "/", f"{u.output_tokens:,}", "out,", "cost",
+                             rm.usd(u.cost_usd)]
+            for line in lines
+        ), (name, lines)  # fmt: skip
 
 
 def test_errors_exit_2_with_a_message(app: typer.Typer, runner: CliRunner, tmp_path: Path) -> None:
