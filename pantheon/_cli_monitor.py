@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         setup: SetupOpt = None,
     ) -> None:
         """Watch a session in the terminal: live while it runs, its record once it ended.
-        Keys: 1-5 panels, enter open, r redrive, t timeline, esc back, q quit."""
+        Keys: 1-6 panels, enter open, r redrive, t timeline, esc back, q quit."""
         tui = _tui()
         path = resolve_store_path(store)
         try:

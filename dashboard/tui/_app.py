@@ -2,7 +2,7 @@
 
 Snapshots reach the widgets as :class:`MonitorApp.SnapshotArrived` messages posted by one
 worker that reads the :class:`~dashboard.tui.Source`; each panel redraws from the newest
-snapshot only (a panel never queues work per snapshot). Keys: ``1``-``5`` switch panel,
+snapshot only (a panel never queues work per snapshot). Keys: ``1``-``6`` switch panel,
 ``enter`` opens the selected dead letter or request, ``r`` redrives the selected dead
 letter, ``t`` opens the timeline of a dead letter's request, ``escape`` goes back, ``q``
 quits. Laid out for 80x24 and up.
@@ -37,6 +37,8 @@ from dashboard.tui._format import (
     payload_text,
     rate,
     totals_line,
+    usage_cells,
+    usage_line,
     waterfall_text,
 )
 from dashboard.tui._sources import Source
@@ -44,7 +46,9 @@ from pantheon.live import DeadLetter, Hop, HopLatency, Series, Snapshot, Trace
 
 __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
 
-PANELS = ("throughput", "latency", "breakers", "dlq", "timeline")
+PANELS = ("throughput", "latency", "breakers", "dlq", "timeline", "usage")
+#: The row key of the usage table's totals (no agent is named with angle brackets).
+TOTAL_ROW = "<total>"
 
 
 def _fill(table: DataTable[Any], rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
@@ -120,7 +124,8 @@ class ThroughputPanel(VerticalScroll):
 
 
 class MonitorApp(App[None]):
-    """One session's throughput, latency, breakers, dead letters and request timelines."""
+    """One session's throughput, latency, breakers, dead letters, request timelines and
+    model usage."""
 
     CSS_PATH = "monitor.tcss"
     TITLE = "pantheon monitor"
@@ -130,6 +135,7 @@ class MonitorApp(App[None]):
         Binding("3", "panel('breakers')", "Breakers"),
         Binding("4", "panel('dlq')", "DLQ"),
         Binding("5", "panel('timeline')", "Timeline"),
+        Binding("6", "panel('usage')", "Usage"),
         Binding("r", "redrive", "Redrive"),
         Binding("q", "quit", "Quit"),
     ]
@@ -164,7 +170,11 @@ class MonitorApp(App[None]):
                 yield DataTable(id="dlq-table", cursor_type="row", zebra_stripes=True)
             with TabPane("5 Timeline", id="timeline"):
                 yield DataTable(id="trace-table", cursor_type="row", zebra_stripes=True)
-        yield Footer()
+            with TabPane("6 Usage", id="usage"), Vertical():
+                yield Static("no model calls yet", id="usage-totals")
+                yield DataTable(id="usage-table", cursor_type="row", zebra_stripes=True)
+        # Every key of the monitor in 80 columns (the palette is still on ctrl+p).
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#latency-table", DataTable).add_columns(
@@ -182,6 +192,10 @@ class MonitorApp(App[None]):
         self.query_one("#trace-table", DataTable).add_columns(
             "request", "label", "hops", "start ms", "total ms", "outcome"
         )
+        usage = self.query_one("#usage-table", DataTable)
+        usage.add_column("agent", width=22)
+        for title in ("calls", "tokens in", "tokens out", "cost (USD)"):
+            usage.add_column(title)
         self.sub_title = self.source.origin
         self._follow()
 
@@ -262,6 +276,16 @@ class MonitorApp(App[None]):
                 for t in reversed(snap.traces)
             ),
         )
+        usage = snap.usage
+        self.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
+        rows: list[tuple[str, Sequence[Any]]] = [
+            (name, (_clip(name, 22), *_right(usage_cells(u))))
+            for name, u in sorted(usage.by_agent.items())
+        ]
+        if usage.by_agent:
+            total = (Text("total", style="bold"), *_right(usage_cells(usage.total), "bold"))
+            rows.append((TOTAL_ROW, total))
+        _fill(self.query_one("#usage-table", DataTable), rows)
 
     # -- actions -------------------------------------------------------------------------------
 
@@ -340,6 +364,11 @@ class MonitorApp(App[None]):
 
 def _clip(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _right(cells: Iterable[str], style: str = "") -> list[Text]:
+    """Numbers, right-aligned so their digits line up."""
+    return [Text(c, style=style, justify="right") for c in cells]
 
 
 def _latency_cells(h: HopLatency) -> tuple[Any, ...]:

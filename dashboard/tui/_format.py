@@ -8,9 +8,21 @@ from typing import Any
 
 from rich.text import Text
 
+from agents import AgentUsage
 from pantheon.live import Hop, Snapshot
+from pantheon.readmodel import SessionUsage, usd
 
-__all__ = ["count", "ms", "payload_text", "rate", "totals_line", "waterfall_text"]
+__all__ = [
+    "cost",
+    "count",
+    "ms",
+    "payload_text",
+    "rate",
+    "totals_line",
+    "usage_cells",
+    "usage_line",
+    "waterfall_text",
+]
 
 #: Columns of the waterfall left of the bars (agent name) and right of them (numbers).
 _NAME = 16
@@ -40,6 +52,31 @@ def rate(per_s: float) -> str:
     if per_s >= 1000:
         return f"{per_s / 1000:.1f}k/s"
     return f"{per_s:.0f}/s"
+
+
+def cost(u: AgentUsage) -> str:
+    """What some model calls cost; ``*`` marks a sum that leaves out calls to a model with
+    no price (their tokens are counted, their cost cannot be)."""
+    return usd(u.cost_usd) + ("" if u.priced else "*")
+
+
+def usage_cells(u: AgentUsage) -> tuple[str, str, str, str]:
+    """Calls, tokens in, tokens out and cost, as the usage table shows them."""
+    return count(u.calls), count(u.input_tokens), count(u.output_tokens), cost(u)
+
+
+def usage_line(usage: SessionUsage, live: bool) -> str:
+    """The session's model usage in two lines: totals, then what the cost is made of."""
+    t = usage.total
+    if not t.calls:
+        return "no model calls yet" if live else "no model calls in this session"
+    head = (
+        f"{count(t.calls)} model calls  tokens {count(t.input_tokens)} in / "
+        f"{count(t.output_tokens)} out  cost {cost(t)}"
+    )
+    if t.priced:
+        return head + "\npriced from the scenario's prices (USD per million tokens)"
+    return head + "\n* a model has no price: its tokens are counted, its cost is not"
 
 
 def totals_line(snap: Snapshot) -> str:

@@ -6,6 +6,8 @@ store, and every key the footer offers is pressed.
 
 from __future__ import annotations
 
+import html
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,9 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import DeadLetterScreen, MonitorApp, StoreSource, TimelineScreen
-from dashboard.tui._format import count, ms
+from dashboard.tui._format import count, ms, usage_cells, usage_line
 from pantheon import readmodel
+from pantheon.readmodel import usd
 from pantheon.sessions import SessionStore
 
 DEADLINE = 30.0
@@ -189,5 +192,75 @@ async def test_redrive_without_a_team_says_how(flaky: tuple[Path, str]) -> None:
                 "the refusal",
             )
             assert any("DLQ panel" in str(n.message) for n in app._notifications)
+    finally:
+        await source.aclose()
+
+
+def _screen_lines(app: MonitorApp, width: int = 80) -> list[str]:
+    """What the terminal shows, line by line, from the app's own SVG screenshot: each text
+    run sits at its column (runs of blanks are not drawn as text, so place by ``x``)."""
+    rows: dict[float, list[tuple[float, str, float]]] = {}
+    for attrs, body in re.findall(r"<text([^>]*)>(.*?)</text>", app.export_screenshot(), re.S):
+        x = re.search(r'\bx="([\d.]+)"', attrs)
+        y = re.search(r'\by="([\d.]+)"', attrs)
+        length = re.search(r'textLength="([\d.]+)"', attrs)
+        if x is None or y is None or length is None:
+            continue
+        text = html.unescape(body).replace("\xa0", " ").rstrip("\n")
+        rows.setdefault(float(y.group(1)), []).append(
+            (float(x.group(1)), text, float(length.group(1)))
+        )
+    cell = min(n / len(t) for runs in rows.values() for _, t, n in runs if t)
+    lines = []
+    for y in sorted(rows):
+        line = [" "] * width
+        for x, text, _ in rows[y]:
+            start = round(x / cell)
+            for i, ch in enumerate(text):
+                if 0 <= start + i < width:
+                    line[start + i] = ch
+        lines.append("".join(line).rstrip())
+    return lines
+
+
+async def test_usage_panel_shows_the_read_models_numbers_in_80x24(model_session: Any) -> None:
+    """Key 6 on a session that asked a real model server: per agent and in total, what is
+    on screen is the read model's usage (which is the run summary's)."""
+    path, sid = model_session.store, model_session.session_id
+    with SessionStore(path) as store:
+        usage = readmodel.usage(store, sid)
+    source = StoreSource(path, sid)
+    app = MonitorApp(source)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            await until(pilot, lambda: app.snapshot is not None, "the first snapshot")
+            await pilot.press("6")
+            assert app.query_one("#panels", TabbedContent).active == "usage"
+            table = app.query_one("#usage-table", DataTable)
+            assert table.row_count == len(usage.by_agent) + 1
+            for name, u in usage.by_agent.items():
+                assert [str(c) for c in table.get_row(name)] == [name, *usage_cells(u)]
+            assert [str(c) for c in table.get_row("<total>")] == [
+                "total",
+                *usage_cells(usage.total),
+            ]
+            await pilot.pause(0.1)
+            screen = _screen_lines(app)
+            assert len(screen) == 24
+            t = usage.total
+            headline = (
+                f"{count(t.calls)} model calls  tokens {count(t.input_tokens)} in / "
+                f"{count(t.output_tokens)} out  cost {usd(t.cost_usd)}"
+            )
+            assert headline == usage_line(usage, live=False).splitlines()[0]
+            assert any(line.strip() == headline for line in screen), screen
+            words = [line.split() for line in screen]
+            for name, u in [*usage.by_agent.items(), ("total", t)]:
+                assert [name, *usage_cells(u)] in words, (name, screen)
+            # Every key the monitor has is in the footer, at 80 columns.
+            assert screen[-1].split() == [
+                *("1", "Throughput", "2", "Latency", "3", "Breakers", "4", "DLQ"),
+                *("5", "Timeline", "6", "Usage", "r", "Redrive", "q", "Quit"),
+            ]
     finally:
         await source.aclose()
