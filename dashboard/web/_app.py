@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import pandas as pd
 import streamlit as st
 
+from agents import AgentUsage
 from pantheon import readmodel
 from pantheon.sessions import (
     SchemaVersionError,
@@ -28,7 +29,7 @@ from pantheon.sessions import (
     resolve_store_path,
 )
 
-__all__ = ["LIVE_REFRESH_S", "main", "open_session", "store", "when"]
+__all__ = ["LIVE_REFRESH_S", "USD_COLUMN", "cost_of", "main", "open_session", "store", "when"]
 
 #: How often a page showing a running session re-reads the store.
 LIVE_REFRESH_S = 1.0
@@ -101,6 +102,20 @@ def open_session(session_id: str) -> None:
     st.rerun(scope="app")
 
 
+#: How every table writes a cost: six decimals, since one call is usually under a cent.
+USD_COLUMN = st.column_config.NumberColumn(
+    format="$%.6f", help="From the scenario's prices (USD per million tokens)"
+)
+
+
+def cost_of(usage: AgentUsage) -> float | None:
+    """What to show as a cost: None (blank) when no call had a price, rather than a $0
+    that looks like free."""
+    if usage.calls and not usage.priced and not usage.cost_usd:
+        return None
+    return usage.cost_usd
+
+
 def when(ts: float | None) -> str:
     if ts is None:
         return "-"
@@ -134,6 +149,8 @@ def _frame(rows: list[readmodel.SessionRow]) -> pd.DataFrame:
                 "duration (s)": r.duration_s,
                 "messages": r.messages,
                 "dead letters": r.dead_letters,
+                "tokens": r.usage.total_tokens,
+                "cost (USD)": cost_of(r.usage),
                 "failed expectations": ", ".join(r.failed_expectations),
                 "replay of": r.replay_of or "",
                 "note": r.note or "",
@@ -149,6 +166,8 @@ def _frame(rows: list[readmodel.SessionRow]) -> pd.DataFrame:
             "duration (s)",
             "messages",
             "dead letters",
+            "tokens",
+            "cost (USD)",
             "failed expectations",
             "replay of",
             "note",
@@ -226,6 +245,10 @@ def _sessions_body(path: Path) -> None:
         key="sessions_table",
         column_config={
             "duration (s)": st.column_config.NumberColumn(format="%.2f"),
+            "tokens": st.column_config.NumberColumn(
+                format="localized", help="Model tokens, in and out"
+            ),
+            "cost (USD)": USD_COLUMN,
             "failed expectations": st.column_config.TextColumn(width="medium"),
         },
     )

@@ -1,9 +1,10 @@
 """One session's page: header, replay, and tabs for throughput, latency, breakers, dead
-letters, outcomes and requests."""
+letters, outcomes, requests and model usage."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.web import _charts
-from dashboard.web._app import LIVE_REFRESH_S, open_session, store, when
+from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from pantheon import readmodel
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
@@ -26,6 +27,9 @@ REPLAY_POLL_S = 0.5
 MAX_REQUESTS = 5000
 #: Hops shown on each side of the first divergence in the side-by-side view.
 DIVERGENCE_WINDOW = 8
+#: Model calls per page of the calls table, and how many of the slowest are listed apart.
+CALLS_PAGE = 100
+SLOWEST_CALLS = 10
 
 
 @st.cache_resource
@@ -82,6 +86,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
             f"Dead letters ({row.dead_letters})",
             "Outcomes",
             "Requests",
+            f"Model usage ({row.usage.calls})",
         ]
     )
     with tabs[0]:
@@ -96,6 +101,8 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
         _outcomes(path, info)
     with tabs[5]:
         _requests(path, info)
+    with tabs[6]:
+        _usage(path, info)
 
 
 # -- header -----------------------------------------------------------------------------------
@@ -117,6 +124,22 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
     c[3].metric("dead letters", row.dead_letters)
     verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
     c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
+    u = row.usage
+    if u.calls:
+        m = st.columns(5)
+        m[0].metric("model calls", f"{u.calls:,}")
+        m[1].metric("tokens in", f"{u.input_tokens:,}")
+        m[2].metric("tokens out", f"{u.output_tokens:,}")
+        cost = cost_of(u)
+        m[3].metric(
+            "model cost",
+            "-" if cost is None else readmodel.usd(cost) + ("" if u.priced else "*"),
+            help=(
+                "From the scenario's prices (USD per million tokens)."
+                if u.priced
+                else "* A model the calls used has no price: its tokens are not in the cost."
+            ),
+        )
     if row.failed_expectations:
         st.error("Failed expectations: " + "; ".join(f"`{e}`" for e in row.failed_expectations))
     if row.note:
@@ -593,3 +616,83 @@ def _requests(path: Path, info: SessionInfo) -> None:
             hide_index=True,
             key="requests_table",
         )
+
+
+def _usage(path: Path, info: SessionInfo) -> None:
+    usage: readmodel.SessionUsage = _model(path, info, "usage")
+    if not usage.total.calls:
+        st.info("No model calls recorded in this session.")
+        return
+    t = usage.total
+    st.markdown(
+        f"**{t.calls:,} model call(s)**: {t.input_tokens:,} tokens in, {t.output_tokens:,} "
+        f"out, {readmodel.usd(t.cost_usd)}"
+        + ("" if t.priced else " for the priced ones (a model they used has no price)")
+    )
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "agent": name,
+                    "calls": u.calls,
+                    "tokens in": u.input_tokens,
+                    "tokens out": u.output_tokens,
+                    "cost (USD)": cost_of(u),
+                    "priced": u.priced,
+                }
+                for name, u in usage.by_agent.items()
+            ]
+        ),
+        hide_index=True,
+        key="usage_agents",
+        column_config={"cost (USD)": USD_COLUMN},
+    )
+    slowest = sorted(usage.calls, key=lambda c: (-c.latency_ms, c.seq))[:SLOWEST_CALLS]
+    st.markdown(f"**The {len(slowest)} slowest call(s)**")
+    st.dataframe(_calls_frame(slowest), hide_index=True, key="usage_slowest", **_CALL_COLUMNS)
+    pages = max(1, -(-len(usage.calls) // CALLS_PAGE))
+    st.markdown(f"**Every call**, in the order recorded ({CALLS_PAGE} a page)")
+    page = int(
+        st.number_input("Page", min_value=1, max_value=pages, value=1, step=1, key="usage_page")
+    )
+    start = (page - 1) * CALLS_PAGE
+    shown = usage.calls[start : start + CALLS_PAGE]
+    st.caption(f"Calls {start + 1}-{start + len(shown)} of {len(usage.calls)}")
+    st.dataframe(_calls_frame(shown), hide_index=True, key="usage_calls", **_CALL_COLUMNS)
+
+
+_CALL_COLUMNS: dict[str, Any] = {
+    "column_config": {
+        "cost (USD)": USD_COLUMN,
+        "latency (ms)": st.column_config.NumberColumn(format="%.1f"),
+        "start (s)": st.column_config.NumberColumn(format="%.3f"),
+    }
+}
+
+
+def _calls_frame(calls: Iterable[readmodel.ModelCall]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {
+                "agent": c.agent,
+                "model": c.model,
+                "tokens in": c.input_tokens,
+                "tokens out": c.output_tokens,
+                "cost (USD)": c.cost_usd,
+                "latency (ms)": c.latency_ms,
+                "start (s)": c.start_ms / 1000,
+                "message": str(c.envelope_id),
+            }
+            for c in calls
+        ],
+        columns=[
+            "agent",
+            "model",
+            "tokens in",
+            "tokens out",
+            "cost (USD)",
+            "latency (ms)",
+            "start (s)",
+            "message",
+        ],
+    )

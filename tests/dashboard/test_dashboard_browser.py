@@ -11,11 +11,14 @@ import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
-from conftest import Recorded
 
+from conftest import Recorded
+from pantheon import readmodel as rm
 from pantheon.sessions import SessionStore
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -43,15 +46,15 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def server(recorded: Recorded, tmp_path: Path) -> Iterator[str]:
-    """``pantheon dashboard`` on a free port, stopped after the test."""
+@contextmanager
+def _dashboard(store: Path, tmp_path: Path) -> Iterator[str]:
+    """``pantheon dashboard`` on ``store`` and a free port; its URL, once it is healthy."""
     port = _free_port()
     log = (tmp_path / "server.log").open("wb")
     pantheon = shutil.which("pantheon", path=str(Path(sys.executable).parent))
     assert pantheon is not None, "the pantheon console script is not installed in this venv"
     proc = subprocess.Popen(
-        [pantheon, "dashboard", "--port", str(port), "--store", str(recorded.path)],
+        [pantheon, "dashboard", "--port", str(port), "--store", str(store)],
         stdout=log,
         stderr=subprocess.STDOUT,
         stdin=subprocess.DEVNULL,
@@ -79,6 +82,20 @@ def server(recorded: Recorded, tmp_path: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+@pytest.fixture
+def server(recorded: Recorded, tmp_path: Path) -> Iterator[str]:
+    """``pantheon dashboard`` on the recorded store, stopped after the test."""
+    with _dashboard(recorded.path, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture
+def model_dashboard(model_session: Any, tmp_path: Path) -> Iterator[str]:
+    """``pantheon dashboard`` on the store of the session run against a model server."""
+    with _dashboard(model_session.store, tmp_path) as url:
+        yield url
 
 
 @pytest.fixture
@@ -117,13 +134,14 @@ def _wait_for(driver: WebDriver, what: str, ok: Callable[[str], bool]) -> str:
     return _body(driver)
 
 
-def _click(driver: WebDriver, label: str) -> None:
-    """Click the one button labelled ``label`` once it is there: Streamlit draws a page
-    element by element, so text above a button can show before the button does, and a
-    rerun may replace the button between finding and clicking it."""
+def _click(driver: WebDriver, label: str, *, css: str = "button") -> None:
+    """Click the one button (or other element matching ``css``: ``[role=tab]``) labelled
+    ``label`` once it is there: Streamlit draws a page element by element, so text above a
+    button can show before the button does, and a rerun may replace the button between
+    finding and clicking it."""
 
     def click(d: WebDriver) -> bool:
-        buttons = [b for b in d.find_elements(By.TAG_NAME, "button") if b.text == label]
+        buttons = [b for b in d.find_elements(By.CSS_SELECTOR, css) if b.text == label]
         if len(buttons) != 1:
             return False
         buttons[0].click()
@@ -219,3 +237,38 @@ def test_browser_page_of_a_running_session_refreshes_by_itself(
     # No click, no reload: the page polls the store while the session runs.
     _wait_for(browser, "the page to see the end", lambda t: "status\ncompleted" in t)
     browser.save_screenshot(str(tmp_path / "live-completed.png"))
+
+
+def test_browser_shows_a_sessions_model_usage(
+    model_dashboard: str, browser: WebDriver, model_session: Any, tmp_path: Path
+) -> None:
+    """The session run against a model server: its header's tokens and cost, then its
+    Model usage tab, as the browser draws them (tables are canvas: read via the text)."""
+    sid = model_session.session_id
+    with SessionStore(model_session.store, create=False) as store:
+        t = rm.usage(store, sid).total
+    browser.get(f"{model_dashboard}/?session={sid}")
+    text = _wait_for(
+        browser,
+        "the session's model calls, tokens and cost in its header",
+        lambda t_: (
+            f"Session {sid}" in t_
+            and f"model calls\n{t.calls:,}" in t_
+            and f"model cost\n{rm.usd(t.cost_usd)}" in t_
+        ),
+    )
+    assert f"tokens in\n{t.input_tokens:,}" in text
+    assert f"tokens out\n{t.output_tokens:,}" in text
+    _click(browser, f"Model usage ({t.calls})", css="[role=tab]")
+    summary = (
+        f"{t.calls:,} model call(s): {t.input_tokens:,} tokens in, {t.output_tokens:,} out, "
+        f"{rm.usd(t.cost_usd)}"
+    )
+    text = _wait_for(
+        browser,
+        "the usage tab",
+        lambda t_: summary in t_ and "The 10 slowest call(s)" in t_ and "Every call" in t_,
+    )
+    shot = tmp_path / "model-usage.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size > 10_000

@@ -11,13 +11,15 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import Recorded
 from streamlit.testing.v1 import AppTest
 
+from conftest import Recorded
 from dashboard.web import APP
+from dashboard.web import _session as web_session
 from pantheon import readmodel as rm
 from pantheon.sessions import STORE_ENV, SessionStore, diff_sessions
 
@@ -298,3 +300,82 @@ def test_bad_input_gives_a_clear_page(
     assert any(str(recorded.path) in t for t in _texts(at))
     at.button(key="error_back").click().run()
     assert at.title[0].value == "Pantheon sessions"
+
+
+def test_model_usage_on_the_session_page_and_the_list(
+    app: Callable[[Path], AppTest], model_session: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session recorded against a model server with prices: the header's totals, the
+    per-agent table, the slowest calls and a page of calls are the read model's."""
+    monkeypatch.setattr(web_session, "CALLS_PAGE", 20)  # 48 calls: three pages
+    path, sid = model_session.store, model_session.session_id
+    with SessionStore(path, create=False) as store:
+        usage = rm.usage(store, sid)
+        (row,) = rm.session_rows(store)
+    t = usage.total
+    assert usage.as_dict() == model_session.summary["usage"]
+
+    at = _session_app(app, path, sid)
+    metrics = _metrics(at)
+    assert metrics["model calls"] == f"{t.calls:,}"
+    assert (metrics["tokens in"], metrics["tokens out"]) == (
+        f"{t.input_tokens:,}",
+        f"{t.output_tokens:,}",
+    )
+    assert metrics["model cost"] == rm.usd(t.cost_usd)
+    assert at.tabs[6].label == f"Model usage ({t.calls})"
+
+    agents = _frame_with(at, "priced")
+    assert list(agents["agent"]) == list(usage.by_agent)
+    for r in agents.itertuples(index=False):
+        u = usage.by_agent[r.agent]
+        assert (r.calls, r[2], r[3], r[4], r.priced) == (
+            u.calls,
+            u.input_tokens,
+            u.output_tokens,
+            u.cost_usd,
+            u.priced,
+        )
+
+    slowest, page = [d.value for d in at.dataframe if "latency (ms)" in d.value.columns]
+    by_latency = sorted(usage.calls, key=lambda c: (-c.latency_ms, c.seq))
+    expected = by_latency[: web_session.SLOWEST_CALLS]
+    assert list(slowest["latency (ms)"]) == [c.latency_ms for c in expected]
+    assert list(slowest["cost (USD)"]) == [c.cost_usd for c in expected]
+    assert list(page["tokens in"]) == [c.input_tokens for c in usage.calls[:20]]
+
+    at.number_input(key="usage_page").set_value(3).run()
+    assert not at.exception, at.exception
+    page = [d.value for d in at.dataframe if "latency (ms)" in d.value.columns][1]
+    last = usage.calls[40:]
+    assert list(page["agent"]) == [c.agent for c in last]
+    assert list(page["tokens out"]) == [c.output_tokens for c in last]
+    assert list(page["cost (USD)"]) == [c.cost_usd for c in last]
+    assert f"Calls 41-48 of {t.calls}" in [c.value for c in at.caption]
+
+    # The sessions list: tokens and cost per session.
+    at = app(path)
+    at.run()
+    assert not at.exception, at.exception
+    listed = at.dataframe[0].value
+    assert row.usage == t
+    assert list(listed["tokens"]) == [t.total_tokens]
+    assert list(listed["cost (USD)"]) == [t.cost_usd]
+
+
+def test_a_session_without_priced_calls_shows_no_cost(
+    app: Callable[[Path], AppTest], pristine: Recorded
+) -> None:
+    """The rule provider's calls: counted, no tokens, and a blank cost rather than $0."""
+    with SessionStore(pristine.path, create=False) as store:
+        usage = rm.usage(store, pristine.passed)
+    assert usage.total.calls > 0 and not usage.total.priced and usage.total.total_tokens == 0
+    at = _session_app(app, pristine.path, pristine.passed)
+    metrics = _metrics(at)
+    assert (metrics["model calls"], metrics["tokens in"], metrics["model cost"]) == (
+        f"{usage.total.calls:,}",
+        "0",
+        "-",
+    )
+    agents = _frame_with(at, "priced")
+    assert list(agents["agent"]) == ["reasoner"] and agents["cost (USD)"].isna().all()
