@@ -618,6 +618,19 @@ def _requests(path: Path, info: SessionInfo) -> None:
         )
 
 
+#: How the usage tables write counts (thousands separated) and the columns of a call.
+_COUNT = st.column_config.NumberColumn(format="localized")
+_CALL_COLUMNS: dict[str, Any] = {
+    "column_config": {
+        "tokens in": _COUNT,
+        "tokens out": _COUNT,
+        "cost (USD)": USD_COLUMN,
+        "latency (ms)": st.column_config.NumberColumn(format="%.1f"),
+        "start (s)": st.column_config.NumberColumn(format="%.3f"),
+    }
+}
+
+
 def _usage(path: Path, info: SessionInfo) -> None:
     usage: readmodel.SessionUsage = _model(path, info, "usage")
     if not usage.total.calls:
@@ -645,7 +658,12 @@ def _usage(path: Path, info: SessionInfo) -> None:
         ),
         hide_index=True,
         key="usage_agents",
-        column_config={"cost (USD)": USD_COLUMN},
+        column_config={
+            "calls": _COUNT,
+            "tokens in": _COUNT,
+            "tokens out": _COUNT,
+            "cost (USD)": USD_COLUMN,
+        },
     )
     slowest = sorted(usage.calls, key=lambda c: (-c.latency_ms, c.seq))[:SLOWEST_CALLS]
     st.markdown(f"**The {len(slowest)} slowest call(s)**")
@@ -659,15 +677,6 @@ def _usage(path: Path, info: SessionInfo) -> None:
     shown = usage.calls[start : start + CALLS_PAGE]
     st.caption(f"Calls {start + 1}-{start + len(shown)} of {len(usage.calls)}")
     st.dataframe(_calls_frame(shown), hide_index=True, key="usage_calls", **_CALL_COLUMNS)
-
-
-_CALL_COLUMNS: dict[str, Any] = {
-    "column_config": {
-        "cost (USD)": USD_COLUMN,
-        "latency (ms)": st.column_config.NumberColumn(format="%.1f"),
-        "start (s)": st.column_config.NumberColumn(format="%.3f"),
-    }
-}
 
 
 def _calls_frame(calls: Iterable[readmodel.ModelCall]) -> pd.DataFrame:
