@@ -29,6 +29,7 @@ Conventions, everywhere in this module:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
@@ -672,7 +673,7 @@ def usage(store: SessionStore, sid: str, *, calls: bool = True) -> SessionUsage:
     start times are measured from (the sessions list needs only the totals)."""
     info = store.session(sid)
     effects = store.effects(info.id, name=MODEL_CALLS)
-    prices, asked = _pricing(info.scenario_text)
+    prices, asked = _pricing(info.scenario_text) if effects else ({}, "")
     origin_ns = _Origin(info, store.envelopes(info.id)).mono_ns if calls and effects else 0
     meters: dict[str, UsageMeter] = {}
     listed: list[ModelCall] = []
@@ -731,13 +732,16 @@ def _chat_result(e: StoredEffect) -> tuple[str, Usage] | None:
     return str(value.get("model") or ""), Usage.from_dict(raw if isinstance(raw, Mapping) else {})
 
 
+@functools.lru_cache(maxsize=64)
 def _pricing(scenario_text: str | None) -> tuple[Prices, str]:
     """The stored scenario's ``prices`` and the model its provider asks for (what a price
     is looked up by when the answering model has none).
 
     Read as plain YAML, never parsed as a :class:`~pantheon.scenario.Scenario`: that would
     import the team's own modules, and a dashboard must not run a recorded team's code. A
-    price that is not two numbers is left out, as an unknown model would be."""
+    price that is not two numbers is left out, as an unknown model would be. Cached by
+    text (a few ms each, and the sessions list reads every session's once a second while
+    one runs); the result is shared, so callers only read it."""
     try:
         data = yaml.safe_load(scenario_text or "")
     except yaml.YAMLError:

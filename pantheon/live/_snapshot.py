@@ -11,8 +11,8 @@ envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscripti
 (but an agent's name where model usage is concerned).
 
 The model usage section is the read model's own :class:`~pantheon.readmodel.SessionUsage`
-(frozen dataclasses, which msgspec encodes as it does Structs): one type for both sources,
-as every view type should be (docs: ARCHITECTURE-2, section 2).
+(frozen dataclasses, which msgspec encodes as it does Structs) rather than a copy of it: one
+type for both sources, so a live and a recorded session cannot disagree on what usage is.
 """
 
 from __future__ import annotations
