@@ -19,6 +19,7 @@ from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
+from pantheon._cli_new import register as register_new
 from pantheon._cli_sessions import register as register_sessions
 from pantheon.scenario import ScenarioError, load_scenario
 
@@ -38,6 +39,7 @@ register_sessions(app)
 register_cluster(app)
 register_dashboard(app)
 register_monitor(app)
+register_new(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
