@@ -131,11 +131,13 @@ class AgentHarness:
     apart: :meth:`published` lists only what the agent (and anything it set off) published.
     """
 
-    def __init__(self, agent: Agent, bus: Bus, effects: RecordedEffects) -> None:
+    def __init__(
+        self, agent: Agent, bus: Bus, effects: RecordedEffects, seen: list[Envelope]
+    ) -> None:
         self.agent = agent
         self.bus = bus
         self._effects = effects
-        self._seen: list[Envelope] = []
+        self._seen = seen  # filled by capture_events as the bus publishes
         self._sent: set[int] = set()
         self._last_dead = 0  # entry id of the newest dead letter already reported
 
@@ -284,10 +286,9 @@ async def agent_harness(
     # On the bus, not only the agent: every envelope carries the bus's context, and an agent
     # reads its effect runner from the envelope it is handling (as in a recorded run).
     the_bus.context = recorder
-    harness = AgentHarness(instance, the_bus, recorder)
     async with the_bus:
         with capture_events(the_bus) as seen:
-            harness._seen = seen
+            harness = AgentHarness(instance, the_bus, recorder, seen)
             await instance.attach(the_bus)
             await instance.start()
             try:

@@ -19,12 +19,15 @@ import tempfile
 import threading
 from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pantheon
 from pantheon._api import Session
 from pantheon._report import RunSummary
 from pantheon.scenario import Scenario
+
+if TYPE_CHECKING:
+    from pantheon.sessions import ReplayReport
 
 __all__ = [
     "assert_passed",
@@ -136,7 +139,9 @@ def open_session(run: RunSummary | Session | str, store: str | Path | None = Non
     return Session.open(_session_ref(run), _store(run, store))
 
 
-def assert_replays(run: RunSummary | Session | str, store: str | Path | None = None) -> Any:
+def assert_replays(
+    run: RunSummary | Session | str, store: str | Path | None = None
+) -> ReplayReport:
     """Replay a recorded run with every effect served from its record and fail
     (``AssertionError``) at the first message, effect or outcome that differs, saying where
     and how; returns the :class:`pantheon.sessions.ReplayReport` when it matched.
@@ -144,7 +149,7 @@ def assert_replays(run: RunSummary | Session | str, store: str | Path | None = N
     A team that reaches outside its effects (reads the clock, draws a random number or
     calls a service directly in a handler) is what this catches."""
     ref = _session_ref(run)
-    report = _run(
+    report: ReplayReport = _run(
         pantheon.replay(ref, store=_store(run, store)),
         "assert_replays",
         "'report = await pantheon.replay(...)' and check report.matched",
