@@ -758,7 +758,7 @@ class _Driver:
         await self.team.start()
         inputs_started = loop.time()
         faults = self.scenario.faults
-        chores = []
+        chores: list[asyncio.Task[Any]] = []
         if faults.flood is not None:
             f = faults.flood
             flood = run_flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])

@@ -149,7 +149,9 @@ def summarize(
         dlq.update(r["dlq"])
         decisions.update(r["decisions"])
         outbox.update(r["outbox"])
-    accuracy = next((r["accuracy"] for r in reports if r["accuracy"] is not None), {})
+    accuracy: dict[str, Any] = next(
+        (r["accuracy"] for r in reports if r["accuracy"] is not None), {}
+    )
     if messages is None:
         messages = sum(r["published"] for r in reports)
     summary = RunSummary(

@@ -21,7 +21,8 @@ from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_new import register as register_new
 from pantheon._cli_sessions import register as register_sessions
-from pantheon.scenario import ScenarioError, load_scenario
+from pantheon._report import RunSummary
+from pantheon.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = ["app", "main", "run_async"]
 
@@ -52,7 +53,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def _load(path: Path):  # type: ignore[no-untyped-def]
+def _load(path: Path) -> Scenario:
     try:
         return load_scenario(path)
     except ScenarioError as exc:
@@ -124,14 +125,14 @@ def run(
         raise typer.Exit(1)
 
 
-async def _run(  # type: ignore[no-untyped-def]
-    scenario: Any,
+async def _run(
+    scenario: Scenario,
     seed: int | None,
     store: Path | None,
     record: bool,
     progress: bool,
     telemetry: Any = None,
-):
+) -> RunSummary:
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 

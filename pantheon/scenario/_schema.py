@@ -214,6 +214,7 @@ _Provider = Annotated[
     _by_kind("rules"),
 ]
 
+
 class PriceConfig(_Model):
     """What a model's tokens cost, in US dollars per million, as the provider bills them."""
 
