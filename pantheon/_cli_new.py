@@ -23,14 +23,16 @@ def register(app: typer.Typer) -> None:
         name: Annotated[
             str,
             typer.Argument(
+                metavar="NAME",
                 help="The team's name: its folder, its scenario's name and (with '-' as "
-                "'_') its module NAME_agents.py. Lower-case letters, digits, '_' and '-'."
+                "'_') its module NAME_agents.py. Lower-case letters, digits, '_' and '-'.",
             ),
         ],
         directory: Annotated[
             Path,
             typer.Option(
                 "--dir",
+                metavar="PATH",
                 help="Where to create the NAME folder (made if missing).",
                 file_okay=False,
             ),
