@@ -10,6 +10,7 @@ from agents._base import (
     Agent,
     AgentOptions,
     AgentSettings,
+    AgentUsage,
     Fault,
     FunctionAgent,
     Handler,
@@ -19,7 +20,20 @@ from agents._base import (
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
-from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
+from agents._providers import (
+    INTENTS,
+    ChatResult,
+    ModelProvider,
+    OpenAIProvider,
+    ProviderError,
+    ProviderResponseError,
+    ProviderUnavailable,
+    RuleProvider,
+    SupportsChat,
+    ToolCall,
+    Usage,
+    classify,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -35,6 +49,8 @@ __all__ = [
     "Agent",
     "AgentOptions",
     "AgentSettings",
+    "AgentUsage",
+    "ChatResult",
     "Effects",
     "Fault",
     "FunctionAgent",
@@ -51,9 +67,15 @@ __all__ = [
     "Outbox",
     "Planner",
     "ProviderError",
+    "ProviderResponseError",
+    "ProviderUnavailable",
     "Reasoner",
     "RuleProvider",
     "Sensor",
+    "SupportsChat",
+    "ToolCall",
+    "Usage",
+    "classify",
     "extract_features",
     "find_pii",
     "handler_arity",

@@ -9,7 +9,7 @@ from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer
 from bus import Bus
-from pantheon._team import Team
+from pantheon._team import Team, sum_usage
 from pantheon.scenario import Scenario
 
 __all__ = ["MAX_LISTED_DEAD_LETTERS", "RunSummary", "judge", "local_report", "summarize"]
@@ -44,6 +44,9 @@ class RunSummary:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per process of a ZeroMQ run (``driver`` and each node): pid, agents, how it ended,
     clock offset and transport counters. Empty for an in-process run."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """Model calls, input and output tokens, cost in USD and whether every call was
+    priced, summed over the team, and the same per agent under ``by_agent``."""
 
     @property
     def passed(self) -> bool:
@@ -111,6 +114,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "decisions": dict(decisions),
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
+        "usage": team.usage(),
     }
 
 
@@ -173,9 +177,22 @@ def summarize(
         outbox=dict(outbox),
         alerts=sum(r["alerts"] for r in reports),
         accounting_ok=all(r["accounting_ok"] for r in reports),
+        usage=_merge_usage([r["usage"] for r in reports]),
     )
     summary.expectations = judge(scenario, summary)
     return summary
+
+
+def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's usage from its processes': an agent on several nodes adds up."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for u in usages:
+        for name, part in u.get("by_agent", {}).items():
+            by_agent.setdefault(name, []).append(part)
+    return {
+        **sum_usage(usages),
+        "by_agent": {name: sum_usage(parts) for name, parts in by_agent.items()},
+    }
 
 
 def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:

@@ -188,6 +188,14 @@ def _observe(telemetry: Any, bus: Any) -> None:
         structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
+def _usage_text(u: dict[str, Any]) -> str:
+    cost = f"${u['cost_usd']:.4f}" + ("" if u["priced"] else "+ (a model has no price)")
+    return (
+        f"calls {u['calls']:,}  tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
+        f"  cost {cost}"
+    )
+
+
 def _print_summary(s: Any) -> None:
     out = Console()
     acc = s.accuracy or {}
@@ -213,6 +221,12 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    u = s.usage
+    if u.get("calls"):
+        lines.append(f"model {_usage_text(u)}")
+        lines.extend(
+            f"  {escape(name)}: {_usage_text(part)}" for name, part in u["by_agent"].items()
+        )
     out.print("\n".join(lines))
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):

@@ -1,5 +1,6 @@
 """Helpers for the tests of a team of your own: one agent on a real bus, a whole scenario run,
-its expectations and an exact replay, from plain pytest functions.
+its expectations and an exact replay, from plain pytest functions; and a real local
+OpenAI-compatible server for code that talks to a model.
 
 ::
 
@@ -16,9 +17,11 @@ its expectations and an exact replay, from plain pytest functions.
         assert_passed(summary)
         assert_replays(summary)
 
-``pantheon new NAME`` writes a team whose tests use these. The bus's own helpers
-(:class:`FakeClock`, :func:`memory_bus`, :func:`capture_events`) are here too, so a team's
-tests import from one place.
+``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
+completions on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
+server: ... server.base_url``). The bus's own helpers (:class:`FakeClock`,
+:func:`memory_bus`, :func:`capture_events`) are here too, so a team's tests import from one
+place.
 """
 
 from bus.testing import FakeClock, capture_events, memory_bus
@@ -30,6 +33,7 @@ from pantheon.testing._harness import (
     RecordedEffects,
     agent_harness,
 )
+from pantheon.testing._model_server import ModelServer, ReceivedRequest, Reply, classify_reply
 from pantheon.testing._team import (
     assert_passed,
     assert_replays,
@@ -45,11 +49,15 @@ __all__ = [
     "AgentHarness",
     "EffectCall",
     "FakeClock",
+    "ModelServer",
+    "ReceivedRequest",
     "RecordedEffects",
+    "Reply",
     "agent_harness",
     "assert_passed",
     "assert_replays",
     "capture_events",
+    "classify_reply",
     "memory_bus",
     "open_session",
     "replay_matches",

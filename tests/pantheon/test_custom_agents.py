@@ -264,5 +264,5 @@ def test_an_installed_package_adds_agents_through_entry_points(
     assert type(sorter).__name__ == "Triage" and type(sorter).__module__ == "epteam_mod"
 
     (tmp_path / "ep.yaml").write_text(text.replace("class: triage", "class: triag"))
-    with pytest.raises(ScenarioError, match="neither an import path.*installed: triage"):
+    with pytest.raises(ScenarioError, match=r"neither an import path.*installed: triage"):
         load_scenario(tmp_path / "ep.yaml")
