@@ -21,6 +21,7 @@ Errors::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -307,6 +308,10 @@ class _Provider:
         """:func:`classify` asked of this provider directly (no recording, no accounting)."""
         return await classify(self, subject, body)
 
+    async def check(self) -> None:
+        """Raise :class:`ProviderUnavailable` now if the model cannot be reached, so a run
+        says so once, before any input flows, instead of dead-lettering every one."""
+
     async def aclose(self) -> None:
         """Nothing to release unless a subclass holds connections."""
 
@@ -502,6 +507,27 @@ class OpenAIProvider(_Provider):
                 ),
             )
         return self._client
+
+    async def check(self) -> None:
+        """A TCP connection to the server, within ``connect_timeout``: no request is made, so
+        no tokens are spent and nothing needs a key."""
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port), self.connect_timeout
+            )
+        except TimeoutError:
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: no answer in {self.connect_timeout:g} s",
+                url=self.url,
+            ) from None
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: {reason}", url=self.url
+            ) from None
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
     async def aclose(self) -> None:
         """Close the pooled connections. The provider cannot be used afterwards."""

@@ -31,7 +31,7 @@ from bus import Bus
 from pantheon.scenario import Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
 
-__all__ = ["Setup", "Team", "build_team", "sum_usage", "team_setup"]
+__all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
 
 Setup = Callable[[Bus], Awaitable[None]]
 
@@ -99,6 +99,18 @@ def _provider(scenario: Scenario) -> ModelProvider:
             max_connections=p.max_connections,
         )
     return RuleProvider(p.rules, p.default_intent)
+
+
+async def check_model(scenario: Scenario) -> None:
+    """Raise ``agents.ProviderUnavailable`` naming the URL if the scenario's model server
+    cannot be reached: said once, before a run, rather than once per dead-lettered input."""
+    provider = _provider(scenario)
+    try:
+        check = getattr(provider, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await provider.aclose()
 
 
 def _labels(path: Path | None) -> dict[str, dict[str, Any]]:

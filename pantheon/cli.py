@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agents import ProviderUnavailable
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
@@ -116,6 +118,9 @@ def run(
         )
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except ProviderUnavailable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
@@ -221,6 +226,9 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    # Why messages died, once per distinct error rather than once per message.
+    errors = Counter(f"{d['subscriber']}: {d['error']}" for d in s.dead_letters if d["error"])
+    lines.extend(f"  {n} x {escape(why)}" for why, n in errors.most_common(3))
     u = s.usage
     if u.get("calls"):
         lines.append(f"model {_usage_text(u)}")
