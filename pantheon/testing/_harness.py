@@ -238,7 +238,10 @@ async def agent_harness(
     mapping is checked against its ``Settings`` model, as a scenario's are), ``subscribe``
     and ``kwargs``), an agent already built, or an async handler function (run as a
     :class:`agents.FunctionAgent`; give ``subscribe``). ``effects`` fakes effects by name
-    (see :class:`RecordedEffects`); every effect is recorded either way. ``bus`` is a
+    (see :class:`RecordedEffects`); every effect is recorded either way. An agent that
+    chats takes ``provider=`` (an ``OpenAIProvider`` on a :class:`ModelServer`'s
+    ``base_url``), or fakes its model as any tool: ``model.openai.chat`` answered with a
+    ``ChatResult(...).to_dict()``. ``bus`` is a
     :class:`bus.Bus` to use instead of a new one (a ``FakeClock``, a small ``dlq_size``);
     the harness starts and closes it.
 

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 import pantheon
 import pantheon.testing
-from agents import Agent, AgentSettings, FunctionAgent
+from agents import Agent, AgentSettings, ChatResult, FunctionAgent, OpenAIProvider
 from bus import Bus, Envelope
 from bus.testing import FakeClock
 from pantheon import RunSummary
@@ -22,6 +22,7 @@ from pantheon.sessions import ReplayReport, SessionNotFound, SessionStore
 from pantheon.testing import (
     AgentFailed,
     EffectCall,
+    ModelServer,
     agent_harness,
     assert_passed,
     assert_replays,
@@ -215,6 +216,44 @@ async def test_settings_are_checked_and_arguments_that_cannot_apply_are_refused(
     with pytest.raises(TypeError, match="not int"):
         async with agent_harness(3):  # type: ignore[arg-type]
             pass
+
+
+class Classifier(Agent):
+    """Asks its model which queue a ticket belongs in."""
+
+    subscriptions = ("ticket.new",)
+
+    async def handle(self, env: Envelope) -> None:
+        answer = await self.chat([{"role": "user", "content": env.payload["subject"]}])
+        await self.emit("ticket.classified", {"id": env.payload["id"], "queue": answer.content})
+
+
+async def test_an_agent_that_chats_against_the_local_model_server() -> None:
+    with ModelServer(reply="billing") as server:
+        async with (
+            OpenAIProvider(server.base_url, model="local") as provider,
+            agent_harness(Classifier, provider=provider) as h,
+        ):
+            await h.send("ticket.new", {"id": "t1", "subject": "Refund please"})
+        assert len(server.requests) == 1
+    assert h.published("ticket.classified") == [{"id": "t1", "queue": "billing"}]
+    [call] = h.calls("model.openai.chat")
+    assert call.result["content"] == "billing" and not call.faked
+
+
+async def test_a_model_call_is_faked_by_its_effect_name_like_any_tool() -> None:
+    # No server at all: the provider is never called, the fake is the recorded answer.
+    provider = OpenAIProvider("http://127.0.0.1:9/v1", model="local")
+    fake = ChatResult(content="access").to_dict()
+    try:
+        async with agent_harness(
+            Classifier, provider=provider, effects={"model.openai.chat": fake}
+        ) as h:
+            await h.send("ticket.new", {"id": "t2", "subject": "Locked out"})
+    finally:
+        await provider.aclose()
+    assert h.published("ticket.classified") == [{"id": "t2", "queue": "access"}]
+    assert h.agent.usage.calls == 1
 
 
 # -- whole scenarios ---------------------------------------------------------------------------
