@@ -9,7 +9,18 @@ from agents._action import Actor, Guardian, Learner, Outbox, redact
 from agents._base import Agent, AgentOptions, Fault, InjectedFault
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
-from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
+from agents._perception import (
+    DEFAULT_MAX_LABELS,
+    InputItem,
+    Labels,
+    Monitor,
+    Observer,
+    Sensor,
+    email_problem,
+    extract_features,
+    find_pii,
+    read_emails,
+)
 from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
 
 #: Role name -> class, in pipeline order.
@@ -20,6 +31,7 @@ ROLES: dict[str, type[Agent]] = {
 
 __all__ = [
     "ACTION_FOR_INTENT",
+    "DEFAULT_MAX_LABELS",
     "INTENTS",
     "ROLES",
     "Actor",
@@ -29,6 +41,8 @@ __all__ = [
     "Fault",
     "Guardian",
     "InjectedFault",
+    "InputItem",
+    "Labels",
     "Learner",
     "LiveEffects",
     "Memory",
@@ -42,6 +56,7 @@ __all__ = [
     "Reasoner",
     "RuleProvider",
     "Sensor",
+    "email_problem",
     "extract_features",
     "find_pii",
     "read_emails",

@@ -19,6 +19,7 @@ from agents import (
     AgentOptions,
     Fault,
     Guardian,
+    Labels,
     Learner,
     Monitor,
     Observer,
@@ -26,10 +27,10 @@ from agents import (
     Outbox,
     Reasoner,
     RuleProvider,
-    read_emails,
 )
 from agents._providers import ModelProvider
 from bus import Bus
+from pantheon._inputs import jsonl_labels, open_input
 from pantheon.scenario import Scenario
 
 __all__ = ["Setup", "Team", "build_team", "team_setup"]
@@ -68,16 +69,6 @@ def _provider(scenario: Scenario) -> ModelProvider:
     return RuleProvider(p.rules, p.default_intent)
 
 
-def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
-    if path is None or not path.exists():
-        return {}
-    return {
-        str(r["id"]): r["expected"]
-        for r in read_emails(path)
-        if isinstance(r.get("id"), str) and isinstance(r.get("expected"), dict)
-    }
-
-
 def build_team(
     scenario: Scenario,
     *,
@@ -89,7 +80,9 @@ def build_team(
     outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
     those from the recording instead."""
     inp = scenario.input
-    path = inp.path if inp.kind == "file" else None
+    # One mapping for the Observer to file labels into and the Learner to read; a JSONL
+    # input's are read ahead too, for a Learner in another process than the Observer.
+    labels = Labels(jsonl_labels(inp) if inp.kind in ("jsonl", "file") else None)
     provider = _provider(scenario)
     outbox = Outbox(outbox_path)
     names = list(scenario.agents) + [r for r in ROLES if r not in scenario.agents]
@@ -112,15 +105,16 @@ def build_team(
         fault = Fault(f.failure_rate, f.latency_ms, f.tool) if f is not None else None
         settings = dict(cfg.settings)
         kwargs: dict[str, Any] = {}
-        if cls is Observer and not replay:
-            settings.update(path=str(path) if path else None, count=inp.count)
-            settings.update(duration=inp.duration, rate=inp.rate)
+        if cls is Observer:
+            source = None if replay else open_input(scenario, seed=seed)
+            kwargs.update(source=source, labels=labels, rate=inp.rate)
+            kwargs.update(count=inp.count, duration=inp.duration)
         elif cls is Guardian:
             settings.update(scenario.policy.model_dump())
         elif cls is Reasoner:
             kwargs["provider"] = provider
         elif cls is Learner:
-            kwargs["labels"] = _labels(path)
+            kwargs["labels"] = labels
         elif cls is Actor:
             kwargs["outbox"] = outbox
         elif cls is Monitor:
