@@ -6,7 +6,16 @@ non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox, redact
-from agents._base import Agent, AgentOptions, Fault, InjectedFault
+from agents._base import (
+    Agent,
+    AgentOptions,
+    AgentSettings,
+    Fault,
+    FunctionAgent,
+    Handler,
+    InjectedFault,
+    handler_arity,
+)
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._perception import (
@@ -37,9 +46,12 @@ __all__ = [
     "Actor",
     "Agent",
     "AgentOptions",
+    "AgentSettings",
     "Effects",
     "Fault",
+    "FunctionAgent",
     "Guardian",
+    "Handler",
     "InjectedFault",
     "InputItem",
     "Labels",
@@ -59,6 +71,7 @@ __all__ = [
     "email_problem",
     "extract_features",
     "find_pii",
+    "handler_arity",
     "read_emails",
     "redact",
 ]

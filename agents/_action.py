@@ -7,9 +7,11 @@ import threading
 from collections import Counter, deque
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agents._base import Agent, Fault
+from pydantic import Field
+
+from agents._base import Agent, AgentSettings, Fault
 from agents._perception import Labels, find_pii
 from agents._providers import INTENTS
 from bus import Envelope
@@ -36,11 +38,18 @@ class Guardian(Agent):
     role = "guardian"
     subscriptions = ("plan.proposed",)
 
+    class Settings(AgentSettings):
+        """The scenario's ``policy`` section fills these; ``settings`` may override them."""
+
+        refund_limit: Annotated[float, Field(ge=0)] = 200.0
+        min_confidence: Annotated[float, Field(ge=0, le=1)] = 0.6
+        block_pii_in_replies: bool = True
+
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.refund_limit = float(self.settings.get("refund_limit", 200.0))
-        self.min_confidence = float(self.settings.get("min_confidence", 0.6))
-        self.block_pii = bool(self.settings.get("block_pii_in_replies", True))
+        self.refund_limit = self.settings.refund_limit
+        self.min_confidence = self.settings.min_confidence
+        self.block_pii = self.settings.block_pii_in_replies
         self.decisions: Counter[str] = Counter()
 
     async def handle(self, env: Envelope) -> None:
@@ -185,6 +194,13 @@ class Learner(Agent):
     role = "learner"
     subscriptions = ("action.executed", "observation.email.malformed")
 
+    class Settings(AgentSettings):
+        window: Annotated[int, Field(ge=1)] = 5
+        """Consecutive misses (or needless escalations) before a threshold moves."""
+        step: Annotated[float, Field(gt=0, le=1)] = 0.05
+        threshold: Annotated[float, Field(ge=0, le=1)] = 0.4
+        thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+
     def __init__(
         self,
         name: str | None = None,
@@ -196,11 +212,10 @@ class Learner(Agent):
         # Kept by reference, not copied: the team's Observer files labels into the same
         # mapping as it reads the input (a generator's exist only then).
         self.labels: Mapping[str, Mapping[str, Any]] = labels if labels is not None else Labels()
-        self.window = int(self.settings.get("window", 5))
-        self.step = float(self.settings.get("step", 0.05))
-        base = float(self.settings.get("threshold", 0.4))
-        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, base)
-        self.thresholds.update(self.settings.get("thresholds", {}))
+        self.window = self.settings.window
+        self.step = self.settings.step
+        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
+        self.thresholds.update(self.settings.thresholds)
         self.scored = self.intent_correct = self.action_correct = 0
         self.unlabelled = 0
         self.confusion: Counter[tuple[str, str]] = Counter()

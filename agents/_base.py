@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import random
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import structlog
+from pydantic import BaseModel, ConfigDict
 
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from bus import (
@@ -25,7 +27,16 @@ from bus import (
     is_sampled,
 )
 
-__all__ = ["Agent", "AgentOptions", "Fault", "InjectedFault"]
+__all__ = [
+    "Agent",
+    "AgentOptions",
+    "AgentSettings",
+    "Fault",
+    "FunctionAgent",
+    "Handler",
+    "InjectedFault",
+    "handler_arity",
+]
 
 
 class InjectedFault(RuntimeError):
@@ -53,24 +64,34 @@ class AgentOptions:
     breaker: BreakerPolicy | None = DEFAULT_BREAKER
 
 
+class AgentSettings(BaseModel):
+    """Base of every agent's settings model: frozen and closed, so a misspelt setting in a
+    scenario (``histroy``) is an error at ``pantheon validate``, never a silent default."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
 class Agent:
-    """One member of a team. Subclasses set ``role`` and ``subscriptions`` and write
-    :meth:`handle`.
+    """One member of a team. Subclasses set ``role`` and ``subscriptions``, declare their
+    knobs as a nested ``Settings(AgentSettings)`` model and write :meth:`handle`.
 
     Each pattern in ``subscriptions`` becomes one bus subscription; the first is named after
     the agent, the others ``<name>:<pattern>``, so stats, breakers and the DLQ say which agent
-    a message was for. Everything non-deterministic goes through :meth:`effect`, which uses
-    the runner the runtime put on the envelope (recording or replaying), so a session replays.
+    a message was for. A scenario's ``subscribe:`` replaces the class's patterns for one
+    instance. Everything non-deterministic goes through :meth:`effect`, which uses the runner
+    the runtime put on the envelope (recording or replaying), so a session replays.
     """
 
     role: ClassVar[str] = "agent"
-    subscriptions: ClassVar[tuple[str, ...]] = ()
+    subscriptions: tuple[str, ...] = ()
+    Settings: ClassVar[type[AgentSettings]] = AgentSettings
 
     def __init__(
         self,
         name: str | None = None,
         *,
-        settings: Mapping[str, Any] | None = None,
+        settings: AgentSettings | Mapping[str, Any] | None = None,
+        subscribe: Sequence[str] | None = None,
         options: AgentOptions | None = None,
         fault: Fault | None = None,
         effects: Effects | None = None,
@@ -79,7 +100,13 @@ class Agent:
         self.name = name or self.role
         self.seed = seed
         self._draws: Counter[str] = Counter()
-        self.settings: dict[str, Any] = dict(settings or {})
+        if isinstance(settings, self.Settings):
+            self.settings: Any = settings
+        else:
+            # Raises pydantic's ValidationError; a scenario's settings were checked at load.
+            self.settings = self.Settings.model_validate(dict(settings or {}))
+        if subscribe is not None:
+            self.subscriptions = tuple(subscribe)
         self.options = options or AgentOptions()
         self.fault = fault or Fault()
         self._effects: Effects = effects or LiveEffects()
@@ -233,3 +260,51 @@ class Agent:
 
     async def random(self) -> float:
         return await self.effects.random()
+
+
+#: A plain async function as an agent: ``async def on_ticket(env)`` or, to publish and run
+#: effects, ``async def on_ticket(env, agent)``.
+Handler = Callable[..., Awaitable[Any]]
+
+
+def handler_arity(fn: Callable[..., Any]) -> int:
+    """How many positional arguments a handler takes (1: the envelope; 2: and the agent);
+    ``ValueError`` saying what is wrong for anything else."""
+    if not inspect.iscoroutinefunction(fn):
+        kind = "a generator" if inspect.isgeneratorfunction(fn) else type(fn).__name__
+        raise ValueError(f"is not an async function (it is {kind}); write 'async def'")
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(params) not in (1, 2):
+        raise ValueError(
+            f"takes {len(params)} required arguments; a handler takes (env) or (env, agent)"
+        )
+    return len(params)
+
+
+class FunctionAgent(Agent):
+    """An agent whose handling is one async function, for one-liners in a scenario
+    (``handler: "myteam.agents:on_ticket"``). The function gets the envelope, and the agent
+    too if it takes two arguments (``agent.emit``, ``agent.effect``, ``agent.settings``)."""
+
+    role = "handler"
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        handler: Handler,
+        subscribe: Sequence[str],
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, subscribe=subscribe, **kwargs)
+        self._handler = handler
+        self._with_agent = handler_arity(handler) == 2
+
+    async def handle(self, env: Envelope) -> Any:
+        if self._with_agent:
+            return await self._handler(env, self)
+        return await self._handler(env)

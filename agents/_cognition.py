@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Annotated, Any
 
-from agents._base import Agent
+from pydantic import Field
+
+from agents._base import Agent, AgentSettings
 from agents._providers import INTENTS, ModelProvider
 from bus import Envelope, Priority
 
@@ -33,9 +35,13 @@ class Memory(Agent):
     role = "memory"
     subscriptions = ("memory.lookup", "action.executed")
 
+    class Settings(AgentSettings):
+        history: Annotated[int, Field(ge=1)] = 20
+        """Items remembered per sender; the oldest is forgotten first."""
+
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self._limit = int(self.settings.get("history", 20))
+        self._limit = self.settings.history
         self._history: dict[str, deque[dict[str, Any]]] = {}
 
     async def handle(self, env: Envelope) -> Any:
@@ -76,12 +82,17 @@ class Reasoner(Agent):
     role = "reasoner"
     subscriptions = ("sensor.email.enriched", "learner.threshold.updated")
 
+    class Settings(AgentSettings):
+        threshold: Annotated[float, Field(ge=0, le=1)] = 0.4
+        """Confidence under which an intent is not trusted (the Learner moves it)."""
+        thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+        """Per-intent starting thresholds, overriding ``threshold``."""
+
     def __init__(self, name: str | None = None, *, provider: ModelProvider, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.provider = provider
-        base = float(self.settings.get("threshold", 0.4))
-        self.thresholds: dict[str, float] = {i: base for i in INTENTS}
-        self.thresholds.update(self.settings.get("thresholds", {}))
+        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
+        self.thresholds.update(self.settings.thresholds)
 
     async def handle(self, env: Envelope) -> None:
         if env.topic == "learner.threshold.updated":

@@ -10,9 +10,11 @@ from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from agents._base import Agent
+from pydantic import Field
+
+from agents._base import Agent, AgentSettings
 from bus import Envelope, Priority
 
 __all__ = [
@@ -160,10 +162,11 @@ class Observer(Agent):
 
     The source is any async iterable of :class:`InputItem` (a scenario's ``input:`` section
     builds one: a JSONL file, a generator, standard input); the Observer knows nothing of
-    the records' schema, only how fast, how many and for how long: ``rate`` items per second
-    (0: as fast as the bus takes them), at most ``count`` items, for at most ``duration``
-    seconds. Each item's label goes into ``labels`` before the item is published, so the
-    Learner has it by the time the outcome arrives. Without a source (a replay, which
+    the records' schema, only how fast, how many and for how long (its settings, which a
+    scenario fills from ``input``): ``rate`` items per second (0: as fast as the bus takes
+    them), at most ``count`` items, for at most ``duration`` seconds. Each item's label goes
+    into ``labels`` before the item is published, so the Learner has it by the time the
+    outcome arrives. Without a source (a replay, which
     re-publishes the recorded inputs instead) the Observer publishes nothing.
 
     ``emitted`` and ``malformed`` count what went out; ``error`` holds why the source
@@ -172,25 +175,24 @@ class Observer(Agent):
 
     role = "observer"
 
+    class Settings(AgentSettings):
+        """Filled from the scenario's ``input`` section, not written by hand."""
+
+        count: Annotated[int, Field(gt=0)] | None = None
+        duration: Annotated[float, Field(gt=0)] | None = None
+        rate: Annotated[float, Field(ge=0)] = 0.0
+
     def __init__(
         self,
         name: str | None = None,
         *,
         source: AsyncIterable[InputItem] | None = None,
         labels: Labels | None = None,
-        rate: float = 0.0,
-        count: int | None = None,
-        duration: float | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
-        if rate < 0:
-            raise ValueError(f"rate must be >= 0, not {rate}")
         self.source = source
         self.labels = labels if labels is not None else Labels()
-        self.rate = float(rate)
-        self.count = count
-        self.duration = duration
         self.emitted = 0
         self.malformed = 0
         self.error: str | None = None
@@ -227,7 +229,7 @@ class Observer(Agent):
             return
         loop = asyncio.get_running_loop()
         started = loop.time()
-        count, duration, rate = self.count, self.duration, self.rate
+        count, duration, rate = self.settings.count, self.settings.duration, self.settings.rate
         items: AsyncIterator[InputItem] = aiter(self.source)
         try:
             n = 0
@@ -368,6 +370,12 @@ class Monitor(Agent):
     role = "monitor"
     subscriptions = ("system.*",)
 
+    class Settings(AgentSettings):
+        interval: Annotated[float, Field(gt=0)] = 0.5
+        """Seconds between samples of the bus's queue depths and dead letters."""
+        queue_alert_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
+        """A mailbox this full raises a ``queue_depth`` alert."""
+
     def __init__(self, name: str | None = None, *, sample: bool = True, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.alerts: list[dict[str, Any]] = []
@@ -410,8 +418,8 @@ class Monitor(Agent):
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def _watch(self) -> None:
-        interval = float(self.settings.get("interval", 0.5))
-        depth_ratio = float(self.settings.get("queue_alert_ratio", 0.8))
+        interval = self.settings.interval
+        depth_ratio = self.settings.queue_alert_ratio
         while True:
             await asyncio.sleep(interval)
             await self.check(depth_ratio)

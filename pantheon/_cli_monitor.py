@@ -23,7 +23,7 @@ from rich.markup import escape
 
 from pantheon._cli_sessions import SetupOpt, StoreOpt, _load_setup
 from pantheon.live import FeedNotFound, connect, live_sessions, socket_path
-from pantheon.sessions import SessionError, SessionStore, Setup, resolve_store_path
+from pantheon.sessions import SessionError, SessionInfo, SessionStore, Setup, resolve_store_path
 
 if TYPE_CHECKING:
     from dashboard.tui import Source
@@ -77,7 +77,8 @@ def register(app: typer.Typer) -> None:
             raise _err(str(exc)) from None
         try:
             target, feed = _pick(st, session)
-            team = _load_setup(setup, st.session(target).scenario_text)
+            info = st.session(target)
+            team = _load_setup(setup, info.scenario_text, info.scenario_dir)
         except SessionError as exc:
             raise _err(str(exc)) from None
         finally:
@@ -140,8 +141,8 @@ def run_tui(
         try:
             found = _child_session(child, path)
             if found is not None:
-                sid, feed, scenario_text = found
-                team = _load_setup(None, scenario_text)
+                sid, feed, info = found
+                team = _load_setup(None, info.scenario_text, info.scenario_dir)
                 asyncio.run(_monitor(tui, path, sid, feed, team))
             if child.poll() is None:
                 Console(stderr=True).print("monitor closed; waiting for the run to finish...")
@@ -158,7 +159,7 @@ def run_tui(
 
 def _child_session(
     child: subprocess.Popen[bytes], store: Path
-) -> tuple[str, Path | None, str | None] | None:
+) -> tuple[str, Path | None, SessionInfo] | None:
     """Wait for the child's session to appear in ``store`` and for its feed socket (the
     recorder names the session just before the bus starts); None if the child exits
     first. Polls the store file: the child owns it, this process only reads."""
@@ -171,10 +172,10 @@ def _child_session(
                     info = mine[0]
                     sock = socket_path(store, info.id)
                     if sock.exists() or info.status != "running":
-                        return info.id, sock if sock.exists() else None, info.scenario_text
+                        return info.id, sock if sock.exists() else None, info
                     sid = info.id
         time.sleep(_POLL)
     if sid is None:
         return None
     with SessionStore(store, create=False) as st:
-        return sid, None, st.session(sid).scenario_text
+        return sid, None, st.session(sid)

@@ -14,7 +14,7 @@ import importlib
 import importlib.util
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -103,17 +103,22 @@ def _dump(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=repr, sort_keys=False))
 
 
-def _load_setup(spec: str | None, scenario_text: str | None) -> Setup:
-    """The team for a replay/redrive: ``spec``'s factory, or the runtime's."""
+def _load_setup(
+    spec: str | None, scenario_text: str | None, scenario_dir: str | None = None
+) -> Setup:
+    """The team for a replay/redrive: ``spec``'s factory, or the one the scenario names
+    (its own modules imported from ``scenario_dir``, where it was loaded from)."""
     if spec is None:
+        from pantheon._team import team_setup
+        from pantheon.scenario import ScenarioError
+
         try:
-            from pantheon._team import team_setup
-        except ImportError as exc:
-            raise _err(
-                f"cannot build the team: pantheon._team.team_setup is not available ({exc}); "
-                "pass --setup MODULE:FACTORY"
-            ) from None
-        factory: Callable[[str | None], Setup] = team_setup
+            return team_setup(
+                scenario_text or "",
+                base_dir=None if scenario_dir is None else Path(scenario_dir),
+            )
+        except ScenarioError as exc:
+            raise _err(f"cannot rebuild the recorded team:\n{exc}") from None
     else:
         module_name, _, attr = spec.rpartition(":")
         if not module_name or not attr:
@@ -261,7 +266,7 @@ def register(app: typer.Typer) -> None:
         session; entries delivered this time are marked redriven."""
         with _open(store) as st:
             info = st.session(session)
-            team = _load_setup(setup, info.scenario_text)
+            team = _load_setup(setup, info.scenario_text, info.scenario_dir)
             report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
             if as_json:
                 _dump(report.to_dict())
@@ -374,7 +379,7 @@ def register(app: typer.Typer) -> None:
                     "Replay a single-process run of the same scenario instead."
                 )
             telemetry = _telemetry()
-            team = telemetry.wrap_setup(_load_setup(setup, info.scenario_text))
+            team = telemetry.wrap_setup(_load_setup(setup, info.scenario_text, info.scenario_dir))
             con = _console()
 
             async def run() -> Any:

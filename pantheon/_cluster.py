@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from agents import ROLES as AGENT_CLASSES
 from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
@@ -56,6 +55,7 @@ from pantheon._inputs import count_inputs, run_flood
 from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, Scenario
+from pantheon.scenario._agents import agent_class
 
 __all__ = [
     "ClusterError",
@@ -136,8 +136,9 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     # "<agent>:<pattern>".
     out: dict[str, str] = {}
     for name in agents:
-        cls = AGENT_CLASSES[scenario.agent(name).role or name]
-        for i, pattern in enumerate(cls.subscriptions):
+        cfg = scenario.agent(name)
+        patterns = cfg.subscribe or agent_class(name, cfg).subscriptions
+        for i, pattern in enumerate(patterns):
             out[name if i == 0 else f"{name}:{pattern}"] = pattern
     return out
 
@@ -759,7 +760,7 @@ class _Driver:
         await self.team.start()
         inputs_started = loop.time()
         faults = self.scenario.faults
-        chores = []
+        chores: list[asyncio.Task[Any]] = []
         if faults.flood is not None:
             f = faults.flood
             flood = run_flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])

@@ -4,7 +4,6 @@
 
     PantheonError
     ├── ScenarioError            a scenario file is wrong (every problem, located)
-    ├── ImportPathError          a scenario's module:function cannot be imported
     ├── SessionError             the session store, recording and replay
     │   ├── StoreError → SchemaVersionError, SessionNotFound
     │   ├── RecordingError

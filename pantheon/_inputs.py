@@ -22,29 +22,25 @@ import sys
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from agents import InputItem
 from bus import Bus, BusError, Priority
-from pantheon._errors import PantheonError
-
-if TYPE_CHECKING:
-    from pantheon.scenario import Scenario
-    from pantheon.scenario._schema import (
-        GeneratorInputConfig,
-        InputConfig,
-        JsonlInputConfig,
-    )
+from pantheon._imports import INPUT_GROUP, ImportProblem, add_import_roots, load_object
+from pantheon.scenario import (
+    FileInputConfig,
+    InputConfig,
+    JsonlInputConfig,
+    Scenario,
+    StdinInputConfig,
+)
 
 __all__ = [
     "DEFAULT_STDIN_BUFFER",
     "GeneratorSource",
-    "ImportPathError",
     "InputSource",
     "JsonlSource",
     "StdinSource",
-    "add_to_path",
-    "check_import_path",
     "count_inputs",
     "import_path",
     "jsonl_labels",
@@ -57,64 +53,22 @@ __all__ = [
 DEFAULT_STDIN_BUFFER = 1024
 
 _TOPIC = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
 
-class ImportPathError(PantheonError, ValueError):
-    """A ``module:attribute`` path a scenario names (a generator, a validator, a custom
-    check) cannot be resolved; the message says which part failed."""
+def import_path(spec: str, base_dir: Path | None = None, *, group: str | None = None) -> Any:
+    """The object ``spec`` (``"package.module:name"``, or an entry point's name in
+    ``group``) names, with ``base_dir`` (the scenario's folder) importable: the resolver
+    of :mod:`pantheon._imports`, which agents' ``class:`` paths use too.
 
-
-def add_to_path(folder: Path | None) -> None:
-    """Make the modules beside a scenario importable, as its import paths expect.
-
-    Appended at the front, once; never removed, since modules imported from it stay in
-    ``sys.modules`` for the rest of the process anyway.
+    Raises :class:`~pantheon._imports.ImportProblem` saying whether the path is malformed,
+    the module cannot be found, importing it raised, or the attribute is missing.
     """
-    if folder is None:
-        return
-    entry = str(folder)
-    if entry not in sys.path:
-        sys.path.insert(0, entry)
-
-
-def check_import_path(spec: str) -> None:
-    """Raise :class:`ImportPathError` unless ``spec`` is shaped ``module:attribute``."""
-    if not _IMPORT_PATH.match(spec):
-        raise ImportPathError(f"{spec!r} is not an import path: write 'module:function'")
-
-
-def import_path(spec: str, base_dir: Path | None = None) -> Any:
-    """The object ``spec`` (``"package.module:name"`` or ``"module:Class.attr"``) names,
-    with ``base_dir`` (the scenario's folder) importable.
-
-    Raises :class:`ImportPathError` saying whether the path is malformed, the module cannot
-    be found, importing it raised, or the attribute is missing.
-    """
-    check_import_path(spec)
-    module_name, _, attr = spec.partition(":")
-    add_to_path(base_dir)
-    if module_name not in sys.modules:
-        importlib.invalidate_caches()  # a module written since the folder was last listed
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        missing = exc.name or ""
-        if missing and (module_name == missing or module_name.startswith(f"{missing}.")):
-            where = f" (looked in {base_dir} and sys.path)" if base_dir is not None else ""
-            raise ImportPathError(f"cannot import module {module_name!r}{where}") from None
-        raise ImportPathError(f"importing module {module_name!r} failed: {exc}") from None
-    except Exception as exc:
-        raise ImportPathError(
-            f"importing module {module_name!r} failed: {type(exc).__name__}: {exc}"
-        ) from None
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ImportPathError(f"module {module_name!r} has no attribute {attr!r}") from None
-    return obj
+    if base_dir is not None:
+        add_import_roots([base_dir])
+    module_name = spec.partition(":")[0]
+    if module_name and module_name not in sys.modules:
+        importlib.invalidate_caches()  # a module written since its folder was last listed
+    return load_object(spec, group=group)
 
 
 # -- shaping records into items ----------------------------------------------------------------
@@ -205,8 +159,8 @@ def _validator(config: InputConfig, base_dir: Path | None) -> Callable[[Any], An
         return None
     fn = import_path(config.validator, base_dir)
     if not callable(fn):
-        raise ImportPathError(f"{config.validator!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+        raise ImportProblem(f"{config.validator!r} is a {type(fn).__name__}, not a function")
+    return fn
 
 
 @runtime_checkable
@@ -254,7 +208,7 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             yield n, record, None
 
 
-def jsonl_labels(config: JsonlInputConfig) -> dict[str, Any]:
+def jsonl_labels(config: JsonlInputConfig | FileInputConfig) -> dict[str, Any]:
     """Every label in a JSONL input, by key, read ahead of the run.
 
     The Observer files labels as it publishes, but only in its own process: a Learner
@@ -436,25 +390,26 @@ def open_input(
 ) -> InputSource:
     """The source the scenario's ``input:`` describes, not yet reading anything.
 
-    Raises :class:`ImportPathError` when its ``validate`` or ``function`` cannot be
-    imported (the loader reports that first, with its line; this covers a scenario built
-    in code). ``stdin_fd`` replaces standard input, for tests and embedding.
+    Raises :class:`~pantheon._imports.ImportProblem` when its ``validate`` or ``function``
+    cannot be imported (the loader reports that first, with its line; this covers a
+    scenario built in code). ``stdin_fd`` replaces standard input, for tests and embedding.
     """
     inp = scenario.input
     base_dir = scenario.base_dir
     shape = _Shaper(inp, _validator(inp, base_dir))
-    if inp.kind in ("jsonl", "file"):
+    if isinstance(inp, JsonlInputConfig | FileInputConfig):
         return JsonlSource(inp.path, shape)
-    if inp.kind == "stdin":
+    if isinstance(inp, StdinInputConfig):
         return StdinSource(shape, fd=stdin_fd)
-    gen: GeneratorInputConfig = inp
-    function = import_path(gen.function, base_dir) if gen.function is not None else None
+    function = None
+    if inp.function is not None:
+        function = import_path(inp.function, base_dir, group=INPUT_GROUP)
     return GeneratorSource(
         shape,
         function=function,
-        payload=gen.payload,
+        payload=inp.payload,
         seed=scenario.seed if seed is None else seed,
-        settings=gen.settings,
+        settings=inp.settings,
     )
 
 
@@ -465,9 +420,9 @@ def count_inputs(scenario: Scenario) -> int | None:
     input and a generator bounded only by ``duration`` are unknown until they end.
     """
     inp = scenario.input
-    if inp.kind == "stdin":
+    if isinstance(inp, StdinInputConfig):
         return None
-    if inp.kind in ("jsonl", "file"):
+    if isinstance(inp, JsonlInputConfig | FileInputConfig):
         path = Path(inp.path)
         if not path.is_file():
             return inp.count

@@ -13,7 +13,8 @@ from typing import Any
 from agents import Guardian, Learner, Monitor, Observer
 from bus import Bus, Envelope
 from bus._transport import Receipt
-from pantheon._inputs import ImportPathError, import_path
+from pantheon._imports import ImportProblem
+from pantheon._inputs import import_path
 from pantheon._team import Team
 from pantheon.scenario import Scenario
 
@@ -222,7 +223,9 @@ def summarize(
         decisions.update(r["decisions"])
         outbox.update(r["outbox"])
         topics.update(r.get("topics", {}))
-    accuracy = next((r["accuracy"] for r in reports if r["accuracy"] is not None), {})
+    accuracy: dict[str, Any] = next(
+        (r["accuracy"] for r in reports if r["accuracy"] is not None), {}
+    )
     if messages is None:
         messages = sum(r["published"] for r in reports)
     summary = RunSummary(
@@ -343,7 +346,7 @@ def _custom(spec: str, scenario: Scenario, s: RunSummary) -> tuple[bool, str]:
     try:
         check = import_path(spec, scenario.base_dir)
         result = check(s)
-    except ImportPathError as exc:
+    except ImportProblem as exc:
         return False, str(exc)
     except Exception as exc:
         return False, f"raised {type(exc).__name__}: {exc}"

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from agents import (
-    ROLES,
     Actor,
     Agent,
     AgentOptions,
@@ -31,7 +30,8 @@ from agents import (
 from agents._providers import ModelProvider
 from bus import Bus
 from pantheon._inputs import jsonl_labels, open_input
-from pantheon.scenario import Scenario
+from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
+from pantheon.scenario._agents import agent_class, resolve_handler
 
 __all__ = ["Setup", "Team", "build_team", "team_setup"]
 
@@ -82,17 +82,16 @@ def build_team(
     inp = scenario.input
     # One mapping for the Observer to file labels into and the Learner to read; a JSONL
     # input's are read ahead too, for a Learner in another process than the Observer.
-    labels = Labels(jsonl_labels(inp) if inp.kind in ("jsonl", "file") else None)
+    labels = Labels(
+        jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else None
+    )
     provider = _provider(scenario)
     outbox = Outbox(outbox_path)
-    names = list(scenario.agents) + [r for r in ROLES if r not in scenario.agents]
     agents: dict[str, Agent] = {}
-    for name in names:
-        cfg = scenario.agent(name)
+    for name, cfg in scenario.agents.items():
         if not cfg.enabled:
             continue
-        role = getattr(cfg, "role", None) or name
-        cls = ROLES[role]
+        cls = agent_class(name, cfg)
         options = AgentOptions(
             concurrency=cfg.concurrency,
             max_queue=cfg.max_queue,
@@ -105,19 +104,26 @@ def build_team(
         fault = Fault(f.failure_rate, f.latency_ms, f.tool) if f is not None else None
         settings = dict(cfg.settings)
         kwargs: dict[str, Any] = {}
-        if cls is Observer:
-            source = None if replay else open_input(scenario, seed=seed)
-            kwargs.update(source=source, labels=labels, rate=inp.rate)
-            kwargs.update(count=inp.count, duration=inp.duration)
-        elif cls is Guardian:
-            settings.update(scenario.policy.model_dump())
-        elif cls is Reasoner:
-            kwargs["provider"] = provider
-        elif cls is Learner:
+        if cfg.handler is not None:
+            kwargs["handler"] = resolve_handler(cfg.handler)
+        if cfg.subscribe is not None:
+            kwargs["subscribe"] = cfg.subscribe
+        # What the built-in roles take from other sections of the scenario; subclasses of
+        # them (a user's own Guardian) take the same.
+        if issubclass(cls, Observer):
             kwargs["labels"] = labels
-        elif cls is Actor:
+            if not replay:
+                kwargs["source"] = open_input(scenario, seed=seed)
+                settings.update(count=inp.count, duration=inp.duration, rate=inp.rate)
+        elif issubclass(cls, Guardian):
+            settings = scenario.policy.model_dump() | settings
+        elif issubclass(cls, Reasoner):
+            kwargs["provider"] = provider
+        elif issubclass(cls, Learner):
+            kwargs["labels"] = labels
+        elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
-        elif cls is Monitor:
+        elif issubclass(cls, Monitor):
             kwargs["sample"] = not replay
         agents[name] = cls(
             name,

@@ -20,7 +20,8 @@ from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_sessions import register as register_sessions
-from pantheon.scenario import ScenarioError, load_scenario
+from pantheon._report import RunSummary
+from pantheon.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = ["app", "main", "run_async"]
 
@@ -50,11 +51,19 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def _load(path: Path):  # type: ignore[no-untyped-def]
+def _load(path: Path) -> Scenario:
     try:
         return load_scenario(path)
     except ScenarioError as exc:
-        console.print(f"[red]invalid scenario[/red]\n{exc}")
+        console.print("[red]invalid scenario[/red]")
+        # Plain text: `rules.spam[2]` is no markup and `yaml:100:3` no emoji; one line each.
+        console.print(str(exc), markup=False, emoji=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except IsADirectoryError:
+        console.print(f"{path}: is a directory, not a scenario file", markup=False)
+        raise typer.Exit(2) from None
+    except OSError as exc:
+        console.print(f"{path}: cannot read the scenario: {exc.strerror or exc}", markup=False)
         raise typer.Exit(2) from None
 
 
@@ -114,14 +123,14 @@ def run(
         raise typer.Exit(1)
 
 
-async def _run(  # type: ignore[no-untyped-def]
-    scenario: Any,
+async def _run(
+    scenario: Scenario,
     seed: int | None,
     store: Path | None,
     record: bool,
     progress: bool,
     telemetry: Any = None,
-):
+) -> RunSummary:
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -184,16 +193,25 @@ def _print_summary(s: Any) -> None:
     def pct(v: float | None) -> str:
         return "n/a" if v is None else f"{v:.1%}"
 
-    out.print(
-        f"[bold]{s.scenario}[/bold]  session {s.session_id or '(not recorded)'}  seed {s.seed}\n"
+    lines = [
+        f"[bold]{escape(s.scenario)}[/bold]  session {s.session_id or '(not recorded)'}  "
+        f"seed {s.seed}",
         f"messages {s.messages:,} in {s.elapsed_s:.2f}s ({s.throughput:,.0f} msg/s)  "
-        f"emails {s.inputs} (+{s.malformed} malformed)\n"
-        f"accuracy vs ground truth: action {pct(acc.get('action_accuracy'))}, "
-        f"intent {pct(acc.get('intent_accuracy'))} over {acc.get('scored', 0)} labelled\n"
-        f"dead letters {sum(s.dlq.values())} {dict(s.dlq) or ''}  breaker trips {s.breaker_trips}"
-        f"  alerts {s.alerts}  accounting {'ok' if s.accounting_ok else 'BROKEN'}\n"
-        f"guardian {s.decisions}  outbox {s.outbox}"
+        f"inputs {s.inputs} (+{s.malformed} malformed)",
+    ]
+    if acc.get("scored"):
+        lines.append(
+            f"accuracy vs ground truth: action {pct(acc.get('action_accuracy'))}, "
+            f"intent {pct(acc.get('intent_accuracy'))} over {acc.get('scored', 0)} labelled"
+        )
+    lines.append(
+        f"dead letters {sum(s.dlq.values())} {escape(str(dict(s.dlq))) if s.dlq else ''} "
+        f" breaker trips {s.breaker_trips}  alerts {s.alerts}  "
+        f"accounting {'ok' if s.accounting_ok else 'BROKEN'}"
     )
+    if s.decisions or s.outbox:
+        lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    out.print("\n".join(lines))
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):
         table.add_column(col, justify="right" if col != "agent" else "left")

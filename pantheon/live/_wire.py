@@ -8,7 +8,9 @@ represent (an arbitrary object in an envelope) goes as its ``repr``.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +83,20 @@ def decode_client(body: bytes) -> ClientFrame:
 
 def socket_path(store_path: str | os.PathLike[str], session_id: str) -> Path:
     """Where the feed of ``session_id`` listens: ``live/<session>.sock`` beside the store
-    file, so a monitor finds it from the store path alone."""
-    path = Path(store_path).parent / "live" / f"{session_id}.sock"
-    if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+    file, so a monitor finds it from the store path alone.
+
+    A store deep enough that this passes the 107 bytes a Unix socket path may have (a team
+    in a long project path) gets a folder of its own under the temporary directory instead,
+    named by a hash of the store's path, so the monitor still finds it from the store."""
+    store = Path(store_path).resolve()
+    path = store.parent / "live" / f"{session_id}.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.sha1(os.fsencode(store)).hexdigest()[:16]
+    short = Path(tempfile.gettempdir()) / f"pantheon-{os.getuid()}" / digest / f"{session_id}.sock"
+    if len(os.fsencode(short)) > _MAX_SOCKET_PATH:
         raise ValueError(
             f"live feed socket path {path} is longer than the {_MAX_SOCKET_PATH} bytes a Unix "
-            "socket allows; use a store with a shorter path"
+            "socket allows, and so is the temporary directory's; set TMPDIR to a short path"
         )
-    return path
+    return short

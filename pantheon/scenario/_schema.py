@@ -33,6 +33,9 @@ from pydantic import (
 )
 
 import bus
+from agents import Observer
+from pantheon._imports import INPUT_GROUP, add_import_roots
+from pantheon.scenario._agents import agent_class, agent_problems
 from pantheon.scenario._locate import _dotted, _suggest
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
+    "PriceConfig",
     "ProviderConfig",
     "RetryConfig",
     "Role",
@@ -95,6 +99,8 @@ _TOPIC = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 
 _AgentName = Annotated[str, Field(pattern=_NAME)]
 _Topic = Annotated[str, Field(pattern=_TOPIC)]
+_PATTERN = r"^[^\s]+$"
+_Pattern = Annotated[str, Field(pattern=_PATTERN)]
 _PositiveFloat = Annotated[float, Field(gt=0)]
 _Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -200,6 +206,14 @@ class OpenAIProviderConfig(_Model):
     model: str = Field(min_length=1)
     api_key_env: str = "OPENAI_API_KEY"
     timeout: _PositiveFloat = 30.0
+    """Seconds for a whole request (reading the answer included)."""
+    connect_timeout: _PositiveFloat = 5.0
+    max_retries: Annotated[int, Field(ge=0)] = 3
+    """Retries after a 429, a 5xx or a refused connection, with exponential backoff."""
+    backoff: Annotated[float, Field(ge=0)] = 0.2
+    """Seconds before the first retry; doubled each time, jittered, honouring Retry-After."""
+    max_backoff: Annotated[float, Field(ge=0)] = 5.0
+    max_connections: Annotated[int, Field(ge=1)] = 32
     default_intent: str = "question"
 
 
@@ -208,6 +222,14 @@ _Provider = Annotated[
     Annotated[RulesProviderConfig, Tag("@rules")] | Annotated[OpenAIProviderConfig, Tag("@openai")],
     _by_kind("rules"),
 ]
+
+
+class PriceConfig(_Model):
+    """What a model's tokens cost, in US dollars per million, as the provider bills them."""
+
+    input: Annotated[float, Field(ge=0)]
+    output: Annotated[float, Field(ge=0)]
+
 
 # -- policy ------------------------------------------------------------------------------------
 
@@ -227,20 +249,18 @@ class PolicyConfig(_Model):
 _Priority = Literal["critical", "high", "normal"]
 
 
-def _resolved(spec: str, info: ValidationInfo) -> Any:
-    """The object import path ``spec`` names, the scenario's folder importable; ``None``
-    when the loader was told not to look (a replay rebuilding a recorded scenario, whose
-    code may be gone) and the run will not call it."""
-    # The runtime's own resolver, imported when first needed: it brings in `agents`, which
-    # a scenario without import paths never needs to load.
-    from pantheon._inputs import check_import_path, import_path
-
-    check_import_path(spec)
+def _resolved(spec: str, info: ValidationInfo, group: str | None = None) -> Any:
+    """The object import path ``spec`` names (the scenario's folder is importable, see
+    :func:`_import_roots`); ``None`` when the loader was told not to look (a replay
+    rebuilding a recorded scenario, whose code may be gone, and which never calls it)."""
     context = info.context or {}
     if not context.get("check_files", True):
         return None
+    # Imported when first needed: pantheon._inputs brings in `agents`.
+    from pantheon._inputs import import_path
+
     base_dir = context.get("base_dir")
-    return import_path(spec, Path(base_dir or Path.cwd()).resolve())
+    return import_path(spec, None if base_dir is None else Path(base_dir).resolve(), group=group)
 
 
 def _callable_path(spec: str, info: ValidationInfo) -> str:
@@ -251,7 +271,7 @@ def _callable_path(spec: str, info: ValidationInfo) -> str:
 
 
 def _generator_path(spec: str, info: ValidationInfo) -> str:
-    obj = _resolved(spec, info)
+    obj = _resolved(spec, info, INPUT_GROUP)
     if obj is not None and not (
         inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj)
     ):
@@ -384,8 +404,9 @@ class FileInputConfig(_InputBase):
 
 class GeneratorInputConfig(_InputBase):
     """Records made by code: ``function`` (``module:name``, the scenario's folder is
-    importable), a sync or async generator function called with ``(seed, settings)``;
-    or, without a function, copies of ``payload`` on ``topic``, which need an end."""
+    importable, or the name of an entry point in group ``pantheon.inputs``), a sync or
+    async generator function called with ``(seed, settings)``; or, without a function,
+    copies of ``payload`` on ``topic``, which need an end."""
 
     kind: Literal["generator"]
     function: _GeneratorPath | None = None
@@ -476,13 +497,24 @@ class BreakerConfig(_Model):
 
 
 class AgentConfig(_Model):
-    """One agent: its mailbox, backpressure, retries, breaker and role-specific settings.
+    """One agent: what runs it, its mailbox, backpressure, retries, breaker and settings.
 
-    ``role`` is optional in the file for the nine built-in names and required for extra
-    instances (``actor_2: {role: actor}``); on a loaded :class:`Scenario` it is always set.
+    What runs it is one of: ``role`` (a built-in; optional for the nine built-in names, which
+    are their own role, and required for extra instances, ``actor_2: {role: actor}``),
+    ``class`` (``"myteam.agents:Triage"``, an :class:`agents.Agent` subclass, or the name of
+    a ``pantheon.agents`` entry point) or ``handler`` (an async function, which needs
+    ``subscribe``). ``settings`` are checked against that class's ``Settings`` model.
     """
 
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True
+    )
+
     role: Role | None = None
+    class_: str | None = Field(default=None, alias="class", min_length=1)
+    handler: str | None = Field(default=None, min_length=1)
+    subscribe: tuple[_Pattern, ...] | None = None
+    """Topic patterns replacing the class's own ``subscriptions`` for this agent."""
     enabled: bool = True
     concurrency: Annotated[int, Field(ge=1)] = 1
     max_queue: Annotated[int, Field(ge=1)] = bus.DEFAULT_MAX_QUEUE
@@ -637,12 +669,18 @@ class Scenario(_Model):
     name: str = Field(pattern=_NAME)
     description: str = ""
     seed: int = 0
+    path: tuple[str, ...] = ()
+    """Folders (relative to the scenario's) to import the team's modules from, besides the
+    scenario's own folder."""
     transport: _Transport = InProcessTransportConfig()
     provider: _Provider = RulesProviderConfig()
     policy: PolicyConfig = PolicyConfig()
+    prices: dict[str, PriceConfig] = Field(default_factory=dict)
+    """Model name (as the server reports it) -> price per million tokens; a run's cost is
+    counted from these, and a model missing here is counted in tokens only."""
     input: _Input
     agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
-    """All nine roles in :data:`ROLES` order (defaults for those the file omits), then extras."""
+    """The team, in the file's order: only the agents listed here run."""
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
@@ -663,20 +701,24 @@ class Scenario(_Model):
 
     @field_validator("agents", mode="after")
     @classmethod
-    def _complete(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
-        # Names that are neither a role nor carry one are reported by _cross_field_problems.
-        full = {
-            role: agents[role].model_copy(update={"role": role})
-            if role in agents
-            else AgentConfig(role=role)
-            for role in ROLES
+    def _roles(cls, agents: dict[str, AgentConfig]) -> dict[str, AgentConfig]:
+        # A built-in name with no class or handler is its own role.
+        team = {
+            name: cfg.model_copy(update={"role": name})
+            if name in ROLES and cfg.role is None and cfg.class_ is None and cfg.handler is None
+            else cfg
+            for name, cfg in agents.items()
         }
-        full.update((name, cfg) for name, cfg in agents.items() if name not in full)
-        return full
+        # The Observer is what reads `input`: a team that lists none gets the built-in one,
+        # or its input would go nowhere.
+        if "observer" not in team and not any(_observes(n, c) for n, c in team.items()):
+            team = {"observer": AgentConfig(role="observer"), **team}
+        return team
 
     @model_validator(mode="before")
     @classmethod
     def _cross_checks(cls, data: Any, info: ValidationInfo) -> Any:
+        _import_roots(data, (info.context or {}).get("base_dir"))
         problems = _cross_field_problems(data)
         sink = (info.context or {}).get("cross_problems")
         if sink is not None:
@@ -702,13 +744,34 @@ class Scenario(_Model):
         return self._source
 
     def agent(self, name: str) -> AgentConfig:
-        """The configuration of agent ``name``; any of the nine roles always has one."""
+        """The configuration of agent ``name`` (``KeyError`` naming the scenario if the team
+        has no such agent)."""
         try:
             return self.agents[name]
         except KeyError:
-            if name in ROLES:  # only reachable on a hand-built Scenario
-                return AgentConfig(role=name)  # type: ignore[arg-type]
             raise KeyError(f"no agent {name!r} in scenario {self.name!r}") from None
+
+
+def _observes(name: str, cfg: AgentConfig) -> bool:
+    """Whether agent ``name`` reads the scenario's input (its class is an Observer)."""
+    if not cfg.enabled:
+        return False
+    try:
+        return issubclass(agent_class(name, cfg), Observer)
+    except (ValueError, KeyError):
+        return False  # reported by the agent checks
+
+
+def _import_roots(data: Any, base_dir: Path | None) -> None:
+    """Make the team's modules importable before its agents are checked: the scenario's
+    folder first, then its ``path:`` entries (relative to that folder)."""
+    if base_dir is None:
+        return
+    roots = [Path(base_dir).resolve()]
+    extra = data.get("path") if isinstance(data, Mapping) else None
+    if isinstance(extra, list | tuple):
+        roots += [(roots[0] / str(p)).resolve() for p in extra if isinstance(p, str)]
+    add_import_roots(reversed(roots))  # each goes first: the scenario's folder ends first
 
 
 def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
@@ -720,32 +783,27 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
     if not isinstance(data, Mapping):
         return []
     out: list[tuple[tuple[Any, ...], str]] = []
-    names: list[str] = list(ROLES)
+    # The Observer joins a team that lists none (see Scenario._roles).
+    names: list[str] = ["observer"]
 
     agents = data.get("agents")
     if isinstance(agents, Mapping):
         for name, cfg in agents.items():
-            role = cfg.get("role") if isinstance(cfg, Mapping) else None
-            if name in ROLES:
-                if role is not None and role != name:
-                    out.append(
-                        (
-                            ("agents", name, "role"),
-                            f"{name!r} is the built-in {name} agent and cannot take role "
-                            f"{role!r}; give the extra instance its own name",
-                        )
-                    )
-                continue
-            if isinstance(name, str):
+            if isinstance(name, str) and name not in names:
                 names.append(name)
-            if role is None:
+            if not isinstance(cfg, Mapping):
+                continue
+            role = cfg.get("role")
+            if name in ROLES and role is not None and role != name:
                 out.append(
                     (
-                        ("agents", name),
-                        f"unknown agent {name!r}{_suggest(str(name), ROLES)}: use one of "
-                        f"{', '.join(ROLES)}, or add a role: for an extra instance",
+                        ("agents", name, "role"),
+                        f"{name!r} is the built-in {name} agent and cannot take role "
+                        f"{role!r}; give the extra instance its own name",
                     )
                 )
+                continue
+            out.extend(agent_problems(str(name), cfg, cfg.get("settings")))
 
     def check_names(loc: tuple[Any, ...], mapping: Any, what: str) -> None:
         if isinstance(mapping, Mapping):

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import tempfile
 import time
 import types
 from dataclasses import dataclass, field
@@ -239,11 +241,24 @@ async def test_garbage_from_a_client_drops_only_that_client(tmp_path: Path) -> N
         bad.close()
 
 
-async def test_no_feed_and_bad_paths_fail_clearly(tmp_path: Path) -> None:
+async def test_no_feed_and_bad_paths_fail_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     with pytest.raises(FeedNotFound, match="no live feed"):
         await connect(tmp_path / "absent.sock")
-    with pytest.raises(ValueError, match="longer than"):
-        socket_path(tmp_path / ("d" * 120) / "sessions.db", "s")
+    # A store too deep for a Unix socket path gets a short one of its own, the same each time.
+    deep = tmp_path / ("d" * 120) / "sessions.db"
+    short = socket_path(deep, "s")
+    assert len(os.fsencode(short)) <= 107 and short.name == "s.sock"
+    assert short == socket_path(deep, "s") != socket_path(tmp_path / ("e" * 120) / "x.db", "s")
+    (tmp_path / ("t" * 100)).mkdir()  # tempfile skips a TMPDIR that does not exist
+    monkeypatch.setenv("TMPDIR", str(tmp_path / ("t" * 100)))
+    tempfile.tempdir = None  # forget the cached one
+    try:
+        with pytest.raises(ValueError, match="set TMPDIR to a short path"):
+            socket_path(deep, "s")
+    finally:
+        tempfile.tempdir = None
     (tmp_path / "file.sock").write_text("not a socket")
     async with Bus() as bus:
         feed = LiveFeed(bus, path=tmp_path / "file.sock")

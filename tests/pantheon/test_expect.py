@@ -27,7 +27,10 @@ from pantheon.scenario import (
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 
-HEAD = "version: 1\nname: t\ninput: {kind: stdin, topic: a.b}\nexpect:\n"
+HEAD = (
+    "version: 1\nname: t\ninput: {kind: stdin, topic: a.b}\n"
+    "agents: {reasoner: {}, actor: {}}\nexpect:\n"
+)
 
 HOPS = {
     "reasoner": {"handled": 10, "wait_p99_ms": 3.0, "handle_p99_ms": 40.0},

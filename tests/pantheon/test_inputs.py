@@ -22,10 +22,9 @@ import pantheon
 from agents import InputItem, Labels, Learner, Observer
 from bus import Bus, Envelope, Priority
 from bus.testing import capture_events
-from pantheon._errors import PantheonError
+from pantheon._imports import ImportProblem
 from pantheon._inputs import (
     GeneratorSource,
-    ImportPathError,
     InputSource,
     JsonlSource,
     StdinSource,
@@ -65,6 +64,7 @@ INCIDENTS = [
 INCIDENT_SCENARIO = """\
 version: 1
 name: incidents
+agents: {{observer: {{}}, learner: {{}}}}
 input:
   kind: jsonl
   path: incidents.jsonl
@@ -159,7 +159,8 @@ async def test_topics_match_values_that_are_not_strings(tmp_path: Path) -> None:
     records = [{"sev": 2}, {"sev": True}, {"sev": 2.5}, {"sev": None}, {"sev": "true"}]
     (tmp_path / "s.jsonl").write_text("\n".join(json.dumps(r) for r in records) + "\n")
     text = (
-        "version: 1\nname: t\ninput:\n  kind: jsonl\n  path: s.jsonl\n  topic_field: sev\n"
+        "version: 1\nname: t\nagents: {observer: {}}\ninput:\n  kind: jsonl\n  path: s.jsonl\n"
+        "  topic_field: sev\n"
         "  topics: {2: sev.two, true: sev.yes, 2.5: sev.half, null: sev.none}\n"
     )
     scenario = parse_scenario(text, base_dir=tmp_path)
@@ -199,7 +200,7 @@ async def test_legacy_file_kind_is_the_support_inbox(tmp_path: Path) -> None:
         encoding="utf-8",
     )  # fmt: skip
     for kind in ("", "  kind: file\n"):
-        text = f"version: 1\nname: t\ninput:\n{kind}  path: in.jsonl\n"
+        text = f"version: 1\nname: t\nagents: {{observer: {{}}}}\ninput:\n{kind}  path: in.jsonl\n"
         scenario = parse_scenario(text, base_dir=tmp_path)
         assert isinstance(scenario.input, FileInputConfig)
         assert scenario.input.validator == SUPPORT_INBOX["validate"]
@@ -268,12 +269,29 @@ NOT_CALLABLE = 42
 '''
 
 
-def write_generator(tmp_path: Path, body: str) -> tuple[Path, str]:
+#: The nine built-in roles at their defaults: a scenario's team is what it lists.
+SUPPORT_TEAM = (
+    "observer",
+    "sensor",
+    "memory",
+    "reasoner",
+    "planner",
+    "guardian",
+    "actor",
+    "learner",
+    "monitor",
+)
+
+
+def write_generator(
+    tmp_path: Path, body: str, team: tuple[str, ...] = ("observer",)
+) -> tuple[Path, str]:
     module = module_name(tmp_path, "gen")
     (tmp_path / f"{module}.py").write_text(GENERATOR, encoding="utf-8")
     path = tmp_path / "gen.yaml"
+    agents = "".join(f"  {name}: {{}}\n" for name in team)
     path.write_text(
-        "version: 1\nname: gen\nseed: 11\ninput:\n  kind: generator\n"
+        f"version: 1\nname: gen\nseed: 11\nagents:\n{agents}input:\n  kind: generator\n"
         + textwrap.indent(body.format(module=module), "  "),
         encoding="utf-8",
     )
@@ -288,6 +306,7 @@ async def test_generator_from_the_scenario_folder_feeds_the_support_team(tmp_pat
         "topic: observation.email.received\n"
         "label: expected\n"
         "malformed_topic: observation.email.malformed\n",
+        team=SUPPORT_TEAM,
     )
     scenario = load_scenario(path)
     assert isinstance(scenario.input, GeneratorInputConfig)
@@ -409,6 +428,7 @@ async def test_replay_does_not_run_the_generator_again(tmp_path: Path) -> None:
 STDIN_SCENARIO = """\
 version: 1
 name: piped
+agents: {observer: {}}
 input:
   kind: stdin
   topic_field: type
@@ -473,7 +493,7 @@ async def test_stdin_left_open_ends_at_count(tmp_path: Path) -> None:
         assert count_inputs(scenario) is None
         source = open_input(scenario, stdin_fd=read)
         assert isinstance(source, StdinSource)
-        observer = Observer(source=source, count=2)
+        observer = Observer(source=source, settings={"count": 2})
         async with Bus() as bus:
             await observer.attach(bus)
             with capture_events(bus, "a.b") as seen:
@@ -493,7 +513,7 @@ async def test_stdin_left_open_ends_at_duration() -> None:
         scenario = parse_scenario(
             "version: 1\nname: t\ninput: {kind: stdin, topic: a.b, duration: 0.2}\n"
         )
-        observer = Observer(source=open_input(scenario, stdin_fd=read), duration=0.2)
+        observer = Observer(source=open_input(scenario, stdin_fd=read), settings={"duration": 0.2})
         async with Bus() as bus:
             await observer.attach(bus)
             started = time.perf_counter()
@@ -563,10 +583,13 @@ def test_import_path_errors_say_what_failed(tmp_path: Path) -> None:
         f"{module}:f": f"importing module {module!r} failed: RuntimeError: boom at import",
     }
     for spec, message in cases.items():
-        with pytest.raises(ImportPathError, match=re.escape(message)):
+        with pytest.raises(ImportProblem, match=re.escape(message)):
             import_path(spec, tmp_path)
-    assert issubclass(ImportPathError, PantheonError) and issubclass(ImportPathError, ValueError)
     assert import_path("json:dumps") is json.dumps
+    # A module written after its folder was first searched is still found.
+    late = module_name(tmp_path, "late")
+    (tmp_path / f"{late}.py").write_text("def gen(seed, settings):\n    yield 1\n")
+    assert import_path(f"{late}:gen", tmp_path).__name__ == "gen"
 
 
 # -- located errors for bad input configs ------------------------------------------------------
@@ -596,7 +619,7 @@ BAD_INPUTS: dict[str, tuple[str, str, str]] = {
     "validate not an import path": (
         "kind: jsonl\npath: data.jsonl\ntopic: a.b\nvalidate: checks.py\n",
         "input.validate",
-        "is not an import path: write 'module:function'",
+        "is not an import path: write it as 'module:name'",
     ),
     "misspelt validate": (
         'kind: jsonl\npath: data.jsonl\ntopic: a.b\nvalidator: "{module}:emails"\n',
@@ -690,7 +713,8 @@ def test_a_bad_generator_stops_pantheon_run_before_anything_runs(tmp_path: Path)
 def test_replays_need_no_importable_code() -> None:
     """A recorded scenario is rebuilt without its code, which a replay never calls."""
     text = (
-        "version: 1\nname: t\ninput:\n  kind: generator\n  function: 'gone_module:gen'\n"
+        "version: 1\nname: t\nagents: {observer: {}}\ninput:\n  kind: generator\n"
+        "  function: 'gone_module:gen'\n"
         "  topic: a.b\n  validate: 'gone_module:check'\n"
     )
     with pytest.raises(ScenarioError, match="cannot import module 'gone_module'"):

@@ -491,14 +491,17 @@ def test_defaults_and_agent_lookup(write) -> None:
     assert s.transport.kind == "inprocess"
     assert s.provider.kind == "rules" and s.provider.default_intent == "question"
     assert s.input.rate == 0 and s.input.count is None
-    assert list(s.agents) == list(ROLES)
+    # Only the agents listed run; the Observer, which reads `input`, is added when missing.
+    assert list(s.agents) == ["observer", "actor"]
+    assert s.agent("observer") == AgentConfig(role="observer")
     assert s.agent("actor").concurrency == 2
-    assert s.agent("planner") == AgentConfig(role="planner")
-    assert s.agent("planner").enabled
-    assert s.agent("planner").max_queue == bus.DEFAULT_MAX_QUEUE
-    assert s.agent("planner").breaker is not None
-    with pytest.raises(KeyError, match="no agent 'ghost'"):
-        s.agent("ghost")
+    assert s.agent("actor").role == "actor"
+    assert s.agent("actor").enabled
+    assert s.agent("actor").max_queue == bus.DEFAULT_MAX_QUEUE
+    assert s.agent("actor").breaker is not None
+    for absent in ("ghost", "planner"):
+        with pytest.raises(KeyError, match=f"no agent '{absent}'"):
+            s.agent(absent)
 
 
 def test_extra_instances_need_a_role(write) -> None:
@@ -516,12 +519,15 @@ def test_breaker_can_be_disabled_and_converts_to_bus_policies(write) -> None:
     actor = s.agent("actor")
     assert actor.breaker is None
     assert actor.retry.to_policy() == bus.Retry(attempts=4, backoff=0.5)
-    assert s.agent("guardian").breaker.to_policy() == bus.DEFAULT_BREAKER
+    assert AgentConfig().breaker.to_policy() == bus.DEFAULT_BREAKER
 
 
 def test_zmq_transport_and_kill_node(write) -> None:
-    text = GOOD + textwrap.dedent(
-        """\
+    text = (
+        GOOD
+        + "  sensor: {}\n  reasoner: {}\n"
+        + textwrap.dedent(
+            """\
         transport:
           kind: zmq
           nodes:
@@ -530,6 +536,7 @@ def test_zmq_transport_and_kill_node(write) -> None:
         faults:
           kill_node: {node: n2, at: 1.5}
         """
+        )
     )
     s = load_scenario(write(text, "good.yaml"))
     assert s.transport.kind == "zmq"

@@ -1,0 +1,122 @@
+"""Which class runs each agent of a scenario, and whether its settings fit that class.
+
+An agent is named by role (the nine built-ins of :data:`agents.ROLES`), by class
+(``class: "myteam.agents:Triage"`` or an entry point of ``pantheon.agents``) or by handler
+(``handler: "myteam.agents:on_ticket"``, an async function). All of it is checked at load,
+located in the file like every other field, so a wrong path, a class that is not an agent,
+a handler that is not async or a misspelt setting stops the run before anything starts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from agents import ROLES as ROLE_CLASSES
+from agents import Agent, FunctionAgent, handler_arity
+from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
+from pantheon.scenario._locate import _suggest
+
+__all__ = ["agent_class", "agent_problems", "resolve_handler"]
+
+_Loc = tuple[Any, ...]
+
+
+def agent_class(name: str, cfg: Mapping[str, Any] | Any) -> type[Agent]:
+    """The class that runs agent ``name`` (``cfg`` raw or an ``AgentConfig``).
+
+    Raises :class:`~pantheon._imports.ImportProblem` (or ``ValueError``) saying why not."""
+    spec = _get(cfg, "class_", "class")
+    if _get(cfg, "handler", "handler") is not None:
+        return FunctionAgent
+    if spec is not None:
+        obj = load_object(str(spec), group=AGENT_GROUP)
+        if not (isinstance(obj, type) and issubclass(obj, Agent)):
+            what = type(obj).__name__ if not isinstance(obj, type) else f"class {obj.__name__}"
+            raise ImportProblem(
+                f"{spec!r} is not an Agent subclass (it is a {what}); subclass agents.Agent, "
+                "or name an async function with handler:"
+            )
+        return obj
+    role = _get(cfg, "role", "role") or name
+    return ROLE_CLASSES[role]
+
+
+def resolve_handler(spec: str) -> Any:
+    """The async function ``spec`` names, checked to take ``(env)`` or ``(env, agent)``."""
+    fn = load_object(spec)
+    if not callable(fn):
+        raise ImportProblem(f"{spec!r} is not callable (it is a {type(fn).__name__})")
+    try:
+        handler_arity(fn)
+    except ValueError as exc:
+        raise ImportProblem(f"handler {spec!r} {exc}") from None
+    return fn
+
+
+def _get(cfg: Any, attr: str, key: str) -> Any:
+    return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, attr, None)
+
+
+def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tuple[_Loc, str]]:
+    """What is wrong with agent ``name``'s class, handler and settings, as (location, message)
+    pairs; ``settings`` are the raw settings to check against the class's model."""
+    here: _Loc = ("agents", name)
+    given = [k for k in ("role", "class", "handler") if cfg.get(k) is not None]
+    if len(given) > 1:
+        return [(here, f"give one of role, class or handler, not {' and '.join(given)}")]
+    if cfg.get("handler") is not None:
+        out: list[tuple[_Loc, str]] = []
+        try:
+            resolve_handler(str(cfg["handler"]))
+        except ImportProblem as exc:
+            out.append(((*here, "handler"), str(exc)))
+        if not cfg.get("subscribe"):
+            out.append((here, "a handler agent needs subscribe: the topics its function handles"))
+        return out
+    if cfg.get("class") is None and cfg.get("role") is None and name not in ROLE_CLASSES:
+        return [
+            (
+                here,
+                f"unknown agent {name!r}{_suggest(str(name), ROLE_CLASSES)}: name a built-in "
+                f"role ({', '.join(ROLE_CLASSES)}), or give it role:, class: or handler:",
+            )
+        ]
+    if cfg.get("role") is not None and cfg["role"] not in ROLE_CLASSES:
+        return []  # the role field's own check says so
+    try:
+        cls = agent_class(name, cfg)
+    except ImportProblem as exc:
+        return [((*here, "class"), str(exc))]
+    return settings_problems(cls, settings, (*here, "settings"))
+
+
+def settings_problems(cls: type[Agent], settings: Any, loc: _Loc) -> list[tuple[_Loc, str]]:
+    """``settings`` checked against ``cls.Settings``: each error at its own key."""
+    if settings is None:
+        settings = {}
+    if not isinstance(settings, Mapping):
+        return []  # the settings field's own type check says so
+    model = cls.Settings
+    try:
+        model.model_validate(dict(settings))
+    except ValidationError as exc:
+        out = []
+        fields = list(model.model_fields)
+        for err in exc.errors():
+            where = (*loc, *err["loc"])
+            if err["type"] == "extra_forbidden":
+                key = str(err["loc"][-1]) if err["loc"] else "?"
+                takes = (
+                    f"{cls.__name__} takes {', '.join(fields)}"
+                    if fields
+                    else (f"{cls.__name__} takes no settings")
+                )
+                out.append((where, f"unknown setting {key!r}{_suggest(key, fields)}; {takes}"))
+            else:
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                out.append((where, msg))
+        return out
+    return []
