@@ -10,6 +10,7 @@ from agents._base import (
     Agent,
     AgentOptions,
     AgentSettings,
+    AgentUsage,
     Fault,
     FunctionAgent,
     Handler,
@@ -30,7 +31,20 @@ from agents._perception import (
     find_pii,
     read_emails,
 )
-from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
+from agents._providers import (
+    INTENTS,
+    ChatResult,
+    ModelProvider,
+    OpenAIProvider,
+    ProviderError,
+    ProviderResponseError,
+    ProviderUnavailable,
+    RuleProvider,
+    SupportsChat,
+    ToolCall,
+    Usage,
+    classify,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -47,6 +61,8 @@ __all__ = [
     "Agent",
     "AgentOptions",
     "AgentSettings",
+    "AgentUsage",
+    "ChatResult",
     "Effects",
     "Fault",
     "FunctionAgent",
@@ -65,9 +81,15 @@ __all__ = [
     "Outbox",
     "Planner",
     "ProviderError",
+    "ProviderResponseError",
+    "ProviderUnavailable",
     "Reasoner",
     "RuleProvider",
     "Sensor",
+    "SupportsChat",
+    "ToolCall",
+    "Usage",
+    "classify",
     "email_problem",
     "extract_features",
     "find_pii",

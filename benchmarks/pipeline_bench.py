@@ -26,6 +26,7 @@ from typing import Any
 from agents import (
     Actor,
     AgentOptions,
+    ChatResult,
     Guardian,
     Learner,
     Memory,
@@ -48,15 +49,20 @@ BLOG_PIPELINE_RPS = 4237
 class SimulatedModel:
     """The scenario's rule provider behind a fixed network-and-inference delay."""
 
+    name = "simulated"
+    model = "rules"
+
     def __init__(self, inner: RuleProvider, latency_s: float) -> None:
         self.inner = inner
         self.latency_s = latency_s
-        self.name = "simulated"
 
-    async def classify(self, subject: str, body: str) -> dict[str, Any]:
+    async def chat(self, messages: Any, **kwargs: Any) -> ChatResult:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
-        return await self.inner.classify(subject, body)
+        return await self.inner.chat(messages, **kwargs)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def make_inbox(n: int, directory: Path) -> Path:

@@ -237,7 +237,7 @@ class NodeHost:
         self.seed = scenario.seed if seed is None else seed
         team = build_team(scenario, seed=self.seed, outbox_path=outbox_path)
         _check_agents(scenario, agents, team)
-        self.team = Team({a: team.agents[a] for a in agents}, team.outbox)
+        self.team = Team({a: team.agents[a] for a in agents}, team.outbox, team.provider)
         self.node = node
         self.endpoint = connect
         self.connect_timeout = connect_timeout
@@ -289,6 +289,7 @@ class NodeHost:
         """Leave the broker; ``drain=False`` dead-letters what is still queued
         (``bus_closed``) instead of handling it."""
         await self.bus.aclose(drain=drain)
+        await self.team.aclose()
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
@@ -670,7 +671,7 @@ class _Driver:
             outbox_path=(outbox_dir / f"{sid}.jsonl") if outbox_dir else None,
         )
         mine = self.placement.hosts[DRIVER_NODE]
-        self.team = Team({a: full.agents[a] for a in mine}, full.outbox)
+        self.team = Team({a: full.agents[a] for a in mine}, full.outbox, full.provider)
 
     async def spawn(self) -> None:
         sid = self.bus.session_id
@@ -841,6 +842,7 @@ class _Driver:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
+        await self.team.aclose()
 
 
 @dataclass(frozen=True, slots=True)

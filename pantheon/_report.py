@@ -15,7 +15,7 @@ from bus import Bus, Envelope
 from bus._transport import Receipt
 from pantheon._imports import ImportProblem
 from pantheon._inputs import import_path
-from pantheon._team import Team
+from pantheon._team import Team, sum_usage
 from pantheon.scenario import Scenario
 
 __all__ = [
@@ -61,10 +61,11 @@ class RunSummary:
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per process of a ZeroMQ run (``driver`` and each node): pid, agents, how it ended,
     clock offset and transport counters. Empty for an in-process run."""
+    usage: dict[str, Any] = field(default_factory=dict)
+    """Model calls, input and output tokens, cost in USD and whether every call was
+    priced, summed over the team, and the same per agent under ``by_agent``."""
     topics: dict[str, int] = field(default_factory=dict)
     """Messages published per topic, each counted once however many processes it crossed."""
-    usage: dict[str, Any] = field(default_factory=dict)
-    """Model usage: ``input_tokens``, ``output_tokens``, ``cost_usd`` (missing counts as 0)."""
     input_errors: list[str] = field(default_factory=list)
     """Why an Observer's input stopped early (a generator that raised); empty when every
     input ran to its end."""
@@ -183,6 +184,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "decisions": dict(decisions),
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
+        "usage": team.usage(),
     }
 
 
@@ -247,11 +249,24 @@ def summarize(
         outbox=dict(outbox),
         alerts=sum(r["alerts"] for r in reports),
         accounting_ok=all(r["accounting_ok"] for r in reports),
+        usage=_merge_usage([r["usage"] for r in reports]),
         topics=dict(sorted(topics.items())),
         input_errors=[e for r in reports for e in r.get("input_errors", ())],
     )
     summary.expectations = judge(scenario, summary)
     return summary
+
+
+def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run's usage from its processes': an agent on several nodes adds up."""
+    by_agent: dict[str, list[dict[str, Any]]] = {}
+    for u in usages:
+        for name, part in u.get("by_agent", {}).items():
+            by_agent.setdefault(name, []).append(part)
+    return {
+        **sum_usage(usages),
+        "by_agent": {name: sum_usage(parts) for name, parts in by_agent.items()},
+    }
 
 
 def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
@@ -325,7 +340,11 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         check(f"tokens <= {e.max_tokens}", tokens <= e.max_tokens, e.max_tokens, tokens)
     if e.max_cost_usd is not None:
         cost = round(float(usage.get("cost_usd") or 0.0), 6)
-        check(f"cost <= ${e.max_cost_usd}", cost <= e.max_cost_usd, e.max_cost_usd, cost)
+        if usage.get("priced") is False:
+            # Calls to a model with no price: the cost is a floor, and no bound holds on it.
+            check(f"cost <= ${e.max_cost_usd}", False, e.max_cost_usd, f"{cost} + unpriced calls")
+        else:
+            check(f"cost <= ${e.max_cost_usd}", cost <= e.max_cost_usd, e.max_cost_usd, cost)
     for spec in e.custom:
         passed, message = _custom(spec, scenario, s)
         check(f"custom: {spec}", passed, "pass", message)

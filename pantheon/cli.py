@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agents import ProviderUnavailable
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
@@ -115,6 +117,9 @@ def run(
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except ProviderUnavailable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
     else:
@@ -186,6 +191,14 @@ def _observe(telemetry: Any, bus: Any) -> None:
         structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
+def _usage_text(u: dict[str, Any]) -> str:
+    cost = f"${u['cost_usd']:.4f}" + ("" if u["priced"] else "+ (a model has no price)")
+    return (
+        f"calls {u['calls']:,}  tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
+        f"  cost {cost}"
+    )
+
+
 def _print_summary(s: Any) -> None:
     out = Console()
     acc = s.accuracy or {}
@@ -211,6 +224,18 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    # Why messages died: once per subscriber and reason, with one example, not per message.
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    for (sub, reason), n in why.most_common(3):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    u = s.usage
+    if u.get("calls"):
+        lines.append(f"model {_usage_text(u)}")
+        lines.extend(
+            f"  {escape(name)}: {_usage_text(part)}" for name, part in u["by_agent"].items()
+        )
     out.print("\n".join(lines))
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):

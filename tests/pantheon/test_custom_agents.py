@@ -4,6 +4,7 @@ that is not installed, checked at load, run, recorded and replayed exactly."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -264,5 +265,20 @@ def test_an_installed_package_adds_agents_through_entry_points(
     assert type(sorter).__name__ == "Triage" and type(sorter).__module__ == "epteam_mod"
 
     (tmp_path / "ep.yaml").write_text(text.replace("class: triage", "class: triag"))
-    with pytest.raises(ScenarioError, match="neither an import path.*installed: triage"):
+    with pytest.raises(ScenarioError, match=r"neither an import path.*installed: triage"):
         load_scenario(tmp_path / "ep.yaml")
+
+
+def test_a_dead_model_server_stops_the_run_before_it_starts(team: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = SCENARIO + f"provider:\n  kind: openai\n  base_url: http://127.0.0.1:{port}/v1\n"
+    text += "  model: m\n"
+    (team / "dead.yaml").write_text(text, encoding="utf-8")
+    proc = pantheon("run", "dead.yaml", cwd=team)
+    assert proc.returncode == 2
+    message = " ".join(proc.stderr.split())
+    assert f"cannot reach model server at http://127.0.0.1:{port}/v1/chat/completions" in message
+    assert "connection refused" in message and "Traceback" not in proc.stderr
+    assert not (team / ".pantheon").exists()  # nothing ran, nothing recorded

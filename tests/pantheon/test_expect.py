@@ -136,6 +136,9 @@ def test_tokens_and_cost_read_the_usage_section() -> None:
     }
     partly = summary(usage={"output_tokens": 999})
     assert checks(expect, partly)["tokens <= 1000"] == (True, 1000, 999)
+    # A call to a model with no price makes the cost a floor: no bound can be said to hold.
+    unpriced = summary(usage={"calls": 3, "cost_usd": 0.1, "priced": False})
+    assert checks(expect, unpriced)["cost <= $0.5"] == (False, 0.5, "0.1 + unpriced calls")
 
 
 def test_min_accuracy_and_the_others_still_hold() -> None:
@@ -361,7 +364,9 @@ def test_summarize_adds_each_process_topics() -> None:
         "decisions": {},
         "outbox": {},
         "alerts": 0,
-    }
+        "usage": {"calls": 0, "input_tokens": 0, "output_tokens": 0, "cost_usd": 0.0,
+                  "priced": True, "by_agent": {}},
+    }  # fmt: skip
     reports = [base | {"topics": {"a.b": 2, "a.c": 1}}, base | {"topics": {"a.b": 2}}]
     s = summarize(_scenario(), reports, seed=0, elapsed=1.0, session_id=None)
     assert s.topics == {"a.b": 4, "a.c": 1}
