@@ -18,6 +18,7 @@ from agents import (
     AgentOptions,
     Fault,
     Guardian,
+    Labels,
     Learner,
     ModelProvider,
     Monitor,
@@ -25,10 +26,10 @@ from agents import (
     OpenAIProvider,
     Outbox,
     RuleProvider,
-    read_emails,
 )
 from bus import Bus
-from pantheon.scenario import Scenario
+from pantheon._inputs import jsonl_labels, open_input
+from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
 
 __all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
@@ -113,16 +114,6 @@ async def check_model(scenario: Scenario) -> None:
         await provider.aclose()
 
 
-def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
-    if path is None or not path.exists():
-        return {}
-    return {
-        str(r["id"]): r["expected"]
-        for r in read_emails(path)
-        if isinstance(r.get("id"), str) and isinstance(r.get("expected"), dict)
-    }
-
-
 def build_team(
     scenario: Scenario,
     *,
@@ -134,7 +125,11 @@ def build_team(
     outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
     those from the recording instead."""
     inp = scenario.input
-    path = inp.path if inp.kind == "file" else None
+    # One mapping for the Observer to file labels into and the Learner to read; a JSONL
+    # input's are read ahead too, for a Learner in another process than the Observer.
+    labels = Labels(
+        jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else None
+    )
     provider = _provider(scenario)
     prices = {model: (p.input, p.output) for model, p in scenario.prices.items()}
     outbox = Outbox(outbox_path)
@@ -161,13 +156,15 @@ def build_team(
             kwargs["subscribe"] = cfg.subscribe
         # What the built-in roles take from other sections of the scenario; subclasses of
         # them (a user's own Guardian) take the same.
-        if issubclass(cls, Observer) and not replay:
-            settings.update(path=str(path) if path else None, count=inp.count)
-            settings.update(duration=inp.duration, rate=inp.rate)
+        if issubclass(cls, Observer):
+            kwargs["labels"] = labels
+            if not replay:
+                kwargs["source"] = open_input(scenario, seed=seed)
+                settings.update(count=inp.count, duration=inp.duration, rate=inp.rate)
         elif issubclass(cls, Guardian):
             settings = scenario.policy.model_dump() | settings
         elif issubclass(cls, Learner):
-            kwargs["labels"] = _labels(path)
+            kwargs["labels"] = labels
         elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
         elif issubclass(cls, Monitor):

@@ -226,9 +226,12 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
-    # Why messages died, once per distinct error rather than once per message.
-    errors = Counter(f"{d['subscriber']}: {d['error']}" for d in s.dead_letters if d["error"])
-    lines.extend(f"  {n} x {escape(why)}" for why, n in errors.most_common(3))
+    # Why messages died: once per subscriber and reason, with one example, not per message.
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    for (sub, reason), n in why.most_common(3):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
     u = s.usage
     if u.get("calls"):
         lines.append(f"model {_usage_text(u)}")
