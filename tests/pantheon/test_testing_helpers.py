@@ -270,7 +270,7 @@ from bus import Envelope
 class Stamp(Agent):
     """Deterministic: everything from outside goes through effects."""
 
-    subscriptions = ("observation.email.received",)
+    subscriptions = ("ticket.received",)
 
     async def handle(self, env: Envelope) -> None:
         at = await self.now()
@@ -280,23 +280,21 @@ class Stamp(Agent):
 class Leaky(Agent):
     """Reads the clock and randomness directly: a replay cannot reproduce its output."""
 
-    subscriptions = ("observation.email.received",)
+    subscriptions = ("ticket.received",)
 
     async def handle(self, env: Envelope) -> None:
         await self.emit("ticket.leaked", {"at": time.time(), "r": random.random()})
 
 
 class Fragile(Agent):
-    subscriptions = ("observation.email.received",)
+    subscriptions = ("ticket.received",)
 
     async def handle(self, env: Envelope) -> None:
         if env.payload["id"] == "e2":
             raise ValueError("cannot parse e2")
 '''
 
-EMAILS = [
-    {"id": f"e{i}", "from": f"u{i}@x.io", "subject": f"s{i}", "body": "hello"} for i in range(1, 4)
-]
+TICKETS = [{"id": f"e{i}", "subject": f"s{i}"} for i in range(1, 4)]
 
 
 def scenario(folder: Path, name: str, agent: str, expect: str = "zero_lost: true") -> Path:
@@ -307,7 +305,9 @@ def scenario(folder: Path, name: str, agent: str, expect: str = "zero_lost: true
             version: 1
             name: {name}
             input:
-              path: emails.jsonl
+              kind: jsonl
+              path: tickets.jsonl
+              topic: ticket.received
             agents:
               worker:
                 class: "helpers_team_mod:{agent}"
@@ -325,8 +325,8 @@ def team(tmp_path: Path) -> Path:
     folder = tmp_path / "team"
     folder.mkdir()
     (folder / "helpers_team_mod.py").write_text(MODULE, encoding="utf-8")
-    (folder / "emails.jsonl").write_text(
-        "".join(json.dumps(e) + "\n" for e in EMAILS), encoding="utf-8"
+    (folder / "tickets.jsonl").write_text(
+        "".join(json.dumps(t) + "\n" for t in TICKETS), encoding="utf-8"
     )
     return folder
 
@@ -374,7 +374,7 @@ def test_assert_passed_names_each_failed_expectation_with_expected_and_actual(
         for line in lines
     )
     assert not any("zero lost" in line for line in lines)  # it held
-    assert "- worker on 'observation.email.received' (failed): cannot parse e2" in lines
+    assert "- worker on 'ticket.received' (failed): cannot parse e2" in lines
     assert lines[-1].startswith(f"session {bad.session_id}")
 
 
