@@ -679,7 +679,7 @@ class Scenario(_Model):
     """Model name (as the server reports it) -> price per million tokens; a run's cost is
     counted from these, and a model missing here is counted in tokens only."""
     input: _Input
-    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
+    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict, validate_default=True)
     """The team, in the file's order: only the agents listed here run."""
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()
