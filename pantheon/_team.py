@@ -31,6 +31,7 @@ from bus import Bus
 from pantheon._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
+from pantheon.scenario._schema import provider_class
 
 __all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
 
@@ -99,6 +100,9 @@ def _provider(scenario: Scenario) -> ModelProvider:
             connect_timeout=p.connect_timeout,
             max_connections=p.max_connections,
         )
+    if p.kind == "custom":
+        provider: ModelProvider = provider_class(p.class_, p.settings)(**p.settings)
+        return provider
     return RuleProvider(p.rules, p.default_intent)
 
 

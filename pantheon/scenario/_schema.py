@@ -34,7 +34,7 @@ from pydantic import (
 
 import bus
 from agents import Observer
-from pantheon._imports import INPUT_GROUP, add_import_roots
+from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems
 from pantheon.scenario._locate import _dotted, _suggest
 
@@ -48,6 +48,7 @@ __all__ = [
     "AgentFaultConfig",
     "BreakerConfig",
     "CountBound",
+    "CustomProviderConfig",
     "DeadLetterReason",
     "ExpectConfig",
     "FaultsConfig",
@@ -217,9 +218,45 @@ class OpenAIProviderConfig(_Model):
     default_intent: str = "question"
 
 
-ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig
+class CustomProviderConfig(_Model):
+    """A provider of the team's own: ``class`` is ``"module:Name"`` or the name of a
+    ``pantheon.providers`` entry point, built as ``Name(**settings)`` and checked at load
+    (it must take those settings and have an async ``chat``)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True
+    )
+
+    kind: Literal["custom"]
+    class_: str = Field(alias="class", min_length=1)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _buildable(self) -> CustomProviderConfig:
+        provider_class(self.class_, self.settings)
+        return self
+
+
+def provider_class(spec: str, settings: Mapping[str, Any]) -> type:
+    """The provider class ``spec`` names, checked to take ``settings`` and to chat;
+    ``ValueError`` saying what is wrong."""
+    cls = load_object(spec, group=PROVIDER_GROUP)
+    if not isinstance(cls, type):
+        raise ValueError(f"{spec!r} is not a class (it is a {type(cls).__name__})")
+    if not inspect.iscoroutinefunction(getattr(cls, "chat", None)):
+        raise ValueError(f"{spec!r} has no async chat(messages, ...): it is not a model provider")
+    try:
+        inspect.signature(cls).bind(**settings)
+    except TypeError as exc:
+        raise ValueError(f"{spec!r} does not take these settings: {exc}") from None
+    return cls
+
+
+ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig | CustomProviderConfig
 _Provider = Annotated[
-    Annotated[RulesProviderConfig, Tag("@rules")] | Annotated[OpenAIProviderConfig, Tag("@openai")],
+    Annotated[RulesProviderConfig, Tag("@rules")]
+    | Annotated[OpenAIProviderConfig, Tag("@openai")]
+    | Annotated[CustomProviderConfig, Tag("@custom")],
     _by_kind("rules"),
 ]
 
@@ -679,7 +716,7 @@ class Scenario(_Model):
     """Model name (as the server reports it) -> price per million tokens; a run's cost is
     counted from these, and a model missing here is counted in tokens only."""
     input: _Input
-    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
+    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict, validate_default=True)
     """The team, in the file's order: only the agents listed here run."""
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()

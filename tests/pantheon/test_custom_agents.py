@@ -282,3 +282,69 @@ def test_a_dead_model_server_stops_the_run_before_it_starts(team: Path) -> None:
     assert f"cannot reach model server at http://127.0.0.1:{port}/v1/chat/completions" in message
     assert "connection refused" in message and "Traceback" not in proc.stderr
     assert not (team / ".pantheon").exists()  # nothing ran, nothing recorded
+
+
+PROVIDER_MODULE = '''
+from agents import ChatResult, Usage
+
+
+class Echo:
+    """A model of the team's own: answers with the last message, one token per word."""
+
+    name = "echo"
+
+    def __init__(self, model: str = "echo-1", shout: bool = False) -> None:
+        self.model = model
+        self.shout = shout
+
+    async def chat(self, messages, **kwargs):
+        text = messages[-1]["content"]
+        words = len(text.split())
+        return ChatResult(
+            content=text.upper() if self.shout else text,
+            usage=Usage(words, words),
+            model=self.model,
+        )
+
+    async def aclose(self):
+        pass
+
+
+async def ask(env, agent):
+    answer = await agent.chat([{"role": "user", "content": env.payload["body"]}])
+    await agent.emit("ticket.answered", {"id": env.payload["id"], "answer": answer.content})
+
+
+class NoChat:
+    def __init__(self, model: str = "x") -> None:
+        self.model = model
+'''
+
+
+def test_a_provider_of_ones_own_by_class_path(team: Path, tmp_path: Path) -> None:
+    (team / "ownprov_mod.py").write_text(PROVIDER_MODULE, encoding="utf-8")
+    text = (
+        "version: 1\nname: own_model\ninput:\n  path: tickets.jsonl\n"
+        "provider:\n  kind: custom\n  class: ownprov_mod:Echo\n"
+        "  settings: {model: echo-2, shout: true}\n"
+        "prices:\n  echo-2: {input: 1.0, output: 2.0}\n"
+        "agents:\n  asker:\n    handler: ownprov_mod:ask\n"
+        "    subscribe: [observation.email.received]\n"
+    )
+    (team / "own_model.yaml").write_text(text, encoding="utf-8")
+    proc = pantheon("run", "own_model.yaml", "--json", cwd=team)
+    assert proc.returncode == 0, proc.stderr
+    usage = json.loads(proc.stdout)["usage"]
+    words = sum(len(e["body"].split()) for e in EMAILS)
+    assert usage["calls"] == 3 and usage["input_tokens"] == usage["output_tokens"] == words
+    assert usage["cost_usd"] == pytest.approx(words * 3.0 / 1e6) and usage["priced"]
+    assert usage["by_agent"]["asker"]["calls"] == 3
+
+    bad = text.replace("shout: true", "loud: true")
+    (team / "bad_model.yaml").write_text(bad, encoding="utf-8")
+    with pytest.raises(ScenarioError, match="does not take these settings") as info:
+        load_scenario(team / "bad_model.yaml")
+    assert info.value.problems[0].field == "provider"
+    (team / "bad_model.yaml").write_text(text.replace("ownprov_mod:Echo", "ownprov_mod:NoChat"))
+    with pytest.raises(ScenarioError, match="not a model provider"):
+        load_scenario(team / "bad_model.yaml")
