@@ -64,7 +64,6 @@ def register(app: typer.Typer) -> None:
             "\nNext:\n"
             f"  cd {root}\n"
             "  pantheon run scenario.yaml      # run the team, recorded as a session\n"
-            "  pip install 'pantheon[test]'    # pytest and pytest-asyncio, for the tests\n"
             "  python -m pytest                # its tests: one agent, the team, a replay\n"
             f"Then make it yours: {module}.py, scenario.yaml and README.md say how."
         )
