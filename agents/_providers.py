@@ -21,7 +21,6 @@ Errors::
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import os
@@ -509,25 +508,23 @@ class OpenAIProvider(_Provider):
         return self._client
 
     async def check(self) -> None:
-        """A TCP connection to the server, within ``connect_timeout``: no request is made, so
-        no tokens are spent and nothing needs a key."""
+        """One ``GET {base_url}/models``: any HTTP answer means the server is there (no tokens
+        spent, no key needed). It also sets up the client (TLS context, HTTP machinery, a
+        pooled connection), so the first model call of a run does not pay ~0.1 s for it."""
+        import httpx
+
+        models = self.url.removesuffix("/chat/completions") + "/models"
         try:
-            _, writer = await asyncio.wait_for(
-                asyncio.open_connection(self._host, self._port), self.connect_timeout
-            )
-        except TimeoutError:
+            await self._http().get(models, timeout=self.connect_timeout)
+        except httpx.TimeoutException:
             raise ProviderUnavailable(
                 f"cannot reach model server at {self.url}: no answer in {self.connect_timeout:g} s",
                 url=self.url,
             ) from None
-        except OSError as exc:
-            reason = (exc.strerror or str(exc)).lower()
+        except httpx.TransportError as exc:
             raise ProviderUnavailable(
-                f"cannot reach model server at {self.url}: {reason}", url=self.url
+                f"cannot reach model server at {self.url}: {_reason(exc)}", url=self.url
             ) from None
-        writer.close()
-        with contextlib.suppress(OSError):
-            await writer.wait_closed()
 
     async def aclose(self) -> None:
         """Close the pooled connections. The provider cannot be used afterwards."""

@@ -62,6 +62,14 @@ class Team:
         for agent in self.agents.values():
             await agent.stop()
 
+    async def check_model(self) -> None:
+        """Reach the model server before any input flows (``ProviderUnavailable`` if it is
+        not there), which also readies the provider's connections: the first message's
+        handling then measures the call, not the client's set-up."""
+        check = getattr(self.provider, "check", None)
+        if check is not None:
+            await check()
+
     async def aclose(self) -> None:
         """Release the provider's connections: after the last drain, since a message still
         queued for a model-calling agent would otherwise find its provider closed."""

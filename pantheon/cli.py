@@ -194,7 +194,7 @@ def _observe(telemetry: Any, bus: Any) -> None:
 
 
 def _usage_text(u: dict[str, Any]) -> str:
-    cost = f"${u['cost_usd']:.4f}" + ("" if u["priced"] else "+ (a model has no price)")
+    cost = f"${u['cost_usd']:.6f}" + ("" if u["priced"] else "+ (a model has no price)")
     return (
         f"calls {u['calls']:,}  tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
         f"  cost {cost}"
