@@ -348,3 +348,25 @@ def test_a_provider_of_ones_own_by_class_path(team: Path, tmp_path: Path) -> Non
     (team / "bad_model.yaml").write_text(text.replace("ownprov_mod:Echo", "ownprov_mod:NoChat"))
     with pytest.raises(ScenarioError, match="not a model provider"):
         load_scenario(team / "bad_model.yaml")
+
+
+async def test_a_breaker_alert_replays_exactly(team: Path) -> None:
+    """A Monitor's alert on a breaker event is caused by a system message, timing-driven
+    like it: a replay leaves it out of the comparison instead of calling it extra."""
+    import pantheon
+
+    text = (
+        "version: 1\nname: alerting\ninput:\n  path: tickets.jsonl\nagents:\n"
+        "  triage:\n    class: ownteam_mod:Triage\n"
+        "    breaker: {consecutive_failures: 1, cooldown: 30}\n"
+        "  monitor: {}\n"
+        "faults:\n  agents:\n    triage: {failure_rate: 1.0}\n"
+    )
+    (team / "alerting.yaml").write_text(text, encoding="utf-8")
+    store = team / "s.db"
+    summary = await pantheon.run(team / "alerting.yaml", store=store)
+    assert summary.breaker_trips == 1 and summary.alerts == 1
+    session = pantheon.Session.open(summary.session_id or "", store=store)
+    assert [e.topic for e in session.envelopes()].count("monitor.alert.breaker_open") == 1
+    report = await pantheon.replay(session)
+    assert report.matched, report.divergence
