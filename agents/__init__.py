@@ -10,6 +10,7 @@ from agents._base import (
     Agent,
     AgentOptions,
     AgentSettings,
+    AgentUsage,
     Fault,
     FunctionAgent,
     Handler,
@@ -18,8 +19,32 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
-from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
-from agents._providers import INTENTS, ModelProvider, OpenAIProvider, ProviderError, RuleProvider
+from agents._perception import (
+    DEFAULT_MAX_LABELS,
+    InputItem,
+    Labels,
+    Monitor,
+    Observer,
+    Sensor,
+    email_problem,
+    extract_features,
+    find_pii,
+    read_emails,
+)
+from agents._providers import (
+    INTENTS,
+    ChatResult,
+    ModelProvider,
+    OpenAIProvider,
+    ProviderError,
+    ProviderResponseError,
+    ProviderUnavailable,
+    RuleProvider,
+    SupportsChat,
+    ToolCall,
+    Usage,
+    classify,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -29,18 +54,23 @@ ROLES: dict[str, type[Agent]] = {
 
 __all__ = [
     "ACTION_FOR_INTENT",
+    "DEFAULT_MAX_LABELS",
     "INTENTS",
     "ROLES",
     "Actor",
     "Agent",
     "AgentOptions",
     "AgentSettings",
+    "AgentUsage",
+    "ChatResult",
     "Effects",
     "Fault",
     "FunctionAgent",
     "Guardian",
     "Handler",
     "InjectedFault",
+    "InputItem",
+    "Labels",
     "Learner",
     "LiveEffects",
     "Memory",
@@ -51,9 +81,16 @@ __all__ = [
     "Outbox",
     "Planner",
     "ProviderError",
+    "ProviderResponseError",
+    "ProviderUnavailable",
     "Reasoner",
     "RuleProvider",
     "Sensor",
+    "SupportsChat",
+    "ToolCall",
+    "Usage",
+    "classify",
+    "email_problem",
     "extract_features",
     "find_pii",
     "handler_arity",

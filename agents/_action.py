@@ -13,7 +13,7 @@ from pydantic import Field, ImportString, PrivateAttr, model_validator
 
 from agents._base import Agent, AgentSettings, Fault
 from agents._effects import call_maybe_async
-from agents._perception import find_pii
+from agents._perception import Labels, find_pii
 from agents._providers import INTENTS
 from bus import Envelope
 
@@ -292,6 +292,11 @@ class Learner(Agent):
     When ``window`` consecutive low-confidence escalations of one intent were right about the
     intent but escalated needlessly, its threshold goes down. Each change is published as
     ``learner.threshold.updated`` for the Reasoner.
+
+    ``labels`` maps an email id to its expected ``intent`` and ``action``: the scenario
+    input's ``label`` field, filed by the Observer (see :class:`~agents.Labels`). A malformed
+    input is looked up by the ``key`` its payload carries and scores right when its label
+    says ``reject``.
     """
 
     role = "learner"
@@ -312,7 +317,9 @@ class Learner(Agent):
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
-        self.labels = dict(labels or {})
+        # Kept by reference, not copied: the team's Observer files labels into the same
+        # mapping as it reads the input (a generator's exist only then).
+        self.labels: Mapping[str, Mapping[str, Any]] = labels if labels is not None else Labels()
         self.window = self.settings.window
         self.step = self.settings.step
         self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
@@ -332,7 +339,9 @@ class Learner(Agent):
 
     def observe(self, topic: str, outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Score one outcome; return the threshold changes it triggers."""
-        label = self.labels.get(str(outcome.get("email_id")))
+        # An outcome names its email; a malformed input names the record by its ``key``.
+        key = outcome["email_id"] if "email_id" in outcome else outcome.get("key")
+        label = self.labels.get(str(key))
         if label is None:
             self.unlabelled += 1
             return []

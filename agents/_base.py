@@ -8,13 +8,14 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
 import structlog
 from pydantic import BaseModel, ConfigDict
 
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
+from agents._providers import ChatResult, ModelProvider, ProviderError
 from bus import (
     DEFAULT_BREAKER,
     BreakerPolicy,
@@ -31,12 +32,16 @@ __all__ = [
     "Agent",
     "AgentOptions",
     "AgentSettings",
+    "AgentUsage",
     "Fault",
     "FunctionAgent",
     "Handler",
     "InjectedFault",
     "handler_arity",
 ]
+
+#: Model name -> (USD per million input tokens, USD per million output tokens).
+Prices = Mapping[str, tuple[float, float]]
 
 
 class InjectedFault(RuntimeError):
@@ -71,6 +76,73 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+@dataclass(frozen=True, slots=True)
+class AgentUsage:
+    """What an agent's model calls have consumed so far (replayed calls included: a replay
+    serves the recorded usage, so it reports what the original run spent).
+
+    ``cost_usd`` covers the calls whose model has a price; ``priced`` says whether that is
+    all of them (a model missing from the prices costs 0 and makes ``priced`` false).
+    """
+
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost_usd: float = 0.0
+    priced: bool = True
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _UsageMeter:
+    """Token totals per priced model, so the cost is computed from totals when asked: the
+    same whatever order concurrent calls finished in (float sums are order-sensitive)."""
+
+    __slots__ = ("calls", "tokens", "unpriced")
+
+    def __init__(self) -> None:
+        self.calls = 0
+        #: price key (the model name found in the prices, else the answer's) -> [in, out].
+        self.tokens: dict[str, list[int]] = {}
+        self.unpriced = 0
+
+    def add(self, result: ChatResult, fallback_model: str, prices: Prices) -> None:
+        self.calls += 1
+        model = result.model or fallback_model
+        if model not in prices and fallback_model in prices:
+            model = fallback_model  # "gpt-4o-mini" priced, "gpt-4o-mini-2024-07-18" answered
+        if model not in prices:
+            self.unpriced += 1
+        totals = self.tokens.setdefault(model, [0, 0])
+        totals[0] += result.usage.input_tokens
+        totals[1] += result.usage.output_tokens
+
+    def snapshot(self, prices: Prices) -> AgentUsage:
+        cost = 0.0
+        for model, (tokens_in, tokens_out) in sorted(self.tokens.items()):
+            price = prices.get(model)
+            if price is not None:
+                cost += (tokens_in * price[0] + tokens_out * price[1]) / 1_000_000
+        return AgentUsage(
+            calls=self.calls,
+            input_tokens=sum(t[0] for t in self.tokens.values()),
+            output_tokens=sum(t[1] for t in self.tokens.values()),
+            cost_usd=cost,
+            priced=self.unpriced == 0,
+        )
+
+
+async def _recorded_chat(
+    provider: ModelProvider, messages: Sequence[Mapping[str, Any]], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    return (await provider.chat(messages, **kwargs)).to_dict()
+
+
 class Agent:
     """One member of a team. Subclasses set ``role`` and ``subscriptions``, declare their
     knobs as a nested ``Settings(AgentSettings)`` model and write :meth:`handle`.
@@ -80,6 +152,9 @@ class Agent:
     a message was for. A scenario's ``subscribe:`` replaces the class's patterns for one
     instance. Everything non-deterministic goes through :meth:`effect`, which uses the runner
     the runtime put on the envelope (recording or replaying), so a session replays.
+
+    Model calls go through :meth:`chat`, which is such an effect, on the ``provider`` the
+    runtime gives every agent; ``prices`` turn the tokens they use into :attr:`usage` cost.
     """
 
     role: ClassVar[str] = "agent"
@@ -96,8 +171,13 @@ class Agent:
         fault: Fault | None = None,
         effects: Effects | None = None,
         seed: int = 0,
+        provider: ModelProvider | None = None,
+        prices: Prices | None = None,
     ) -> None:
         self.name = name or self.role
+        self.provider = provider
+        self.prices: dict[str, tuple[float, float]] = dict(prices or {})
+        self._usage = _UsageMeter()
         self.seed = seed
         self._draws: Counter[str] = Counter()
         if isinstance(settings, self.Settings):
@@ -226,10 +306,10 @@ class Agent:
     def effects(self) -> Effects:
         env = current_envelope()
         if env is not None and env.context is not None:
-            return env.context  # type: ignore[no-any-return]
+            return env.context
         bus = self.bus
         if bus is not None and bus.context is not None:
-            return bus.context  # type: ignore[no-any-return]
+            return bus.context
         return self._effects
 
     async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -254,6 +334,29 @@ class Agent:
             return await self.effects.effect(name, fn, *args, **kwargs)
         with span:
             return await self.effects.effect(name, fn, *args, **kwargs)
+
+    async def chat(self, messages: Sequence[Mapping[str, Any]], **kwargs: Any) -> ChatResult:
+        """Ask the agent's model provider (see :meth:`agents.ModelProvider.chat` for the
+        arguments), as the effect ``model.<provider name>.chat``.
+
+        What is recorded is the result's plain :meth:`~agents.ChatResult.to_dict`, and what
+        is returned is rebuilt from it, so a live run and its replay see equal results; a
+        replay makes no model call (and so streams nothing to ``on_token``). Every result,
+        replayed or not, is counted in :attr:`usage`."""
+        provider = self.provider
+        if provider is None:
+            raise ProviderError(f"agent {self.name!r} has no model provider to chat with")
+        recorded = await self.effect(
+            f"model.{provider.name}.chat", _recorded_chat, provider, messages, kwargs
+        )
+        result = ChatResult.from_dict(recorded)
+        self._usage.add(result, provider.model, self.prices)
+        return result
+
+    @property
+    def usage(self) -> AgentUsage:
+        """Model calls, tokens and cost so far, as a frozen snapshot."""
+        return self._usage.snapshot(self.prices)
 
     async def now(self) -> float:
         return await self.effects.now()

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from agents._base import Agent, AgentSettings
-from agents._providers import INTENTS, ModelProvider
+from agents._providers import INTENTS, classify
 from bus import Envelope, Priority
 
 __all__ = ["ACTION_FOR_INTENT", "Memory", "Planner", "Reasoner"]
@@ -73,6 +73,9 @@ class Memory(Agent):
 class Reasoner(Agent):
     """Classifies each enriched email with the model provider and proposes ranked actions.
 
+    The question goes through :meth:`Agent.chat` (:func:`agents.classify` asked of the agent,
+    not of the provider), so it is recorded, replayed, and counted in :attr:`Agent.usage`.
+
     ``thresholds`` (per intent, tuned by the Learner) is the confidence under which the
     Reasoner does not trust the provider's intent: it halves the confidence, which sends the
     email to a human through the Guardian. A sender with earlier complaints who writes again
@@ -88,9 +91,10 @@ class Reasoner(Agent):
         thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
         """Per-intent starting thresholds, overriding ``threshold``."""
 
-    def __init__(self, name: str | None = None, *, provider: ModelProvider, **kwargs: Any) -> None:
+    def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.provider = provider
+        if self.provider is None:
+            raise TypeError("a Reasoner needs a model provider (provider=...)")
         self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
         self.thresholds.update(self.settings.thresholds)
 
@@ -105,12 +109,7 @@ class Reasoner(Agent):
         history = await self.effect(
             "memory.lookup", self.request, "memory.lookup", {"sender": sender}
         )
-        verdict = await self.effect(
-            f"model.{self.provider.name}.classify",
-            self.provider.classify,
-            email.get("subject", ""),
-            email.get("body", ""),
-        )
+        verdict = await classify(self, email.get("subject", ""), email.get("body", ""))
         thresholds = await self.effect("reasoner.thresholds", dict, self.thresholds)
         intent, confidence = verdict["intent"], float(verdict["confidence"])
         if (

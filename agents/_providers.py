@@ -1,55 +1,348 @@
-"""Model providers: what the Reasoner asks to classify an email, always through an effect.
+"""Model providers: the one interface an agent's model calls go through.
 
-Two kinds. :class:`RuleProvider` scores intents with the scenario's regular expressions:
-offline, deterministic, and honest about its accuracy. :class:`OpenAIProvider` speaks the
-OpenAI chat-completions protocol over HTTP to any compatible server (OpenAI, Ollama, vLLM,
-llama.cpp). Both return a plain dict so the result can be recorded and served on replay.
+A provider answers OpenAI-shaped chat messages with a :class:`ChatResult`, a frozen value that
+:meth:`ChatResult.to_dict` turns into plain data. That plain data is what a session records
+(:meth:`agents.Agent.chat` runs every call as an effect), so a replay rebuilds the same result
+from the record and never calls the model.
+
+Two providers ship. :class:`RuleProvider` scores intents with the scenario's regular
+expressions: offline, deterministic, free, and honest about its accuracy. :class:`OpenAIProvider`
+speaks the chat-completions protocol to any compatible server (OpenAI, Ollama, vLLM, llama.cpp)
+over one pooled ``httpx`` client, with bounded retries. :func:`classify` is the support desk's
+question, asked the same way of either.
+
+Errors::
+
+    ProviderError                  the provider failed or answered something unusable
+    ├── ProviderUnavailable        the server could not be reached, after retries
+    └── ProviderResponseError      an HTTP error status (after retries), or an unusable answer
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import os
+import random
 import re
-import urllib.error
+import socket
 import urllib.parse
-import urllib.request
-from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from agents._effects import genai_span
 
-__all__ = ["INTENTS", "ModelProvider", "OpenAIProvider", "ProviderError", "RuleProvider"]
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = [
+    "INTENTS",
+    "ChatResult",
+    "ModelProvider",
+    "OpenAIProvider",
+    "ProviderError",
+    "ProviderResponseError",
+    "ProviderUnavailable",
+    "RuleProvider",
+    "SupportsChat",
+    "ToolCall",
+    "Usage",
+    "classify",
+]
 
 INTENTS = ("question", "complaint", "refund", "bug", "spam", "outage")
+
+#: HTTP statuses worth another attempt: rate limiting and the server-side failures that are
+#: usually transient (an overloaded or restarting model server, a proxy in front of it).
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+#: Characters of an unusable answer or error body quoted in an exception message.
+EXCERPT = 200
+
+
+# -- values ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Tokens one call (or a sum of calls) consumed, as the server counted them."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def total_tokens(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: object) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(
+            self.input_tokens + other.input_tokens, self.output_tokens + other.output_tokens
+        )
+
+    def to_dict(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Usage:
+        return cls(int(data.get("input_tokens", 0)), int(data.get("output_tokens", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A function call the model asked for; ``arguments`` already decoded from the protocol's
+    JSON string, so a malformed call fails in the provider, not in the tool."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ToolCall:
+        return cls(str(data["id"]), str(data["name"]), dict(data.get("arguments") or {}))
+
+
+@dataclass(frozen=True, slots=True)
+class ChatResult:
+    """One model answer. ``data`` is the parsed JSON when JSON output was asked for.
+
+    Frozen and built only of plain values, so :meth:`to_dict` and :meth:`from_dict`
+    round-trip through msgpack: a session records the dict, a replay rebuilds an equal result.
+    """
+
+    content: str | None
+    data: Any = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = Usage()
+    model: str = ""
+    finish_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "content": self.content,
+            "data": self.data,
+            "tool_calls": [c.to_dict() for c in self.tool_calls],
+            "usage": self.usage.to_dict(),
+            "model": self.model,
+            "finish_reason": self.finish_reason,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ChatResult:
+        return cls(
+            content=data.get("content"),
+            data=data.get("data"),
+            tool_calls=tuple(ToolCall.from_dict(c) for c in data.get("tool_calls") or ()),
+            usage=Usage.from_dict(data.get("usage") or {}),
+            model=str(data.get("model") or ""),
+            finish_reason=data.get("finish_reason"),
+        )
+
+
+# -- errors ------------------------------------------------------------------------------------
 
 
 class ProviderError(RuntimeError):
     """The model provider failed or answered something unusable."""
 
 
-class ModelProvider(Protocol):
-    """Classifies a text into one of :data:`INTENTS`.
+class ProviderUnavailable(ProviderError):
+    """The model server could not be reached (refused, DNS, timeout) after every retry.
 
-    Returns ``{"intent": str, "confidence": float in [0, 1], "scores": {intent: float}}``.
+    Usually an operator's problem (the server is down or the URL is wrong), which is why the
+    message always names the URL."""
+
+    def __init__(self, message: str, *, url: str | None = None) -> None:
+        super().__init__(message)
+        self.url = url
+
+
+class ProviderResponseError(ProviderError):
+    """The server answered, but not usefully: an HTTP error status after every retry
+    (``status`` set), or an answer the caller cannot use (JSON asked for, prose given)."""
+
+    def __init__(self, message: str, *, url: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.url = url
+        self.status = status
+
+
+# -- the interface -----------------------------------------------------------------------------
+
+
+@runtime_checkable
+class ModelProvider(Protocol):
+    """A chat model. ``messages`` are OpenAI chat messages (``role``/``content``, assistant
+    ``tool_calls``, ``tool`` messages with ``tool_call_id``); ``response_format`` is
+    ``{"type": "json_object"}`` or ``{"type": "json_schema", "json_schema": {...}}``;
+    ``tools`` are OpenAI function tools. With ``stream`` the answer's text reaches
+    ``on_token`` piece by piece as it is generated; the returned result is the same.
+
+    ``name`` names the kind of provider (it is part of the recorded effect's name); ``model``
+    the model asked for. ``aclose()`` releases connections; the runtime calls it after a run.
     """
 
     name: str
+    model: str
 
-    async def classify(self, subject: str, body: str) -> dict[str, Any]: ...
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_format: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stream: bool = False,
+        on_token: Callable[[str], None] | None = None,
+    ) -> ChatResult: ...
+
+    async def aclose(self) -> None: ...
 
 
-class RuleProvider:
+class SupportsChat(Protocol):
+    """Anything :func:`classify` can ask: a :class:`ModelProvider`, or an agent, whose
+    :meth:`~agents.Agent.chat` records the call and counts its tokens."""
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_format: Mapping[str, Any] | None = None,
+        temperature: float | None = None,
+    ) -> ChatResult: ...
+
+
+# -- the support desk's question ---------------------------------------------------------------
+
+_CLASSIFY_PROMPT = (
+    "You classify customer support emails. Answer with one JSON object only: "
+    '{"intent": one of ' + ", ".join(INTENTS) + ', "confidence": number between 0 and 1}.'
+)
+
+_CLASSIFY_FORMAT: dict[str, Any] = {
+    "type": "json_schema",
+    "json_schema": {
+        "name": "email_intent",
+        "strict": True,
+        "schema": {
+            "type": "object",
+            "properties": {
+                "intent": {"type": "string", "enum": list(INTENTS)},
+                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
+            },
+            "required": ["intent", "confidence"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+_SUBJECT = "Subject: "
+
+
+def _email_text(subject: str, body: str) -> str:
+    return f"{_SUBJECT}{subject}\n\n{body}"
+
+
+def _split_email(text: str) -> tuple[str, str]:
+    """Subject and body back out of :func:`_email_text`; a text not in that shape is all
+    body. A subject that itself holds a blank line is split at it."""
+    if not text.startswith(_SUBJECT):
+        return "", text
+    subject, _, body = text[len(_SUBJECT) :].partition("\n\n")
+    return subject, body
+
+
+async def classify(model: SupportsChat, subject: str, body: str) -> dict[str, Any]:
+    """Ask ``model`` which of :data:`INTENTS` an email is, and check the answer.
+
+    One prompt and one JSON schema for every provider, so intents from different models are
+    comparable and an answer is held to the same rules whoever gave it. Returns
+    ``{"intent", "confidence" (clamped to [0, 1]), "scores", "usage", "model"}``; ``scores``
+    are the provider's per-intent shares when it gives them, else the winner's confidence.
+    Raises :class:`ProviderResponseError` for an answer without a known intent.
+    """
+    result = await model.chat(
+        [
+            {"role": "system", "content": _CLASSIFY_PROMPT},
+            {"role": "user", "content": _email_text(subject, body)},
+        ],
+        response_format=_CLASSIFY_FORMAT,
+        temperature=0.0,
+    )
+    who = result.model or "the model"
+    answer = result.data
+    if not isinstance(answer, Mapping) or "intent" not in answer:
+        raise ProviderResponseError(f"{who} gave no intent: {result.content!r:.{EXCERPT}}")
+    intent = str(answer["intent"]).strip().lower()
+    if intent not in INTENTS:
+        raise ProviderResponseError(f"{who} answered unknown intent {intent!r}")
+    try:
+        confidence = float(answer.get("confidence", 0.5))
+    except (TypeError, ValueError):
+        confidence = math.nan
+    if not math.isfinite(confidence):
+        raise ProviderResponseError(f"{who} gave no usable confidence: {answer!r:.{EXCERPT}}")
+    confidence = min(max(confidence, 0.0), 1.0)
+    scores = answer.get("scores")
+    return {
+        "intent": intent,
+        "confidence": confidence,
+        "scores": dict(scores) if isinstance(scores, Mapping) else {intent: confidence},
+        "usage": result.usage.to_dict(),
+        "model": result.model,
+    }
+
+
+class _Provider:
+    """What the shipped providers share: ``async with`` closing and :meth:`classify`."""
+
+    async def classify(self: SupportsChat, subject: str, body: str) -> dict[str, Any]:
+        """:func:`classify` asked of this provider directly (no recording, no accounting)."""
+        return await classify(self, subject, body)
+
+    async def check(self) -> None:
+        """Raise :class:`ProviderUnavailable` now if the model cannot be reached, so a run
+        says so once, before any input flows, instead of dead-lettering every one."""
+
+    async def aclose(self) -> None:
+        """Nothing to release unless a subclass holds connections."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+# -- rules -------------------------------------------------------------------------------------
+
+
+class RuleProvider(_Provider):
     """Scores each intent by how many of its patterns match; confidence is the winner's share.
 
-    A subject match counts double (subjects are short and deliberate). With no match at all
-    the ``default_intent`` wins at confidence 0.3, low enough that the Guardian escalates.
+    It answers :func:`classify`'s question only: the last user message is read as
+    ``Subject: <subject>``, a blank line, then the body, because a subject match counts
+    double (subjects are short and deliberate). With no match at all the ``default_intent``
+    wins at confidence 0.3, low enough that the Guardian escalates. The answer is the JSON
+    ``{"intent", "confidence", "scores"}``; it uses no tokens and reports none.
     """
 
     name = "rules"
+    model = "rules"
 
-    def __init__(self, rules: Mapping[str, Sequence[str]], default_intent: str = "question"):
+    def __init__(
+        self,
+        rules: Mapping[str, Sequence[str | re.Pattern[str]]],
+        default_intent: str = "question",
+    ) -> None:
         unknown = set(rules) - set(INTENTS)
         if unknown:
             raise ValueError(f"rules for unknown intents: {sorted(unknown)}")
@@ -58,19 +351,41 @@ class RuleProvider:
         }
         self.default_intent = default_intent
 
-    async def classify(self, subject: str, body: str) -> dict[str, Any]:
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_format: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stream: bool = False,
+        on_token: Callable[[str], None] | None = None,
+    ) -> ChatResult:
+        text = _last_user_text(messages)
+        if text is None:
+            raise ProviderError("the rule provider classifies a user message; there is none")
         span = genai_span(
             "chat",
             self.name,
-            {"gen_ai.provider.name": "pantheon.rules", "gen_ai.request.model": self.name},
+            {"gen_ai.provider.name": "pantheon.rules", "gen_ai.request.model": self.model},
         )
         if span is None:
-            return self._classify(subject, body)
+            return self._answer(text, on_token if stream else None)
         with span as s:
-            result = self._classify(subject, body)
-            s.set_attribute("gen_ai.response.model", self.name)
-            s.set_attribute("pantheon.intent", result["intent"])
+            result = self._answer(text, on_token if stream else None)
+            s.set_attribute("gen_ai.response.model", self.model)
+            s.set_attribute("gen_ai.usage.input_tokens", 0)
+            s.set_attribute("gen_ai.usage.output_tokens", 0)
+            s.set_attribute("pantheon.intent", result.data["intent"])
             return result
+
+    def _answer(self, text: str, on_token: Callable[[str], None] | None) -> ChatResult:
+        verdict = self._classify(*_split_email(text))
+        content = json.dumps(verdict)
+        if on_token is not None:
+            on_token(content)
+        return ChatResult(content, verdict, model=self.model, finish_reason="stop")
 
     def _classify(self, subject: str, body: str) -> dict[str, Any]:
         scores: dict[str, float] = {}
@@ -94,18 +409,48 @@ class RuleProvider:
         }
 
 
-_SYSTEM_PROMPT = (
-    "You classify customer support emails. Answer with one JSON object only: "
-    '{"intent": one of ' + ", ".join(INTENTS) + ', "confidence": number between 0 and 1}.'
-)
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, Sequence):  # content parts: keep the text ones
+            return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+        return ""
+    return None
 
 
-class OpenAIProvider:
+# -- OpenAI-compatible servers -----------------------------------------------------------------
+
+
+class _Progress:
+    """How much of a streamed answer was handed out: after the first token a retry would
+    repeat text the caller has already shown, so a broken stream is final."""
+
+    __slots__ = ("tokens",)
+
+    def __init__(self) -> None:
+        self.tokens = 0
+
+
+class OpenAIProvider(_Provider):
     """Chat-completions over HTTP. ``base_url`` ends before ``/chat/completions``
     (e.g. ``http://127.0.0.1:11434/v1`` for Ollama); the key is sent as a Bearer token when set.
 
-    Uses the standard library's HTTP client in a worker thread: one request per email does not
-    justify another dependency, and the event loop never blocks on the network.
+    One ``httpx.AsyncClient``, made on first use and closed by :meth:`aclose`, carries every
+    call: concurrent calls share up to ``max_connections`` kept-alive connections instead of
+    paying a TCP (and TLS) handshake each. ``timeout`` bounds each read and write,
+    ``connect_timeout`` the connection.
+
+    A refused or timed-out connection and the statuses in :data:`RETRY_STATUSES` are tried
+    again, up to ``max_retries`` more times, after ``backoff * 2**n`` seconds (n = 0, 1, ...;
+    at most ``max_backoff``) with jitter between half and all of it, so a crowd of agents
+    that failed together does not return together. A ``Retry-After`` in seconds replaces
+    that wait, still capped at ``max_backoff``. Any other error status fails at once. So a
+    dead server costs at most the backoff schedule (1.4 s with the defaults) when refused,
+    plus ``connect_timeout`` per attempt when it does not answer at all.
     """
 
     name = "openai"
@@ -116,10 +461,20 @@ class OpenAIProvider:
         model: str = "gpt-4o-mini",
         api_key: str | None = None,
         timeout: float = 30.0,
+        *,
+        max_retries: int = 3,
+        backoff: float = 0.2,
+        max_backoff: float = 5.0,
+        connect_timeout: float = 5.0,
+        max_connections: int = 32,
     ) -> None:
         base = base_url or os.environ.get("OPENAI_BASE_URL")
         if not base:
             raise ProviderError("OpenAI provider needs base_url or OPENAI_BASE_URL")
+        if max_retries < 0 or backoff < 0 or max_backoff < 0:
+            raise ValueError("max_retries, backoff and max_backoff must not be negative")
+        if timeout <= 0 or connect_timeout <= 0 or max_connections < 1:
+            raise ValueError("timeouts must be positive and max_connections at least 1")
         self.url = base.rstrip("/") + "/chat/completions"
         parts = urllib.parse.urlsplit(self.url)
         self._host = parts.hostname or ""
@@ -127,85 +482,375 @@ class OpenAIProvider:
         self.model = model
         self.api_key = api_key
         self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.connect_timeout = connect_timeout
+        self.max_connections = max_connections
+        self._client: httpx.AsyncClient | None = None
+        self._closed = False
+        self._jitter = random.Random()
 
-    async def classify(self, subject: str, body: str) -> dict[str, Any]:
-        request = {
-            "model": self.model,
-            "temperature": 0,
-            "messages": [
-                {"role": "system", "content": _SYSTEM_PROMPT},
-                {"role": "user", "content": f"Subject: {subject}\n\n{body}"},
-            ],
+    def _http(self) -> httpx.AsyncClient:
+        if self._closed:
+            raise ProviderError(f"the provider for {self.url} is closed")
+        if self._client is None:
+            import httpx  # 0.1 s to import: only runs that talk to a server pay it
+
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            self._client = httpx.AsyncClient(
+                headers=headers,
+                timeout=httpx.Timeout(self.timeout, connect=self.connect_timeout),
+                limits=httpx.Limits(
+                    max_connections=self.max_connections,
+                    max_keepalive_connections=self.max_connections,
+                ),
+            )
+        return self._client
+
+    async def check(self) -> None:
+        """A TCP connection to the server, within ``connect_timeout``: no request is made, so
+        no tokens are spent and nothing needs a key."""
+        try:
+            _, writer = await asyncio.wait_for(
+                asyncio.open_connection(self._host, self._port), self.connect_timeout
+            )
+        except TimeoutError:
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: no answer in {self.connect_timeout:g} s",
+                url=self.url,
+            ) from None
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: {reason}", url=self.url
+            ) from None
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+    async def aclose(self) -> None:
+        """Close the pooled connections. The provider cannot be used afterwards."""
+        self._closed = True
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        response_format: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stream: bool = False,
+        on_token: Callable[[str], None] | None = None,
+    ) -> ChatResult:
+        body: dict[str, Any] = {"model": self.model, "messages": [dict(m) for m in messages]}
+        attributes: dict[str, Any] = {
+            "gen_ai.provider.name": "openai",
+            "gen_ai.request.model": self.model,
+            "server.address": self._host,
+            "server.port": self._port,
         }
-        span = genai_span(
-            "chat",
-            self.model,
-            {
-                "gen_ai.provider.name": "openai",
-                "gen_ai.request.model": self.model,
-                "gen_ai.request.temperature": 0.0,
-                "server.address": self._host,
-                "server.port": self._port,
-            },
-            kind="client",
+        if temperature is not None:
+            body["temperature"] = attributes["gen_ai.request.temperature"] = float(temperature)
+        if max_tokens is not None:
+            body["max_tokens"] = attributes["gen_ai.request.max_tokens"] = max_tokens
+        if response_format is not None:
+            body["response_format"] = dict(response_format)
+        if tools:
+            body["tools"] = [dict(t) for t in tools]
+        if stream:
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        json_wanted = response_format is not None and response_format.get("type") in (
+            "json_object",
+            "json_schema",
         )
+        span = genai_span("chat", self.model, attributes, kind="client")
         if span is None:
-            reply = await asyncio.to_thread(self._post, request)
-        else:
-            with span as s:
-                reply = await asyncio.to_thread(self._post, request)
-                _annotate(s, reply)
-        try:
-            content = reply["choices"][0]["message"]["content"]
-            answer = json.loads(_strip_fence(content))
-            intent = str(answer["intent"]).strip().lower()
-            confidence = float(answer.get("confidence", 0.5))
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise ProviderError(f"unusable answer from {self.url}: {reply!r:.200}") from exc
-        if intent not in INTENTS:
-            raise ProviderError(f"model answered unknown intent {intent!r}")
-        confidence = min(max(confidence, 0.0), 1.0)
-        return {"intent": intent, "confidence": confidence, "scores": {intent: confidence}}
+            result, _ = await self._send(body, json_wanted, on_token)
+            return result
+        with span as s:
+            result, response_id = await self._send(body, json_wanted, on_token)
+            _annotate(s, result, response_id)
+            return result
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        req = urllib.request.Request(
-            self.url, data=json.dumps(body).encode(), headers=headers, method="POST"
+    async def _send(
+        self, body: dict[str, Any], json_wanted: bool, on_token: Callable[[str], None] | None
+    ) -> tuple[ChatResult, str | None]:
+        import httpx
+
+        client = self._http()
+        attempts = self.max_retries + 1
+        progress = _Progress()
+        attempt = 0
+        while True:
+            last = attempt == attempts - 1
+            try:
+                if body.get("stream"):
+                    async with client.stream("POST", self.url, json=body) as response:
+                        if response.is_success:
+                            return await self._read_stream(
+                                response, json_wanted, on_token, progress
+                            )
+                        await response.aread()
+                else:
+                    response = await client.post(self.url, json=body)
+                    if response.is_success:
+                        return self._read_reply(response.content, json_wanted)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                if progress.tokens:
+                    raise ProviderUnavailable(
+                        f"the stream from {self.url} broke after {progress.tokens} pieces: "
+                        f"{_reason(exc)}",
+                        url=self.url,
+                    ) from exc
+                if last:
+                    raise ProviderUnavailable(
+                        f"cannot reach model server at {self.url}: {_reason(exc)} "
+                        f"({attempts} attempt{'s' if attempts > 1 else ''})",
+                        url=self.url,
+                    ) from exc
+                await asyncio.sleep(self._delay(attempt, None))
+                attempt += 1
+                continue
+            status = response.status_code
+            retryable = status in RETRY_STATUSES
+            if last or not retryable:
+                after = f" after {attempts} attempts" if retryable and attempts > 1 else ""
+                raise ProviderResponseError(
+                    f"model server at {self.url} answered HTTP {status}{after}: "
+                    f"{_excerpt(response.text)}",
+                    url=self.url,
+                    status=status,
+                )
+            await asyncio.sleep(self._delay(attempt, _retry_after(response)))
+            attempt += 1
+
+    def _delay(self, attempt: int, retry_after: float | None) -> float:
+        if retry_after is not None:
+            return min(retry_after, self.max_backoff)
+        full = min(self.max_backoff, self.backoff * 2**attempt)
+        return full * (0.5 + self._jitter.random() / 2)
+
+    def _read_reply(self, raw: bytes, json_wanted: bool) -> tuple[ChatResult, str | None]:
+        try:
+            reply = json.loads(raw)
+            choice = reply["choices"][0]
+            message = choice["message"]
+            content = message.get("content")
+            calls = tuple(
+                self._tool_call(c.get("id"), c["function"]["name"], c["function"].get("arguments"))
+                for c in message.get("tool_calls") or ()
+            )
+            finish = choice.get("finish_reason")
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise ProviderResponseError(
+                f"unusable answer from {self.url}: {_excerpt(raw.decode(errors='replace'))}",
+                url=self.url,
+            ) from exc
+        result = self._result(content, calls, reply.get("usage"), reply.get("model"), finish)
+        return self._with_data(result, json_wanted), _str_or_none(reply.get("id"))
+
+    async def _read_stream(
+        self,
+        response: httpx.Response,
+        json_wanted: bool,
+        on_token: Callable[[str], None] | None,
+        progress: _Progress,
+    ) -> tuple[ChatResult, str | None]:
+        """Server-sent events: each ``data:`` line a chunk with a ``delta``; tool calls come
+        in fragments keyed by ``index`` whose ``arguments`` concatenate; with
+        ``include_usage`` the last chunk before ``[DONE]`` has no choices and the usage."""
+        parts: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        seen: dict[str, Any] = {}
+        done = False
+        async for line in response.aiter_lines():
+            if not line.startswith("data:"):
+                continue  # blank separators, ": keep-alive" comments, event names
+            data = line[5:].strip()
+            if data == "[DONE]" or done:
+                # Read on to the end of the body even so: a response left unread closes
+                # its connection instead of returning it to the pool.
+                done = True
+                continue
+            try:
+                pieces = _apply_chunk(json.loads(data), calls, seen)
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise ProviderResponseError(
+                    f"unusable stream chunk from {self.url}: {_excerpt(data)}", url=self.url
+                ) from exc
+            for text in pieces:
+                parts.append(text)
+                progress.tokens += 1
+                if on_token is not None:
+                    on_token(text)
+        tool_calls = tuple(
+            self._tool_call(c["id"], c["name"], "".join(c["arguments"]))
+            for _, c in sorted(calls.items())
         )
+        content = "".join(parts) if parts or not tool_calls else None
+        result = self._result(
+            content, tool_calls, seen.get("usage"), seen.get("model"), seen.get("finish")
+        )
+        return self._with_data(result, json_wanted), _str_or_none(seen.get("id"))
+
+    def _result(
+        self,
+        content: Any,
+        tool_calls: tuple[ToolCall, ...],
+        usage: Any,
+        model: Any,
+        finish: Any,
+    ) -> ChatResult:
+        return ChatResult(
+            content=content if isinstance(content, str) else None,
+            tool_calls=tool_calls,
+            usage=_usage(usage),
+            model=model if isinstance(model, str) and model else self.model,
+            finish_reason=_str_or_none(finish),
+        )
+
+    def _with_data(self, result: ChatResult, json_wanted: bool) -> ChatResult:
+        if not json_wanted or (result.content is None and result.tool_calls):
+            return result
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                return json.loads(resp.read())  # type: ignore[no-any-return]
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200].decode(errors="replace")
-            raise ProviderError(f"{self.url} answered HTTP {exc.code}: {detail}") from exc
-        except (urllib.error.URLError, TimeoutError, json.JSONDecodeError) as exc:
-            raise ProviderError(f"{self.url}: {exc}") from exc
+            data = json.loads(_strip_fence(result.content or ""))
+        except ValueError as exc:
+            raise ProviderResponseError(
+                f"JSON was asked of {self.url} but the answer is not JSON: "
+                f"{_excerpt(result.content or '')}",
+                url=self.url,
+            ) from exc
+        return ChatResult(
+            result.content, data, result.tool_calls, result.usage, result.model,
+            result.finish_reason,
+        )  # fmt: skip
+
+    def _tool_call(self, call_id: Any, name: Any, arguments: Any) -> ToolCall:
+        if arguments is None or arguments == "":
+            args: Any = {}
+        elif isinstance(arguments, Mapping):  # some servers send the object itself
+            args = dict(arguments)
+        else:
+            try:
+                args = json.loads(arguments)
+            except (TypeError, ValueError) as exc:
+                raise ProviderResponseError(
+                    f"{self.url} called tool {name!r} with arguments that are not JSON: "
+                    f"{_excerpt(str(arguments))}",
+                    url=self.url,
+                ) from exc
+        if not isinstance(args, dict):
+            raise ProviderResponseError(
+                f"{self.url} called tool {name!r} with arguments that are not a JSON object: "
+                f"{_excerpt(str(arguments))}",
+                url=self.url,
+            )
+        return ToolCall(str(call_id or ""), str(name), args)
 
 
-def _annotate(span: Any, reply: Any) -> None:
-    """GenAI response attributes from a chat-completions reply, where it has them."""
-    if not isinstance(reply, dict):
-        return
-    if isinstance(reply.get("model"), str):
-        span.set_attribute("gen_ai.response.model", reply["model"])
-    if isinstance(reply.get("id"), str):
-        span.set_attribute("gen_ai.response.id", reply["id"])
-    usage = reply.get("usage")
-    if isinstance(usage, dict):
-        for ours, theirs in (("input", "prompt"), ("output", "completion")):
-            if isinstance(usage.get(f"{theirs}_tokens"), int):
-                span.set_attribute(f"gen_ai.usage.{ours}_tokens", usage[f"{theirs}_tokens"])
-    choices = reply.get("choices")
-    if isinstance(choices, list):
-        reasons = [c.get("finish_reason") for c in choices if isinstance(c, dict)]
-        span.set_attribute("gen_ai.response.finish_reasons", [r for r in reasons if r])
+def _apply_chunk(
+    chunk: Mapping[str, Any], calls: dict[int, dict[str, Any]], seen: dict[str, Any]
+) -> list[str]:
+    """Fold one stream chunk into ``calls`` (tool-call fragments by index) and ``seen``
+    (the latest model, id, usage and finish reason seen); return its text pieces."""
+    for key in ("model", "id", "usage"):
+        if chunk.get(key):
+            seen[key] = chunk[key]
+    pieces = []
+    for choice in chunk.get("choices") or ():
+        if choice.get("index", 0) != 0:
+            continue
+        delta = choice.get("delta") or {}
+        if delta.get("content"):
+            pieces.append(str(delta["content"]))
+        for frag in delta.get("tool_calls") or ():
+            slot = calls.setdefault(
+                int(frag.get("index", 0)), {"id": "", "name": "", "arguments": []}
+            )
+            function = frag.get("function") or {}
+            slot["id"] = frag.get("id") or slot["id"]
+            slot["name"] = slot["name"] or function.get("name") or ""
+            if function.get("arguments"):
+                slot["arguments"].append(function["arguments"])
+        if choice.get("finish_reason"):
+            seen["finish"] = choice["finish_reason"]
+    return pieces
+
+
+def _usage(raw: Any) -> Usage:
+    if not isinstance(raw, Mapping):
+        return Usage()
+
+    def count(key: str) -> int:
+        value = raw.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    return Usage(count("prompt_tokens"), count("completion_tokens"))
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds (fractions accepted); an HTTP date is ignored and the
+    backoff schedule used instead."""
+    value = response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        return None
+    return seconds if math.isfinite(seconds) and seconds >= 0 else None
+
+
+def _reason(exc: Exception) -> str:
+    import httpx
+
+    if isinstance(exc, httpx.ConnectTimeout):
+        return "connection timed out"
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out waiting for the answer"
+    # httpx wraps the socket's error in its own and anyio's ("All connection attempts
+    # failed"): the useful words are at the bottom of the chain.
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, socket.gaierror):
+            return f"cannot resolve the host name ({cause.strerror})"
+        cause = cause.__cause__ or cause.__context__
+    return str(exc) or type(exc).__name__
+
+
+def _excerpt(text: str) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= EXCERPT else flat[:EXCERPT] + "..."
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+_FENCE = re.compile(r"\A```[a-zA-Z]*\s*\n?(.*?)\n?```\Z", re.DOTALL)
 
 
 def _strip_fence(text: str) -> str:
+    """The JSON inside a Markdown code fence, which chat models add even in JSON mode."""
     text = text.strip()
-    if text.startswith("```"):
-        text = text.strip("`")
-        text = text.removeprefix("json").strip()
-    return text
+    fenced = _FENCE.match(text)
+    return fenced.group(1).strip() if fenced else text
+
+
+def _annotate(span: Any, result: ChatResult, response_id: str | None) -> None:
+    """GenAI response attributes of the ``chat {model}`` span."""
+    span.set_attribute("gen_ai.response.model", result.model)
+    if response_id is not None:
+        span.set_attribute("gen_ai.response.id", response_id)
+    span.set_attribute("gen_ai.usage.input_tokens", result.usage.input_tokens)
+    span.set_attribute("gen_ai.usage.output_tokens", result.usage.output_tokens)
+    if result.finish_reason is not None:
+        span.set_attribute("gen_ai.response.finish_reasons", [result.finish_reason])

@@ -26,6 +26,7 @@ from typing import Any
 from agents import (
     Actor,
     AgentOptions,
+    ChatResult,
     Guardian,
     Learner,
     Memory,
@@ -38,6 +39,7 @@ from agents import (
     Sensor,
 )
 from bus import Bus
+from pantheon._inputs import open_input
 from pantheon.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,15 +49,20 @@ BLOG_PIPELINE_RPS = 4237
 class SimulatedModel:
     """The scenario's rule provider behind a fixed network-and-inference delay."""
 
+    name = "simulated"
+    model = "rules"
+
     def __init__(self, inner: RuleProvider, latency_s: float) -> None:
         self.inner = inner
         self.latency_s = latency_s
-        self.name = "simulated"
 
-    async def classify(self, subject: str, body: str) -> dict[str, Any]:
+    async def chat(self, messages: Any, **kwargs: Any) -> ChatResult:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
-        return await self.inner.classify(subject, body)
+        return await self.inner.chat(messages, **kwargs)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
 
 
 def make_inbox(n: int, directory: Path) -> Path:
@@ -87,7 +94,8 @@ async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> 
     done = 0
 
     async with Bus() as bus:
-        observer = Observer(settings={"path": str(inbox)})
+        inp = scenario.input.model_copy(update={"path": inbox})
+        observer = Observer(source=open_input(scenario.model_copy(update={"input": inp})))
         team = [
             observer,
             Sensor(),

@@ -30,7 +30,7 @@ import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from fnmatch import fnmatchcase
-from typing import Any, NoReturn, Protocol, TypeVar, cast, overload
+from typing import Any, NoReturn, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 from bus._breaker import CLOSED, CircuitBreaker
 from bus._clock import Clock, SystemClock
@@ -80,6 +80,21 @@ __all__ = [
 Handler = Callable[[Envelope], Awaitable[Any]]
 DeliveryListener = Callable[[str, Envelope, int, int, str], None]
 H = TypeVar("H", bound=Callable[..., Any])
+
+
+class _OnOptions(TypedDict, total=False):
+    """The keyword options of :meth:`Bus.on`, for its overloads (defaults are on ``on``)."""
+
+    name: str | None
+    concurrency: int
+    max_queue: int
+    overflow: Overflow
+    block_timeout: float
+    filter: Callable[[Any], bool] | None
+    sample_rate: float
+    retry: Retry
+    breaker: BreakerPolicy | None
+
 
 #: Distinct topics whose routes are cached. Past this the oldest route is dropped (its
 #: per-topic count is folded into the totals first), so high-cardinality topics cost a
@@ -471,10 +486,12 @@ class Bus:
     # -- subscriptions ---------------------------------------------------------------------
 
     @overload
-    def on(self, pattern: str, handler: None = None, **options: Any) -> Callable[[H], H]: ...
+    def on(
+        self, pattern: str, handler: None = None, **options: Unpack[_OnOptions]
+    ) -> Callable[[H], H]: ...
 
     @overload
-    def on(self, pattern: str, handler: H, **options: Any) -> H: ...
+    def on(self, pattern: str, handler: H, **options: Unpack[_OnOptions]) -> H: ...
 
     def on(
         self,

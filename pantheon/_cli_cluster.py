@@ -26,11 +26,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pantheon.scenario import ROLES
+
 __all__ = ["print_nodes", "register"]
 
-#: Agent configuration for a node started without ``--scenario``: every agent at its
-#: defaults (the Reasoner with no rules answers its default intent).
-_DEFAULT_SCENARIO = "version: 1\nname: node\ninput: {kind: generator, topic: node.idle, count: 1}\n"
+#: Agent configuration for a node started without ``--scenario``: the nine built-in roles at
+#: their defaults (the Reasoner with no rules answers its default intent).
+_DEFAULT_SCENARIO = (
+    "version: 1\nname: node\ninput: {kind: generator, topic: node.idle, count: 1}\nagents:\n"
+    + "".join(f"  {role}: {{}}\n" for role in ROLES)
+)
 
 
 def _err(message: str, code: int = 2) -> typer.Exit:

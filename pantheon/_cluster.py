@@ -52,7 +52,7 @@ from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
-from pantheon._report import RunSummary, local_report, summarize
+from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, Scenario
 from pantheon.scenario._agents import agent_class
@@ -237,7 +237,7 @@ class NodeHost:
         self.seed = scenario.seed if seed is None else seed
         team = build_team(scenario, seed=self.seed, outbox_path=outbox_path)
         _check_agents(scenario, agents, team)
-        self.team = Team({a: team.agents[a] for a in agents}, team.outbox)
+        self.team = Team({a: team.agents[a] for a in agents}, team.outbox, team.provider)
         self.node = node
         self.endpoint = connect
         self.connect_timeout = connect_timeout
@@ -260,6 +260,7 @@ class NodeHost:
         )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
+        count_own_topics(self.bus)  # this bus also counts what reaches it from others
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -288,6 +289,7 @@ class NodeHost:
         """Leave the broker; ``drain=False`` dead-letters what is still queued
         (``bus_closed``) instead of handling it."""
         await self.bus.aclose(drain=drain)
+        await self.team.aclose()
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
@@ -669,7 +671,7 @@ class _Driver:
             outbox_path=(outbox_dir / f"{sid}.jsonl") if outbox_dir else None,
         )
         mine = self.placement.hosts[DRIVER_NODE]
-        self.team = Team({a: full.agents[a] for a in mine}, full.outbox)
+        self.team = Team({a: full.agents[a] for a in mine}, full.outbox, full.provider)
 
     async def spawn(self) -> None:
         sid = self.bus.session_id
@@ -740,6 +742,7 @@ class _Driver:
         loop = asyncio.get_running_loop()
         if self.bus.context is None:
             self.bus.context = LiveEffects(self.seed)
+        count_own_topics(self.bus)
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
@@ -758,7 +761,7 @@ class _Driver:
         await self.team.start()
         inputs_started = loop.time()
         faults = self.scenario.faults
-        chores = []
+        chores: list[asyncio.Task[Any]] = []
         if faults.flood is not None:
             f = faults.flood
             flood = run_flood(self.bus, f.topic, f.rate, f.count, Priority[f.priority.upper()])
@@ -839,6 +842,7 @@ class _Driver:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
+        await self.team.aclose()
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,6 +4,7 @@ judges the outcome. A ZeroMQ scenario is handed to :mod:`pantheon._cluster`."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -61,7 +62,9 @@ async def run_scenario(
     observers: list[Observer] = team.of_role(Observer)
     total = count_inputs(scenario)
     started = time.perf_counter()
-    async with bus:
+    async with contextlib.AsyncExitStack() as closing:
+        closing.push_async_callback(team.aclose)  # last, once the bus is closed and quiet
+        await closing.enter_async_context(bus)
         await team.attach(bus)
         if attach is not None:
             await attach(bus)

@@ -18,21 +18,22 @@ from agents import (
     AgentOptions,
     Fault,
     Guardian,
+    Labels,
     Learner,
+    ModelProvider,
     Monitor,
     Observer,
     OpenAIProvider,
     Outbox,
-    Reasoner,
     RuleProvider,
-    read_emails,
 )
-from agents._providers import ModelProvider
 from bus import Bus
-from pantheon.scenario import Scenario
+from pantheon._inputs import jsonl_labels, open_input
+from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
+from pantheon.scenario._schema import provider_class
 
-__all__ = ["Setup", "Team", "build_team", "team_setup"]
+__all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
 
 Setup = Callable[[Bus], Awaitable[None]]
 
@@ -43,6 +44,8 @@ class Team:
 
     agents: dict[str, Agent]
     outbox: Outbox
+    #: The model provider every agent of the team shares; closed by :meth:`aclose`.
+    provider: ModelProvider | None = None
 
     def of_role(self, cls: type[Agent]) -> list[Any]:
         return [a for a in self.agents.values() if isinstance(a, cls)]
@@ -59,23 +62,60 @@ class Team:
         for agent in self.agents.values():
             await agent.stop()
 
+    async def aclose(self) -> None:
+        """Release the provider's connections: after the last drain, since a message still
+        queued for a model-calling agent would otherwise find its provider closed."""
+        if self.provider is not None:
+            await self.provider.aclose()
+
+    def usage(self) -> dict[str, Any]:
+        """The team's model calls, tokens and cost: summed, and per agent that called."""
+        by_agent = {n: a.usage.as_dict() for n, a in self.agents.items() if a.usage.calls}
+        return {**sum_usage(list(by_agent.values())), "by_agent": by_agent}
+
+
+def sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
+    """Calls, tokens and cost added up; ``priced`` only if every part was."""
+    return {
+        "calls": sum(u["calls"] for u in usages),
+        "input_tokens": sum(u["input_tokens"] for u in usages),
+        "output_tokens": sum(u["output_tokens"] for u in usages),
+        "cost_usd": sum(u["cost_usd"] for u in usages),
+        "priced": all(u["priced"] for u in usages),
+    }
+
 
 def _provider(scenario: Scenario) -> ModelProvider:
     p = scenario.provider
     if p.kind == "openai":
         key = os.environ.get(p.api_key_env) if p.api_key_env else None
-        return OpenAIProvider(p.base_url, p.model, key, p.timeout)
+        return OpenAIProvider(
+            p.base_url,
+            p.model,
+            key,
+            p.timeout,
+            max_retries=p.max_retries,
+            backoff=p.backoff,
+            max_backoff=p.max_backoff,
+            connect_timeout=p.connect_timeout,
+            max_connections=p.max_connections,
+        )
+    if p.kind == "custom":
+        provider: ModelProvider = provider_class(p.class_, p.settings)(**p.settings)
+        return provider
     return RuleProvider(p.rules, p.default_intent)
 
 
-def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
-    if path is None or not path.exists():
-        return {}
-    return {
-        str(r["id"]): r["expected"]
-        for r in read_emails(path)
-        if isinstance(r.get("id"), str) and isinstance(r.get("expected"), dict)
-    }
+async def check_model(scenario: Scenario) -> None:
+    """Raise ``agents.ProviderUnavailable`` naming the URL if the scenario's model server
+    cannot be reached: said once, before a run, rather than once per dead-lettered input."""
+    provider = _provider(scenario)
+    try:
+        check = getattr(provider, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await provider.aclose()
 
 
 def build_team(
@@ -89,8 +129,13 @@ def build_team(
     outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
     those from the recording instead."""
     inp = scenario.input
-    path = inp.path if inp.kind == "file" else None
+    # One mapping for the Observer to file labels into and the Learner to read; a JSONL
+    # input's are read ahead too, for a Learner in another process than the Observer.
+    labels = Labels(
+        jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else None
+    )
     provider = _provider(scenario)
+    prices = {model: (p.input, p.output) for model, p in scenario.prices.items()}
     outbox = Outbox(outbox_path)
     agents: dict[str, Agent] = {}
     for name, cfg in scenario.agents.items():
@@ -115,15 +160,15 @@ def build_team(
             kwargs["subscribe"] = cfg.subscribe
         # What the built-in roles take from other sections of the scenario; subclasses of
         # them (a user's own Guardian) take the same.
-        if issubclass(cls, Observer) and not replay:
-            settings.update(path=str(path) if path else None, count=inp.count)
-            settings.update(duration=inp.duration, rate=inp.rate)
+        if issubclass(cls, Observer):
+            kwargs["labels"] = labels
+            if not replay:
+                kwargs["source"] = open_input(scenario, seed=seed)
+                settings.update(count=inp.count, duration=inp.duration, rate=inp.rate)
         elif issubclass(cls, Guardian):
             settings = scenario.policy.model_dump() | settings
-        elif issubclass(cls, Reasoner):
-            kwargs["provider"] = provider
         elif issubclass(cls, Learner):
-            kwargs["labels"] = _labels(path)
+            kwargs["labels"] = labels
         elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
         elif issubclass(cls, Monitor):
@@ -134,9 +179,11 @@ def build_team(
             options=options,
             fault=fault,
             seed=scenario.seed if seed is None else seed,
+            provider=provider,
+            prices=prices,
             **kwargs,
         )
-    return Team(agents, outbox)
+    return Team(agents, outbox, provider)
 
 
 def team_setup(scenario_text: str, *, base_dir: Path | None = None, replay: bool = True) -> Setup:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -15,12 +16,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agents import ProviderUnavailable
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_sessions import register as register_sessions
-from pantheon.scenario import ScenarioError, load_scenario
+from pantheon._report import RunSummary
+from pantheon.scenario import Scenario, ScenarioError, load_scenario
 
 __all__ = ["app", "main", "run_async"]
 
@@ -50,7 +53,7 @@ def run_async(coro: Coroutine[Any, Any, T]) -> T:
     return uvloop.run(coro)
 
 
-def _load(path: Path):  # type: ignore[no-untyped-def]
+def _load(path: Path) -> Scenario:
     try:
         return load_scenario(path)
     except ScenarioError as exc:
@@ -114,6 +117,9 @@ def run(
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except ProviderUnavailable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
     else:
@@ -122,14 +128,14 @@ def run(
         raise typer.Exit(1)
 
 
-async def _run(  # type: ignore[no-untyped-def]
-    scenario: Any,
+async def _run(
+    scenario: Scenario,
     seed: int | None,
     store: Path | None,
     record: bool,
     progress: bool,
     telemetry: Any = None,
-):
+) -> RunSummary:
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -185,6 +191,14 @@ def _observe(telemetry: Any, bus: Any) -> None:
         structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
+def _usage_text(u: dict[str, Any]) -> str:
+    cost = f"${u['cost_usd']:.4f}" + ("" if u["priced"] else "+ (a model has no price)")
+    return (
+        f"calls {u['calls']:,}  tokens {u['input_tokens']:,} in / {u['output_tokens']:,} out"
+        f"  cost {cost}"
+    )
+
+
 def _print_summary(s: Any) -> None:
     out = Console()
     acc = s.accuracy or {}
@@ -218,6 +232,18 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    # Why messages died: once per subscriber and reason, with one example, not per message.
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    for (sub, reason), n in why.most_common(3):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    u = s.usage
+    if u.get("calls"):
+        lines.append(f"model {_usage_text(u)}")
+        lines.extend(
+            f"  {escape(name)}: {_usage_text(part)}" for name, part in u["by_agent"].items()
+        )
     out.print("\n".join(lines))
     table = Table(title="per-hop latency (ms): queue wait | handling")
     for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):

@@ -367,12 +367,13 @@ def hop_latency(store: SessionStore, sid: str) -> list[HopLatency]:
             waits[key].append(d.queue_wait_ns)
             handles[key].append(d.handling_ns)
     out = []
-    for kind in ("agent", "edge"):
+    kinds: tuple[Literal["agent", "edge"], ...] = ("agent", "edge")
+    for kind in kinds:
         for key in sorted(k for k in waits if k[0] == kind):
             w, h = sorted(waits[key]), sorted(handles[key])
             out.append(
                 HopLatency(
-                    kind,  # type: ignore[arg-type]
+                    kind,
                     key[1],
                     len(w),
                     *(quantile(w, q) / 1e6 for q in (0.50, 0.95, 0.99)),
@@ -470,9 +471,9 @@ def _by_request(
         corr[e.id] = cid
     dels: dict[int, list[StoredDelivery]] = defaultdict(list)
     for d in deliveries:
-        cid = corr.get(d.envelope_id)
-        if cid is not None:
-            dels[cid].append(d)
+        request = corr.get(d.envelope_id)
+        if request is not None:
+            dels[request].append(d)
     return envs, dels
 
 

@@ -68,7 +68,7 @@ class LiveClient:
         (:class:`ProtocolError` if it ended by sending garbage)."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._stream.get()  # type: ignore[no-any-return]
+                return await self._stream.get()
         except FeedClosed:
             if self._error is not None:
                 raise self._error from None

@@ -33,7 +33,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from bus import Bus, DeadLetter, Envelope
 from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
@@ -498,11 +498,16 @@ class LiveFeed:
         start_s = (samples[0][0] - origin) / 1e9
         bucket_s = (samples[-1][0] - samples[0][0]) / 1e9 / (len(samples) - 1) or self.interval
         out = []
-        for kind, index in (("topic", 1), ("agent", 2)):
+        # Each kind with the index of its counts in a sample.
+        kinds: tuple[tuple[Literal["topic", "agent"], Literal[1, 2]], ...] = (
+            ("topic", 1),
+            ("agent", 2),
+        )
+        for kind, index in kinds:
             for key in sorted(samples[-1][index]):
                 values = [s[index].get(key, 0) for s in samples]
                 counts = tuple(max(0, b - a) for a, b in itertools.pairwise(values))
-                out.append(Series(kind, key, bucket_s, start_s, counts, values[-1]))  # type: ignore[arg-type]
+                out.append(Series(kind, key, bucket_s, start_s, counts, values[-1]))
         return tuple(out)
 
     def _hops(self) -> tuple[HopLatency, ...]:

@@ -13,7 +13,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -104,6 +104,12 @@ class EffectsContext(msgspec.Struct, array_like=True, dict=True):
     and a msgspec Struct with no fields encodes as ``[]`` in C, while any other object would
     cost a Python hook call per message (a third of the encoding time)."""
 
+    if TYPE_CHECKING:
+        # For type checkers only: ``runner`` is no field (a field would be encoded), just an
+        # attribute ``wrap`` sets in the instance's ``__dict__`` (``dict=True``).
+        def __init__(self) -> None:
+            self.runner: RecordingEffects
+
     @classmethod
     def wrap(cls, runner: RecordingEffects) -> EffectsContext:
         ctx = cls()
@@ -114,10 +120,10 @@ class EffectsContext(msgspec.Struct, array_like=True, dict=True):
         return await self.runner.effect(name, fn, *args, **kwargs)
 
     async def now(self) -> float:
-        return await self.runner.now()  # type: ignore[no-any-return]
+        return await self.runner.now()
 
     async def random(self) -> float:
-        return await self.runner.random()  # type: ignore[no-any-return]
+        return await self.runner.random()
 
     def __repr__(self) -> str:
         return f"EffectsContext({self.runner!r})"

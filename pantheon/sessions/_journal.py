@@ -58,7 +58,8 @@ class Delivery(msgspec.Struct, gc=False, array_like=True, frozen=True):
     outcome: str
 
 
-_env_chunk = msgspec.msgpack.Decoder(tuple[float, int, list[int], list[Envelope]])
+_EnvChunk = tuple[float, int, list[int], list[Envelope]]  # wall0, mono0, flagged, envelopes
+_env_chunk: msgspec.msgpack.Decoder[_EnvChunk] = msgspec.msgpack.Decoder(_EnvChunk)
 _del_chunk = msgspec.msgpack.Decoder(list[DeliveryTuple])
 _raw = msgspec.msgpack.Encoder()
 

@@ -35,6 +35,7 @@ import json
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -287,10 +288,12 @@ class _Writer(threading.Thread):
         journal_rows = []
         n_rows = 0
         for envs, dels in batches:
-            for kind, batch, encode in (
+            # Each kind with its own encoder (of envelopes, of deliveries).
+            kinds: tuple[tuple[str, Sequence[Any], Callable[[Sequence[Any]], bytes]], ...] = (
                 ("envelopes", envs, self._encoder.envelopes),
                 ("deliveries", dels, self._encoder.deliveries),
-            ):
+            )
+            for kind, batch, encode in kinds:
                 for i in range(0, len(batch), CHUNK_ROWS):
                     part = batch[i : i + CHUNK_ROWS]
                     journal_rows.append(

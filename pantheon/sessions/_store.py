@@ -32,7 +32,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
@@ -198,6 +198,10 @@ def to_db(i: int) -> int:
     return i - 2**64 if i > 2**63 - 1 else i
 
 
+@overload
+def from_db(i: int) -> int: ...
+@overload
+def from_db(i: None) -> None: ...
 def from_db(i: int | None) -> int | None:
     return i + 2**64 if i is not None and i < 0 else i
 
@@ -755,8 +759,8 @@ class SessionStore:
         rows.sort(key=lambda r: r[0])
         return [
             StoredEnvelope(
-                r[0], from_db(r[1]), r[2], r[3], from_db(r[4]), from_db(r[5]), *r[6:10],
-                payload=decode(r[10]), payload_repr=bool(r[11]),
+                r[0], from_db(r[1]), r[2], r[3], from_db(r[4]), from_db(r[5]), r[6], r[7], r[8],
+                r[9], payload=decode(r[10]), payload_repr=bool(r[11]),
             )
             for r in rows
         ]  # fmt: skip
@@ -796,9 +800,12 @@ class SessionStore:
             (session_id,),
         )
         return [
-            StoredDeadLetter(r[0], from_db(r[1]), *r[2:10], redriven=bool(r[10]), redriven_by=r[11])
+            StoredDeadLetter(
+                r[0], from_db(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9],
+                redriven=bool(r[10]), redriven_by=r[11],
+            )
             for r in rows
-        ]
+        ]  # fmt: skip
 
     def effects(self, session_id: str) -> list[StoredEffect]:
         rows = self._query(
@@ -841,7 +848,14 @@ _SESSION_COLS = (
 def _session(row: tuple[Any, ...]) -> SessionInfo:
     summary = json.loads(row[8]) if row[8] else {}
     return SessionInfo(
-        *row[:8],
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        row[6],
+        row[7],
         summary=summary,
         replay_of=row[9],
         pid=row[10],

@@ -38,7 +38,7 @@ import threading
 import time
 import traceback
 from collections import deque
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -156,7 +156,7 @@ class _Span:
         self.start = _time_ns()
         self.end = 0
         self.token: Any = None
-        self.otel_token: object = None
+        self.otel_token: Token[otel_context.Context] | None = None
 
     def set_attribute(self, key: str, value: Any) -> None:
         self.attributes[key] = value

@@ -10,6 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from agents import ModelProvider, ProviderError
+from pantheon._runtime import run_scenario
+from pantheon._team import _provider, build_team
+from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
+from pantheon.testing import ModelServer, classify_reply
+
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 
@@ -138,3 +144,38 @@ def test_zmq_transport_without_nodes_runs_everything_in_the_driver(workdir: Path
     summary = json.loads(proc.stdout)
     assert summary["accounting_ok"] is True and summary["inputs"] == 591
     assert list(summary["nodes"]) == ["driver"]  # a broker, but no node process
+
+
+async def test_a_run_on_a_model_server_shares_counts_and_closes_one_provider(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    made: list[ModelProvider] = []
+
+    def capture(scenario: Scenario) -> ModelProvider:
+        made.append(_provider(scenario))
+        return made[-1]
+
+    monkeypatch.setattr("pantheon._team._provider", capture)
+    support = load_scenario(SCENARIOS / "support_email.yaml")
+    with ModelServer(classify_reply) as server:
+        scenario = support.model_copy(
+            update={
+                "provider": OpenAIProviderConfig(
+                    kind="openai", base_url=server.base_url, model="local", api_key_env=""
+                ),
+                "input": support.input.model_copy(update={"count": 20}),
+            }
+        )
+        team = build_team(scenario)
+        assert all(agent.provider is team.provider for agent in team.agents.values())
+        await team.aclose()
+        summary = await run_scenario(scenario)
+        requests = server.requests
+    provider = made[-1]
+    assert summary.inputs == 20 and summary.accounting_ok
+    assert len(requests) == 20 and len({r.client_port for r in requests}) <= 8
+    words = sum(len(m["content"].split()) for r in requests for m in r.body["messages"])
+    assert summary.usage["calls"] == 20 and summary.usage["input_tokens"] == words
+    assert summary.usage["output_tokens"] > 0 and summary.usage["priced"] is False
+    with pytest.raises(ProviderError, match="closed"):  # the run closed its provider
+        await provider.chat([{"role": "user", "content": "still there?"}])

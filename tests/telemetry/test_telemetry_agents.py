@@ -11,8 +11,9 @@ from bus import Bus
 from pantheon._runtime import run_scenario
 from pantheon._session_run import recording
 from pantheon._team import team_setup
-from pantheon.scenario import Scenario, load_scenario
+from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
 from pantheon.sessions import SessionStore, replay_session
+from pantheon.testing import ModelServer, classify_reply
 
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINE = ("sensor", "reasoner", "planner", "guardian", "actor", "learner")
@@ -112,3 +113,29 @@ async def test_tracing_changes_nothing_a_replay_checks(tmp_path: Path, traced: T
         for s in traced.named("invoke_agent actor")
     }
     assert conversations == {session_id, report.new_session_id}
+
+
+async def test_a_model_servers_chat_span_carries_usage(traced: Traced) -> None:
+    with ModelServer(classify_reply) as server:
+        scenario = few_emails(2).model_copy(
+            update={
+                "provider": OpenAIProviderConfig(
+                    kind="openai", base_url=server.base_url, model="local", api_key_env=""
+                )
+            }
+        )
+        bus = Bus(session_id="sess-model")
+        traced.telemetry.instrument(bus)
+        summary = await run_scenario(scenario, bus=bus)
+    chats = traced.named("chat local")
+    assert len(chats) == 2 and all(s.kind is SpanKind.CLIENT for s in chats)
+    attrs = chats[0].attributes or {}
+    assert attrs["gen_ai.provider.name"] == "openai"
+    assert attrs["gen_ai.request.temperature"] == 0.0
+    assert attrs["server.address"] == "127.0.0.1" and attrs["server.port"] == server.port
+    assert attrs["gen_ai.response.id"].startswith("chatcmpl-")
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    tokens_in = sum((s.attributes or {})["gen_ai.usage.input_tokens"] for s in chats)
+    tokens_out = sum((s.attributes or {})["gen_ai.usage.output_tokens"] for s in chats)
+    assert summary.usage["input_tokens"] == tokens_in > 0
+    assert summary.usage["output_tokens"] == tokens_out > 0

@@ -39,22 +39,28 @@ async def test_publish_and_process_follow_the_messaging_conventions(traced: Trac
     [process] = spans["process order.created"]
     assert publish.kind is SpanKind.PRODUCER and process.kind is SpanKind.CONSUMER
     assert publish.parent is None  # outside input is a root
-    assert dict(publish.attributes or {}).items() >= {
-        "messaging.system": "pantheon",
-        "messaging.destination.name": "order.created",
-        "messaging.message.id": str(env.id),
-        "messaging.operation.type": "send",
-        "messaging.operation.name": "publish",
-        "pantheon.session.id": "s-1",
-    }.items()
-    assert dict(process.attributes or {}).items() >= {
-        "messaging.system": "pantheon",
-        "messaging.destination.name": "order.created",
-        "messaging.message.id": str(env.id),
-        "messaging.consumer.group.name": "billing",
-        "messaging.operation.type": "process",
-        "pantheon.outcome": "delivered",
-    }.items()
+    assert (
+        dict(publish.attributes or {}).items()
+        >= {
+            "messaging.system": "pantheon",
+            "messaging.destination.name": "order.created",
+            "messaging.message.id": str(env.id),
+            "messaging.operation.type": "send",
+            "messaging.operation.name": "publish",
+            "pantheon.session.id": "s-1",
+        }.items()
+    )
+    assert (
+        dict(process.attributes or {}).items()
+        >= {
+            "messaging.system": "pantheon",
+            "messaging.destination.name": "order.created",
+            "messaging.message.id": str(env.id),
+            "messaging.consumer.group.name": "billing",
+            "messaging.operation.type": "process",
+            "pantheon.outcome": "delivered",
+        }.items()
+    )
     # The envelope carries the producer span as its W3C traceparent; the consumer is its child
     # and links to it.
     carried = parse_traceparent(seen[0].trace or "")

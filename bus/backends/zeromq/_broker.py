@@ -125,7 +125,7 @@ class Broker:
         bind: str = "tcp://127.0.0.1:5555",
         *,
         curve: CurveKeys | None = None,
-        allow: Iterable[bytes] = (),
+        allow: Iterable[bytes | str] = (),
         heartbeat: float = 1.0,
         liveness: int = 3,
         max_frame: int = DEFAULT_MAX_FRAME,
@@ -207,8 +207,8 @@ class Broker:
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self._loop = loop = asyncio.get_running_loop()
         # Read by a plain reader callback on the socket's FD: no task, no future per frame.
-        self._fd = self._sync.getsockopt(zmq.FD)
-        loop.add_reader(self._fd, self._drain)
+        self._fd = fd = self._sync.fileno()  # ZMQ_FD (getsockopt is typed int | bytes)
+        loop.add_reader(fd, self._drain)
         self._tasks = [loop.create_task(self._watch(), name="zmq-broker:heartbeat")]
         _log.info("broker listening on %s%s", self.endpoint, " (CURVE)" if self.curve else "")
 
@@ -266,7 +266,8 @@ class Broker:
         else:
             self._drain_handle = loop.call_soon(self._drain)
         self._flush()
-        if self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:
+        # pyzmq types getsockopt as int | bytes; ZMQ_EVENTS is an int.
+        if self._drain_handle is None and sync.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
             self._drain_handle = loop.call_soon(self._drain)
 
     async def _watch(self) -> None:
@@ -323,18 +324,17 @@ class Broker:
             return
         assert self._loop is not None
         node.last_seen = self._loop.time()
-        kind = type(msg)
-        if kind is Ping:
+        if type(msg) is Ping:
             t2 = time.time_ns()
             self._send(ident, self._enc.encode(Pong(msg.t1, t2, time.time_ns())))
-        elif kind is DirectoryAck:
+        elif type(msg) is DirectoryAck:
             node.acked = max(node.acked, msg.version)
             self._check_syncs()
-        elif kind is Subs:
+        elif type(msg) is Subs:
             node.subs = list(msg.subs)
             node.subs_version = msg.version
             self._changed = True
-        elif kind is Bye:
+        elif type(msg) is Bye:
             _log.info("node %s left", node.name)
             self._lose(node, reason="left")
 
@@ -442,6 +442,6 @@ class Broker:
             self._drain_handle is None
             and self._loop is not None
             and self._fd is not None
-            and sync.getsockopt(_EVENTS) & 1
+            and sync.getsockopt(_EVENTS) & 1  # type: ignore[operator]  # typed int | bytes
         ):
             self._drain_handle = self._loop.call_soon(self._drain)

@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Iterable
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import zmq
@@ -463,7 +463,7 @@ class ZmqTransport(Transport):
             raise
         # From here on every socket is read by a plain reader callback on its FD (no task,
         # no future per wake-up) and written with non-blocking sends.
-        fd = self._sync.getsockopt(zmq.FD)
+        fd = self._sync.fileno()  # ZMQ_FD, typed int (getsockopt is typed int | bytes)
         self._control_fd = fd
         loop.add_reader(fd, self._drain_control)
         loop.call_soon(self._drain_control)  # frames that came in behind the handshake's
@@ -473,7 +473,7 @@ class ZmqTransport(Transport):
         """Bind the data socket other nodes send to (a CURVE server with this node's keys,
         admitting only the keys the broker's directory lists)."""
         assert self._ctx is not None
-        server = zmq.Context.shadow(self._ctx.underlying).socket(zmq.ROUTER)
+        server: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.ROUTER)
         server.setsockopt(zmq.SNDHWM, 0)  # replies and DONEs: bounded by the senders' windows
         server.setsockopt(zmq.RCVHWM, 0)  # bounded by the credit we advertise
         server.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame)
@@ -500,7 +500,7 @@ class ZmqTransport(Transport):
         if endpoint.startswith("tcp://0.0.0.0:"):
             endpoint = f"tcp://{_local_address(self.endpoint)}:{endpoint.rsplit(':', 1)[1]}"
         self.data_endpoint = endpoint
-        self._server_fd = server.getsockopt(zmq.FD)
+        self._server_fd = server.fileno()
         assert self._loop is not None
         self._loop.add_reader(self._server_fd, self._drain_server)
 
@@ -522,20 +522,22 @@ class ZmqTransport(Transport):
         refused: str | None = None
         welcomed = False
         self._send_control(self._hello())
-        recv = self._sock.recv()
-        watch = monitor.recv_multipart()
+        # pyzmq types its asyncio socket's receives as Awaitable; they are Futures.
+        recv = cast("asyncio.Future[bytes]", self._sock.recv())
+        watch = cast("asyncio.Future[list[bytes]]", monitor.recv_multipart())
         try:
             while True:
                 left = deadline - self._loop.time()
                 if left <= 0:
                     break
+                waiting: set[asyncio.Future[Any]] = {recv, watch}
                 done, _ = await asyncio.wait(
-                    {recv, watch}, timeout=min(left, 0.5), return_when=asyncio.FIRST_COMPLETED
+                    waiting, timeout=min(left, 0.5), return_when=asyncio.FIRST_COMPLETED
                 )
                 if watch in done:
                     # A refused handshake is final (ZeroMQ would retry and fail forever).
                     event = parse_monitor_message(watch.result())
-                    refused = f"{event['event'].name}, code {event['value']}"
+                    refused = f"{zmq.Event(event['event']).name}, code {event['value']}"
                     break
                 if recv in done:
                     frame = recv.result()
@@ -554,12 +556,12 @@ class ZmqTransport(Transport):
                         # right after start() must not miss a remote subscriber.
                         self._welcomed()
                         return
-                    recv = self._sock.recv()
+                    recv = cast("asyncio.Future[bytes]", self._sock.recv())
                 elif not done:
                     self._send_control(self._hello())  # the broker may have started after us
         finally:
-            for task in (recv, watch):
-                task.cancel()
+            recv.cancel()
+            watch.cancel()
             await asyncio.gather(recv, watch, return_exceptions=True)
         secured = " with CURVE" if self.curve is not None else ""
         if refused is not None and self.curve is not None:
@@ -681,7 +683,8 @@ class ZmqTransport(Transport):
         # The others sent what they routed by the old directory before acknowledging, but
         # on other sockets than the broker's: take in what has reached ours already.
         server = self._server
-        while server is not None and not self._closed and server.getsockopt(_EVENTS) & 1:  # noqa: ASYNC110 - a socket state, no waiter
+        # (pyzmq types getsockopt as int | bytes; ZMQ_EVENTS is an int.)
+        while server is not None and not self._closed and server.getsockopt(_EVENTS) & 1:  # type: ignore[operator]  # noqa: ASYNC110 - a socket state, no waiter
             await asyncio.sleep(0.001)
 
     def has_remote(self, topic: str) -> bool:
@@ -701,6 +704,7 @@ class ZmqTransport(Transport):
             route = self._route(env.topic)
         reply = env.reply
         request = reply is not None and isinstance(reply, asyncio.Future)
+        wire: tuple[Any, ...] | msgspec.Raw  # the envelope's fields, or (to many) their encoding
         wire = _wire_of(env, self._to_wire)
         single = route.single
         if single is not None:
@@ -716,7 +720,11 @@ class ZmqTransport(Transport):
         if request:
             fut: asyncio.Future[Any] = envelope.reply
             self._requests[env.id] = (fut, env.topic)
-            fut.add_done_callback(lambda _f, i=env.id: self._requests.pop(i, None))
+
+            def forget(_f: asyncio.Future[Any], i: int = env.id) -> None:
+                self._requests.pop(i, None)
+
+            fut.add_done_callback(forget)
         return True
 
     async def send(self, envelope: Envelope) -> None:
@@ -958,7 +966,8 @@ class ZmqTransport(Transport):
         if self._control_fd is None:
             if self._sock is None:
                 return
-            fut = self._sock.send(frame)
+            # pyzmq types its asyncio socket's send as Awaitable; it is a Future.
+            fut = cast("asyncio.Future[zmq.MessageTracker | None]", self._sock.send(frame))
             if not fut.done():
                 fut.add_done_callback(_log_send_failure)
             elif fut.exception() is not None:
@@ -981,7 +990,8 @@ class ZmqTransport(Transport):
         input that arrived meanwhile, so nothing else would wake the reader for it."""
         if fd is None or fd in self._drain_handles or self._loop is None:
             return
-        if sock is not None and not sock.getsockopt(_EVENTS) & 1:
+        # pyzmq types getsockopt as int | bytes; ZMQ_EVENTS is an int.
+        if sock is not None and not sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
             return
         self._drain_handles[fd] = self._loop.call_soon(drain, *args)
 
@@ -989,7 +999,7 @@ class ZmqTransport(Transport):
 
     def _connect(self, peer: _Peer) -> None:
         assert self._ctx is not None and self._loop is not None
-        sock = zmq.Context.shadow(self._ctx.underlying).socket(zmq.DEALER)
+        sock: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.DEALER)
         # Never reused, not even for a peer that comes back under the same name: a receiver
         # that still has state for an old identity would take new frames as duplicates.
         self._links_made += 1
@@ -1005,7 +1015,7 @@ class ZmqTransport(Transport):
             sock.curve_serverkey = peer.key
         sock.connect(peer.data)
         peer.sock = sock
-        peer.fd = fd = sock.getsockopt(zmq.FD)
+        peer.fd = fd = sock.fileno()
         self._loop.add_reader(fd, self._drain_peer, peer)
 
     def _disconnect(self, peer: _Peer) -> None:
@@ -1060,12 +1070,11 @@ class ZmqTransport(Transport):
                     self._counts["malformed"] += 1
                     _log.warning("dropped a malformed frame from node %s: %s", peer.name, exc)
                     continue
-                kind = type(msg)
-                if kind is Done:
+                if type(msg) is Done:
                     self._acked(peer, msg.seqs)
-                elif kind is Reply:
+                elif type(msg) is Reply:
                     self._reply(msg)
-                elif kind is Nack:
+                elif type(msg) is Nack:
                     self._resend(peer, msg.expected)
                 if peer.sock is None:
                     return  # dropped while handling (closing)
@@ -1421,6 +1430,7 @@ class ZmqTransport(Transport):
                 value = msgspec.Raw(self._enc.encode(result))
             except (TypeError, ValueError, OverflowError) as exc:
                 error = EncodeError(f"reply to {env.topic!r} is not msgpack-encodable: {exc}")
+        reply: tuple[int, int, bool, msgspec.Raw | None, str | None, str | None]
         if error is not None:
             reply = (9, env.id, False, None, type(error).__name__, str(error))
         else:

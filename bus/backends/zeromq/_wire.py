@@ -31,7 +31,7 @@ monotonic clock to the broker's wall clock, and back on arrival.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, final
 
 import msgspec
 
@@ -174,6 +174,7 @@ class Item(msgspec.Struct, array_like=True):
     request: bool = False
 
 
+@final  # receivers dispatch on ``type(msg) is Data``; final lets type checkers narrow that
 class Data(msgspec.Struct, array_like=True, tag=5):
     seq: int
     items: list[Item]
