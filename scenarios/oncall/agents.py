@@ -1,7 +1,11 @@
 """The on-call team's own agents, on Pantheon's public API only.
 
-    AlertFeed -> Dedup -> Correlator -> Decider -> Guardian (built-in) -> Actor (built-in)
-                                                                             -> Scorer
+    Observer -> Dedup -> Correlator -> Decider -> Guardian -> Actor -> Scorer
+
+The Observer, Guardian and Actor are the built-in roles: the Observer publishes the
+scenario's JSONL input with the ground truth taken out (``alert_problem`` rejects what cannot
+be triaged), the Guardian applies :class:`oncall.policy.OnCallPolicy` and the Actor calls
+:mod:`oncall.tools`.
 
 Every alert goes the whole way and comes out as one ``action.executed``: its disposition
 (page, remediate with a runbook action, ignore), whatever the Actor did about it, and the
@@ -23,22 +27,25 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from agents import Agent, AgentSettings, Learner, Observer
+from agents import Agent, AgentSettings, Learner
 from bus import Envelope
 from oncall.estate import DEPENDS_ON, depends_on, epoch
 from oncall.policy import RUNBOOK, Rule
 
-__all__ = ["AlertFeed", "Correlator", "Decider", "Dedup", "MaintenanceWindow", "Scorer"]
+__all__ = ["Correlator", "Decider", "Dedup", "MaintenanceWindow", "Scorer", "alert_problem"]
 
 SEVERITIES = ("info", "warning", "critical")
 STATUSES = ("firing", "resolved")
 _REQUIRED = ("id", "ts", "service", "host", "kind", "severity", "status")
 
 
-def malformed_reason(record: Mapping[str, Any]) -> str | None:
-    """Why a record from the alert stream cannot be triaged, or ``None`` when it can."""
-    if "_error" in record:
-        return str(record["_error"])
+def alert_problem(record: Mapping[str, Any]) -> str | None:
+    """Why a record of the alert stream cannot be triaged, or ``None`` when it can.
+
+    The scenario's ``input.validate``: the Observer publishes a record it rejects on
+    ``observation.alert.malformed`` (with its label, for the Scorer) instead of handing the
+    team an alert without a host or a time that is not a time.
+    """
     for key in _REQUIRED:
         if not isinstance(record.get(key), str) or not record[key]:
             return f"missing or empty field {key!r}"
@@ -51,33 +58,6 @@ def malformed_reason(record: Mapping[str, Any]) -> str | None:
     except ValueError:
         return f"ts {record['ts']!r} is not an ISO-8601 time"
     return None
-
-
-class AlertFeed(Observer):
-    """Reads the alert stream (the scenario's ``input`` file, one notification per line) and
-    publishes each alert as ``observation.alert.received``.
-
-    The ground truth under ``expected`` is stripped here, so no agent downstream can peek; a
-    record that cannot be triaged (not JSON, a missing field, a time that is not a time) is
-    published as ``observation.alert.malformed`` with the reason, for the Scorer to count.
-    """
-
-    async def observe(self, record: dict[str, Any]) -> Envelope:
-        reason = malformed_reason(record)
-        if reason is not None:
-            self.malformed += 1
-            alert_id = record.get("id")
-            return await self.emit(
-                "observation.alert.malformed",
-                {
-                    "alert_id": alert_id if isinstance(alert_id, str) else None,
-                    "line": record.get("_line"),
-                    "reason": reason,
-                },
-            )
-        alert = {k: v for k, v in record.items() if k != "expected" and not k.startswith("_")}
-        self.emitted += 1
-        return await self.emit("observation.alert.received", alert)
 
 
 # -- Dedup -------------------------------------------------------------------------------------
@@ -484,8 +464,8 @@ def _pairs(n: int) -> int:
 
 
 class Scorer(Learner):
-    """Scores every alert's disposition against the stream's ground truth (the ``expected``
-    labels, which the runtime hands every Learner), for the run summary.
+    """Scores every alert's disposition against the stream's ground truth (the input's
+    ``label`` field, which the Observer files for every Learner), for the run summary.
 
     ``action_accuracy``: the disposition is the right one (page, ignore, or remediate with
     the right runbook action); ``decision_accuracy``: page/remediate/ignore right, whatever
@@ -515,17 +495,19 @@ class Scorer(Learner):
         self._triaged = 0
 
     def observe(self, topic: str, outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
-        label = self.labels.get(str(outcome.get("alert_id")))
+        # An outcome names its alert; a malformed input names the record by its ``key``.
+        key = outcome["alert_id"] if "alert_id" in outcome else outcome.get("key")
+        label = self.labels.get(str(key))
         if label is None:
             self.unlabelled += 1
             return []
         self.scored += 1
         want = str(label["action"])
         if topic == "observation.alert.malformed":
-            self._count(want, "reject", want == "reject", label["decision"] == "reject")
+            self._count(want, "reject", want == "reject", label.get("decision") == "reject")
             return []
         got = str(outcome["action"])
-        self._count(want, got, got == want, outcome["decision"] == label["decision"])
+        self._count(want, got, got == want, outcome["decision"] == label.get("decision"))
         self._triaged += 1
         self.correct["dedup"] += bool(outcome["duplicate"]) == bool(label["duplicate"])
         if outcome["incident"] is not None:

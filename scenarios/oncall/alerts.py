@@ -105,7 +105,13 @@ EPISODES = {
     "blip": 20,
     "info": 25,
 }
-CASCADE_ROOTS = (("db-1", 5), ("cache", 5), ("queue", 3), ("auth", 3), ("replica", 4))
+CASCADE_ROOTS: tuple[tuple[str, int], ...] = (
+    ("db-1", 5),
+    ("cache", 5),
+    ("queue", 3),
+    ("auth", 3),
+    ("replica", 4),
+)
 MALFORMED = ("html", "bad_ts", "no_service", "truncated", "bad_severity")
 
 
@@ -237,8 +243,7 @@ class Generator:
 
     def cascade(self, t: float) -> Episode:
         rng = self.rng
-        names, weights = zip(*CASCADE_ROOTS, strict=True)
-        pick = rng.choices(names, weights)[0]
+        pick = rng.choices([n for n, _ in CASCADE_ROOTS], [w for _, w in CASCADE_ROOTS])[0]
         if pick == "db-1":
             host = "db-1"
         elif pick == "replica":

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from oncall.agents import AlertFeed, Correlator, Decider, Dedup, Scorer
+from oncall.agents import Correlator, Decider, Dedup, Scorer, alert_problem
 from oncall.estate import MAINTENANCE, epoch, iso
 from oncall.policy import RUNBOOK, OnCallPolicy, Rule
 from pydantic import ValidationError
 
+import pantheon
 from agents import Actor, Agent, Guardian, Outbox
 from bus import Bus, Envelope
 from bus.testing import capture_events
@@ -71,43 +73,71 @@ async def run(
     return seen
 
 
-# -- AlertFeed ---------------------------------------------------------------------------------
+# -- the input: the built-in Observer with the team's check ------------------------------------
 
 
-async def test_feed_strips_the_ground_truth_and_reports_what_it_cannot_read(
-    tmp_path: Path,
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({}, None),
+        ({"host": ""}, "missing or empty field 'host'"),
+        ({"ts": None}, "missing or empty field 'ts'"),
+        ({"severity": "sev1"}, "severity 'sev1' is not one of info, warning, critical"),
+        ({"status": "acked"}, "status 'acked' is not one of firing, resolved"),
+        ({"ts": "Mon May  6 14:03:11 2024"}, "is not an ISO-8601 time"),
+    ],
+)
+def test_alert_problem_says_what_cannot_be_triaged(
+    change: dict[str, Any], reason: str | None
 ) -> None:
-    good = alert(1, 0, "api-1", "oom_kill") | {"expected": {"decision": "remediate"}}
-    lines = [
-        json.dumps(good),
-        "<html>502 Bad Gateway</html>",
-        json.dumps(alert(2, 5, "api-1", "oom_kill", severity="sev1")),
-        json.dumps({k: v for k, v in alert(3, 9, "api-1", "oom_kill").items() if k != "host"}),
-        json.dumps(alert(4, 9, "api-1", "oom_kill") | {"ts": "yesterday"}),
-    ]
-    path = tmp_path / "alerts.jsonl"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    feed = AlertFeed(settings={"path": str(path)})
-    async with Bus() as bus:
-        await feed.attach(bus)
-        with capture_events(bus, "observation.alert.*") as seen:
-            await feed.start()
-            await feed.done.wait()
-            await bus.drain()
-    received = [e.payload for e in seen if e.topic == "observation.alert.received"]
-    assert received == [{k: v for k, v in good.items() if k != "expected"}]
-    bad = [e.payload for e in seen if e.topic == "observation.alert.malformed"]
-    assert [(b["alert_id"], b["line"]) for b in bad] == [
-        (None, 2),
-        ("a-2", 3),
-        ("a-3", 4),
-        ("a-4", 5),
-    ]
-    assert bad[0]["reason"].startswith("not JSON")
-    assert "severity 'sev1'" in bad[1]["reason"]
-    assert "'host'" in bad[2]["reason"]
-    assert "not an ISO-8601 time" in bad[3]["reason"]
-    assert (feed.emitted, feed.malformed) == (1, 4)
+    problem = alert_problem(alert(1, 0, "api-1", "oom_kill") | change)
+    assert problem == reason if reason is None else reason in (problem or "")
+
+
+async def test_the_observer_publishes_alerts_without_their_ground_truth(tmp_path: Path) -> None:
+    good = alert(1, 0, "api-1", "oom_kill") | {"expected": {"action": "restart_service"}}
+    rejected = {"decision": "reject", "action": "reject"}
+    bad = alert(2, 5, "api-2", "oom_kill", severity="sev1") | {"expected": rejected}
+    (tmp_path / "alerts.jsonl").write_text(
+        "\n".join([json.dumps(good), "<html>502 Bad Gateway</html>", json.dumps(bad)]) + "\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "team.yaml").write_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            name: feed
+            input:
+              kind: jsonl
+              path: alerts.jsonl
+              label: expected
+              topic: observation.alert.received
+              malformed_topic: observation.alert.malformed
+              validate: "oncall.agents:alert_problem"
+            agents:
+              observer: {}
+              scorer: {class: "oncall.agents:Scorer"}
+            """
+        ),
+        encoding="utf-8",
+    )
+    seen: list[Envelope] = []
+    summary = await pantheon.run(
+        tmp_path / "team.yaml",
+        record=False,
+        on_bus=lambda bus: bus.publish_listeners.append(seen.append),
+    )
+    published = {e.topic: e.payload for e in seen}
+    assert published["observation.alert.received"] == {
+        k: v for k, v in good.items() if k != "expected"
+    }
+    [malformed] = [e.payload for e in seen if e.topic == "observation.alert.malformed"][1:]
+    assert malformed["key"] == "a-2" and "severity 'sev1'" in malformed["reason"]
+    assert (summary.inputs, summary.malformed) == (1, 2)
+    # The rejected alert was scored by its label; the HTML line has none.
+    assert (summary.accuracy["scored"], summary.accuracy["unlabelled"]) == (1, 1)
+    assert summary.accuracy["action_accuracy"] == 1.0
+    assert summary.dlq == {}
 
 
 # -- Dedup -------------------------------------------------------------------------------------

@@ -46,6 +46,10 @@ def test_the_scenario_passes_and_reports_its_accuracy(
         "zero lost",
         "dead letters <= 0",
         "accuracy >= 0.93",
+        "custom: oncall.checks:no_missed_pages",
+        "custom: oncall.checks:few_false_pages",
+        "timing: p99 handling decider <= 25.0 ms",
+        "timing: p99 queue wait decider <= 100.0 ms",
     }
     assert (summary["inputs"], summary["malformed"]) == (795, 5)
     acc = summary["accuracy"]
