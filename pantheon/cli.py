@@ -21,6 +21,7 @@ from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
+from pantheon._cli_new import register as register_new
 from pantheon._cli_sessions import register as register_sessions
 from pantheon._report import RunSummary
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
@@ -41,6 +42,7 @@ register_sessions(app)
 register_cluster(app)
 register_dashboard(app)
 register_monitor(app)
+register_new(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
