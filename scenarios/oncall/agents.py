@@ -186,8 +186,9 @@ class Correlator(Agent):
     Alerts from a host inside one of its ``maintenance`` windows are silenced first: filed
     under nothing, with the reason, before they can join (or start) a real incident, as
     silences work in an alert manager. Info alerts are filed under nothing too. Any other
-    alert joins, in this order: the incident its fingerprint is already in (a duplicate,
-    a resolve, or the same check firing again within ``window_s``); else, if it is a
+    alert joins, in this order: the incident its fingerprint is already in (a duplicate, a
+    resolve, an alert that kept firing, or the same check firing again within ``window_s``
+    of the incident's last alert); else, if it is a
     ``symptoms`` kind, an incident active within ``window_s`` whose symptomatic services it
     calls or is called by (``depends_on``), so db down, api 5xx and web latency within a
     minute are one incident; else it opens one. The incident's root is the alert that best
