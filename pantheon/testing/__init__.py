@@ -33,7 +33,13 @@ from pantheon.testing._harness import (
     RecordedEffects,
     agent_harness,
 )
-from pantheon.testing._model_server import ModelServer, ReceivedRequest, Reply, classify_reply
+from pantheon.testing._model_server import (
+    ModelServer,
+    ReceivedRequest,
+    Reply,
+    classify_reply,
+    schema_reply,
+)
 from pantheon.testing._team import (
     assert_passed,
     assert_replays,
@@ -62,5 +68,6 @@ __all__ = [
     "open_session",
     "replay_matches",
     "run_scenario",
+    "schema_reply",
     "scratch_store",
 ]

@@ -432,3 +432,53 @@ async def test_the_sync_helpers_say_what_to_use_in_an_async_test(team: Path) -> 
         run_scenario(path)
     with pytest.raises(RuntimeError, match=r"pantheon.replay"):
         assert_replays("any-session")
+
+
+def test_the_stand_in_model_server_answers_in_the_shape_asked_for() -> None:
+    """``python -m pantheon.testing``, as the tutorial starts it: a real server process."""
+    import asyncio
+    import subprocess
+    import sys
+
+    from agents import OpenAIProvider
+
+    schema = {
+        "type": "object",
+        "properties": {
+            "severity": {"enum": ["high", "low"]},
+            "summary": {"type": "string"},
+            "score": {"type": "number", "minimum": 0.5},
+            "tags": {"type": "array", "items": {"type": "string"}},
+        },
+    }
+    fmt = {"type": "json_schema", "json_schema": {"name": "t", "schema": schema}}
+
+    async def ask(base_url: str) -> tuple[Any, Any]:
+        async with OpenAIProvider(base_url, "stand-in") as model:
+            result = await model.chat(
+                [{"role": "user", "content": "The site is down for everyone"}],
+                response_format=fmt,
+            )
+            plain = await model.chat([{"role": "user", "content": "hello there"}])
+        return result, plain
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "pantheon.testing", "--port", "0", "--delay", "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("model server at http://127.0.0.1:")
+            result, plain = asyncio.run(ask(line.split()[3]))
+        finally:
+            proc.terminate()
+    assert result.data == {
+        "severity": "high",
+        "summary": "The site is down for everyone",
+        "score": 0.5,
+        "tags": ["The site is down for everyone"],
+    }
+    assert result.usage.input_tokens == 6 and result.usage.output_tokens > 0
+    assert plain.content == "You wrote: hello there"
