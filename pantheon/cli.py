@@ -215,9 +215,17 @@ def _print_summary(s: Any) -> None:
         f"inputs {s.inputs} (+{s.malformed} malformed)",
     ]
     if acc.get("scored"):
+        # Action first (what `min_accuracy` judges), then every other `*_accuracy` the
+        # team's learner reports (the support desk's intent, another team's own).
+        rates = [("action", acc.get("action_accuracy"))] + [
+            (key.removesuffix("_accuracy"), value)
+            for key, value in acc.items()
+            if key.endswith("_accuracy") and key != "action_accuracy"
+        ]
         lines.append(
-            f"accuracy vs ground truth: action {pct(acc.get('action_accuracy'))}, "
-            f"intent {pct(acc.get('intent_accuracy'))} over {acc.get('scored', 0)} labelled"
+            "accuracy vs ground truth: "
+            + ", ".join(f"{name} {pct(value)}" for name, value in rates)
+            + f" over {acc.get('scored', 0)} labelled"
         )
     lines.append(
         f"dead letters {sum(s.dlq.values())} {escape(str(dict(s.dlq))) if s.dlq else ''} "
