@@ -22,7 +22,18 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
-from agents._perception import Monitor, Observer, Sensor, extract_features, find_pii, read_emails
+from agents._perception import (
+    DEFAULT_MAX_LABELS,
+    InputItem,
+    Labels,
+    Monitor,
+    Observer,
+    Sensor,
+    email_problem,
+    extract_features,
+    find_pii,
+    read_emails,
+)
 from agents._providers import (
     INTENTS,
     ChatResult,
@@ -46,6 +57,7 @@ ROLES: dict[str, type[Agent]] = {
 
 __all__ = [
     "ACTION_FOR_INTENT",
+    "DEFAULT_MAX_LABELS",
     "INTENTS",
     "ROLES",
     "Actor",
@@ -60,6 +72,8 @@ __all__ = [
     "Guardian",
     "Handler",
     "InjectedFault",
+    "InputItem",
+    "Labels",
     "Learner",
     "LiveEffects",
     "Memory",
@@ -81,6 +95,7 @@ __all__ = [
     "Usage",
     "UsageMeter",
     "classify",
+    "email_problem",
     "extract_features",
     "find_pii",
     "handler_arity",

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ImportString, PrivateAttr, model_validator
 
 from agents._base import Agent, AgentSettings, Fault
-from agents._perception import find_pii
+from agents._effects import call_maybe_async
+from agents._perception import Labels, find_pii
 from agents._providers import INTENTS
 from bus import Envelope
 
@@ -26,36 +27,96 @@ def redact(text: str, spans: list[dict[str, Any]]) -> str:
     return text
 
 
-class Guardian(Agent):
-    """Checks every plan against policy before anything is done, and says why.
+#: What a Guardian policy is: one proposal in, its decision out (see :class:`Guardian`).
+Policy = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
-    Rules, in order: spam is ignored; confidence under ``min_confidence`` goes to a human;
-    a refund over ``refund_limit`` needs human approval; personal data is redacted from
-    replies (``block_pii_in_replies``). Every decision, with all its reasons, is published
-    on ``guardian.decision`` and kept in ``decisions``.
+
+class Guardian(Agent):
+    """Checks every proposal against policy before anything is done, and says why.
+
+    Without a ``policy`` setting it applies the support desk's rules, in order: spam is
+    ignored; confidence under ``min_confidence`` goes to a human; a refund over
+    ``refund_limit`` needs human approval; personal data is redacted from replies
+    (``block_pii_in_replies``).
+
+    Another team brings its own rules as ``policy: "module:name"``, so the Guardian's place
+    in the team (every proposal passes it, every decision is published and counted, blocked
+    ones are logged) does not have to be rewritten per domain. The policy takes one proposal
+    (a mapping) and returns the decision: a mapping with at least ``verdict`` (a string) and
+    ``reasons`` (a list of strings), published as it is. A class is instantiated once, with
+    ``policy_options`` as keyword arguments, and its instances are the callables; a function
+    takes no options. A policy must be pure (the same proposal gets the same decision): a
+    replay runs it again instead of serving its answer from the recording.
+
+    Every decision is published on ``guardian.decision`` and counted in ``decisions`` by
+    verdict.
     """
 
     role = "guardian"
     subscriptions = ("plan.proposed",)
 
     class Settings(AgentSettings):
-        """The scenario's ``policy`` section fills these; ``settings`` may override them."""
+        """The scenario's ``policy`` section fills the support rules' knobs; ``settings`` may
+        override them, or name a ``policy`` of the team's own."""
 
         refund_limit: Annotated[float, Field(ge=0)] = 200.0
         min_confidence: Annotated[float, Field(ge=0, le=1)] = 0.6
         block_pii_in_replies: bool = True
+        policy: ImportString[Callable[..., Any]] | None = None
+        """``"module:name"`` of a policy replacing the support rules (a function, or a class
+        whose instances are)."""
+        policy_options: dict[str, Any] = Field(default_factory=dict)
+        """Keyword arguments for a policy class, checked when the scenario is loaded."""
+
+        _policy: Policy | None = PrivateAttr(default=None)
+
+        @model_validator(mode="after")
+        def _build_policy(self) -> Guardian.Settings:
+            # Built here, once per settings object, so a policy class that refuses its options
+            # is a located error at `pantheon validate`, not a crash when the run starts.
+            spec = self.policy
+            if spec is None:
+                if self.policy_options:
+                    raise ValueError("policy_options given without a policy to take them")
+                return self
+            name = getattr(spec, "__qualname__", repr(spec))
+            if isinstance(spec, type):
+                try:
+                    self._policy = spec(**self.policy_options)
+                except (TypeError, ValueError) as exc:
+                    raise ValueError(f"policy {name} refused policy_options: {exc}") from None
+                if not callable(self._policy):
+                    raise ValueError(f"policy {name}: its instances are not callable")
+            elif self.policy_options:
+                raise ValueError(
+                    f"policy {name} is a function, which takes no policy_options; "
+                    "make it a class to configure it"
+                )
+            else:
+                self._policy = spec
+            return self
+
+        def build_policy(self) -> Policy | None:
+            """The policy callable the settings name (built once), or ``None`` for the support
+            desk's own rules."""
+            return self._policy
 
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         self.refund_limit = self.settings.refund_limit
         self.min_confidence = self.settings.min_confidence
         self.block_pii = self.settings.block_pii_in_replies
+        self.policy: Policy | None = self.settings.build_policy()
         self.decisions: Counter[str] = Counter()
 
     async def handle(self, env: Envelope) -> None:
         await self.emit("guardian.decision", self.decide(env.payload))
 
     def decide(self, plan: Mapping[str, Any]) -> dict[str, Any]:
+        """The decision on one proposal: the team's ``policy`` if it has one, else the
+        support desk's rules."""
+        if self.policy is not None:
+            return self._apply_policy(self.policy, plan)
         action, steps = plan["action"], [dict(s) for s in plan["steps"]]
         reasons: list[str] = []
         verdict = "approved"
@@ -104,11 +165,29 @@ class Guardian(Agent):
             "reasons": reasons,
         }
 
+    def _apply_policy(self, policy: Policy, proposal: Mapping[str, Any]) -> dict[str, Any]:
+        decision = policy(proposal)
+        if not isinstance(decision, Mapping):
+            raise TypeError(
+                f"{self.name}: policy returned {type(decision).__name__}, not a mapping"
+            )
+        verdict, reasons = decision.get("verdict"), decision.get("reasons")
+        if not isinstance(verdict, str) or not isinstance(reasons, list | tuple):
+            raise ValueError(
+                f"{self.name}: a policy decision needs 'verdict' (a string) and 'reasons' "
+                f"(a list); got verdict={verdict!r}, reasons={reasons!r}"
+            )
+        self.decisions[verdict] += 1
+        if verdict != "approved":
+            self.log.info("not approved as proposed", verdict=verdict, reasons=list(reasons))
+        return dict(decision)
+
 
 class Outbox:
     """Where the Actor's tools write: one JSON line per effect, in a file a user can read.
 
-    Writes are idempotent per (email, step): a retried handler does not send a reply twice.
+    Writes are idempotent per (key, step), the key being what the steps act on (an email's
+    id for the support desk): a retried handler does not send a reply twice.
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -119,7 +198,16 @@ class Outbox:
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
-    def write(self, email_id: str, index: int, step: Mapping[str, Any]) -> dict[str, Any]:
+    def done(self, key: str, index: int) -> bool:
+        """Whether step ``index`` of ``key`` was written already."""
+        with self._lock:
+            return (key, index) in self._seen
+
+    def write(
+        self, email_id: str, index: int, step: Mapping[str, Any], *, field: str = "email_id"
+    ) -> dict[str, Any]:
+        """Write step ``index`` of the item ``email_id`` names, once; the line names the
+        item under ``field``."""
         with self._lock:
             key = (email_id, index)
             if key in self._seen:
@@ -128,52 +216,72 @@ class Outbox:
             self.counts[step["tool"]] += 1
             if self.path is not None:
                 with self.path.open("a", encoding="utf-8") as f:
-                    f.write(json.dumps({"email_id": email_id, "step": index, **step}) + "\n")
+                    f.write(json.dumps({field: email_id, "step": index, **step}) + "\n")
         return {"tool": step["tool"], "status": "done"}
 
 
 class Actor(Agent):
-    """Executes approved steps through its tool adapters (reply, ticket, escalate).
+    """Executes approved steps through its tool adapters.
 
-    Each tool call is an effect, so a replay never sends anything twice. A scenario fault
-    with ``tool`` set makes that tool fail at its rate; the bus subscription's retry policy
-    and breaker decide what happens next, and an exhausted message lands in the DLQ.
+    Built in are the support desk's reply, ticket and escalate, whose work is writing the
+    outbox line. A team adds its own in ``tools`` (settings), name -> ``"module:function"``:
+    the function takes the step (a mapping) and returns its result (plain data), and may be
+    async. The decision's ``steps`` name a tool each; the outbox gets one line per step,
+    with the result, once per (decision ``key``, step index), so a retried handler never
+    calls a tool that already did its work.
+
+    Each tool call is an effect (``tool.<name>``), so a replay serves the recorded result and
+    never calls anything twice. A scenario fault with ``tool`` set makes that tool fail at
+    its rate; the bus subscription's retry policy and breaker decide what happens next, and
+    an exhausted message lands in the DLQ. Every decision handled is reported on
+    ``action.executed``: its ``outcome_fields`` and the results.
     """
 
     role = "actor"
     subscriptions = ("guardian.decision",)
     TOOLS = ("reply", "ticket", "escalate")
 
+    class Settings(AgentSettings):
+        tools: dict[str, ImportString[Callable[..., Any]]] = Field(default_factory=dict)
+        """Tools besides reply, ticket and escalate (a name here replaces a built-in one)."""
+        key: str = "email_id"
+        """The decision field naming what its steps act on: steps run once per key."""
+        outcome_fields: tuple[str, ...] = ("email_id", "sender", "intent", "action", "verdict")
+        """Decision fields copied into ``action.executed``, beside the results."""
+
     def __init__(self, name: str | None = None, *, outbox: Outbox | None = None, **kw: Any):
         super().__init__(name, **kw)
         self.outbox = outbox or Outbox(None)
+        self.tools: dict[str, Callable[..., Any]] = dict(self.settings.tools)
 
     async def handle(self, env: Envelope) -> None:
         decision = env.payload
+        key = decision[self.settings.key]
         results = []
         for i, step in enumerate(decision["steps"]):
-            if step["tool"] not in self.TOOLS:
-                raise ValueError(f"unknown tool {step['tool']!r} in step {i}")
-            results.append(
-                await self.effect(f"tool.{step['tool']}", self._call, decision["email_id"], i, step)
-            )
-        await self.emit(
-            "action.executed",
-            {
-                "email_id": decision["email_id"],
-                "sender": decision["sender"],
-                "intent": decision["intent"],
-                "action": decision["action"],
-                "verdict": decision["verdict"],
-                "results": results,
-            },
-        )
+            tool = step["tool"]
+            if tool not in self.tools and tool not in self.TOOLS:
+                raise ValueError(f"unknown tool {tool!r} in step {i}")
+            results.append(await self.effect(f"tool.{tool}", self._call, key, i, step))
+        outcome = {f: decision[f] for f in self.settings.outcome_fields}
+        outcome["results"] = results
+        await self.emit("action.executed", outcome)
 
-    async def _call(self, email_id: str, index: int, step: Mapping[str, Any]) -> dict[str, Any]:
+    async def _call(self, key: str, index: int, step: Mapping[str, Any]) -> dict[str, Any]:
         fault = self.fault
         if fault.tool == step["tool"] and (fault.failure_rate or fault.latency_ms):
-            await self.inject(Fault(fault.failure_rate, fault.latency_ms), f"{email_id}/{index}")
-        return self.outbox.write(email_id, index, step)
+            await self.inject(Fault(fault.failure_rate, fault.latency_ms), f"{key}/{index}")
+        tool = self.tools.get(step["tool"])
+        field = self.settings.key
+        if tool is None:  # reply, ticket, escalate: writing the outbox line is their work
+            return self.outbox.write(key, index, step, field=field)
+        if self.outbox.done(key, index):
+            return {"tool": step["tool"], "status": "duplicate"}
+        # The tool runs before its line is written: a tool that fails leaves no line, and
+        # the retry calls it again.
+        result = await call_maybe_async(tool, dict(step))
+        done = self.outbox.write(key, index, {**step, "result": result}, field=field)
+        return {**done, "result": result}
 
 
 class Learner(Agent):
@@ -184,6 +292,11 @@ class Learner(Agent):
     When ``window`` consecutive low-confidence escalations of one intent were right about the
     intent but escalated needlessly, its threshold goes down. Each change is published as
     ``learner.threshold.updated`` for the Reasoner.
+
+    ``labels`` maps an email id to its expected ``intent`` and ``action``: the scenario
+    input's ``label`` field, filed by the Observer (see :class:`~agents.Labels`). A malformed
+    input is looked up by the ``key`` its payload carries and scores right when its label
+    says ``reject``.
     """
 
     role = "learner"
@@ -204,7 +317,9 @@ class Learner(Agent):
         **kwargs: Any,
     ) -> None:
         super().__init__(name, **kwargs)
-        self.labels = dict(labels or {})
+        # Kept by reference, not copied: the team's Observer files labels into the same
+        # mapping as it reads the input (a generator's exist only then).
+        self.labels: Mapping[str, Mapping[str, Any]] = labels if labels is not None else Labels()
         self.window = self.settings.window
         self.step = self.settings.step
         self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
@@ -224,7 +339,9 @@ class Learner(Agent):
 
     def observe(self, topic: str, outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Score one outcome; return the threshold changes it triggers."""
-        label = self.labels.get(str(outcome.get("email_id")))
+        # An outcome names its email; a malformed input names the record by its ``key``.
+        key = outcome["email_id"] if "email_id" in outcome else outcome.get("key")
+        label = self.labels.get(str(key))
         if label is None:
             self.unlabelled += 1
             return []

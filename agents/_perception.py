@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterator
+from collections import OrderedDict
+from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -15,14 +17,25 @@ from pydantic import Field
 from agents._base import Agent, AgentSettings
 from bus import Envelope, Priority
 
-__all__ = ["Monitor", "Observer", "Sensor", "extract_features", "find_pii", "read_emails"]
+__all__ = [
+    "DEFAULT_MAX_LABELS",
+    "InputItem",
+    "Labels",
+    "Monitor",
+    "Observer",
+    "Sensor",
+    "email_problem",
+    "extract_features",
+    "find_pii",
+    "read_emails",
+]
 
 _REQUIRED = ("id", "from", "subject", "body")
 
 
 def read_emails(path: Path) -> Iterator[dict[str, Any]]:
     """Every line of a JSONL inbox as a record; a line that is not a JSON object becomes
-    ``{"_line": n, "_error": ..., "_raw": ...}`` so the Observer can report it, not crash."""
+    ``{"_line": n, "_error": ..., "_raw": ...}`` so a caller can report it, not crash."""
     with path.open(encoding="utf-8", errors="replace") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -39,8 +52,16 @@ def read_emails(path: Path) -> Iterator[dict[str, Any]]:
             yield record
 
 
-def _malformed_reason(record: dict[str, Any]) -> str | None:
-    if "_error" in record:
+def email_problem(record: Any) -> str | None:
+    """Why ``record`` is not an email the support team can act on, or ``None`` if it is.
+
+    The support scenario's ``input.validate`` (``"agents:email_problem"``): the Observer
+    publishes a record it rejects on the input's malformed topic instead, so the team never
+    sees a body that is a dict or a sender that is not an address.
+    """
+    if not isinstance(record, Mapping):
+        return "not a JSON object"
+    if "_error" in record:  # a record from read_emails() that was not JSON at all
         return str(record["_error"])
     for key in _REQUIRED:
         if key not in record:
@@ -64,12 +85,92 @@ def _malformed_reason(record: dict[str, Any]) -> str | None:
     return None
 
 
-class Observer(Agent):
-    """Reads the scenario's inbox and turns each email into an outside observation.
+# -- Observer ----------------------------------------------------------------------------------
 
-    Settings: ``path`` (JSONL inbox), ``count`` (stop after n), ``duration`` (seconds),
-    ``rate`` (emails/s, 0 = as fast as the bus takes them). The ``expected`` labels in the
-    data are stripped here: no agent downstream may see the answer.
+
+@dataclass(frozen=True, slots=True)
+class InputItem:
+    """One piece of outside input, ready to publish.
+
+    ``key`` names the record (its id) and ``label`` is its ground truth, already taken out of
+    ``payload``: the Observer files the label under the key for the Learner, and no agent
+    downstream sees it. ``malformed`` items are published like the others (on the input's
+    malformed topic) but counted apart, so a run says how much of its input was unusable.
+    """
+
+    topic: str
+    payload: Any
+    priority: int = Priority.NORMAL
+    key: Any = None
+    label: Any = None
+    malformed: bool = False
+
+
+#: Labels a :class:`Labels` keeps before it forgets the oldest.
+DEFAULT_MAX_LABELS = 1_000_000
+
+
+class Labels(Mapping[str, Any]):
+    """Ground truth by record key, written by whoever reads the input and read by the Learner.
+
+    One instance is shared by a team's Observer and Learner, so labels that exist only as
+    the input is read (a generator's, standard input's) reach the Learner before the outcome
+    they score. Keys are strings (``str(key)``), as outcomes carry them. Bounded: past
+    ``max_size`` labels the oldest is dropped (counted in ``evicted``) and an outcome for it
+    is scored as unlabelled, which an endless generator makes preferable to unbounded growth.
+    """
+
+    __slots__ = ("_labels", "evicted", "max_size")
+
+    def __init__(
+        self, labels: Mapping[Any, Any] | None = None, *, max_size: int = DEFAULT_MAX_LABELS
+    ) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be at least 1, not {max_size}")
+        self._labels: OrderedDict[str, Any] = OrderedDict()
+        self.max_size = max_size
+        self.evicted = 0
+        for key, label in (labels or {}).items():
+            self.put(key, label)
+
+    def put(self, key: Any, label: Any) -> None:
+        """File ``label`` under ``str(key)``, replacing an earlier label for the same key."""
+        k = str(key)
+        labels = self._labels
+        if k in labels:
+            labels.move_to_end(k)
+        elif len(labels) >= self.max_size:
+            labels.popitem(last=False)
+            self.evicted += 1
+        labels[k] = label
+
+    def __getitem__(self, key: str) -> Any:
+        return self._labels[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._labels)
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+    def __repr__(self) -> str:
+        return f"Labels({len(self)} labels, max_size={self.max_size})"
+
+
+class Observer(Agent):
+    """Publishes a team's outside input: every item of its ``source``, at ``rate``.
+
+    The source is any async iterable of :class:`InputItem` (a scenario's ``input:`` section
+    builds one: a JSONL file, a generator, standard input); the Observer knows nothing of
+    the records' schema, only how fast, how many and for how long (its settings, which a
+    scenario fills from ``input``): ``rate`` items per second (0: as fast as the bus takes
+    them), at most ``count`` items, for at most ``duration`` seconds. Each item's label goes
+    into ``labels`` before the item is published, so the Learner has it by the time the
+    outcome arrives. Without a source (a replay, which
+    re-publishes the recorded inputs instead) the Observer publishes nothing.
+
+    ``emitted`` and ``malformed`` count what went out; ``error`` holds why the source
+    stopped early (a generator that raised, an unreadable file), ``None`` if it ran out.
     """
 
     role = "observer"
@@ -77,20 +178,29 @@ class Observer(Agent):
     class Settings(AgentSettings):
         """Filled from the scenario's ``input`` section, not written by hand."""
 
-        path: str | None = None
         count: Annotated[int, Field(gt=0)] | None = None
         duration: Annotated[float, Field(gt=0)] | None = None
         rate: Annotated[float, Field(ge=0)] = 0.0
 
-    def __init__(self, name: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        source: AsyncIterable[InputItem] | None = None,
+        labels: Labels | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name, **kwargs)
+        self.source = source
+        self.labels = labels if labels is not None else Labels()
         self.emitted = 0
         self.malformed = 0
+        self.error: str | None = None
         self.done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        if self.settings.path:
+        if self.source is not None:
             self._task = asyncio.get_running_loop().create_task(self.ingest())
         else:
             self.done.set()
@@ -102,46 +212,63 @@ class Observer(Agent):
         self.done.set()
 
     async def ingest(self) -> None:
+        """Publish the source to its end (or ``count``, or ``duration``); a source that
+        fails ends the input with its error in :attr:`error`, not in a lost task."""
         try:
             await self._ingest()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            self.log.error("input failed", error=self.error, exc_info=True)
         finally:
             self.done.set()
 
     async def _ingest(self) -> None:
-        path = Path(self.settings.path)
-        count = self.settings.count
-        duration = self.settings.duration
-        rate = self.settings.rate
+        if self.source is None:
+            return
         loop = asyncio.get_running_loop()
         started = loop.time()
-        for n, record in enumerate(read_emails(path)):
-            if count is not None and n >= count:
-                break
-            if duration is not None and loop.time() - started >= duration:
-                break
-            if rate > 0:
-                delay = started + n / rate - loop.time()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-            await self.observe(record)
+        count, duration, rate = self.settings.count, self.settings.duration, self.settings.rate
+        items: AsyncIterator[InputItem] = aiter(self.source)
+        try:
+            n = 0
+            # Limits are checked before asking for the next item, never after: a source such
+            # as standard input may wait indefinitely for an item the run no longer wants.
+            while count is None or n < count:
+                if duration is None:
+                    item = await anext(items, None)
+                else:
+                    left = started + duration - loop.time()
+                    if left <= 0:
+                        break
+                    try:
+                        async with asyncio.timeout(left):
+                            item = await anext(items, None)
+                    except TimeoutError:
+                        break
+                if item is None:
+                    break
+                if rate > 0:
+                    delay = started + n / rate - loop.time()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                await self.observe(item)
+                n += 1
+        finally:
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                await close()
 
-    async def observe(self, record: dict[str, Any]) -> Envelope:
-        """Publish one inbox record as ``observation.email.received`` or ``.malformed``."""
-        reason = _malformed_reason(record)
-        if reason is not None:
+    async def observe(self, item: InputItem) -> Envelope:
+        """File the item's label, then publish it (counted as emitted or malformed)."""
+        if item.label is not None and item.key is not None:
+            self.labels.put(item.key, item.label)
+        if item.malformed:
             self.malformed += 1
-            return await self.emit(
-                "observation.email.malformed",
-                {
-                    "email_id": record.get("id") if isinstance(record.get("id"), str) else None,
-                    "line": record.get("_line"),
-                    "reason": reason,
-                },
-            )
-        email = {k: v for k, v in record.items() if k != "expected" and not k.startswith("_")}
-        email.setdefault("attachments", [])
-        self.emitted += 1
-        return await self.emit("observation.email.received", email)
+        else:
+            self.emitted += 1
+        return await self.emit(item.topic, item.payload, item.priority)
 
 
 # -- Sensor ------------------------------------------------------------------------------------

@@ -307,6 +307,10 @@ class _Provider:
         """:func:`classify` asked of this provider directly (no recording, no accounting)."""
         return await classify(self, subject, body)
 
+    async def check(self) -> None:
+        """Raise :class:`ProviderUnavailable` now if the model cannot be reached, so a run
+        says so once, before any input flows, instead of dead-lettering every one."""
+
     async def aclose(self) -> None:
         """Nothing to release unless a subclass holds connections."""
 
@@ -502,6 +506,25 @@ class OpenAIProvider(_Provider):
                 ),
             )
         return self._client
+
+    async def check(self) -> None:
+        """One ``GET {base_url}/models``: any HTTP answer means the server is there (no tokens
+        spent, no key needed). It also sets up the client (TLS context, HTTP machinery, a
+        pooled connection), so the first model call of a run does not pay ~0.1 s for it."""
+        import httpx
+
+        models = self.url.removesuffix("/chat/completions") + "/models"
+        try:
+            await self._http().get(models, timeout=self.connect_timeout)
+        except httpx.TimeoutException:
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: no answer in {self.connect_timeout:g} s",
+                url=self.url,
+            ) from None
+        except httpx.TransportError as exc:
+            raise ProviderUnavailable(
+                f"cannot reach model server at {self.url}: {_reason(exc)}", url=self.url
+            ) from None
 
     async def aclose(self) -> None:
         """Close the pooled connections. The provider cannot be used afterwards."""

@@ -157,11 +157,15 @@ async def run_once(
             raise AssertionError(f"delivered {delivered}/{len(payloads)}")
     if telemetry is not None:
         telemetry.shutdown()
-    return len(payloads) / dt, len(payloads) / cpu, {
-        "spans": spans.spans,
-        "metric_exports": exported.exports,
-        "metric_points": exported.points,
-    }
+    return (
+        len(payloads) / dt,
+        len(payloads) / cpu,
+        {
+            "spans": spans.spans,
+            "metric_exports": exported.exports,
+            "metric_points": exported.points,
+        },
+    )
 
 
 def loop_factory(name: str) -> Any:

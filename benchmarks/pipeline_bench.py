@@ -39,6 +39,7 @@ from agents import (
     Sensor,
 )
 from bus import Bus
+from pantheon._inputs import open_input
 from pantheon.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,7 +94,8 @@ async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> 
     done = 0
 
     async with Bus() as bus:
-        observer = Observer(settings={"path": str(inbox)})
+        inp = scenario.input.model_copy(update={"path": inbox})
+        observer = Observer(source=open_input(scenario.model_copy(update={"input": inp})))
         team = [
             observer,
             Sensor(),

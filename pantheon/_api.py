@@ -10,6 +10,7 @@ from typing import Any
 
 from bus import Bus
 from pantheon._report import RunSummary
+from pantheon._team import check_model
 from pantheon.scenario import Scenario, load_scenario
 
 __all__ = ["Session", "replay", "run"]
@@ -29,7 +30,8 @@ async def run(
     Recorded in ``store`` (default ``.pantheon/sessions.db`` or ``$PANTHEON_STORE``) unless
     ``record`` is false, with the live feed ``pantheon monitor`` attaches to. ``on_bus`` sees
     the run's bus before anything flows (telemetry hooks in there). The summary says whether
-    the expectations held (``summary.passed``); a failing one is not an exception.
+    the expectations held (``summary.passed``); a failing one is not an exception. A model
+    server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
     from pantheon._cluster import cluster_transport
     from pantheon._runtime import run_scenario
@@ -38,6 +40,7 @@ async def run(
 
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
+    await check_model(scenario)  # a dead model server stops the run before it starts
     store_path = None if store is None else Path(store)
     async with (
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq

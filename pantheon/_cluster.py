@@ -52,7 +52,7 @@ from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
-from pantheon._report import RunSummary, local_report, summarize
+from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, Scenario
 from pantheon.scenario._agents import agent_class
@@ -260,6 +260,7 @@ class NodeHost:
         )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
+        count_own_topics(self.bus)  # this bus also counts what reaches it from others
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -741,6 +742,7 @@ class _Driver:
         loop = asyncio.get_running_loop()
         if self.bus.context is None:
             self.bus.context = LiveEffects(self.seed)
+        count_own_topics(self.bus)
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)

@@ -4,6 +4,7 @@
 
     PantheonError
     ├── ScenarioError            a scenario file is wrong (every problem, located)
+    ├── ImportProblem            an import path in a scenario leads nowhere usable
     ├── SessionError             the session store, recording and replay
     │   ├── StoreError → SchemaVersionError, SessionNotFound
     │   ├── RecordingError

@@ -19,6 +19,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from pantheon._errors import PantheonError
+
 __all__ = [
     "AGENT_GROUP",
     "INPUT_GROUP",
@@ -33,7 +35,7 @@ PROVIDER_GROUP = "pantheon.providers"
 INPUT_GROUP = "pantheon.inputs"
 
 
-class ImportProblem(ValueError):
+class ImportProblem(PantheonError, ValueError):
     """An import path that does not lead to a usable object; the message says why."""
 
 

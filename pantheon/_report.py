@@ -3,19 +3,36 @@ scenario's expectations."""
 
 from __future__ import annotations
 
+import weakref
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer
-from bus import Bus
+from bus import Bus, Envelope
+from bus._transport import Receipt
+from pantheon._imports import ImportProblem
+from pantheon._inputs import import_path
 from pantheon._team import Team, sum_usage
 from pantheon.scenario import Scenario
 
-__all__ = ["MAX_LISTED_DEAD_LETTERS", "RunSummary", "judge", "local_report", "summarize"]
+__all__ = [
+    "MAX_LISTED_DEAD_LETTERS",
+    "MAX_TOPICS",
+    "RunSummary",
+    "count_own_topics",
+    "judge",
+    "local_report",
+    "summarize",
+]
 
 #: Dead letters listed by name in a summary; the session store has all of them.
 MAX_LISTED_DEAD_LETTERS = 100
+#: Distinct topics counted by :func:`count_own_topics`; later topics are summed under
+#: ``<other>``, as the bus's own per-topic counts are.
+MAX_TOPICS = 10_000
 
 
 @dataclass
@@ -47,10 +64,57 @@ class RunSummary:
     usage: dict[str, Any] = field(default_factory=dict)
     """Model calls, input and output tokens, cost in USD and whether every call was
     priced, summed over the team, and the same per agent under ``by_agent``."""
+    topics: dict[str, int] = field(default_factory=dict)
+    """Messages published per topic, each counted once however many processes it crossed."""
+    input_errors: list[str] = field(default_factory=list)
+    """Why an Observer's input stopped early (a generator that raised); empty when every
+    input ran to its end."""
 
     @property
     def passed(self) -> bool:
         return all(e["passed"] for e in self.expectations)
+
+
+class _OwnTopics:
+    """A publish listener counting, per topic, the messages its bus publishes itself.
+
+    A bus of a ZeroMQ run also counts every message it receives from another process, so
+    summing the buses' own per-topic figures would count a message once per process it
+    reached. An envelope from another bus carries the transport's :class:`Receipt` in
+    ``reply`` by the time listeners see it; everything else was published here.
+    """
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def __call__(self, env: Envelope) -> None:
+        if isinstance(env.reply, Receipt):
+            return
+        counts = self.counts
+        topic = env.topic
+        if topic in counts:
+            counts[topic] += 1
+        elif len(counts) < MAX_TOPICS:
+            counts[topic] = 1
+        else:
+            counts["<other>"] = counts.get("<other>", 0) + 1
+
+
+_own_topics: weakref.WeakKeyDictionary[Bus, _OwnTopics] = weakref.WeakKeyDictionary()
+
+
+def count_own_topics(bus: Bus) -> None:
+    """Count what ``bus`` publishes itself per topic, for :func:`local_report`.
+
+    Needed on every bus of a multi-process run, before anything is published; a bus alone
+    in its process need not (its own per-topic counts are exact and free). Idempotent.
+    """
+    if bus not in _own_topics:
+        counter = _OwnTopics()
+        _own_topics[bus] = counter
+        bus.publish_listeners.append(counter)
 
 
 def local_report(bus: Bus, team: Team) -> dict[str, Any]:
@@ -79,9 +143,14 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
     decisions: Counter[str] = Counter()
     for g in team.of_role(Guardian):
         decisions.update(g.decisions)
-    observers = team.of_role(Observer)
+    observers: list[Observer] = team.of_role(Observer)
+    own = _own_topics.get(bus)
+    topics = (
+        dict(own.counts) if own is not None else {t: n.published for t, n in stats.topics.items()}
+    )
     return {
         "published": stats.published,
+        "topics": topics,
         "subscribers": subscribers,
         "edges": [
             {
@@ -110,6 +179,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "accounting_ok": accounting_ok,
         "inputs": sum(o.emitted for o in observers),
         "malformed": sum(o.malformed for o in observers),
+        "input_errors": [f"{o.name}: {o.error}" for o in observers if o.error is not None],
         "accuracy": learners[0].report() if learners else None,
         "decisions": dict(decisions),
         "outbox": dict(team.outbox.counts),
@@ -149,10 +219,12 @@ def summarize(
     dlq: Counter[str] = Counter()
     decisions: Counter[str] = Counter()
     outbox: Counter[str] = Counter()
+    topics: Counter[str] = Counter()
     for r in reports:
         dlq.update(r["dlq"])
         decisions.update(r["decisions"])
         outbox.update(r["outbox"])
+        topics.update(r.get("topics", {}))
     accuracy: dict[str, Any] = next(
         (r["accuracy"] for r in reports if r["accuracy"] is not None), {}
     )
@@ -178,6 +250,8 @@ def summarize(
         alerts=sum(r["alerts"] for r in reports),
         accounting_ok=all(r["accounting_ok"] for r in reports),
         usage=_merge_usage([r["usage"] for r in reports]),
+        topics=dict(sorted(topics.items())),
+        input_errors=[e for r in reports for e in r.get("input_errors", ())],
     )
     summary.expectations = judge(scenario, summary)
     return summary
@@ -196,27 +270,52 @@ def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
-    """Each expectation of the scenario with the measured value and whether it held."""
+    """Each expectation of the scenario as a named check: expected, actual, passed.
+
+    Latency checks other than the historical ``max_p99_ms`` are named ``timing: ...``: they
+    measure the machine as much as the team, and a reader of a failed CI run should see
+    at once which failures are about speed."""
     e = scenario.expect
     out: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, want: Any, got: Any) -> None:
         out.append({"name": name, "passed": bool(passed), "expected": want, "actual": got})
 
+    if s.input_errors:
+        check("input ran to its end", False, "no error", "; ".join(s.input_errors))
     if e.max_p99_ms is not None:
         limits = (
             e.max_p99_ms if isinstance(e.max_p99_ms, dict) else dict.fromkeys(s.hops, e.max_p99_ms)
         )
         for agent, limit in limits.items():
             # p99 of one hop, bounded above by p99(queue wait) + p99(handling).
-            subs = [h for n, h in s.hops.items() if n == agent or n.startswith(f"{agent}:")]
+            subs = _hops_of(s, agent)
             worst = max((h["wait_p99_ms"] + h["handle_p99_ms"] for h in subs), default=0.0)
             check(f"p99 {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3))
+    for bound, what, key in (
+        (e.p99_handling_ms, "handling", "handle_p99_ms"),
+        (e.p99_queue_wait_ms, "queue wait", "wait_p99_ms"),
+    ):
+        if bound is None:
+            continue
+        agents = {n.split(":", 1)[0]: None for n in s.hops}
+        limits = bound if isinstance(bound, dict) else dict.fromkeys(agents, bound)
+        for agent, limit in limits.items():
+            worst = max((h[key] for h in _hops_of(s, agent)), default=0.0)
+            check(
+                f"timing: p99 {what} {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3)
+            )
     if e.zero_lost:
         check("zero lost", s.accounting_ok, True, s.accounting_ok)
     if e.max_dlq is not None:
         dead = sum(n for reason, n in s.dlq.items() if reason != "shed")
         check(f"dead letters <= {e.max_dlq}", dead <= e.max_dlq, e.max_dlq, dead)
+    for reason, count in e.dlq.items():
+        n = s.dlq.get(reason, 0)
+        check(f"dead letters {reason} {count}", count.admits(n), _bound(count), n)
+    for pattern, count in e.topics.items():
+        n = sum(c for topic, c in s.topics.items() if fnmatchcase(topic, pattern))
+        check(f"messages on {pattern} {count}", count.admits(n), _bound(count), n)
     if e.min_accuracy is not None:
         acc = s.accuracy.get("action_accuracy")
         ok = acc is not None and acc >= e.min_accuracy
@@ -235,4 +334,52 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
             e.min_throughput,
             s.throughput,
         )
+    usage: Mapping[str, Any] = getattr(s, "usage", None) or {}
+    if e.max_tokens is not None:
+        tokens = int(usage.get("input_tokens") or 0) + int(usage.get("output_tokens") or 0)
+        check(f"tokens <= {e.max_tokens}", tokens <= e.max_tokens, e.max_tokens, tokens)
+    if e.max_cost_usd is not None:
+        cost = round(float(usage.get("cost_usd") or 0.0), 6)
+        if usage.get("priced") is False:
+            # Calls to a model with no price: the cost is a floor, and no bound holds on it.
+            check(f"cost <= ${e.max_cost_usd}", False, e.max_cost_usd, f"{cost} + unpriced calls")
+        else:
+            check(f"cost <= ${e.max_cost_usd}", cost <= e.max_cost_usd, e.max_cost_usd, cost)
+    for spec in e.custom:
+        passed, message = _custom(spec, scenario, s)
+        check(f"custom: {spec}", passed, "pass", message)
     return out
+
+
+def _hops_of(s: RunSummary, agent: str) -> list[dict[str, float]]:
+    """The agent's subscriptions: ``agent`` itself and its ``agent:<pattern>`` extras."""
+    return [h for n, h in s.hops.items() if n == agent or n.startswith(f"{agent}:")]
+
+
+def _bound(count: Any) -> dict[str, int]:
+    return {k: v for k, v in (("min", count.min), ("max", count.max)) if v is not None}
+
+
+def _custom(spec: str, scenario: Scenario, s: RunSummary) -> tuple[bool, str]:
+    """Run one ``expect.custom`` check: (passed, what it said)."""
+    try:
+        check = import_path(spec, scenario.base_dir)
+        result = check(s)
+    except ImportProblem as exc:
+        return False, str(exc)
+    except Exception as exc:
+        return False, f"raised {type(exc).__name__}: {exc}"
+    if result is None or result is True:
+        return True, "passed"
+    if result is False:
+        return False, "failed"
+    if isinstance(result, str):
+        return False, result
+    if (
+        isinstance(result, tuple)
+        and len(result) == 2
+        and isinstance(result[0], bool)
+        and isinstance(result[1], str)
+    ):
+        return result[0], result[1] or ("passed" if result[0] else "failed")
+    return False, f"returned {result!r}: want a bool, a message, None or (bool, message)"

@@ -74,6 +74,7 @@ async def run_scenario(
         await team.attach(bus)
         if attach is not None:
             await attach(bus)
+        await team.check_model()
         await team.start()
         flood = scenario.faults.flood
         flood_task = None

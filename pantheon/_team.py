@@ -19,6 +19,7 @@ from agents import (
     AgentUsage,
     Fault,
     Guardian,
+    Labels,
     Learner,
     ModelProvider,
     Monitor,
@@ -26,14 +27,15 @@ from agents import (
     OpenAIProvider,
     Outbox,
     RuleProvider,
-    read_emails,
     total_usage,
 )
 from bus import Bus
-from pantheon.scenario import Scenario
+from pantheon._inputs import jsonl_labels, open_input
+from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
+from pantheon.scenario._schema import provider_class
 
-__all__ = ["Setup", "Team", "build_team", "sum_usage", "team_setup"]
+__all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
 
 Setup = Callable[[Bus], Awaitable[None]]
 
@@ -61,6 +63,14 @@ class Team:
     async def stop(self) -> None:
         for agent in self.agents.values():
             await agent.stop()
+
+    async def check_model(self) -> None:
+        """Reach the model server before any input flows (``ProviderUnavailable`` if it is
+        not there), which also readies the provider's connections: the first message's
+        handling then measures the call, not the client's set-up."""
+        check = getattr(self.provider, "check", None)
+        if check is not None:
+            await check()
 
     async def aclose(self) -> None:
         """Release the provider's connections: after the last drain, since a message still
@@ -108,17 +118,22 @@ def _provider(scenario: Scenario) -> ModelProvider:
             connect_timeout=p.connect_timeout,
             max_connections=p.max_connections,
         )
+    if p.kind == "custom":
+        provider: ModelProvider = provider_class(p.class_, p.settings)(**p.settings)
+        return provider
     return RuleProvider(p.rules, p.default_intent)
 
 
-def _labels(path: Path | None) -> dict[str, dict[str, Any]]:
-    if path is None or not path.exists():
-        return {}
-    return {
-        str(r["id"]): r["expected"]
-        for r in read_emails(path)
-        if isinstance(r.get("id"), str) and isinstance(r.get("expected"), dict)
-    }
+async def check_model(scenario: Scenario) -> None:
+    """Raise ``agents.ProviderUnavailable`` naming the URL if the scenario's model server
+    cannot be reached: said once, before a run, rather than once per dead-lettered input."""
+    provider = _provider(scenario)
+    try:
+        check = getattr(provider, "check", None)
+        if check is not None:
+            await check()
+    finally:
+        await provider.aclose()
 
 
 def build_team(
@@ -132,7 +147,11 @@ def build_team(
     outside input (the Observer's ingest, the Monitor's sampling): a replay re-publishes
     those from the recording instead."""
     inp = scenario.input
-    path = inp.path if inp.kind == "file" else None
+    # One mapping for the Observer to file labels into and the Learner to read; a JSONL
+    # input's are read ahead too, for a Learner in another process than the Observer.
+    labels = Labels(
+        jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else None
+    )
     provider = _provider(scenario)
     prices = {model: (p.input, p.output) for model, p in scenario.prices.items()}
     outbox = Outbox(outbox_path)
@@ -159,13 +178,15 @@ def build_team(
             kwargs["subscribe"] = cfg.subscribe
         # What the built-in roles take from other sections of the scenario; subclasses of
         # them (a user's own Guardian) take the same.
-        if issubclass(cls, Observer) and not replay:
-            settings.update(path=str(path) if path else None, count=inp.count)
-            settings.update(duration=inp.duration, rate=inp.rate)
+        if issubclass(cls, Observer):
+            kwargs["labels"] = labels
+            if not replay:
+                kwargs["source"] = open_input(scenario, seed=seed)
+                settings.update(count=inp.count, duration=inp.duration, rate=inp.rate)
         elif issubclass(cls, Guardian):
             settings = scenario.policy.model_dump() | settings
         elif issubclass(cls, Learner):
-            kwargs["labels"] = _labels(path)
+            kwargs["labels"] = labels
         elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
         elif issubclass(cls, Monitor):

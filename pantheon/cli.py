@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -15,10 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from agents import ProviderUnavailable
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
+from pantheon._cli_new import register as register_new
 from pantheon._cli_sessions import register as register_sessions
 from pantheon._cli_sessions import usage_lines
 from pantheon._report import RunSummary
@@ -41,6 +44,7 @@ register_sessions(app)
 register_cluster(app)
 register_dashboard(app)
 register_monitor(app)
+register_new(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:
@@ -116,6 +120,9 @@ def run(
         )
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except ProviderUnavailable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
@@ -202,9 +209,17 @@ def _print_summary(s: Any) -> None:
         f"inputs {s.inputs} (+{s.malformed} malformed)",
     ]
     if acc.get("scored"):
+        # Action first (what `min_accuracy` judges), then every other `*_accuracy` the
+        # team's learner reports (the support desk's intent, another team's own).
+        rates = [("action", acc.get("action_accuracy"))] + [
+            (key.removesuffix("_accuracy"), value)
+            for key, value in acc.items()
+            if key.endswith("_accuracy") and key != "action_accuracy"
+        ]
         lines.append(
-            f"accuracy vs ground truth: action {pct(acc.get('action_accuracy'))}, "
-            f"intent {pct(acc.get('intent_accuracy'))} over {acc.get('scored', 0)} labelled"
+            "accuracy vs ground truth: "
+            + ", ".join(f"{name} {pct(value)}" for name, value in rates)
+            + f" over {acc.get('scored', 0)} labelled"
         )
     lines.append(
         f"dead letters {sum(s.dlq.values())} {escape(str(dict(s.dlq))) if s.dlq else ''} "
@@ -213,6 +228,12 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+    # Why messages died: once per subscriber and reason, with one example, not per message.
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    for (sub, reason), n in why.most_common(3):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
     out.print("\n".join(lines))

@@ -758,5 +758,12 @@ def _pricing(scenario_text: str | None) -> tuple[Prices, str]:
         except (KeyError, TypeError, ValueError):
             continue
     provider = data.get("provider")
-    asked = provider.get("model") if isinstance(provider, Mapping) else None
+    if not isinstance(provider, Mapping):
+        return prices, ""
+    # An OpenAI provider names its model; a custom one (kind: custom) is built from its
+    # settings, whose ``model``, when it has one, is taken as the model it asks for.
+    settings = provider.get("settings")
+    asked = provider.get("model")
+    if asked is None and isinstance(settings, Mapping):
+        asked = settings.get("model")
     return prices, "" if asked is None else str(asked)

@@ -26,7 +26,7 @@ from pantheon.scenario._locate import (
     _suggest,
     _TooLarge,
 )
-from pantheon.scenario._schema import _NAME, _TOPIC, SCENARIO_VERSION, Scenario
+from pantheon.scenario._schema import _NAME, _TOPIC, _TOPIC_GLOB, SCENARIO_VERSION, Scenario
 
 __all__ = ["load_scenario", "parse_scenario"]
 
@@ -94,7 +94,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
         key = loc[-1] if loc else "?"
         model = _model_at(raw[:-1])
         if model is not None:
-            fields = list(model.model_fields)
+            fields = [f.alias or name for name, f in model.model_fields.items()]
             hint = _suggest(str(key), fields)
             msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
         else:
@@ -109,9 +109,14 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
         msg = "Input should be a mapping"
     elif kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_HELP:
         msg = _PATTERN_HELP[ctx["pattern"]]
+        if loc and loc[-1] == "[key]":
+            loc = loc[:-1]
     elif loc and loc[-1] == "[key]":
         loc = loc[:-1]
-        msg = f"invalid name: {msg}"
+        # A key outside a fixed set (a dead-letter reason) is a misspelt key, not a bad name.
+        msg = (
+            f"unknown key {loc[-1]!r}: {msg}" if kind == "literal_error" else f"invalid name: {msg}"
+        )
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
@@ -121,6 +126,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
 _PATTERN_HELP = {
     _NAME: "use lowercase letters, digits, '_' and '-' only",
     _TOPIC: "should be a dotted topic name such as observation.email.received",
+    _TOPIC_GLOB: "should be a topic, or a glob over topics such as action.*",
 }
 
 

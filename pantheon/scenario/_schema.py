@@ -9,6 +9,8 @@ together with the field errors instead of only after those are fixed.
 
 from __future__ import annotations
 
+import inspect
+import json
 import os
 import re
 import typing
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -31,17 +34,22 @@ from pydantic import (
 
 import bus
 from agents import Observer
-from pantheon._imports import add_import_roots
+from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems
 from pantheon.scenario._locate import _dotted, _suggest
 
 __all__ = [
+    "DEAD_LETTER_REASONS",
     "DRIVER_NODE",
     "ROLES",
     "SCENARIO_VERSION",
+    "SUPPORT_INBOX",
     "AgentConfig",
     "AgentFaultConfig",
     "BreakerConfig",
+    "CountBound",
+    "CustomProviderConfig",
+    "DeadLetterReason",
     "ExpectConfig",
     "FaultsConfig",
     "FileInputConfig",
@@ -49,6 +57,7 @@ __all__ = [
     "GeneratorInputConfig",
     "InProcessTransportConfig",
     "InputConfig",
+    "JsonlInputConfig",
     "KillNodeConfig",
     "ObservabilityConfig",
     "OpenAIProviderConfig",
@@ -59,6 +68,7 @@ __all__ = [
     "Role",
     "RulesProviderConfig",
     "Scenario",
+    "StdinInputConfig",
     "TransportConfig",
     "ZmqTransportConfig",
 ]
@@ -208,9 +218,45 @@ class OpenAIProviderConfig(_Model):
     default_intent: str = "question"
 
 
-ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig
+class CustomProviderConfig(_Model):
+    """A provider of the team's own: ``class`` is ``"module:Name"`` or the name of a
+    ``pantheon.providers`` entry point, built as ``Name(**settings)`` and checked at load
+    (it must take those settings and have an async ``chat``)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True
+    )
+
+    kind: Literal["custom"]
+    class_: str = Field(alias="class", min_length=1)
+    settings: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _buildable(self) -> CustomProviderConfig:
+        provider_class(self.class_, self.settings)
+        return self
+
+
+def provider_class(spec: str, settings: Mapping[str, Any]) -> type:
+    """The provider class ``spec`` names, checked to take ``settings`` and to chat;
+    ``ValueError`` saying what is wrong."""
+    cls = load_object(spec, group=PROVIDER_GROUP)
+    if not isinstance(cls, type):
+        raise ValueError(f"{spec!r} is not a class (it is a {type(cls).__name__})")
+    if not inspect.iscoroutinefunction(getattr(cls, "chat", None)):
+        raise ValueError(f"{spec!r} has no async chat(messages, ...): it is not a model provider")
+    try:
+        inspect.signature(cls).bind(**settings)
+    except TypeError as exc:
+        raise ValueError(f"{spec!r} does not take these settings: {exc}") from None
+    return cls
+
+
+ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig | CustomProviderConfig
 _Provider = Annotated[
-    Annotated[RulesProviderConfig, Tag("@rules")] | Annotated[OpenAIProviderConfig, Tag("@openai")],
+    Annotated[RulesProviderConfig, Tag("@rules")]
+    | Annotated[OpenAIProviderConfig, Tag("@openai")]
+    | Annotated[CustomProviderConfig, Tag("@custom")],
     _by_kind("rules"),
 ]
 
@@ -237,54 +283,207 @@ class PolicyConfig(_Model):
 
 # -- input -------------------------------------------------------------------------------------
 
+_Priority = Literal["critical", "high", "normal"]
 
-class _InputLimits(_Model):
+
+def _resolved(spec: str, info: ValidationInfo, group: str | None = None) -> Any:
+    """The object import path ``spec`` names (the scenario's folder is importable, see
+    :func:`_import_roots`); ``None`` when the loader was told not to look (a replay
+    rebuilding a recorded scenario, whose code may be gone, and which never calls it)."""
+    context = info.context or {}
+    if not context.get("check_files", True):
+        return None
+    # Imported when first needed: pantheon._inputs brings in `agents`.
+    from pantheon._inputs import import_path
+
+    base_dir = context.get("base_dir")
+    return import_path(spec, None if base_dir is None else Path(base_dir).resolve(), group=group)
+
+
+def _callable_path(spec: str, info: ValidationInfo) -> str:
+    obj = _resolved(spec, info)
+    if obj is not None and not callable(obj):
+        raise ValueError(f"{spec!r} is a {type(obj).__name__}, not a function")
+    return spec
+
+
+def _generator_path(spec: str, info: ValidationInfo) -> str:
+    obj = _resolved(spec, info, INPUT_GROUP)
+    if obj is not None and not (
+        inspect.isgeneratorfunction(obj) or inspect.isasyncgenfunction(obj)
+    ):
+        raise ValueError(
+            f"{spec!r} is not a generator function: write a def (or async def) that yields"
+        )
+    return spec
+
+
+def _json_keys(value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value
+    return {k if isinstance(k, str) else json.dumps(k): v for k, v in value.items()}
+
+
+#: ``module:function``, checked at load: the module imports and the name is callable.
+_CallablePath = Annotated[str, AfterValidator(_callable_path)]
+#: ``module:function`` naming a sync or async generator function.
+_GeneratorPath = Annotated[str, AfterValidator(_generator_path)]
+
+
+class _InputBase(_Model):
+    """What every input kind shares: limits, priority, and how a record becomes a message.
+
+    A record's topic is ``topic``, or ``topics[record[topic_field]]`` (``default_topic``
+    for a value with no entry). ``label`` names a field of ground truth that is taken out
+    before publishing and kept for the Learner under ``record[key]``. A record that cannot
+    be read, fails ``validate`` or has no topic is published on ``malformed_topic`` as
+    ``{"line": n, "reason": ..., "key": ...}``.
+    """
+
+    # `validate` shadows a BaseModel method, so the field has another name and the key as
+    # its alias, used for reading and for dumping (a dumped scenario loads again).
+    model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True)
+
     count: Annotated[int, Field(gt=0)] | None = None
-    """Stop after this many messages."""
+    """Stop after this many messages (malformed ones included)."""
     duration: _PositiveFloat | None = None
     """Stop after this many seconds."""
     rate: Annotated[float, Field(ge=0)] = 0.0
     """Messages per second; 0 means as fast as the bus accepts them."""
+    priority: _Priority = "normal"
+    """The bus priority every input message is published with."""
+    topic: _Topic | None = None
+    topic_field: str | None = None
+    topics: Annotated[dict[str, _Topic], BeforeValidator(_json_keys)] = Field(default_factory=dict)
+    """Field value -> topic; YAML keys that are not strings (``1``, ``true``) are taken in
+    their JSON spelling, which is how a record's value is looked up."""
+    default_topic: _Topic | None = None
+    key: str = "id"
+    label: str | None = None
+    malformed_topic: _Topic = "input.malformed"
+    validator: _CallablePath | None = Field(default=None, alias="validate")
+    """``module:function`` called with each record (label removed): a reason string rejects
+    it as malformed, ``None`` accepts it."""
+
+    @model_validator(mode="after")
+    def _routing(self) -> _InputBase:
+        if self.topic is not None and self.topic_field is not None:
+            raise ValueError(
+                "give topic (one topic for every record) or topic_field (a topic per record), "
+                "not both"
+            )
+        if self.topic_field is None and (self.topics or self.default_topic is not None):
+            raise ValueError("topics and default_topic pick a topic by topic_field: set it")
+        if self.topic_field is not None and not self.topics:
+            raise ValueError("topic_field needs topics: a mapping of field value to topic")
+        if self.label is not None and self.label == self.key:
+            raise ValueError(f"label and key both name field {self.key!r}")
+        return self
+
+    def _need_topic(self, what: str) -> None:
+        if self.topic is None and self.topic_field is None:
+            raise ValueError(f"{what} needs topic, or topic_field with topics")
 
 
-class FileInputConfig(_InputLimits):
-    """Records from a JSON-lines file, one message per line.
+def _resolve_path(value: Path, info: ValidationInfo) -> Path:
+    context = info.context or {}
+    path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+    if context.get("check_files", True) and not path.is_file():
+        raise ValueError(f"input file not found: {path}")
+    return path
+
+
+class JsonlInputConfig(_InputBase):
+    """Records from a JSON-lines file, one JSON object per non-blank line, of any schema.
 
     ``path`` is relative to the scenario file's directory and is absolute once loaded; a
     missing file is a load error, not a run that quietly ingests nothing (unless the loader
     was told not to look, as a replay that never reads the input does).
     """
 
+    kind: Literal["jsonl"] = "jsonl"
+    path: Annotated[Path, AfterValidator(_resolve_path)]
+
+    @model_validator(mode="after")
+    def _topic(self) -> JsonlInputConfig:
+        self._need_topic("a jsonl input")
+        return self
+
+
+#: What ``kind: file`` (the input of scenarios written before ``jsonl``) means: the support
+#: inbox, routed, labelled and checked as the Observer once did for every file.
+SUPPORT_INBOX: dict[str, str] = {
+    "topic": "observation.email.received",
+    "label": "expected",
+    "malformed_topic": "observation.email.malformed",
+    "validate": "agents:email_problem",
+}
+
+
+class FileInputConfig(_InputBase):
+    """``kind: file`` (and an input with no ``kind``): a JSONL input with the support
+    inbox's settings (:data:`SUPPORT_INBOX`) as defaults, so scenarios and recorded
+    sessions from before ``jsonl`` load and run as they did. Any of them may be overridden."""
+
     kind: Literal["file"] = "file"
-    path: Path
+    path: Annotated[Path, AfterValidator(_resolve_path)]
 
-    @field_validator("path")
+    @model_validator(mode="before")
     @classmethod
-    def _resolve(cls, value: Path, info: ValidationInfo) -> Path:
-        context = info.context or {}
-        path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
-        if context.get("check_files", True) and not path.is_file():
-            raise ValueError(f"input file not found: {path}")
-        return path
+    def _support_inbox(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        defaults = dict(SUPPORT_INBOX)
+        if "topic_field" in data:
+            del defaults["topic"]
+        return defaults | dict(data)
 
 
-class GeneratorInputConfig(_InputLimits):
-    """Synthetic messages on ``topic``, each a copy of ``payload``; needs an end."""
+class GeneratorInputConfig(_InputBase):
+    """Records made by code: ``function`` (``module:name``, the scenario's folder is
+    importable, or the name of an entry point in group ``pantheon.inputs``), a sync or
+    async generator function called with ``(seed, settings)``; or, without a function,
+    copies of ``payload`` on ``topic``, which need an end."""
 
     kind: Literal["generator"]
-    topic: _Topic
+    function: _GeneratorPath | None = None
+    settings: dict[str, Any] = Field(default_factory=dict)
     payload: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _bounded(self) -> GeneratorInputConfig:
+    def _form(self) -> GeneratorInputConfig:
+        if self.function is not None:
+            if "payload" in self.model_fields_set:
+                raise ValueError("give function or payload, not both")
+            return self
+        if self.settings:
+            raise ValueError("settings are passed to function, which is not set")
+        self._need_topic("a generator input with payload")
         if self.count is None and self.duration is None:
             raise ValueError("a generator input needs count or duration, or it never ends")
         return self
 
 
-InputConfig: TypeAlias = FileInputConfig | GeneratorInputConfig
+class StdinInputConfig(_InputBase):
+    """Lines of standard input, until it closes: a line that parses as JSON is that value,
+    any other is ``{"text": line}``."""
+
+    kind: Literal["stdin"]
+
+    @model_validator(mode="after")
+    def _topic(self) -> StdinInputConfig:
+        self._need_topic("a stdin input")
+        return self
+
+
+InputConfig: TypeAlias = (
+    JsonlInputConfig | FileInputConfig | GeneratorInputConfig | StdinInputConfig
+)
 _Input = Annotated[
-    Annotated[FileInputConfig, Tag("@file")] | Annotated[GeneratorInputConfig, Tag("@generator")],
+    Annotated[JsonlInputConfig, Tag("@jsonl")]
+    | Annotated[FileInputConfig, Tag("@file")]
+    | Annotated[GeneratorInputConfig, Tag("@generator")]
+    | Annotated[StdinInputConfig, Tag("@stdin")],
     _by_kind("file"),
 ]
 
@@ -405,28 +604,85 @@ def _p99_kind(value: Any) -> str:
     return "@per_agent" if isinstance(value, Mapping) else "@all"
 
 
+#: One bound in milliseconds for every agent, or a bound per agent name.
+_LatencyBound = Annotated[
+    Annotated[_PositiveFloat, Tag("@all")]
+    | Annotated[dict[str, _PositiveFloat], Tag("@per_agent")],
+    Discriminator(_p99_kind),
+]
+
+#: Why a message is dead-lettered: the bus's reasons (``bus._dlq.REASONS``) and the
+#: ZeroMQ transport's ``node_lost``.
+DeadLetterReason = Literal[
+    "failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed", "node_lost"
+]
+DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
+
+#: A topic, or a shell-style glob over topics as subscriptions take them (``action.*``).
+_TOPIC_GLOB = r"^[A-Za-z0-9_\-.*?\[\]!]+$"
+_TopicPattern = Annotated[str, Field(pattern=_TOPIC_GLOB)]
+
+
+class CountBound(_Model):
+    """A count that must lie in ``[min, max]``; either end may be left open, not both."""
+
+    min: Annotated[int, Field(ge=0)] | None = None
+    max: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _sane(self) -> CountBound:
+        if self.min is None and self.max is None:
+            raise ValueError("give min, max or both")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min ({self.min}) exceeds max ({self.max}): no count could pass")
+        return self
+
+    def admits(self, n: int) -> bool:
+        return (self.min is None or n >= self.min) and (self.max is None or n <= self.max)
+
+    def __str__(self) -> str:
+        if self.min is None:
+            return f"<= {self.max}"
+        if self.max is None:
+            return f">= {self.min}"
+        return f"in [{self.min}, {self.max}]"
+
+
 class ExpectConfig(_Model):
     """Checked after the run; any failing one makes ``pantheon run`` exit non-zero.
 
-    ``None`` (the default for each) means not checked.
+    ``None`` (the default for each) means not checked. Latency bounds are timing checks:
+    they hold on a quiet machine and say little on a loaded one, so their names say so.
     """
 
-    max_p99_ms: (
-        Annotated[
-            Annotated[_PositiveFloat, Tag("@all")]
-            | Annotated[dict[str, _PositiveFloat], Tag("@per_agent")],
-            Discriminator(_p99_kind),
-        ]
-        | None
-    ) = None
-    """One bound for every agent's p99 handling latency, or a bound per agent name."""
+    max_p99_ms: _LatencyBound | None = None
+    """Bound on p99 queue wait + p99 handling per subscription (the sum bounds the hop's own
+    p99 from above): one number for every agent, or a bound per agent name."""
+    p99_handling_ms: _LatencyBound | None = None
+    """Bound on each agent's p99 handling time alone (``timing: p99 handling ...``)."""
+    p99_queue_wait_ms: _LatencyBound | None = None
+    """Bound on each agent's p99 wait in its mailbox alone (``timing: p99 queue wait ...``)."""
     zero_lost: bool = False
     """Every message published is accounted for: delivered, dead-lettered or shed."""
     max_dlq: Annotated[int, Field(ge=0)] | None = None
+    """Dead letters of every reason but ``shed``."""
+    dlq: dict[DeadLetterReason, CountBound] = Field(default_factory=dict)
+    """Dead letters by reason: ``{failed: {max: 0}, shed: {max: 100}}``."""
+    topics: dict[_TopicPattern, CountBound] = Field(default_factory=dict)
+    """Messages published per topic or glob (summed over matching topics)."""
     min_accuracy: _Fraction | None = None
+    """The Learner's action accuracy against the input's labels."""
     max_breaker_trips: Annotated[int, Field(ge=0)] | None = None
     min_throughput: Annotated[float, Field(ge=0)] | None = None
     """Messages per second over the run."""
+    max_tokens: Annotated[int, Field(ge=0)] | None = None
+    """Model tokens, input and output together (the summary's ``usage``)."""
+    max_cost_usd: Annotated[float, Field(ge=0)] | None = None
+    """Model cost in US dollars (the summary's ``usage``)."""
+    custom: tuple[_CallablePath, ...] = ()
+    """``module:function`` checks, each called with the run summary: ``True``/``None``
+    pass, ``False`` fails, a string fails with that message, ``(passed, message)`` says
+    both; an exception fails with its message."""
 
 
 class ObservabilityConfig(_Model):
@@ -460,7 +716,7 @@ class Scenario(_Model):
     """Model name (as the server reports it) -> price per million tokens; a run's cost is
     counted from these, and a model missing here is counted in tokens only."""
     input: _Input
-    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict)
+    agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict, validate_default=True)
     """The team, in the file's order: only the agents listed here run."""
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()
@@ -600,7 +856,8 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
 
     expect = data.get("expect")
     if isinstance(expect, Mapping):
-        check_names(("expect", "max_p99_ms"), expect.get("max_p99_ms"), "a latency bound")
+        for bound in ("max_p99_ms", "p99_handling_ms", "p99_queue_wait_ms"):
+            check_names(("expect", bound), expect.get(bound), "a latency bound")
 
     transport = data.get("transport")
     transport = transport if isinstance(transport, Mapping) else {}

@@ -11,8 +11,9 @@ Two runs never share envelope ids, so messages are matched by lineage:
   by scheduling, from being paired with each other's output.
 
 ``system.*`` messages (breaker transitions the bus publishes) are timing-driven, so they
-are recorded but neither matched nor compared; their effect on deliveries shows up as a
-delivery outcome (``circuit_open``), which is compared. A message published twice with the
+are recorded but neither matched nor compared, and neither is anything they cause (a
+Monitor's alert on a breaker event); their effect on deliveries shows up as a delivery
+outcome (``circuit_open``), which is compared. A message published twice with the
 same id (a dead-letter redrive) is aligned once, at its first publish.
 
 The first divergence is the earliest one in the original's publish order: a difference in
@@ -55,6 +56,15 @@ def is_system(topic: str) -> bool:
     return topic.startswith(SYSTEM_PREFIX)
 
 
+def in_system_tree(env: Any, system: set[int]) -> bool:
+    """Whether ``env`` is a ``system.*`` message or caused by one, remembering it in
+    ``system`` (fed in publish order, so a parent is always seen before its children)."""
+    if is_system(env.topic) or (env.causation_id is not None and env.causation_id in system):
+        system.add(env.id)
+        return True
+    return False
+
+
 def is_input(env: Any) -> bool:
     return env.causation_id is None and env.source is None and not is_system(env.topic)
 
@@ -90,8 +100,9 @@ def effect_internal(envelopes: Iterable[Any], effects: Iterable[StoredEffect]) -
 
 
 class Lineage:
-    """One run's envelopes indexed for alignment: first publishes only, no ``system.*``, no
-    messages an effect published (see :func:`effect_internal`)."""
+    """One run's envelopes indexed for alignment: first publishes only, nothing a
+    ``system.*`` message is or caused, no messages an effect published (see
+    :func:`effect_internal`)."""
 
     def __init__(
         self, envelopes: Iterable[StoredEnvelope], effects: Iterable[StoredEffect] = ()
@@ -104,8 +115,9 @@ class Lineage:
         self.children: dict[tuple[int, str | None], list[StoredEnvelope]] = defaultdict(list)
         #: Each message's outside input (None when its chain leaves the session).
         self.root: dict[int, int | None] = {}
+        system: set[int] = set()
         for env in envelopes:
-            if env.id in self.by_id or is_system(env.topic) or env.id in self.internal:
+            if env.id in self.by_id or env.id in self.internal or in_system_tree(env, system):
                 continue
             self.by_id[env.id] = env
             self.envelopes.append(env)
@@ -137,6 +149,7 @@ class Mapper:
     _counts: dict[tuple[int, str | None], int] = field(default_factory=dict)
     _n_inputs: int = 0
     _seen: set[int] = field(default_factory=set)
+    _system: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.inputs is None:
@@ -144,7 +157,7 @@ class Mapper:
 
     def feed(self, env: Any) -> StoredEnvelope | None:
         """Align one envelope (anything with id/topic/causation_id/source)."""
-        if env.id in self._seen or is_system(env.topic) or env.id in self.skip:
+        if env.id in self._seen or env.id in self.skip or in_system_tree(env, self._system):
             return None
         self._seen.add(env.id)
         assert self.inputs is not None

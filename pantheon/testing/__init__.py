@@ -1,5 +1,73 @@
-"""Helpers for testing code that talks to a model: a real local OpenAI-compatible server."""
+"""Helpers for the tests of a team of your own: one agent on a real bus, a whole scenario run,
+its expectations and an exact replay, from plain pytest functions; and a real local
+OpenAI-compatible server for code that talks to a model.
 
-from pantheon.testing._model_server import ModelServer, ReceivedRequest, Reply, classify_reply
+::
 
-__all__ = ["ModelServer", "ReceivedRequest", "Reply", "classify_reply"]
+    from pantheon.testing import agent_harness, assert_passed, assert_replays, run_scenario
+
+    async def test_router_sends_invoices_to_billing():
+        async with agent_harness(Router, effects={"tool.assign": {"url": "u"}}) as h:
+            await h.send("ticket.triaged", {"id": "T-1", "subject": "Invoice", "urgent": False})
+        assert h.published("ticket.routed")[0]["queue"] == "billing"
+        assert [c.args for c in h.calls("tool.assign")] == [("T-1", "billing")]
+
+    def test_the_team_passes_and_replays():
+        summary = run_scenario("scenario.yaml")
+        assert_passed(summary)
+        assert_replays(summary)
+
+``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
+completions on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
+server: ... server.base_url``). The bus's own helpers (:class:`FakeClock`,
+:func:`memory_bus`, :func:`capture_events`) are here too, so a team's tests import from one
+place.
+"""
+
+from bus.testing import FakeClock, capture_events, memory_bus
+from pantheon.testing._harness import (
+    DEFAULT_SEND_TIMEOUT,
+    AgentFailed,
+    AgentHarness,
+    EffectCall,
+    RecordedEffects,
+    agent_harness,
+)
+from pantheon.testing._model_server import (
+    ModelServer,
+    ReceivedRequest,
+    Reply,
+    classify_reply,
+    schema_reply,
+)
+from pantheon.testing._team import (
+    assert_passed,
+    assert_replays,
+    open_session,
+    replay_matches,
+    run_scenario,
+    scratch_store,
+)
+
+__all__ = [
+    "DEFAULT_SEND_TIMEOUT",
+    "AgentFailed",
+    "AgentHarness",
+    "EffectCall",
+    "FakeClock",
+    "ModelServer",
+    "ReceivedRequest",
+    "RecordedEffects",
+    "Reply",
+    "agent_harness",
+    "assert_passed",
+    "assert_replays",
+    "capture_events",
+    "classify_reply",
+    "memory_bus",
+    "open_session",
+    "replay_matches",
+    "run_scenario",
+    "schema_reply",
+    "scratch_store",
+]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-__all__ = ["ModelServer", "ReceivedRequest", "Reply", "classify_reply"]
+__all__ = ["ModelServer", "ReceivedRequest", "Reply", "classify_reply", "schema_reply"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +105,10 @@ class ModelServer:
         *,
         delay: float = 0.0,
         model: str | None = None,
+        port: int = 0,
     ) -> None:
         self._state = _State(_source(reply), model, delay)
+        self._want_port = port
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self._port: int | None = None
@@ -116,7 +118,7 @@ class ModelServer:
     def start(self) -> Self:
         if self._httpd is not None:
             raise RuntimeError("the model server is already running")
-        httpd = _Server(("127.0.0.1", 0), _handler(self._state))
+        httpd = _Server(("127.0.0.1", self._want_port), _handler(self._state))
         self._httpd = httpd
         self._port = int(httpd.server_address[1])
         self._thread = threading.Thread(
@@ -419,3 +421,45 @@ def classify_reply(request: dict[str, Any]) -> dict[str, Any]:
         return {"intent": "question", "confidence": 0.3}
     intent = max(counts, key=lambda k: counts[k])
     return {"intent": intent, "confidence": round(0.5 + counts[intent] / total / 2, 4)}
+
+
+def schema_reply(request: dict[str, Any]) -> ReplyLike:
+    """Answers any request in the shape it asks for, offline: with a JSON schema, the
+    smallest instance of it (first enum value, 0, false, a string quoting the question);
+    with JSON mode, ``{"text": ...}``; else the last user message echoed. A stand-in model
+    for trying a team's wiring, tokens and replays without a real one."""
+    text = ""
+    for message in reversed(request.get("messages") or ()):
+        if isinstance(message, dict) and message.get("role") == "user":
+            text = str(message.get("content") or "")
+            break
+    first = " ".join(text.split()[:12])
+    fmt = request.get("response_format") or {}
+    if fmt.get("type") == "json_schema":
+        schema = (fmt.get("json_schema") or {}).get("schema") or {}
+        return _instance(schema, first)
+    if fmt.get("type") == "json_object":
+        return {"text": first}
+    return f"You wrote: {first}"
+
+
+def _instance(schema: Mapping[str, Any], text: str) -> Any:
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties") or {}
+        return {name: _instance(sub, text) for name, sub in props.items()}
+    if kind == "array":
+        return [_instance(schema.get("items") or {}, text)]
+    if kind == "integer":
+        return int(schema.get("minimum", 0))
+    if kind == "number":
+        return float(schema.get("minimum", 0.0))
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    return text

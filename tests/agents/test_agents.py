@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ from agents import (
     AgentOptions,
     Fault,
     Guardian,
+    InputItem,
     Learner,
     Memory,
     Monitor,
@@ -22,8 +24,10 @@ from agents import (
     Reasoner,
     RuleProvider,
     Sensor,
+    email_problem,
     extract_features,
     find_pii,
+    read_emails,
 )
 from bus import BreakerPolicy, Bus, Retry
 from bus.testing import capture_events
@@ -166,6 +170,18 @@ async def test_learner_lowers_a_threshold_after_needless_escalations() -> None:
 # -- The chain ---------------------------------------------------------------------------------
 
 
+async def inbox_items(path: Path) -> AsyncIterator[InputItem]:
+    """The support inbox as a scenario's input would read it: emails, and rejects."""
+    for record in read_emails(path):
+        reason = email_problem(record)
+        if reason is not None:
+            payload = {"line": record["_line"], "reason": reason, "key": record.get("id")}
+            yield InputItem("observation.email.malformed", payload, malformed=True)
+        else:
+            email = {k: v for k, v in record.items() if not k.startswith("_")}
+            yield InputItem("observation.email.received", email, key=email["id"])
+
+
 async def test_pipeline_from_inbox_to_outbox(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox.jsonl"
     records = [
@@ -182,7 +198,7 @@ async def test_pipeline_from_inbox_to_outbox(tmp_path: Path) -> None:
     outbox = Outbox(tmp_path / "outbox.jsonl")
     async with Bus() as bus:
         team = [
-            Observer(settings={"path": str(inbox)}),
+            Observer(source=inbox_items(inbox)),
             Sensor(),
             Memory(),
             Reasoner(provider=RuleProvider(RULES)),

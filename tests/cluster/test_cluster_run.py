@@ -69,6 +69,14 @@ def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
     for key in ("inputs", "malformed", "decisions", "outbox", "accuracy", "seed"):
         assert three[key] == alone[key], key
 
+    # Per-topic counts too: a message is counted once, however many processes it reached
+    # (the Monitor's sampled alerts depend on timing, not on the transport).
+    def team_topics(s: dict[str, Any]) -> dict[str, int]:
+        return {t: n for t, n in s["topics"].items() if not t.startswith(("monitor.", "system."))}
+
+    assert team_topics(three) == team_topics(alone)
+    assert three["topics"]["observation.email.received"] == 591
+
     # Nothing lost on any bus, and every functional expectation holds (latency bounds are
     # the machine's business; under a loaded CI box they say nothing about correctness).
     assert three["accounting_ok"] is True

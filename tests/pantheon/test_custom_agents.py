@@ -4,6 +4,7 @@ that is not installed, checked at load, run, recorded and replayed exactly."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import textwrap
@@ -266,3 +267,106 @@ def test_an_installed_package_adds_agents_through_entry_points(
     (tmp_path / "ep.yaml").write_text(text.replace("class: triage", "class: triag"))
     with pytest.raises(ScenarioError, match=r"neither an import path.*installed: triage"):
         load_scenario(tmp_path / "ep.yaml")
+
+
+def test_a_dead_model_server_stops_the_run_before_it_starts(team: Path) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    text = SCENARIO + f"provider:\n  kind: openai\n  base_url: http://127.0.0.1:{port}/v1\n"
+    text += "  model: m\n"
+    (team / "dead.yaml").write_text(text, encoding="utf-8")
+    proc = pantheon("run", "dead.yaml", cwd=team)
+    assert proc.returncode == 2
+    message = " ".join(proc.stderr.split())
+    assert f"cannot reach model server at http://127.0.0.1:{port}/v1/chat/completions" in message
+    assert "connection refused" in message and "Traceback" not in proc.stderr
+    assert not (team / ".pantheon").exists()  # nothing ran, nothing recorded
+
+
+PROVIDER_MODULE = '''
+from agents import ChatResult, Usage
+
+
+class Echo:
+    """A model of the team's own: answers with the last message, one token per word."""
+
+    name = "echo"
+
+    def __init__(self, model: str = "echo-1", shout: bool = False) -> None:
+        self.model = model
+        self.shout = shout
+
+    async def chat(self, messages, **kwargs):
+        text = messages[-1]["content"]
+        words = len(text.split())
+        return ChatResult(
+            content=text.upper() if self.shout else text,
+            usage=Usage(words, words),
+            model=self.model,
+        )
+
+    async def aclose(self):
+        pass
+
+
+async def ask(env, agent):
+    answer = await agent.chat([{"role": "user", "content": env.payload["body"]}])
+    await agent.emit("ticket.answered", {"id": env.payload["id"], "answer": answer.content})
+
+
+class NoChat:
+    def __init__(self, model: str = "x") -> None:
+        self.model = model
+'''
+
+
+def test_a_provider_of_ones_own_by_class_path(team: Path, tmp_path: Path) -> None:
+    (team / "ownprov_mod.py").write_text(PROVIDER_MODULE, encoding="utf-8")
+    text = (
+        "version: 1\nname: own_model\ninput:\n  path: tickets.jsonl\n"
+        "provider:\n  kind: custom\n  class: ownprov_mod:Echo\n"
+        "  settings: {model: echo-2, shout: true}\n"
+        "prices:\n  echo-2: {input: 1.0, output: 2.0}\n"
+        "agents:\n  asker:\n    handler: ownprov_mod:ask\n"
+        "    subscribe: [observation.email.received]\n"
+    )
+    (team / "own_model.yaml").write_text(text, encoding="utf-8")
+    proc = pantheon("run", "own_model.yaml", "--json", cwd=team)
+    assert proc.returncode == 0, proc.stderr
+    usage = json.loads(proc.stdout)["usage"]
+    words = sum(len(e["body"].split()) for e in EMAILS)
+    assert usage["calls"] == 3 and usage["input_tokens"] == usage["output_tokens"] == words
+    assert usage["cost_usd"] == pytest.approx(words * 3.0 / 1e6) and usage["priced"]
+    assert usage["by_agent"]["asker"]["calls"] == 3
+
+    bad = text.replace("shout: true", "loud: true")
+    (team / "bad_model.yaml").write_text(bad, encoding="utf-8")
+    with pytest.raises(ScenarioError, match="does not take these settings") as info:
+        load_scenario(team / "bad_model.yaml")
+    assert info.value.problems[0].field == "provider"
+    (team / "bad_model.yaml").write_text(text.replace("ownprov_mod:Echo", "ownprov_mod:NoChat"))
+    with pytest.raises(ScenarioError, match="not a model provider"):
+        load_scenario(team / "bad_model.yaml")
+
+
+async def test_a_breaker_alert_replays_exactly(team: Path) -> None:
+    """A Monitor's alert on a breaker event is caused by a system message, timing-driven
+    like it: a replay leaves it out of the comparison instead of calling it extra."""
+    import pantheon
+
+    text = (
+        "version: 1\nname: alerting\ninput:\n  path: tickets.jsonl\nagents:\n"
+        "  triage:\n    class: ownteam_mod:Triage\n"
+        "    breaker: {consecutive_failures: 1, cooldown: 30}\n"
+        "  monitor: {}\n"
+        "faults:\n  agents:\n    triage: {failure_rate: 1.0}\n"
+    )
+    (team / "alerting.yaml").write_text(text, encoding="utf-8")
+    store = team / "s.db"
+    summary = await pantheon.run(team / "alerting.yaml", store=store)
+    assert summary.breaker_trips == 1 and summary.alerts == 1
+    session = pantheon.Session.open(summary.session_id or "", store=store)
+    assert [e.topic for e in session.envelopes()].count("monitor.alert.breaker_open") == 1
+    report = await pantheon.replay(session)
+    assert report.matched, report.divergence

@@ -452,3 +452,5 @@ agents: {triage: {class: "not_importable_anywhere:Triage"}}
     assert rm._pricing("[unclosed") == ({}, "")
     assert rm._pricing(None) == ({}, "")
     assert rm._pricing("provider: {kind: rules}") == ({}, "")
+    custom = "provider: {kind: custom, class: 'x:Y', settings: {model: big}}"
+    assert rm._pricing(custom) == ({}, "big")

@@ -19,8 +19,9 @@ import bus
 import pantheon.scenario as scenario_module
 from pantheon.scenario import (
     ROLES,
+    SUPPORT_INBOX,
     AgentConfig,
-    FileInputConfig,
+    JsonlInputConfig,
     Problem,
     Scenario,
     ScenarioError,
@@ -85,8 +86,13 @@ def test_shipped_scenario_validates(name: str) -> None:
     assert s.version == 1
     assert s.source == str(path)
     assert s.text == path.read_text(encoding="utf-8")
-    assert isinstance(s.input, FileInputConfig)
+    assert isinstance(s.input, JsonlInputConfig)
     assert s.input.path == DATASET.resolve()
+    # Spelled out in jsonl terms, the support inbox is exactly what `kind: file` means.
+    assert {k: getattr(s.input, k) for k in ("topic", "label", "malformed_topic")} == {
+        k: v for k, v in SUPPORT_INBOX.items() if k != "validate"
+    }
+    assert s.input.validator == SUPPORT_INBOX["validate"]
     assert s.input.path.is_absolute()
     assert list(s.agents)[:9] == list(ROLES)
     assert all(cfg.role == name for name, cfg in s.agents.items())
@@ -400,11 +406,11 @@ def test_not_a_scenario_at_all(text: str, message: str) -> None:
 
 
 def test_missing_required_fields_point_at_their_parent(write) -> None:
-    text = "version: 1\ninput:\n  kind: generator\n  count: 3\n"
+    text = "version: 1\ninput:\n  kind: jsonl\n  topic: a.b\n"
     problems = problems_of(write(text))
     found = {(p.field, p.line) for p in problems}
     assert ("name", 1) in found
-    assert ("input.topic", 2) in found
+    assert ("input.path", 2) in found
     assert all(p.message == "Field required" for p in problems)
 
 

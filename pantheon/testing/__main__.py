@@ -1,0 +1,30 @@
+"""``python -m pantheon.testing``: a stand-in OpenAI-compatible model server on 127.0.0.1, for
+trying a team's model calls, tokens and replays with no real model (see docs/tutorial.md).
+
+It answers every request in the shape asked for (:func:`schema_reply`) and counts tokens as
+words; point a scenario's ``provider.base_url`` at the address it prints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import threading
+
+from pantheon.testing._model_server import ModelServer, schema_reply
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m pantheon.testing", description=__doc__)
+    parser.add_argument("--port", type=int, default=8099, help="port on 127.0.0.1 (0: any)")
+    parser.add_argument("--delay", type=float, default=0.005, help="seconds per answer")
+    parser.add_argument("--model", default=None, help="model name to answer with")
+    args = parser.parse_args()
+    with ModelServer(schema_reply, delay=args.delay, model=args.model, port=args.port) as server:
+        print(f"model server at {server.base_url} (Ctrl-C stops it)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
