@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
 
 from pantheon.sessions import SessionStore
 

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import Recorded
+
 from pantheon import readmodel as rm
 from pantheon.sessions import SessionStore
 

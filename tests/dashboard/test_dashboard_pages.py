@@ -15,9 +15,9 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from conftest import Recorded
 from streamlit.testing.v1 import AppTest
 
-from conftest import Recorded
 from dashboard.web import APP
 from dashboard.web import _session as web_session
 from pantheon import readmodel as rm

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
 
 from bus import Bus
 from pantheon._team import team_setup

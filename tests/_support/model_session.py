@@ -1,8 +1,9 @@
-"""Fixtures every test folder may use: a session really recorded against a model server.
+"""A fixture several test folders use: a session really recorded against a model server.
 
-Here at the top rather than in ``tests/``: a ``tests/conftest.py`` would put ``tests/`` on
-``sys.path``, where ``tests/agents`` and ``tests/pantheon`` shadow the real packages for a
-bare ``pytest`` (whose ``sys.path`` has no current directory).
+On ``sys.path`` through pytest's ``pythonpath`` (``tests/_support`` holds nothing else), and
+imported by the conftest of each folder that uses it. Not a ``tests/conftest.py``: that
+would put ``tests/`` on ``sys.path``, where ``tests/agents`` shadows the real ``agents``
+package for a bare ``pytest``.
 
 ``model_session`` runs the support team on a few emails with its Reasoner asking
 a real local OpenAI-compatible server (:class:`pantheon.testing.ModelServer`), a
@@ -26,7 +27,7 @@ import yaml
 
 from pantheon.testing import ModelServer, classify_reply
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: USD per million tokens of the model the server answers as (it echoes the one asked for).
 MODEL = "local"
