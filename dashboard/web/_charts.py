@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import altair as alt
 import pandas as pd
@@ -16,6 +16,7 @@ __all__ = [
     "latency_chart",
     "latency_delta_chart",
     "throughput_chart",
+    "verdicts_chart",
     "waterfall_chart",
 ]
 
@@ -170,6 +171,24 @@ def waterfall_chart(bars: Sequence[HopBar], origin_ms: float) -> alt.Chart:
     )
     return (waits + handling).properties(
         title="request waterfall (grey: waiting in the mailbox)", height=max(100, 26 * len(bars))
+    )
+
+
+def verdicts_chart(decisions: Mapping[str, int]) -> alt.Chart:
+    """How many of the Guardian's decisions were each verdict, the commonest on top."""
+    df = pd.DataFrame(
+        [{"verdict": k, "count": v} for k, v in sorted(decisions.items())],
+        columns=["verdict", "count"],
+    )
+    return (
+        alt.Chart(df, title="Guardian verdicts")
+        .mark_bar()
+        .encode(
+            x=alt.X("count:Q"),
+            y=alt.Y("verdict:N", sort="-x", title=None),
+            color=alt.Color("verdict:N", legend=None),
+            tooltip=["verdict:N", "count:Q"],
+        )
     )
 
 

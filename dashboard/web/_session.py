@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import altair as alt
 import pandas as pd
 import streamlit as st
 
@@ -531,18 +530,7 @@ def _outcomes(path: Path, info: SessionInfo) -> None:
         st.info("No Guardian decisions in this session.")
         return
     left, right = st.columns([1, 2])
-    decisions = pd.DataFrame([{"verdict": k, "count": v} for k, v in sorted(out.decisions.items())])
-    left.altair_chart(
-        alt.Chart(decisions, title="Guardian verdicts")
-        .mark_bar()
-        .encode(
-            x=alt.X("count:Q"),
-            y=alt.Y("verdict:N", sort="-x", title=None),
-            color=alt.Color("verdict:N", legend=None),
-            tooltip=["verdict:N", "count:Q"],
-        ),
-        width="stretch",
-    )
+    left.altair_chart(_charts.verdicts_chart(out.decisions), width="stretch")
     with right:
         verdicts = st.multiselect(
             "Verdicts", sorted(out.decisions), default=sorted(out.decisions), key="g_verdicts"
