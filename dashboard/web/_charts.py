@@ -1,8 +1,13 @@
-"""Altair charts of the read model's values. Pure: values in, chart out, no Streamlit."""
+"""Altair charts of the read model's values. Pure: values in, chart out, no Streamlit.
+
+Every chart states its own ``autosize`` (:func:`_sized`): the width fits the column the page
+puts it in, and ``height`` is the plot's, with title, axes and legend drawn around it.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeVar
 
 import altair as alt
 import pandas as pd
@@ -25,6 +30,24 @@ _OUTCOME_COLOURS = alt.Scale(
     domain=["delivered", "failed", "circuit_open"], range=["#1565c0", "#c62828", "#6a1b9a"]
 )
 
+_ChartT = TypeVar("_ChartT", alt.Chart, alt.LayerChart)
+
+
+def _sized(chart: _ChartT) -> _ChartT:
+    """``chart`` sized as ``autosize: fit-x``: as wide as its container, its plot as tall
+    as its ``height`` (or its bands' steps).
+
+    Vega-Lite's ``height`` is the plot's only under ``pad`` or ``fit-x`` autosizing. A spec
+    without an ``autosize`` of its own gets ``{"type": "fit"}`` from ``st.altair_chart``,
+    and ``fit`` makes ``height`` the whole chart's: the title, the x axis and the bottom
+    legend are taken out of it and the plot gets what is left. A throughput chart's legend
+    of ten topics in four rows left it nothing: lines and y axis collapsed onto the x
+    axis. Bars lost their bands the same way (the waterfall's hops drawn on top of each
+    other, the breakers' legend cut off). Fitting the width alone keeps charts in their
+    column and lets the chart grow below the plot for its legend.
+    """
+    return chart.properties(autosize=alt.AutoSizeParams(type="fit-x", contains="padding"))
+
 
 def throughput_chart(points: Sequence[ThroughputPoint], kind: str) -> alt.Chart:
     """Messages per second over time, one line per topic (``kind="topic"``) or agent."""
@@ -35,7 +58,7 @@ def throughput_chart(points: Sequence[ThroughputPoint], kind: str) -> alt.Chart:
             if p.kind == kind
         ]
     )
-    return (
+    return _sized(
         alt.Chart(df, title=f"throughput per {kind}")
         .mark_line(interpolate="step-after")
         .encode(
@@ -58,7 +81,7 @@ def latency_chart(hops: Sequence[HopLatency], kind: str, quantile: str) -> alt.C
         rows.append({"hop": h.name, "part": "queue wait", "ms": getattr(h, f"wait_{quantile}_ms")})
         rows.append({"hop": h.name, "part": "handling", "ms": getattr(h, f"handle_{quantile}_ms")})
     df = pd.DataFrame(rows, columns=["hop", "part", "ms"])
-    return (
+    return _sized(
         alt.Chart(df, title=f"{quantile} per {kind}: queue wait + handling (ms)")
         .mark_bar()
         .encode(
@@ -100,7 +123,7 @@ def breaker_chart(events: Sequence[BreakerEvent], end_s: float) -> alt.Chart:
             )
     df = pd.DataFrame(rows, columns=["breaker", "state", "from", "to", "reason"])
     states = list(BREAKER_COLOURS)
-    return (
+    return _sized(
         alt.Chart(df, title="circuit breakers")
         .mark_bar(height=18)
         .encode(
@@ -118,7 +141,7 @@ def breaker_chart(events: Sequence[BreakerEvent], end_s: float) -> alt.Chart:
     )
 
 
-def waterfall_chart(bars: Sequence[HopBar], origin_ms: float) -> alt.Chart:
+def waterfall_chart(bars: Sequence[HopBar], origin_ms: float) -> alt.LayerChart:
     """One request's hops as a waterfall: a light bar for the wait in the mailbox, then a
     solid bar for the handling, coloured by outcome; milliseconds since the request began."""
     rows = []
@@ -169,8 +192,11 @@ def waterfall_chart(bars: Sequence[HopBar], origin_ms: float) -> alt.Chart:
             tooltip=tooltip,
         )
     )
-    return (waits + handling).properties(
-        title="request waterfall (grey: waiting in the mailbox)", height=max(100, 26 * len(bars))
+    return _sized(
+        (waits + handling).properties(
+            title="request waterfall (grey: waiting in the mailbox)",
+            height=max(100, 26 * len(bars)),
+        )
     )
 
 
@@ -180,7 +206,7 @@ def verdicts_chart(decisions: Mapping[str, int]) -> alt.Chart:
         [{"verdict": k, "count": v} for k, v in sorted(decisions.items())],
         columns=["verdict", "count"],
     )
-    return (
+    return _sized(
         alt.Chart(df, title="Guardian verdicts")
         .mark_bar()
         .encode(
@@ -204,7 +230,7 @@ def latency_delta_chart(deltas: Sequence[LatencyDelta], a: str, b: str) -> alt.C
         )
         rows.append({"subscriber": d.name, "session": f"replay {b}", "p99 (ms)": d.b.p99_us / 1e3})
     df = pd.DataFrame(rows, columns=["subscriber", "session", "p99 (ms)"])
-    return (
+    return _sized(
         alt.Chart(df, title="p99 handling per agent: original vs replay")
         .mark_bar()
         .encode(

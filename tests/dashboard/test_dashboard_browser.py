@@ -220,6 +220,48 @@ def test_browser_opens_a_failed_session_and_replays_it(
         assert (tmp_path / name).stat().st_size > 10_000
 
 
+#: Each throughput chart's drawn lines: how many, and how tall they stand together (px).
+_THROUGHPUT_LINES_JS = """
+return [...document.querySelectorAll('.vega-embed')].flatMap(e => {
+  const title = e.querySelector('.role-title-text');
+  if (!title || !title.textContent.startsWith('throughput per ')) return [];
+  const lines = [...e.querySelectorAll('g.mark-line path')]
+    .filter(p => (p.getAttribute('d') || '').length > 0)
+    .map(p => p.getBoundingClientRect());
+  const top = Math.min(...lines.map(r => r.top)), bottom = Math.max(...lines.map(r => r.bottom));
+  return [[title.textContent, lines.length, lines.length ? bottom - top : 0]];
+});
+"""
+
+
+def test_browser_draws_the_throughput_lines(
+    server: str, browser: WebDriver, recorded: Recorded, tmp_path: Path
+) -> None:
+    """The lines must stand in the plot, not just exist in the SVG: squeezed by Streamlit's
+    default ``autosize: fit`` below their legend, they were paths in a plot 0 px tall."""
+    with SessionStore(recorded.path, create=False) as store:
+        points = rm.throughput(store, recorded.failed)
+    keys = {kind: {p.key for p in points if p.kind == kind} for kind in ("topic", "agent")}
+    browser.get(f"{server}/?session={recorded.failed}")
+    _wait_for(browser, "the session page", lambda t: f"Session {recorded.failed}" in t)
+    drawn: list[list[Any]] = []
+
+    def lines_stand_up(d: WebDriver) -> bool:
+        drawn[:] = sorted(d.execute_script(_THROUGHPUT_LINES_JS))
+        # Half the 260 px plot: the busiest line peaks above that on Vega's nice y scale.
+        return len(drawn) == 2 and all(n > 0 and height >= 130 for _, n, height in drawn)
+
+    try:
+        WebDriverWait(browser, DEADLINE_S / 4, poll_frequency=0.5).until(lines_stand_up)
+    except Exception as exc:
+        browser.save_screenshot(str(tmp_path / "throughput.png"))
+        raise AssertionError(f"(chart, lines, height in px) drawn: {drawn}") from exc
+    assert drawn == [
+        ["throughput per agent", len(keys["agent"]), drawn[0][2]],
+        ["throughput per topic", len(keys["topic"]), drawn[1][2]],
+    ]
+
+
 def test_browser_page_of_a_running_session_refreshes_by_itself(
     server: str, browser: WebDriver, recorded: Recorded, tmp_path: Path
 ) -> None:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any
 
 import pandas as pd
+import pytest
 from conftest import Recorded
 
 from dashboard.web import _charts
 from pantheon import readmodel as rm
-from pantheon.sessions import SessionStore
+from pantheon.sessions import SessionStore, diff_sessions
 
 
 def _data(chart: Any) -> pd.DataFrame:
@@ -71,3 +74,71 @@ def test_waterfall_chart_is_relative_to_the_request(pristine: Recorded) -> None:
     assert (handling["to"] - handling["from"]).round(6).tolist() == [
         round(b.handling_ms, 6) for b in bars
     ]
+
+
+def _charts_of(recorded: Recorded) -> Iterator[tuple[str, Any]]:
+    """Every chart the session page draws, built from the failing session's read model (its
+    breakers never change state, so their chart gets made-up transitions; the replay's
+    comparison is drawn against the session itself)."""
+    with SessionStore(recorded.path, create=False) as store:
+        points = rm.throughput(store, recorded.failed, bucket_s=0.05)
+        hops = rm.hop_latency(store, recorded.failed)
+        out = rm.outcomes(store, recorded.failed)
+        req = next(r for r in rm.requests(store, recorded.failed) if r.outcome == "dead_letter")
+        bars = rm.waterfall(store, recorded.failed, req.correlation_id)
+        diff = diff_sessions(store, recorded.failed, recorded.failed)
+    for kind in ("topic", "agent"):
+        yield f"throughput per {kind}", _charts.throughput_chart(points, kind)
+    for kind in ("agent", "edge"):
+        yield f"latency per {kind}", _charts.latency_chart(hops, kind, "p99")
+    events = [
+        rm.BreakerEvent(0.1, "actor", "closed", "open", "3 failures in a row"),
+        rm.BreakerEvent(0.2, "actor", "open", "half_open", "cooldown over"),
+    ]
+    yield "breakers", _charts.breaker_chart(events, end_s=1.0)
+    yield "waterfall", _charts.waterfall_chart(bars, req.start_ms)
+    yield "verdicts", _charts.verdicts_chart(out.decisions)
+    yield "replay", _charts.latency_delta_chart(diff.latency, recorded.failed, recorded.failed)
+
+
+def _encodings(spec: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(channel, field definition, its view's encoding) of every encoded field, layers too."""
+    for view in [spec, *spec.get("layer", [])]:
+        encoding = view.get("encoding", {})
+        for channel, enc in encoding.items():
+            for e in enc if isinstance(enc, list) else [enc]:
+                if "field" in e:
+                    yield channel, e, encoding
+
+
+@pytest.fixture(scope="module")
+def charts(pristine: Recorded) -> list[tuple[str, Any]]:
+    return list(_charts_of(pristine))
+
+
+def test_every_chart_encodes_only_fields_its_data_has(charts: list[tuple[str, Any]]) -> None:
+    """What the browser gets must be drawable: each encoded field is a column of the rows
+    the spec carries, with no null in it, and each quantitative position has an extent."""
+    for name, chart in charts:
+        spec = chart.to_dict()
+        rows = spec["datasets"][spec["data"]["name"]]
+        assert rows, name
+        for channel, e, encoding in _encodings(spec):
+            values = [r.get(e["field"]) for r in rows]
+            assert not any(v is None or (isinstance(v, float) and math.isnan(v)) for v in values), (
+                f"{name}: {channel} field {e['field']!r} missing or null in the data"
+            )
+            if channel in ("x", "y") and e["type"] == "quantitative":
+                if f"{channel}2" in encoding:  # a bar from x to x2
+                    values += [r[encoding[f"{channel}2"]["field"]] for r in rows]
+                assert max(values) > min(0, *values), f"{name}: {channel} has no extent"
+
+
+def test_every_chart_keeps_its_height_for_the_plot(charts: list[tuple[str, Any]]) -> None:
+    """Streamlit gives a spec without an ``autosize`` of its own ``{"type": "fit"}``, which
+    squeezes title, axes and the bottom legend into ``height``: a throughput chart with a
+    dozen topics in its legend was left a plot 0 px tall, lines and y axis gone. Each chart
+    says how it sizes instead: its width fits the column, its height is the plot's, and the
+    title, axes and legend come on top."""
+    for name, chart in charts:
+        assert chart.to_dict().get("autosize") == {"type": "fit-x", "contains": "padding"}, name

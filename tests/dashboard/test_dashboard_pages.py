@@ -167,7 +167,11 @@ def test_session_page_shows_the_recorded_numbers(
     assert list(hops_shown["outcome"]) == [b.outcome for b in bars]
     assert "failed" in set(hops_shown["outcome"])
     # Charts are Altair (Vega-Lite), not text: throughput x2, latency x2, verdicts, waterfall.
-    assert len(at.get("vega_lite_chart")) >= 6
+    charts = [json.loads(c.proto.spec) for c in at.get("vega_lite_chart")]
+    assert len(charts) >= 6
+    # As served: Streamlit's default ``autosize: fit`` would squeeze legend and axes into
+    # the height and leave the plot none; each chart's own sizing must reach the browser.
+    assert [c["autosize"]["type"] for c in charts] == ["fit-x"] * len(charts)
 
 
 def test_replay_button_replays_and_shows_the_match(
