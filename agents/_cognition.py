@@ -26,10 +26,17 @@ ACTION_FOR_INTENT = {
 
 
 class Memory(Agent):
-    """Keeps each sender's recent history and answers ``memory.lookup`` requests.
+    """Keeps recent history per subject and answers lookups about it.
 
-    History is in memory and bounded (``settings.history``, default 20 per sender, oldest
-    forgotten first): a run's worth of context, not a CRM.
+    Every message on its subscriptions other than ``lookup_topic`` is remembered under the
+    value of its payload's ``key`` field (the support desk: the sender of each
+    ``action.executed``), keeping the ``fields`` listed. A request on ``lookup_topic`` with
+    ``{key: value}`` answers ``{key: value, "count": n, "recent": [last 5], **tallies}``,
+    where each of ``tally`` counts the remembered items whose fields match (the support
+    desk's ``complaints``: items with ``intent: complaint``).
+
+    History is in memory and bounded (``history`` per subject, oldest forgotten first): a
+    run's worth of context, not a CRM.
     """
 
     role = "memory"
@@ -37,7 +44,18 @@ class Memory(Agent):
 
     class Settings(AgentSettings):
         history: Annotated[int, Field(ge=1)] = 20
-        """Items remembered per sender; the oldest is forgotten first."""
+        """Items remembered per subject; the oldest is forgotten first."""
+        key: str = "sender"
+        """The payload field naming the subject, in what is remembered and in lookups."""
+        fields: tuple[str, ...] = ("email_id", "intent", "action")
+        """The payload fields kept of each remembered message (absent ones as None)."""
+        lookup_topic: str = "memory.lookup"
+        tally: dict[str, dict[str, Any]] = Field(
+            default_factory=lambda: {"complaints": {"intent": "complaint"}}
+        )
+        """Counts a lookup answers: name -> the field values a remembered item must have."""
+
+    settings: Settings
 
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
@@ -45,27 +63,29 @@ class Memory(Agent):
         self._history: dict[str, deque[dict[str, Any]]] = {}
 
     async def handle(self, env: Envelope) -> Any:
-        if env.topic == "memory.lookup":
-            return self.lookup(str(env.payload.get("sender", "")))
+        key = self.settings.key
+        if env.topic == self.settings.lookup_topic:
+            return self.lookup(str(env.payload.get(key, "")))
         done = env.payload
-        self.remember(
-            done["sender"],
-            {"email_id": done["email_id"], "intent": done["intent"], "action": done["action"]},
-        )
+        self.remember(str(done[key]), {f: done.get(f) for f in self.settings.fields})
         return None
 
-    def remember(self, sender: str, item: dict[str, Any]) -> None:
-        history = self._history.get(sender)
+    def remember(self, subject: str, item: dict[str, Any]) -> None:
+        history = self._history.get(subject)
         if history is None:
-            history = self._history[sender] = deque(maxlen=self._limit)
+            history = self._history[subject] = deque(maxlen=self._limit)
         history.append(item)
 
-    def lookup(self, sender: str) -> dict[str, Any]:
-        history = list(self._history.get(sender, ()))
+    def lookup(self, subject: str) -> dict[str, Any]:
+        history = list(self._history.get(subject, ()))
+        tallies = {
+            name: sum(1 for h in history if all(h.get(f) == v for f, v in match.items()))
+            for name, match in self.settings.tally.items()
+        }
         return {
-            "sender": sender,
+            self.settings.key: subject,
             "count": len(history),
-            "complaints": sum(1 for h in history if h["intent"] == "complaint"),
+            **tallies,
             "recent": history[-5:],
         }
 

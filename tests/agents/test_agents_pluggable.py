@@ -342,3 +342,31 @@ def test_an_unknown_tool_path_is_a_located_error_at_load(tmp_path: Path) -> None
     assert problem.field == "agents.actor.settings.tools.restart"
     assert problem.line == 9
     assert "No module named 'nosuch_tools_mod'" in problem.message
+
+
+async def test_memory_keeps_history_keyed_by_any_field_and_tallies_it() -> None:
+    from agents import Memory
+    from pantheon.testing import agent_harness
+
+    settings = {
+        "key": "host",
+        "fields": ["alert", "action"],
+        "history": 2,
+        "lookup_topic": "hosts.lookup",
+        "tally": {"restarts": {"action": "restart"}},
+    }
+    async with agent_harness(
+        Memory, settings=settings, subscribe=["hosts.lookup", "remediation.done"]
+    ) as h:
+        for alert, action in (("cpu", "restart"), ("oom", "restart"), ("disk", "clear")):
+            await h.send("remediation.done", {"host": "db-1", "alert": alert, "action": action})
+        answer = await h.request("hosts.lookup", {"host": "db-1"})
+        unknown = await h.request("hosts.lookup", {"host": "web-9"})
+    # Bounded at 2: the first restart is forgotten.
+    assert answer == {
+        "host": "db-1",
+        "count": 2,
+        "restarts": 1,
+        "recent": [{"alert": "oom", "action": "restart"}, {"alert": "disk", "action": "clear"}],
+    }
+    assert unknown == {"host": "web-9", "count": 0, "restarts": 0, "recent": []}
