@@ -11,6 +11,7 @@ quits. Laid out for 80x24 and up.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -49,12 +50,18 @@ __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
 PANELS = ("throughput", "latency", "breakers", "dlq", "timeline", "usage")
 #: The row key of the usage table's totals (no agent is named with angle brackets).
 TOTAL_ROW = "<total>"
+#: Rows at most in the dead letter, request and breaker transition tables: the newest ones
+#: (the totals line counts them all). A table is rebuilt on the event loop, and a DataTable
+#: measures every cell of every new row on the next idle: the record of a flood run (20,000
+#: requests, as many dead letters) took the monitor away from its keys for seconds.
+MAX_ROWS = 500
 
 
 def _fill(table: DataTable[Any], rows: Iterable[tuple[str, Sequence[Any]]]) -> None:
     """Replace a table's rows, keeping the cursor on the same row key when it is still
-    there. Skips the redraw when nothing changed (most ticks, for most tables)."""
-    rows = list(rows)
+    there. Skips the redraw when nothing changed (most ticks, for most tables). Takes the
+    first :data:`MAX_ROWS` rows only."""
+    rows = list(islice(rows, MAX_ROWS))
     signature = [(key, tuple(str(c) for c in cells)) for key, cells in rows]
     if getattr(table, "_signature", None) == signature:
         return
