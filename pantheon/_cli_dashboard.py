@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from pantheon.sessions import STORE_ENV, resolve_store_path
+from pantheon.sessions import STORE_ENV, SessionError, SessionStore, resolve_store_path
 
 __all__ = ["register", "streamlit_command"]
 
@@ -83,7 +83,15 @@ def register(app: typer.Typer) -> None:
         from dashboard.web import APP
 
         path = resolve_store_path(store).resolve()
-        if not path.exists():
+        if path.exists() or store is not None:
+            # A store named but missing, a directory, unreadable, not SQLite: say so here,
+            # not in a page behind a server. Only the default store may be missing.
+            try:
+                SessionStore(path, create=False).close()
+            except SessionError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(2) from None
+        else:
             typer.echo(f"warning: no session store at {path} yet; the page will say so", err=True)
         typer.echo(f"Pantheon dashboard on http://{address}:{port} (store {path})", err=True)
         env = dict(os.environ, **{STORE_ENV: str(path)})

@@ -133,6 +133,11 @@ def run_tui(
     if not record:
         raise _err("--tui watches the run through its session store: drop --no-record")
     path = resolve_store_path(store)
+    if path.exists():  # else the run creates it
+        try:
+            SessionStore(path, create=False).close()
+        except SessionError as exc:
+            raise _err(str(exc)) from None
     args = [sys.executable, "-m", "pantheon.cli", "run", str(file), "--store", str(path)]
     args += [] if seed is None else ["--seed", str(seed)]
     args += ["--json"] if as_json else []

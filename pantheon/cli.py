@@ -27,6 +27,7 @@ from pantheon._cli_sessions import usage_lines
 from pantheon._report import RunSummary
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
+from pantheon.sessions import SessionError
 
 __all__ = ["app", "main", "run_async"]
 
@@ -66,10 +67,12 @@ def _load(path: Path) -> Scenario:
         console.print(str(exc), markup=False, emoji=False, highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except IsADirectoryError:
-        console.print(f"{path}: is a directory, not a scenario file", markup=False)
+        console.print(f"{path}: is a directory, not a scenario file", markup=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except OSError as exc:
-        console.print(f"{path}: cannot read the scenario: {exc.strerror or exc}", markup=False)
+        console.print(
+            f"{path}: cannot read the scenario: {exc.strerror or exc}", markup=False, soft_wrap=True
+        )
         raise typer.Exit(2) from None
 
 
@@ -123,6 +126,9 @@ def run(
         raise typer.Exit(2) from None
     except ProviderUnavailable as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except SessionError as exc:  # the --store given cannot hold the session
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))

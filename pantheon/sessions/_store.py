@@ -224,9 +224,12 @@ def new_session_id() -> str:
 
 def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
     """A connection in autocommit mode (transactions are explicit), WAL, our pragmas."""
-    conn = sqlite3.connect(
-        path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
-    )
+    try:
+        conn = sqlite3.connect(
+            path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error as exc:
+        raise StoreError(f"cannot open the session store {path}: {exc}") from None
     try:
         # Large pages make journal blobs cheap to write (fewer overflow pages: ~3x less CPU
         # per byte than 4 KiB pages). Only takes effect on a new, empty file.
@@ -479,10 +482,31 @@ class SessionStore:
     ) -> None:
         self.path = resolve_store_path(path)
         self.synchronous = synchronous
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a directory, not a session store file")
         if not self.path.exists():
             if not create:
                 raise StoreError(f"no session store at {self.path}")
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:
+                raise StoreError(
+                    f"cannot create the session store {self.path}: "
+                    "a file stands where its directory should be"
+                ) from None
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot create the session store {self.path}: {exc.strerror or exc}"
+                ) from None
+        else:
+            # SQLite says only "unable to open database file"; the OS says why.
+            try:
+                with self.path.open("rb"):
+                    pass
+            except OSError as exc:
+                raise StoreError(
+                    f"cannot read the session store {self.path}: {exc.strerror or exc}"
+                ) from None
         self._lock = threading.RLock()
         self._conn = connect(self.path, synchronous)
         try:
