@@ -7,8 +7,10 @@ import inspect
 import logging
 import math
 import random
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -35,11 +37,14 @@ __all__ = [
     "AgentSettings",
     "AgentUsage",
     "Fault",
+    "FaultMark",
+    "FaultTimeline",
     "FunctionAgent",
     "Handler",
     "InjectedFault",
     "Prices",
     "UsageMeter",
+    "fault_timeline",
     "handler_arity",
     "total_usage",
 ]
@@ -53,12 +58,73 @@ class InjectedFault(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class FaultMark:
+    """A point on a run's timeline: ``seconds`` since the run started, or ``messages`` this
+    agent had been handed before (the 301st message is at ``messages=300``). Exactly one is
+    set."""
+
+    seconds: float | None = None
+    messages: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.messages is None):
+            raise ValueError("a FaultMark is seconds or messages, exactly one of them")
+
+    def reached(self, seconds: float, messages: int) -> bool:
+        if self.seconds is not None:
+            return seconds >= self.seconds
+        assert self.messages is not None
+        return messages >= self.messages
+
+
+@dataclass(frozen=True, slots=True)
 class Fault:
-    """Failure and latency a scenario injects into one agent (or one of its tools)."""
+    """Failure and latency a scenario injects into one agent (or one of its tools).
+
+    ``start`` and ``until`` bound when it applies (from ``start`` included to ``until``
+    excluded; ``None``: from the beginning / to the end). A windowed fault models an
+    outage that passes: a redrive, later on the same timeline, gets past it."""
 
     failure_rate: float = 0.0
     latency_ms: float = 0.0
     tool: str | None = None
+    start: FaultMark | None = None
+    until: FaultMark | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.start is not None or self.until is not None
+
+    def applies(self, seconds: float, messages: int) -> bool:
+        """Whether a call at this point of the timeline is inside the window."""
+        if self.start is not None and not self.start.reached(seconds, messages):
+            return False
+        return self.until is None or not self.until.reached(seconds, messages)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTimeline:
+    """Where an agent's fault clock starts: ``started`` (wall-clock seconds) is second 0
+    and ``messages`` maps an agent name to the messages it counts as already handed.
+
+    A run starts a fresh timeline when its agents attach. A redrive continues the original
+    run's (its start, and what each agent was handed there), because a redrive happens
+    later in the same story: an outage window that is over stays over."""
+
+    started: float
+    messages: Mapping[str, int] = field(default_factory=dict)
+
+
+#: The timeline agents attaching now join; unset, each agent starts a fresh one at attach.
+#: :func:`pantheon.sessions.redrive` sets the original run's around its ``setup(bus)``.
+fault_timeline: ContextVar[FaultTimeline | None] = ContextVar("fault_timeline", default=None)
+
+#: Whether the fault window was open for the delivery being handled (a tool fault asks).
+_window_open: ContextVar[bool] = ContextVar("pantheon_fault_window_open", default=True)
+
+#: Envelope ids remembered per agent to tell a retry from a new message (oldest dropped):
+#: far more than any mailbox's retries are in flight at once.
+_POSITIONS_KEPT = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +294,9 @@ class Agent:
         self._usage = UsageMeter()
         self.seed = seed
         self._draws: Counter[str] = Counter()
+        self._timeline = FaultTimeline(time.time())
+        self._handed = 0
+        self._positions: OrderedDict[int, int] = OrderedDict()
         if isinstance(settings, self.Settings):
             self.settings: Any = settings
         else:
@@ -258,6 +327,12 @@ class Agent:
                 "but does not override handle()"
             )
         self.bus = bus
+        timeline = fault_timeline.get()
+        if timeline is not None:
+            self._timeline = timeline
+            self._handed = int(timeline.messages.get(self.name, 0))
+        else:
+            self._timeline = FaultTimeline(time.time())
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(
@@ -304,13 +379,51 @@ class Agent:
 
     async def _handle_with_faults(self, env: Envelope) -> Any:
         fault = self.fault
-        if fault.tool is None and (fault.failure_rate or fault.latency_ms):
-            payload = env.payload
-            key = (
-                payload.get("email_id") or payload.get("id") if isinstance(payload, dict) else None
-            )
-            await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
-        return await self.handle(env)
+        if not (fault.failure_rate or fault.latency_ms):
+            return await self.handle(env)
+        token = None
+        if fault.windowed:
+            # Where on the timeline this delivery is depends on timing (seconds) or on the
+            # order messages reached the agent, so the verdict is an effect: recorded, and
+            # served on replay, which then fails exactly where the recording did.
+            position = self._position(env.id)
+            seconds = time.time() - self._timeline.started
+            open_ = await self.effect("fault.window", fault.applies, seconds, position)
+            token = _window_open.set(bool(open_))
+            if not open_:
+                try:
+                    return await self.handle(env)
+                finally:
+                    _window_open.reset(token)
+        try:
+            if fault.tool is None:
+                payload = env.payload
+                key = (
+                    payload.get("email_id") or payload.get("id")
+                    if isinstance(payload, dict)
+                    else None
+                )
+                await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
+            return await self.handle(env)
+        finally:
+            if token is not None:
+                _window_open.reset(token)
+
+    def _position(self, envelope_id: int) -> int:
+        """How many messages this agent had been handed before this one (a retry keeps
+        its first delivery's position)."""
+        position = self._positions.get(envelope_id)
+        if position is None:
+            position = self._positions[envelope_id] = self._handed
+            self._handed += 1
+            if len(self._positions) > _POSITIONS_KEPT:
+                self._positions.popitem(last=False)
+        return position
+
+    def fault_window_open(self) -> bool:
+        """Whether the delivery being handled is inside its fault window (always, for a
+        fault without one): a tool fault injected below the handler asks this."""
+        return _window_open.get()
 
     async def inject(self, fault: Fault, key: str) -> None:
         """Apply a fault to the call identified by ``key``: latency, then maybe a failure.

@@ -293,14 +293,15 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Re-deliver a finished session's dead letters to the team as it is now, in a new
-        session; entries delivered this time are marked redriven."""
+        session; entries delivered this time are marked redriven. Exits 0 when every entry
+        was delivered (or there was none), 1 when any failed again or was skipped."""
         with _open(store) as st:
             info = st.session(session)
             team = _load_setup(setup, info.scenario_text, info.scenario_dir)
             report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
-            if as_json:
-                _dump(report.to_dict())
-                return
+        if as_json:
+            _dump(report.to_dict())
+        else:
             con = _console()
             con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
             for entry_id, outcome in report.outcomes.items():
@@ -308,6 +309,11 @@ def register(app: typer.Typer) -> None:
                 con.print(f"  entry {entry_id}: [{colour}]{outcome}[/{colour}]")
             if not report.outcomes:
                 con.print("  nothing to redrive")
+            else:
+                colour = "green" if report.ok else "red"
+                con.print(f"[{colour}]{report.outcome}[/{colour}]")
+        if not report.ok:
+            raise typer.Exit(1)
 
     @app.command("export")
     def export(

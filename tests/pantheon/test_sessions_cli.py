@@ -134,16 +134,21 @@ def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> 
     result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path)])
     assert result.exit_code == 0 and "ValueError" in result.output
 
-    # The recorded scenario text says "base": the team still fails, nothing is redriven.
+    # The recorded scenario text says "base": the team still fails, nothing is redriven,
+    # and the command says so and exits 1.
     args = ["dlq", "redrive", sid, str(entry["entry_id"]), "--store", str(path)]
     result = runner.invoke(app, [*args, "--setup", TEAM, "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["redriven"] == []
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["redriven"] == [] and report["failed"] == [entry["entry_id"]]
+    assert report["outcome"] == "0 of 1 redriven, 1 failed again"
+    result = runner.invoke(app, [*args, "--setup", TEAM])
+    assert result.exit_code == 1 and "0 of 1 redriven, 1 failed again" in result.output
 
     fixed = str(Path(__file__).with_name("sessions_team.py")) + ":fixed_team"
     result = runner.invoke(app, [*args, "--setup", fixed])
     assert result.exit_code == 0, result.output
-    assert "delivered" in result.output
+    assert "delivered" in result.output and "1 of 1 redriven, 0 failed again" in result.output
     with SessionStore(path) as store:
         assert store.dead_letters(sid)[0].redriven
 
