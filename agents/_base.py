@@ -59,9 +59,13 @@ class InjectedFault(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class FaultMark:
-    """A point on a run's timeline: ``seconds`` since the run started, or ``messages`` this
-    agent had been handed before (the 301st message is at ``messages=300``). Exactly one is
-    set."""
+    """A point on a run's timeline: ``seconds`` since the run started, or ``messages``, the
+    run's inputs taken in before the one a message comes from (the 401st email and all it
+    causes are at ``messages=400``). Exactly one is set.
+
+    Inputs are counted per topic in the order they were published (the emails, not the
+    Monitor's samples in between), so a ``messages`` bound splits the same inputs on every
+    run with the same seed; a ``seconds`` bound depends on how fast the run went."""
 
     seconds: float | None = None
     messages: int | None = None
@@ -104,15 +108,15 @@ class Fault:
 
 @dataclass(frozen=True, slots=True)
 class FaultTimeline:
-    """Where an agent's fault clock starts: ``started`` (wall-clock seconds) is second 0
-    and ``messages`` maps an agent name to the messages it counts as already handed.
+    """Where an agent's fault clock starts: ``started`` (wall-clock seconds) is second 0,
+    and ``messages`` inputs count as already taken in on every topic.
 
     A run starts a fresh timeline when its agents attach. A redrive continues the original
-    run's (its start, and what each agent was handed there), because a redrive happens
-    later in the same story: an outage window that is over stays over."""
+    run's (its start, and the most inputs it took in on one topic), because a redrive
+    happens later in the same story: an outage window that is over stays over."""
 
     started: float
-    messages: Mapping[str, int] = field(default_factory=dict)
+    messages: int = 0
 
 
 #: The timeline agents attaching now join; unset, each agent starts a fresh one at attach.
@@ -122,9 +126,39 @@ fault_timeline: ContextVar[FaultTimeline | None] = ContextVar("fault_timeline", 
 #: Whether the fault window was open for the delivery being handled (a tool fault asks).
 _window_open: ContextVar[bool] = ContextVar("pantheon_fault_window_open", default=True)
 
-#: Envelope ids remembered per agent to tell a retry from a new message (oldest dropped):
-#: far more than any mailbox's retries are in flight at once.
-_POSITIONS_KEPT = 4096
+#: Input positions an agent with a windowed fault remembers (oldest dropped; a message
+#: whose input was dropped counts as arriving now): far more than a run has in flight.
+_POSITIONS_KEPT = 65_536
+
+
+class _InputCounter:
+    """A bus publish listener numbering the run's inputs (no cause, no source, not
+    ``system.*``) per topic, in publish order: the ``messages`` of a fault window."""
+
+    __slots__ = ("base", "counts", "positions")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.counts: Counter[str] = Counter()
+        self.positions: OrderedDict[int, int] = OrderedDict()
+
+    def __call__(self, env: Envelope) -> None:
+        if env.causation_id is not None or env.source is not None:
+            return
+        if env.topic.startswith("system."):
+            return
+        self.positions[env.id] = self.base + self.counts[env.topic]
+        self.counts[env.topic] += 1
+        if len(self.positions) > _POSITIONS_KEPT:
+            self.positions.popitem(last=False)
+
+    def position(self, env: Envelope) -> int:
+        """Inputs before the one ``env`` comes from; one it did not see (a redriven dead
+        letter, a message from another process) is at the end of the timeline so far."""
+        found = self.positions.get(env.correlation_id)
+        if found is not None:
+            return found
+        return self.base + max(self.counts.values(), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +329,7 @@ class Agent:
         self.seed = seed
         self._draws: Counter[str] = Counter()
         self._timeline = FaultTimeline(time.time())
-        self._handed = 0
-        self._positions: OrderedDict[int, int] = OrderedDict()
+        self._inputs = _InputCounter(0)
         if isinstance(settings, self.Settings):
             self.settings: Any = settings
         else:
@@ -327,12 +360,10 @@ class Agent:
                 "but does not override handle()"
             )
         self.bus = bus
-        timeline = fault_timeline.get()
-        if timeline is not None:
-            self._timeline = timeline
-            self._handed = int(timeline.messages.get(self.name, 0))
-        else:
-            self._timeline = FaultTimeline(time.time())
+        self._timeline = fault_timeline.get() or FaultTimeline(time.time())
+        if self.fault.windowed:
+            self._inputs = _InputCounter(self._timeline.messages)
+            bus.publish_listeners.append(self._inputs)
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(
@@ -383,10 +414,10 @@ class Agent:
             return await self.handle(env)
         token = None
         if fault.windowed:
-            # Where on the timeline this delivery is depends on timing (seconds) or on the
-            # order messages reached the agent, so the verdict is an effect: recorded, and
-            # served on replay, which then fails exactly where the recording did.
-            position = self._position(env.id)
+            # Seconds depend on how fast the run went, and a replay feeds inputs without the
+            # Observer's pace, so the verdict is an effect: recorded, and served on replay,
+            # which then fails exactly where the recording did.
+            position = self._inputs.position(env)
             seconds = time.time() - self._timeline.started
             open_ = await self.effect("fault.window", fault.applies, seconds, position)
             token = _window_open.set(bool(open_))
@@ -408,17 +439,6 @@ class Agent:
         finally:
             if token is not None:
                 _window_open.reset(token)
-
-    def _position(self, envelope_id: int) -> int:
-        """How many messages this agent had been handed before this one (a retry keeps
-        its first delivery's position)."""
-        position = self._positions.get(envelope_id)
-        if position is None:
-            position = self._positions[envelope_id] = self._handed
-            self._handed += 1
-            if len(self._positions) > _POSITIONS_KEPT:
-                self._positions.popitem(last=False)
-        return position
 
     def fault_window_open(self) -> bool:
         """Whether the delivery being handled is inside its fault window (always, for a

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +16,7 @@ from pantheon.sessions._align import (
     Lineage,
     Mapper,
     compare_runs,
+    is_input,
     same_payload,
 )
 from pantheon.sessions._codec import normalize
@@ -380,9 +381,9 @@ async def redrive(
     it there with ``bus.dlq.redrive()``.
 
     Agents attaching in ``setup`` continue the original run's fault timeline
-    (:data:`agents.fault_timeline`): its start, and the messages each agent was handed
-    there. A redrive happens later in the same story, so a fault window (``until``) that
-    ended during the run does not fail the redrive.
+    (:data:`agents.fault_timeline`): its start, and the inputs it took in. A redrive happens
+    later in the same story, so a fault window (``until``) that ended during the run does
+    not fail the redrive.
     """
     original = store.session(session_id)
     if original.status == "running":
@@ -398,10 +399,8 @@ async def redrive(
     if unknown:
         raise SessionError(f"session {original.id} has no dead letter {unknown[0]}")
     by_id = {e.id: e for e in store.envelopes(original.id)}
-    handed: dict[str, set[int]] = defaultdict(set)
-    for d in store.deliveries(original.id):
-        handed[d.subscriber.partition(":")[0]].add(d.envelope_id)
-    timeline = FaultTimeline(original.started, {name: len(ids) for name, ids in handed.items()})
+    inputs = Counter(e.topic for e in by_id.values() if is_input(e))
+    timeline = FaultTimeline(original.started, max(inputs.values(), default=0))
     recorder = Recorder(
         store,
         scenario=original.scenario,
