@@ -342,8 +342,9 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first divergent message and per-hop latency deltas.
-        Exits 1 when they diverge."""
+        """Align B onto A hop by hop: the first difference and per-hop latency deltas.
+        Exits 1 when the runs diverge; 0 when they match, or differ only where effects
+        answered differently (timing: what other messages had got there first)."""
         with _open(store) as st:
             result = diff_sessions(st, a, b)
         if as_json:
@@ -355,9 +356,18 @@ def register(app: typer.Typer) -> None:
                 f"({result.messages_a} vs {result.messages_b} messages)"
             )
             if result.divergence is None:
-                con.print("[green]no divergence[/green]")
+                con.print("[green]no difference[/green]")
+            elif result.timing_only:
+                effects = ", ".join(result.timing_effects)
+                con.print(
+                    f"[yellow]timing-dependent:[/yellow] the runs differ in "
+                    f"{result.differences} place(s), each where an effect ({effects}) answered "
+                    "differently (what other messages had got there first), not a divergence "
+                    "of the team's logic"
+                )
+                con.print(f"first difference: {result.divergence.describe('A', 'B')}")
             else:
-                con.print(f"[red]first divergence:[/red] {result.divergence}")
+                con.print(f"[red]runs diverged:[/red] {result.divergence.describe('A', 'B')}")
             table = Table(title="per-hop latency (µs): p50 / p99")
             for col in (
                 "scope",
@@ -384,7 +394,7 @@ def register(app: typer.Typer) -> None:
                     f"{d.delta_p99_us:+.1f}",
                 )
             con.print(table)
-        if result.divergence is not None:
+        if result.divergence is not None and not result.timing_only:
             raise typer.Exit(1)
 
     @app.command("replay")

@@ -198,8 +198,13 @@ def test_replay_and_diff(app: typer.Typer, runner: CliRunner, recorded) -> None:
     assert result.exit_code == 1
     diff = json.loads(result.output)
     assert diff["divergence"]["field"] == "payload" and diff["divergence"]["agent"] == "classifier"
+    assert diff["timing_only"] is False and diff["timing_effects"] == []
+    assert diff["divergence"]["message"].startswith("runs differ (payload) at A message")
     result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path)])
-    assert result.exit_code == 1 and "first divergence" in result.output
+    assert result.exit_code == 1 and "runs diverged: runs differ (payload)" in result.output
+    # A diff compares two runs: its wording names them A and B, never a "replay".
+    for wording in ("replay diverged", "replay message", "first divergence", "expected"):
+        assert wording not in result.output
 
     result = runner.invoke(
         app, ["replay", sid, "--store", str(path), "--setup", TEAM, "--from", "1000"]
