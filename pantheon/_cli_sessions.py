@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agents import AgentUsage
 from pantheon import readmodel
+from pantheon._console import report_console
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -63,7 +64,7 @@ SetupOpt = Annotated[
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return report_console(highlight=False)
 
 
 def _err(message: str, code: int = 2) -> typer.Exit:
