@@ -161,6 +161,38 @@ def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
     return lines
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The recorded run summary for ``sessions show``, whole and as markup-safe lines:
+    the failed expectations first, one each with what was expected and what was measured,
+    then every other field on its own line (a table such as ``hops``, one row per line)."""
+    expectations = [e for e in summary.get("expectations") or () if isinstance(e, dict)]
+    failed = [e for e in expectations if not e.get("passed")]
+    passed = len(expectations) - len(failed)
+    lines = [f"summary   expectations: {passed} passed, {len(failed)} failed"]
+    lines.extend(
+        f"  [red]FAIL[/red] {escape(str(e.get('name')))}: expected "
+        f"{escape(_value(e.get('expected')))}, actual {escape(_value(e.get('actual')))}"
+        for e in failed
+    )
+    for key, value in summary.items():
+        if key == "expectations":
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            lines.append(f"  {escape(key)}:")
+            lines.extend(f"    {escape(str(k))}: {escape(_value(v))}" for k, v in value.items())
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"  {escape(key)}: {len(value)}")
+            lines.extend(f"    {escape(_value(v))}" for v in value)
+        else:
+            lines.append(f"  {escape(key)}: {escape(_value(value))}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    """A summary value as text: strings as they are, the rest as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
+
+
 def _usage_text(u: AgentUsage) -> str:
     cost = readmodel.usd(u.cost_usd) + ("" if u.priced else " (a model has no price)")
     return (
@@ -245,7 +277,8 @@ def register(app: typer.Typer) -> None:
             for line in usage_lines(usage):
                 con.print(line)
             if info.summary:
-                con.print("summary   " + json.dumps(info.summary, default=repr)[:2000])
+                for line in summary_lines(info.summary):
+                    con.print(line)
             if letters:
                 con.print(f"dead letters: {len(letters)} (pantheon dlq list {info.id})")
 
