@@ -370,8 +370,8 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first divergent message and per-hop latency deltas.
-        Exits 1 when they diverge."""
+        """Align B onto A hop by hop: the first divergent message and per-hop latency deltas
+        (ms). Exits 1 when they diverge."""
         with _open(store) as st:
             result = diff_sessions(st, a, b)
         if as_json:
@@ -386,7 +386,8 @@ def register(app: typer.Typer) -> None:
                 con.print("[green]no divergence[/green]")
             else:
                 con.print(f"[red]first divergence:[/red] {result.divergence}")
-            table = Table(title="per-hop latency (µs): p50 / p99")
+            # Milliseconds, as `pantheon run` prints them; --json keeps the exact µs.
+            table = Table(title="per-hop latency (ms): p50 / p99")
             for col in (
                 "scope",
                 "hop",
@@ -404,12 +405,12 @@ def register(app: typer.Typer) -> None:
                     d.scope,
                     d.name,
                     d.metric,
-                    f"{d.a.p50_us:.1f}",
-                    f"{d.a.p99_us:.1f}",
-                    f"{d.b.p50_us:.1f}",
-                    f"{d.b.p99_us:.1f}",
-                    f"{d.delta_p50_us:+.1f}",
-                    f"{d.delta_p99_us:+.1f}",
+                    f"{d.a.p50_us / 1000:.3f}",
+                    f"{d.a.p99_us / 1000:.3f}",
+                    f"{d.b.p50_us / 1000:.3f}",
+                    f"{d.b.p99_us / 1000:.3f}",
+                    f"{d.delta_p50_us / 1000:+.3f}",
+                    f"{d.delta_p99_us / 1000:+.3f}",
                 )
             con.print(table)
         if result.divergence is not None:

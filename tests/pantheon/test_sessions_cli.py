@@ -231,6 +231,11 @@ def test_replay_and_diff(app: typer.Typer, runner: CliRunner, recorded) -> None:
     assert diff["divergence"]["field"] == "payload" and diff["divergence"]["agent"] == "classifier"
     result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path)])
     assert result.exit_code == 1 and "first divergence" in result.output
+    # Milliseconds, as `pantheon run` prints: the header says so and the cells agree.
+    assert "per-hop latency (ms): p50 / p99" in result.output and "µs" not in result.output
+    first = diff["latency"][0]
+    row = next(ln for ln in result.output.splitlines() if first["name"] in ln)
+    assert f"{first['a']['p99_us'] / 1000:.3f}" in row.split("│")[5]
 
     result = runner.invoke(
         app, ["replay", sid, "--store", str(path), "--setup", TEAM, "--from", "1000"]
