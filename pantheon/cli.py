@@ -41,6 +41,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"pantheon {version('pantheon')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("pantheon (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run teams of agents over an event bus; watch, replay and compare their sessions."""
+
+
 register_sessions(app)
 register_cluster(app)
 register_dashboard(app)

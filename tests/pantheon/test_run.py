@@ -8,10 +8,12 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents import ModelProvider, ProviderError
+from bus import Bus
 from pantheon._runtime import run_scenario
 from pantheon._team import _provider, build_team
 from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
@@ -79,6 +81,14 @@ def test_human_summary_prints_accuracy_and_hops(workdir: Path) -> None:
     (usage,) = [line for line in proc.stdout.splitlines() if line.startswith("models ")]
     assert usage.endswith(" calls, tokens 0 in / 0 out, cost $0 (a model has no price)"), usage
     assert not (workdir / ".pantheon" / "sessions.db").exists()
+
+
+def test_version(workdir: Path) -> None:
+    from importlib.metadata import version
+
+    proc = pantheon("--version", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"pantheon {version('pantheon')}\n"
 
 
 def test_summary_inputs_tell_one_story(workdir: Path) -> None:
@@ -150,6 +160,23 @@ def test_bad_scenario_fails_before_anything_runs(workdir: Path) -> None:
         assert f"support_email.yaml:{line}:" in proc.stderr
         assert "agents.reasoner.concurrency" in proc.stderr
     assert not (workdir / ".pantheon").exists()
+
+
+async def test_progress_reaches_the_total_before_the_run_drains(workdir: Path) -> None:
+    """The last input is counted as soon as it is out, not after the bus drained: the bar
+    does not sit at 599/600 while the team finishes."""
+    scenario = load_scenario(workdir / "scenarios" / "support_email.yaml")
+    bus = Bus()
+    events: list[object] = []
+    drain = bus.drain
+
+    async def drain_and_note(*args: Any, **kwargs: Any) -> Any:
+        events.append("drain")
+        return await drain(*args, **kwargs)
+
+    bus.drain = drain_and_note  # type: ignore[method-assign]
+    await run_scenario(scenario, bus=bus, on_progress=lambda done, total: events.append(done))
+    assert 600 in events[: events.index("drain")], events[-5:]
 
 
 def test_flood_is_shed_and_every_message_accounted(workdir: Path) -> None:
