@@ -263,12 +263,16 @@ class UsageMeter:
         if key not in prices and asked in prices:
             key = asked  # "gpt-4o-mini" priced, "gpt-4o-mini-2024-07-18" answered
         price = prices.get(key)
-        if price is None:
+        # A call that used no tokens (the rules provider's) costs 0 whatever the price list.
+        free = usage.input_tokens == usage.output_tokens == 0
+        if price is None and not free:
             self.unpriced += 1
         totals = self.tokens.setdefault(key, [0, 0])
         totals[0] += usage.input_tokens
         totals[1] += usage.output_tokens
-        return None if price is None else _cost(usage.input_tokens, usage.output_tokens, price)
+        if price is None:
+            return 0.0 if free else None
+        return _cost(usage.input_tokens, usage.output_tokens, price)
 
     def snapshot(self, prices: Prices) -> AgentUsage:
         cost = 0.0

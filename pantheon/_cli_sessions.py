@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agents import AgentUsage
 from pantheon import readmodel
+from pantheon._console import report_console
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -63,7 +64,7 @@ SetupOpt = Annotated[
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return report_console(highlight=False)
 
 
 def _err(message: str, code: int = 2) -> typer.Exit:
@@ -160,6 +161,38 @@ def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
     return lines
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The recorded run summary for ``sessions show``, whole and as markup-safe lines:
+    the failed expectations first, one each with what was expected and what was measured,
+    then every other field on its own line (a table such as ``hops``, one row per line)."""
+    expectations = [e for e in summary.get("expectations") or () if isinstance(e, dict)]
+    failed = [e for e in expectations if not e.get("passed")]
+    passed = len(expectations) - len(failed)
+    lines = [f"summary   expectations: {passed} passed, {len(failed)} failed"]
+    lines.extend(
+        f"  [red]FAIL[/red] {escape(str(e.get('name')))}: expected "
+        f"{escape(_value(e.get('expected')))}, actual {escape(_value(e.get('actual')))}"
+        for e in failed
+    )
+    for key, value in summary.items():
+        if key == "expectations":
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            lines.append(f"  {escape(key)}:")
+            lines.extend(f"    {escape(str(k))}: {escape(_value(v))}" for k, v in value.items())
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"  {escape(key)}: {len(value)}")
+            lines.extend(f"    {escape(_value(v))}" for v in value)
+        else:
+            lines.append(f"  {escape(key)}: {escape(_value(value))}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    """A summary value as text: strings as they are, the rest as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
+
+
 def _usage_text(u: AgentUsage) -> str:
     cost = readmodel.usd(u.cost_usd) + ("" if u.priced else " (a model has no price)")
     return (
@@ -244,7 +277,8 @@ def register(app: typer.Typer) -> None:
             for line in usage_lines(usage):
                 con.print(line)
             if info.summary:
-                con.print("summary   " + json.dumps(info.summary, default=repr)[:2000])
+                for line in summary_lines(info.summary):
+                    con.print(line)
             if letters:
                 con.print(f"dead letters: {len(letters)} (pantheon dlq list {info.id})")
 
@@ -342,7 +376,7 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first difference and per-hop latency deltas.
+        """Align B onto A hop by hop: the first difference and per-hop latency deltas (ms).
         Exits 1 when the runs diverge; 0 when they match, or differ only where effects
         answered differently (timing: what other messages had got there first)."""
         with _open(store) as st:
@@ -368,7 +402,8 @@ def register(app: typer.Typer) -> None:
                 con.print(f"first difference: {result.divergence.describe('A', 'B')}")
             else:
                 con.print(f"[red]runs diverged:[/red] {result.divergence.describe('A', 'B')}")
-            table = Table(title="per-hop latency (µs): p50 / p99")
+            # Milliseconds, as `pantheon run` prints them; --json keeps the exact µs.
+            table = Table(title="per-hop latency (ms): p50 / p99")
             for col in (
                 "scope",
                 "hop",
@@ -386,12 +421,12 @@ def register(app: typer.Typer) -> None:
                     d.scope,
                     d.name,
                     d.metric,
-                    f"{d.a.p50_us:.1f}",
-                    f"{d.a.p99_us:.1f}",
-                    f"{d.b.p50_us:.1f}",
-                    f"{d.b.p99_us:.1f}",
-                    f"{d.delta_p50_us:+.1f}",
-                    f"{d.delta_p99_us:+.1f}",
+                    f"{d.a.p50_us / 1000:.3f}",
+                    f"{d.a.p99_us / 1000:.3f}",
+                    f"{d.b.p50_us / 1000:.3f}",
+                    f"{d.b.p99_us / 1000:.3f}",
+                    f"{d.delta_p50_us / 1000:+.3f}",
+                    f"{d.delta_p99_us / 1000:+.3f}",
                 )
             con.print(table)
         if result.divergence is not None and not result.timing_only:
