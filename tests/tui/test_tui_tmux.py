@@ -76,12 +76,13 @@ def test_run_with_tui_in_a_real_terminal(tmp_path: Path) -> None:
         subprocess.run([*tmux, "send-keys", "-t", "monitor", "2"], check=True, env=env)
         _wait(lambda: "wait p50" in screen(), "the latency panel")
         assert re.search(r"sensor\s+[\d,]+\s+\d", screen())
-        # The Reasoner asks the rule provider: calls, no tokens, and no price for "rules".
+        # The Reasoner asks the rule provider: calls, no tokens, and so an exact $0 (a call
+        # without tokens costs nothing and leaves the run priced: no "*").
         subprocess.run([*tmux, "send-keys", "-t", "monitor", "6"], check=True, env=env)
         usage = _wait(lambda: "model calls" in screen() and screen(), "the usage panel")
-        calls = re.search(r"([\d,]+) model calls  tokens 0 in / 0 out  cost \$0\*", usage)
+        calls = re.search(r"([\d,]+) model calls  tokens 0 in / 0 out  cost \$0(?!\*)", usage)
         assert calls, usage
-        assert re.search(rf"reasoner\s+{calls.group(1)}\s+0\s+0\s+\$0\*", usage), usage
+        assert re.search(rf"reasoner\s+{calls.group(1)}\s+0\s+0\s+\$0(?!\*)", usage), usage
 
         subprocess.run([*tmux, "send-keys", "-t", "monitor", "q"], check=True, env=env)
         code = _wait(lambda: done.exists() and done.read_text().strip(), "pantheon to exit")
