@@ -467,15 +467,16 @@ class _PatternSet:
         self._searches = tuple(p.search for p in compiled)
         needles = [_needles(p) for p in compiled]
         self._always = frozenset(i for i, n in enumerate(needles) if n is None)
-        every = {n for ns in needles if ns is not None for n in ns}
+        owners: dict[str, set[int]] = {}
+        for i, ns in enumerate(needles):
+            for n in ns or ():
+                owners.setdefault(n, set()).add(i)
+        every = set(owners)
         # Each needle the scan can report -> the patterns with a needle that is a prefix of it.
         self._by_needle = {
-            found: frozenset(
-                i for i, ns in enumerate(needles) if ns is not None
-                and any(found.startswith(n) for n in ns)
-            )
+            found: frozenset().union(*(owners.get(found[:k], ()) for k in range(1, len(found) + 1)))
             for found in every
-        }  # fmt: skip
+        }
         self._scan = re.compile(_trie(every)).search if every else None
 
     def __call__(self, text: str) -> list[bool]:
