@@ -269,7 +269,11 @@ class Actor(Agent):
 
     async def _call(self, key: str, index: int, step: Mapping[str, Any]) -> dict[str, Any]:
         fault = self.fault
-        if fault.tool == step["tool"] and (fault.failure_rate or fault.latency_ms):
+        if (
+            fault.tool == step["tool"]
+            and (fault.failure_rate or fault.latency_ms)
+            and self.fault_window_open()
+        ):
             await self.inject(Fault(fault.failure_rate, fault.latency_ms), f"{key}/{index}")
         tool = self.tools.get(step["tool"])
         field = self.settings.key

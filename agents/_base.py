@@ -7,8 +7,10 @@ import inspect
 import logging
 import math
 import random
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
@@ -35,11 +37,14 @@ __all__ = [
     "AgentSettings",
     "AgentUsage",
     "Fault",
+    "FaultMark",
+    "FaultTimeline",
     "FunctionAgent",
     "Handler",
     "InjectedFault",
     "Prices",
     "UsageMeter",
+    "fault_timeline",
     "handler_arity",
     "total_usage",
 ]
@@ -53,12 +58,107 @@ class InjectedFault(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class FaultMark:
+    """A point on a run's timeline: ``seconds`` since the run started, or ``messages``, the
+    run's inputs taken in before the one a message comes from (the 401st email and all it
+    causes are at ``messages=400``). Exactly one is set.
+
+    Inputs are counted per topic in the order they were published (the emails, not the
+    Monitor's samples in between), so a ``messages`` bound splits the same inputs on every
+    run with the same seed; a ``seconds`` bound depends on how fast the run went."""
+
+    seconds: float | None = None
+    messages: int | None = None
+
+    def __post_init__(self) -> None:
+        if (self.seconds is None) == (self.messages is None):
+            raise ValueError("a FaultMark is seconds or messages, exactly one of them")
+
+    def reached(self, seconds: float, messages: int) -> bool:
+        if self.seconds is not None:
+            return seconds >= self.seconds
+        assert self.messages is not None
+        return messages >= self.messages
+
+
+@dataclass(frozen=True, slots=True)
 class Fault:
-    """Failure and latency a scenario injects into one agent (or one of its tools)."""
+    """Failure and latency a scenario injects into one agent (or one of its tools).
+
+    ``start`` and ``until`` bound when it applies (from ``start`` included to ``until``
+    excluded; ``None``: from the beginning / to the end). A windowed fault models an
+    outage that passes: a redrive, later on the same timeline, gets past it."""
 
     failure_rate: float = 0.0
     latency_ms: float = 0.0
     tool: str | None = None
+    start: FaultMark | None = None
+    until: FaultMark | None = None
+
+    @property
+    def windowed(self) -> bool:
+        return self.start is not None or self.until is not None
+
+    def applies(self, seconds: float, messages: int) -> bool:
+        """Whether a call at this point of the timeline is inside the window."""
+        if self.start is not None and not self.start.reached(seconds, messages):
+            return False
+        return self.until is None or not self.until.reached(seconds, messages)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultTimeline:
+    """Where an agent's fault clock starts: ``started`` (wall-clock seconds) is second 0,
+    and ``messages`` inputs count as already taken in on every topic.
+
+    A run starts a fresh timeline when its agents attach. A redrive continues the original
+    run's (its start, and the most inputs it took in on one topic), because a redrive
+    happens later in the same story: an outage window that is over stays over."""
+
+    started: float
+    messages: int = 0
+
+
+#: The timeline agents attaching now join; unset, each agent starts a fresh one at attach.
+#: :func:`pantheon.sessions.redrive` sets the original run's around its ``setup(bus)``.
+fault_timeline: ContextVar[FaultTimeline | None] = ContextVar("fault_timeline", default=None)
+
+#: Whether the fault window was open for the delivery being handled (a tool fault asks).
+_window_open: ContextVar[bool] = ContextVar("pantheon_fault_window_open", default=True)
+
+#: Input positions an agent with a windowed fault remembers (oldest dropped; a message
+#: whose input was dropped counts as arriving now): far more than a run has in flight.
+_POSITIONS_KEPT = 65_536
+
+
+class _InputCounter:
+    """A bus publish listener numbering the run's inputs (no cause, no source, not
+    ``system.*``) per topic, in publish order: the ``messages`` of a fault window."""
+
+    __slots__ = ("base", "counts", "positions")
+
+    def __init__(self, base: int) -> None:
+        self.base = base
+        self.counts: Counter[str] = Counter()
+        self.positions: OrderedDict[int, int] = OrderedDict()
+
+    def __call__(self, env: Envelope) -> None:
+        if env.causation_id is not None or env.source is not None:
+            return
+        if env.topic.startswith("system."):
+            return
+        self.positions[env.id] = self.base + self.counts[env.topic]
+        self.counts[env.topic] += 1
+        if len(self.positions) > _POSITIONS_KEPT:
+            self.positions.popitem(last=False)
+
+    def position(self, env: Envelope) -> int:
+        """Inputs before the one ``env`` comes from; one it did not see (a redriven dead
+        letter, a message from another process) is at the end of the timeline so far."""
+        found = self.positions.get(env.correlation_id)
+        if found is not None:
+            return found
+        return self.base + max(self.counts.values(), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,12 +263,16 @@ class UsageMeter:
         if key not in prices and asked in prices:
             key = asked  # "gpt-4o-mini" priced, "gpt-4o-mini-2024-07-18" answered
         price = prices.get(key)
-        if price is None:
+        # A call that used no tokens (the rules provider's) costs 0 whatever the price list.
+        free = usage.input_tokens == usage.output_tokens == 0
+        if price is None and not free:
             self.unpriced += 1
         totals = self.tokens.setdefault(key, [0, 0])
         totals[0] += usage.input_tokens
         totals[1] += usage.output_tokens
-        return None if price is None else _cost(usage.input_tokens, usage.output_tokens, price)
+        if price is None:
+            return 0.0 if free else None
+        return _cost(usage.input_tokens, usage.output_tokens, price)
 
     def snapshot(self, prices: Prices) -> AgentUsage:
         cost = 0.0
@@ -228,6 +332,8 @@ class Agent:
         self._usage = UsageMeter()
         self.seed = seed
         self._draws: Counter[str] = Counter()
+        self._timeline = FaultTimeline(time.time())
+        self._inputs = _InputCounter(0)
         if isinstance(settings, self.Settings):
             self.settings: Any = settings
         else:
@@ -258,6 +364,10 @@ class Agent:
                 "but does not override handle()"
             )
         self.bus = bus
+        self._timeline = fault_timeline.get() or FaultTimeline(time.time())
+        if self.fault.windowed:
+            self._inputs = _InputCounter(self._timeline.messages)
+            bus.publish_listeners.append(self._inputs)
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(
@@ -304,13 +414,40 @@ class Agent:
 
     async def _handle_with_faults(self, env: Envelope) -> Any:
         fault = self.fault
-        if fault.tool is None and (fault.failure_rate or fault.latency_ms):
-            payload = env.payload
-            key = (
-                payload.get("email_id") or payload.get("id") if isinstance(payload, dict) else None
-            )
-            await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
-        return await self.handle(env)
+        if not (fault.failure_rate or fault.latency_ms):
+            return await self.handle(env)
+        token = None
+        if fault.windowed:
+            # Seconds depend on how fast the run went, and a replay feeds inputs without the
+            # Observer's pace, so the verdict is an effect: recorded, and served on replay,
+            # which then fails exactly where the recording did.
+            position = self._inputs.position(env)
+            seconds = time.time() - self._timeline.started
+            open_ = await self.effect("fault.window", fault.applies, seconds, position)
+            token = _window_open.set(bool(open_))
+            if not open_:
+                try:
+                    return await self.handle(env)
+                finally:
+                    _window_open.reset(token)
+        try:
+            if fault.tool is None:
+                payload = env.payload
+                key = (
+                    payload.get("email_id") or payload.get("id")
+                    if isinstance(payload, dict)
+                    else None
+                )
+                await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
+            return await self.handle(env)
+        finally:
+            if token is not None:
+                _window_open.reset(token)
+
+    def fault_window_open(self) -> bool:
+        """Whether the delivery being handled is inside its fault window (always, for a
+        fault without one): a tool fault injected below the handler asks this."""
+        return _window_open.get()
 
     async def inject(self, fault: Fault, key: str) -> None:
         """Apply a fault to the call identified by ``key``: latency, then maybe a failure.

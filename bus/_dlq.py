@@ -13,7 +13,8 @@ from bus._envelope import Envelope
 __all__ = ["DEFAULT_DLQ_SIZE", "DeadLetter", "DeadLetterQueue"]
 
 #: Entries kept in memory. When full the oldest entry is evicted and counted in ``evicted``;
-#: a recording session has already persisted it, so eviction bounds memory, not the record.
+#: a recording session has already persisted it, so eviction bounds memory, not the record,
+#: and ``totals`` still counts it.
 DEFAULT_DLQ_SIZE = 10_000
 
 REASONS = ("failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed")
@@ -39,7 +40,12 @@ class DeadLetter:
 
 
 class DeadLetterQueue:
-    """Bounded, ordered store of :class:`DeadLetter` entries; list them, redrive them."""
+    """Bounded, ordered store of :class:`DeadLetter` entries; list them, redrive them.
+
+    At most ``max_entries`` are kept: past that the oldest is evicted (``evicted`` counts
+    them). ``totals`` counts every entry ever added, by reason, evicted or not, so a report
+    of how many messages died does not stop at the cap.
+    """
 
     def __init__(
         self,
@@ -51,6 +57,7 @@ class DeadLetterQueue:
         self._redeliver = redeliver
         self.max_entries = max_entries
         self.evicted = 0
+        self.totals: dict[str, int] = {}
         self.listeners: list[Callable[[DeadLetter], None]] = []
 
     def __len__(self) -> int:
@@ -77,6 +84,7 @@ class DeadLetterQueue:
             time=time.time(),
         )
         self._entries[entry.entry_id] = entry
+        self.totals[reason] = self.totals.get(reason, 0) + 1
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
             self.evicted += 1

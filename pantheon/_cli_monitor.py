@@ -1,8 +1,9 @@
 """``pantheon monitor [SESSION]`` and ``pantheon run FILE --tui``: the Textual monitor.
 
-``monitor`` without a session attaches to the newest running session's live feed, or shows
-the newest session's record when none is running; with one, it attaches live while that
-session runs with a feed and shows its record otherwise. Both need the ``tui`` extra;
+``monitor`` without a session attaches to the newest running session's live feed, and says
+so and exits 2 when none is running (it used to open the newest record, which looked like a
+frozen live run); with one, it attaches live while that session runs with a feed and shows
+its record otherwise. Both need the ``tui`` extra;
 ``dashboard`` is imported inside the commands only.
 """
 
@@ -59,8 +60,7 @@ def register(app: typer.Typer) -> None:
         session: Annotated[
             str | None,
             typer.Argument(
-                help="Session id or unique prefix (default: the newest running session, "
-                "else the newest session).",
+                help="Session id or unique prefix (default: the newest running session).",
                 show_default=False,
             ),
         ] = None,
@@ -94,9 +94,11 @@ def _pick(store: SessionStore, ref: str | None) -> tuple[str, Path | None]:
             info, sock = running[0]
             return info.id, sock
         newest = store.sessions(limit=1)
-        if not newest:
-            raise SessionError(f"no sessions in {store.path}")
-        return newest[0].id, None
+        hint = f" (newest: {newest[0].id})" if newest else ""
+        raise SessionError(
+            f"no session is running in {store.path}; "
+            f"`pantheon monitor SESSION` opens a recorded one{hint}"
+        )
     info = store.session(ref)
     sock = socket_path(store.path, info.id)
     return info.id, sock if info.status == "running" and sock.exists() else None

@@ -27,6 +27,7 @@ from rich.table import Table
 
 from agents import AgentUsage
 from pantheon import readmodel
+from pantheon._console import report_console
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -63,7 +64,7 @@ SetupOpt = Annotated[
 
 
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return report_console(highlight=False)
 
 
 def _err(message: str, code: int = 2) -> typer.Exit:
@@ -160,6 +161,38 @@ def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
     return lines
 
 
+def summary_lines(summary: dict[str, Any]) -> list[str]:
+    """The recorded run summary for ``sessions show``, whole and as markup-safe lines:
+    the failed expectations first, one each with what was expected and what was measured,
+    then every other field on its own line (a table such as ``hops``, one row per line)."""
+    expectations = [e for e in summary.get("expectations") or () if isinstance(e, dict)]
+    failed = [e for e in expectations if not e.get("passed")]
+    passed = len(expectations) - len(failed)
+    lines = [f"summary   expectations: {passed} passed, {len(failed)} failed"]
+    lines.extend(
+        f"  [red]FAIL[/red] {escape(str(e.get('name')))}: expected "
+        f"{escape(_value(e.get('expected')))}, actual {escape(_value(e.get('actual')))}"
+        for e in failed
+    )
+    for key, value in summary.items():
+        if key == "expectations":
+            continue
+        if isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            lines.append(f"  {escape(key)}:")
+            lines.extend(f"    {escape(str(k))}: {escape(_value(v))}" for k, v in value.items())
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            lines.append(f"  {escape(key)}: {len(value)}")
+            lines.extend(f"    {escape(_value(v))}" for v in value)
+        else:
+            lines.append(f"  {escape(key)}: {escape(_value(value))}")
+    return lines
+
+
+def _value(value: Any) -> str:
+    """A summary value as text: strings as they are, the rest as compact JSON."""
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
+
+
 def _usage_text(u: AgentUsage) -> str:
     cost = readmodel.usd(u.cost_usd) + ("" if u.priced else " (a model has no price)")
     return (
@@ -244,7 +277,8 @@ def register(app: typer.Typer) -> None:
             for line in usage_lines(usage):
                 con.print(line)
             if info.summary:
-                con.print("summary   " + json.dumps(info.summary, default=repr)[:2000])
+                for line in summary_lines(info.summary):
+                    con.print(line)
             if letters:
                 con.print(f"dead letters: {len(letters)} (pantheon dlq list {info.id})")
 
@@ -293,14 +327,15 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Re-deliver a finished session's dead letters to the team as it is now, in a new
-        session; entries delivered this time are marked redriven."""
+        session; entries delivered this time are marked redriven. Exits 0 when every entry
+        was delivered (or there was none), 1 when any failed again or was skipped."""
         with _open(store) as st:
             info = st.session(session)
             team = _load_setup(setup, info.scenario_text, info.scenario_dir)
             report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
-            if as_json:
-                _dump(report.to_dict())
-                return
+        if as_json:
+            _dump(report.to_dict())
+        else:
             con = _console()
             con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
             for entry_id, outcome in report.outcomes.items():
@@ -308,6 +343,11 @@ def register(app: typer.Typer) -> None:
                 con.print(f"  entry {entry_id}: [{colour}]{outcome}[/{colour}]")
             if not report.outcomes:
                 con.print("  nothing to redrive")
+            else:
+                colour = "green" if report.ok else "red"
+                con.print(f"[{colour}]{report.outcome}[/{colour}]")
+        if not report.ok:
+            raise typer.Exit(1)
 
     @app.command("export")
     def export(
@@ -336,8 +376,9 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first divergent message and per-hop latency deltas.
-        Exits 1 when they diverge."""
+        """Align B onto A hop by hop: the first difference and per-hop latency deltas (ms).
+        Exits 1 when the runs diverge; 0 when they match, or differ only where effects
+        answered differently (timing: what other messages had got there first)."""
         with _open(store) as st:
             result = diff_sessions(st, a, b)
         if as_json:
@@ -349,10 +390,20 @@ def register(app: typer.Typer) -> None:
                 f"({result.messages_a} vs {result.messages_b} messages)"
             )
             if result.divergence is None:
-                con.print("[green]no divergence[/green]")
+                con.print("[green]no difference[/green]")
+            elif result.timing_only:
+                effects = ", ".join(result.timing_effects)
+                con.print(
+                    f"[yellow]timing-dependent:[/yellow] the runs differ in "
+                    f"{result.differences} place(s), each where an effect ({effects}) answered "
+                    "differently (what other messages had got there first), not a divergence "
+                    "of the team's logic"
+                )
+                con.print(f"first difference: {result.divergence.describe('A', 'B')}")
             else:
-                con.print(f"[red]first divergence:[/red] {result.divergence}")
-            table = Table(title="per-hop latency (µs): p50 / p99")
+                con.print(f"[red]runs diverged:[/red] {result.divergence.describe('A', 'B')}")
+            # Milliseconds, as `pantheon run` prints them; --json keeps the exact µs.
+            table = Table(title="per-hop latency (ms): p50 / p99")
             for col in (
                 "scope",
                 "hop",
@@ -370,15 +421,15 @@ def register(app: typer.Typer) -> None:
                     d.scope,
                     d.name,
                     d.metric,
-                    f"{d.a.p50_us:.1f}",
-                    f"{d.a.p99_us:.1f}",
-                    f"{d.b.p50_us:.1f}",
-                    f"{d.b.p99_us:.1f}",
-                    f"{d.delta_p50_us:+.1f}",
-                    f"{d.delta_p99_us:+.1f}",
+                    f"{d.a.p50_us / 1000:.3f}",
+                    f"{d.a.p99_us / 1000:.3f}",
+                    f"{d.b.p50_us / 1000:.3f}",
+                    f"{d.b.p99_us / 1000:.3f}",
+                    f"{d.delta_p50_us / 1000:+.3f}",
+                    f"{d.delta_p99_us / 1000:+.3f}",
                 )
             con.print(table)
-        if result.divergence is not None:
+        if result.divergence is not None and not result.timing_only:
             raise typer.Exit(1)
 
     @app.command("replay")

@@ -18,6 +18,7 @@ from agents import (
     AgentOptions,
     AgentUsage,
     Fault,
+    FaultMark,
     Guardian,
     Labels,
     Learner,
@@ -169,7 +170,12 @@ def build_team(
             breaker=cfg.breaker.to_policy() if cfg.breaker is not None else None,
         )
         f = scenario.faults.agents.get(name)
-        fault = Fault(f.failure_rate, f.latency_ms, f.tool) if f is not None else None
+        fault = None
+        if f is not None:
+            start, until = (
+                None if m is None else FaultMark(m.seconds, m.messages) for m in (f.from_, f.until)
+            )
+            fault = Fault(f.failure_rate, f.latency_ms, f.tool, start, until)
         settings = dict(cfg.settings)
         kwargs: dict[str, Any] = {}
         if cfg.handler is not None:

@@ -24,6 +24,7 @@ from pantheon._cli_monitor import register as register_monitor
 from pantheon._cli_new import register as register_new
 from pantheon._cli_sessions import register as register_sessions
 from pantheon._cli_sessions import usage_lines
+from pantheon._console import report_console
 from pantheon._report import RunSummary
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
@@ -40,6 +41,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console(stderr=True)
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"pantheon {version('pantheon')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            typer.echo("pantheon (not installed)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    show_version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Run teams of agents over an event bus; watch, replay and compare their sessions."""
+
+
 register_sessions(app)
 register_cluster(app)
 register_dashboard(app)
@@ -195,8 +221,32 @@ def _observe(telemetry: Any, bus: Any) -> None:
         structlog.contextvars.bind_contextvars(session=bus.session_id)
 
 
+def _inputs_line(s: Any) -> str:
+    """What came in, one story: every input is published, the malformed ones on their own
+    topic (they are counted apart, and are not dead letters)."""
+    text = f"inputs {s.inputs + s.malformed:,}: {s.inputs:,} published"
+    if s.malformed:
+        where = f"on {escape(s.malformed_topic)}, " if s.malformed_topic else ""
+        text += f", {s.malformed:,} malformed ({where}not dead letters)"
+    return text
+
+
+def _dead_letters_text(s: Any) -> str:
+    """Every dead letter of the run by reason (the same counts the expectations judge), and
+    where they are kept once the in-memory queue's cap evicted some."""
+    total = sum(s.dlq.values())
+    text = f"dead letters {total:,}"
+    reasons = sorted(s.dlq.items(), key=lambda r: -r[1])
+    notes = [", ".join(f"{n:,} {escape(reason)}" for reason, n in reasons)] if reasons else []
+    if s.dlq_evicted:
+        kept = f"the last {total - s.dlq_evicted:,} kept in memory"
+        where = "all in the session store" if s.session_id else "the run was not recorded"
+        notes.append(f"{kept}, {where}")
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def _print_summary(s: Any) -> None:
-    out = Console()
+    out = report_console()
     acc = s.accuracy or {}
 
     def pct(v: float | None) -> str:
@@ -205,8 +255,8 @@ def _print_summary(s: Any) -> None:
     lines = [
         f"[bold]{escape(s.scenario)}[/bold]  session {s.session_id or '(not recorded)'}  "
         f"seed {s.seed}",
-        f"messages {s.messages:,} in {s.elapsed_s:.2f}s ({s.throughput:,.0f} msg/s)  "
-        f"inputs {s.inputs} (+{s.malformed} malformed)",
+        f"messages {s.messages:,} in {s.elapsed_s:.2f}s ({s.throughput:,.0f} msg/s)",
+        _inputs_line(s),
     ]
     if acc.get("scored"):
         # Action first (what `min_accuracy` judges), then every other `*_accuracy` the
@@ -219,11 +269,11 @@ def _print_summary(s: Any) -> None:
         lines.append(
             "accuracy vs ground truth: "
             + ", ".join(f"{name} {pct(value)}" for name, value in rates)
-            + f" over {acc.get('scored', 0)} labelled"
+            + f" over {acc.get('scored', 0):,} labelled"
+            + (f" ({acc['unlabelled']:,} outcomes had no label)" if acc.get("unlabelled") else "")
         )
     lines.append(
-        f"dead letters {sum(s.dlq.values())} {escape(str(dict(s.dlq))) if s.dlq else ''} "
-        f" breaker trips {s.breaker_trips}  alerts {s.alerts}  "
+        f"{_dead_letters_text(s)}  breaker trips {s.breaker_trips}  alerts {s.alerts}  "
         f"accounting {'ok' if s.accounting_ok else 'BROKEN'}"
     )
     if s.decisions or s.outbox:

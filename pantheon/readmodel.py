@@ -65,6 +65,7 @@ __all__ = [
     "hop_latency",
     "outcomes",
     "quantile",
+    "redrive_outcome",
     "requests",
     "session_row",
     "session_rows",
@@ -382,10 +383,15 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
     failed = tuple(
         str(e.get("name")) for e in expectations if isinstance(e, Mapping) and not e.get("passed")
     )
+    redriven = summary.get("redrive") if isinstance(summary.get("redrive"), Mapping) else None
     if replay is not None:
         passed: bool | None = bool(replay.get("matched"))
         divergence = replay.get("divergence")
         note = None if divergence is None else _divergence_text(divergence)
+    elif redriven is not None:
+        outcomes = redriven.get("outcomes") or {}
+        passed = all(v == "delivered" for v in outcomes.values())
+        note = redrive_outcome(redriven)
     else:
         raw = summary.get("passed")
         passed = raw if isinstance(raw, bool) else None
@@ -405,6 +411,22 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
         note=None if note is None else str(note),
         usage=usage(store, info.id, calls=False).total,
     )
+
+
+def redrive_outcome(report: Mapping[str, Any]) -> str:
+    """A redrive's outcome in words, from its report (``pantheon dlq redrive --json``, or a
+    redrive session's summary): "17 of 17 redriven", "14 of 17 redriven, 3 failed again".
+    Counted from the outcomes, so reports from before the counts were recorded read too."""
+    outcomes = [str(v) for v in (report.get("outcomes") or {}).values()]
+    ok = sum(v == "delivered" for v in outcomes)
+    skipped = sum(v.startswith("skipped:") for v in outcomes)
+    failed = len(outcomes) - ok - skipped
+    text = f"{ok} of {len(outcomes)} redriven"
+    if failed:
+        text += f", {failed} failed again"
+    if skipped:
+        text += f", {skipped} skipped"
+    return text
 
 
 def _divergence_text(divergence: Any) -> str:

@@ -133,7 +133,12 @@ def _mark(row: readmodel.SessionRow) -> str:
     if row.status == "running":
         return "● running"
     if _is_bad(row):
-        return "✖ " + row.status if row.status != "completed" else "✖ diverged"
+        if row.status != "completed":
+            return "✖ " + row.status
+        # A completed redrive where entries failed again says how many, not "completed".
+        return "✖ " + row.note if row.kind == "redrive" and row.note else "✖ diverged"
+    if row.kind == "redrive" and row.note:
+        return "✔ " + row.note
     return "✔ " + row.status
 
 

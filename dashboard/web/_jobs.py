@@ -174,7 +174,8 @@ def redrive(store: Path, session_id: str, entry: int | None = None) -> RedriveRe
         )
     except subprocess.TimeoutExpired:
         return RedriveResult(None, f"pantheon dlq redrive took over {REDRIVE_TIMEOUT:.0f} s")
-    if done.returncode == 0:
+    # Exit 1 is a redrive that ran but where entries failed again: its report says which.
+    if done.returncode in (0, 1):
         try:
             return RedriveResult(json.loads(done.stdout), None)
         except json.JSONDecodeError:

@@ -111,13 +111,18 @@ _STATUS_COLOUR = {"completed": "green", "failed": "red", "aborted": "orange", "r
 
 def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
     colour = _STATUS_COLOUR.get(info.status, "gray")
+    status = info.status
+    if info.kind == "redrive" and info.status == "completed" and row.note:
+        # "completed" would hide entries that failed again: say how the redrive went.
+        status = row.note
+        colour = "green" if row.passed else "red"
     st.title(f"Session {info.id}")
     st.markdown(
-        f":{colour}-badge[{info.status}] &nbsp; {info.kind} of scenario "
+        f":{colour}-badge[{status}] &nbsp; {info.kind} of scenario "
         f"**{info.scenario or '-'}**, seed {info.seed}, started {when(info.started)}"
     )
     c = st.columns(5)
-    c[0].metric("status", info.status)
+    c[0].metric("status", status)
     c[1].metric("duration (s)", "running" if row.duration_s is None else f"{row.duration_s:.2f}")
     c[2].metric("messages", row.messages)
     c[3].metric("dead letters", row.dead_letters)
@@ -404,10 +409,12 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
         else:
             outcomes = result.report.get("outcomes", {})
             ok = sum(v == "delivered" for v in outcomes.values())
-            st.success(
-                f"Redrive recorded as {result.report.get('new_session_id')}: {ok} of "
-                f"{len(outcomes)} delivered"
-            )
+            text = readmodel.redrive_outcome(result.report)
+            recorded = f"Redrive recorded as {result.report.get('new_session_id')}: {text}"
+            if ok < len(outcomes):
+                st.error(recorded)
+            else:
+                st.success(recorded)
             if ok < len(outcomes):
                 st.dataframe(
                     pd.DataFrame(

@@ -51,6 +51,7 @@ __all__ = [
     "CustomProviderConfig",
     "DeadLetterReason",
     "ExpectConfig",
+    "FaultMarkConfig",
     "FaultsConfig",
     "FileInputConfig",
     "FloodConfig",
@@ -566,13 +567,50 @@ class AgentConfig(_Model):
 # -- faults ------------------------------------------------------------------------------------
 
 
+class FaultMarkConfig(_Model):
+    """A point on the run's timeline, ``{seconds: 2}`` or ``{messages: 300}``: seconds since
+    the run started, or the run's inputs taken in before the one a message comes from
+    (counted per input topic, in publish order: ``{messages: 400}`` is where the 401st email
+    and everything it causes begin). A ``messages`` bound splits the inputs the same way on
+    every run; a ``seconds`` bound depends on the run's speed. A redrive continues its
+    original run's timeline (it happens later), so a window that ended during the run is
+    over for the redrive too."""
+
+    seconds: Annotated[float, Field(ge=0)] | None = None
+    messages: Annotated[int, Field(ge=0)] | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> FaultMarkConfig:
+        if (self.seconds is None) == (self.messages is None):
+            raise ValueError("give seconds or messages, exactly one")
+        return self
+
+
 class AgentFaultConfig(_Model):
-    """Injected into one agent's handling: random failures and added latency."""
+    """Injected into one agent's handling: random failures and added latency, for the
+    whole run or within a window (``from`` included, ``until`` excluded)."""
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, serialize_by_alias=True
+    )
 
     failure_rate: _Fraction = 0.0
     latency_ms: Annotated[float, Field(ge=0)] = 0.0
     tool: Literal["reply", "ticket", "escalate"] | None = None
     """Only calls of this tool fail (Actor); ``None``: every call may fail."""
+    from_: FaultMarkConfig | None = Field(default=None, alias="from")
+    """Where the fault starts (``None``: from the start of the run)."""
+    until: FaultMarkConfig | None = None
+    """Where it ends (``None``: never); a redrive after it gets through."""
+
+    @model_validator(mode="after")
+    def _ordered(self) -> AgentFaultConfig:
+        a, b = self.from_, self.until
+        if a is not None and b is not None:
+            same = (a.seconds is None) == (b.seconds is None)
+            if same and (a.seconds or a.messages or 0) >= (b.seconds or b.messages or 0):
+                raise ValueError("`from` must come before `until`: the window would be empty")
+        return self
 
 
 class FloodConfig(_Model):

@@ -272,10 +272,14 @@ class FailureMatch:
 
 @dataclass(slots=True)
 class Comparison:
+    """``divergence`` is the first of ``divergences`` (every one found, in the original's
+    order)."""
+
     pairs: list[tuple[StoredEnvelope, StoredEnvelope]]
     divergence: ReplayDivergence | None
     failures: list[FailureMatch]
     mapper: Mapper
+    divergences: list[ReplayDivergence] = field(default_factory=list)
 
 
 def _outcomes(
@@ -422,7 +426,7 @@ def compare_runs(
                     )
     candidates.sort(key=lambda c: (c[0], c[1]))
     first = candidates[0][2] if candidates else None
-    return Comparison(pairs, first, failures, mapper)
+    return Comparison(pairs, first, failures, mapper, [c[2] for c in candidates])
 
 
 def _describe(outcomes: list[tuple[str, str | None, str | None]]) -> str:

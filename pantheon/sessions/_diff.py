@@ -10,7 +10,7 @@ from typing import Any
 
 from pantheon.sessions._align import Lineage, compare_runs
 from pantheon.sessions._errors import ReplayDivergence
-from pantheon.sessions._store import SessionStore, StoredDelivery, StoredEnvelope
+from pantheon.sessions._store import SessionStore, StoredDelivery, StoredEffect, StoredEnvelope
 
 __all__ = ["LatencyDelta", "LatencyStats", "SessionDiff", "diff_sessions"]
 
@@ -77,7 +77,14 @@ class SessionDiff:
 
     ``divergence`` is the first place they differ (a :class:`ReplayDivergence` whose
     ``original_id`` is in ``a`` and ``replay_id`` in ``b``; ``diff`` has a readable payload
-    diff), ``hops_compared`` the aligned message pairs, ``latency`` per-hop p50/p99 of both."""
+    diff), ``hops_compared`` the aligned message pairs, ``latency`` per-hop p50/p99 of both.
+
+    ``timing_effects`` names the effects that answered differently wherever the runs differ,
+    when *every* difference is explained by one (``timing_only``): the difference came in
+    through what an effect answered (a Memory lookup while an earlier email of the sender
+    was still in flight, a threshold the Learner had or had not moved yet), which depends
+    on timing; the team's own logic took the same path. Empty when some difference is not
+    explained that way (or there is none)."""
 
     a: str
     b: str
@@ -86,22 +93,120 @@ class SessionDiff:
     messages_b: int
     divergence: ReplayDivergence | None
     latency: list[LatencyDelta] = field(default_factory=list)
+    differences: int = 0
+    timing_effects: tuple[str, ...] = ()
 
     @property
     def identical(self) -> bool:
         return self.divergence is None
+
+    @property
+    def timing_only(self) -> bool:
+        """The runs differ, but only where effects answered differently."""
+        return self.divergence is not None and bool(self.timing_effects)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.a,
             "b": self.b,
             "identical": self.identical,
+            "timing_only": self.timing_only,
+            "timing_effects": list(self.timing_effects),
+            "differences": self.differences,
             "hops_compared": self.hops_compared,
             "messages_a": self.messages_a,
             "messages_b": self.messages_b,
-            "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "divergence": None if self.divergence is None else self._divergence(),
             "latency": [d.to_dict() for d in self.latency],
         }
+
+    def _divergence(self) -> dict[str, Any]:
+        assert self.divergence is not None
+        # Neither run is a replay: the message names them A and B.
+        message = self.divergence.describe("A", "B").split("\n", 1)[0]
+        return self.divergence.to_dict() | {"message": message}
+
+
+def _agent(name: str | None) -> str:
+    return (name or "").partition(":")[0]
+
+
+#: (envelope id, agent) -> that handling's effects in order: (name, flag, result).
+_Answers = dict[tuple[int, str], list[tuple[str, int, bytes | None]]]
+
+
+def _answers(effects: Iterable[StoredEffect]) -> _Answers:
+    out: dict[tuple[int, str], list[tuple[int, str, int, bytes | None]]] = defaultdict(list)
+    for e in effects:
+        if e.envelope_id:
+            out[(e.envelope_id, _agent(e.subscriber))].append((e.ordinal, e.name, e.flag, e.result))
+    return {k: [(n, f, r) for _, n, f, r in sorted(v)] for k, v in out.items()}
+
+
+class _Explainer:
+    """Tells whether a difference between two runs came in through an effect's answer:
+    the handling that produced (or handled) the message, or one upstream of it, ran the
+    same effects in both runs and one of them answered differently."""
+
+    def __init__(
+        self,
+        env_a: Iterable[StoredEnvelope],
+        env_b: Iterable[StoredEnvelope],
+        eff_a: Iterable[StoredEffect],
+        eff_b: Iterable[StoredEffect],
+        to_new: dict[int, int],
+        to_original: dict[int, int],
+    ) -> None:
+        self.by_a = {e.id: e for e in env_a}
+        self.by_b = {e.id: e for e in env_b}
+        self.ans_a, self.ans_b = _answers(eff_a), _answers(eff_b)
+        self.to_new, self.to_original = to_new, to_original
+
+    def _differ(self, a_id: int, b_id: int, agent: str) -> list[str]:
+        """Effects of one handling that answered differently before the two parted ways."""
+        names = []
+        a = self.ans_a.get((a_id, agent), [])
+        b = self.ans_b.get((b_id, agent), [])
+        for (name_a, *answer_a), (name_b, *answer_b) in zip(a, b, strict=False):
+            if name_a != name_b:
+                break
+            if answer_a != answer_b:
+                names.append(name_a)
+        return names
+
+    def _upstream(self, start: int | None, in_a: bool) -> list[str]:
+        """Walk ``start``'s causes (in run A or B) up to its input."""
+        by_id = self.by_a if in_a else self.by_b
+        other = self.to_new if in_a else self.to_original
+        seen: set[int] = set()
+        env = by_id.get(start) if start is not None else None
+        while env is not None and env.id not in seen:
+            seen.add(env.id)
+            parent = env.causation_id
+            if parent is None:
+                return []
+            mapped = other.get(parent)
+            if mapped is not None:
+                a_id, b_id = (parent, mapped) if in_a else (mapped, parent)
+                names = self._differ(a_id, b_id, _agent(env.source))
+                if names:
+                    return names
+            env = by_id.get(parent)
+        return []
+
+    def explain(self, div: ReplayDivergence) -> list[str]:
+        """The effects whose answers explain ``div``; empty if none does."""
+        if (
+            div.field in ("effect", "outcome")
+            and div.original_id is not None
+            and div.replay_id is not None
+        ):
+            names = self._differ(div.original_id, div.replay_id, _agent(div.agent))
+            if names:
+                return names
+        if div.replay_id is not None:
+            return self._upstream(div.replay_id, in_a=False)
+        return self._upstream(div.original_id, in_a=True)
 
 
 def _series(
@@ -146,6 +251,16 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
         for key in sorted(set(lat_a) | set(lat_b))
         for scope, name, metric in (key,)
     ]
+    explainer = _Explainer(
+        env_a, env_b, eff_a, eff_b, comparison.mapper.to_new, comparison.mapper.to_original
+    )
+    causes: set[str] = set()
+    for div in comparison.divergences:
+        names = explainer.explain(div)
+        if not names:
+            causes.clear()
+            break
+        causes.update(names)
     return SessionDiff(
         a=sa.id,
         b=sb.id,
@@ -154,4 +269,6 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
         messages_b=len(Lineage(env_b, eff_b).envelopes),
         divergence=comparison.divergence,
         latency=latency,
+        differences=len(comparison.divergences),
+        timing_effects=tuple(sorted(causes)),
     )

@@ -124,17 +124,30 @@ class ReplayDivergence(SessionError):
         self.topic = topic
         self.diff = diff or []
         self.detail = detail
-        on = f" on {topic!r}" if topic else ""
-        msg = (
-            f"replay diverged ({field}) at original message {original_id} / replay message "
-            f"{replay_id}{on} from agent {agent!r}: expected {_short(expected)}, "
-            f"got {_short(actual)}"
-        )
-        if detail:
-            msg += f" ({detail})"
+        super().__init__(self.describe())
+
+    def describe(self, a: str | None = None, b: str | None = None) -> str:
+        """The message, for a replay (the default) or for two runs named ``a`` and ``b``
+        (``pantheon diff``: neither is a replay, so neither is "expected")."""
+        on = f" on {self.topic!r}" if self.topic else ""
+        where = f"({self.field}) at"
+        if a is None or b is None:
+            msg = (
+                f"replay diverged {where} original message {self.original_id} / replay message "
+                f"{self.replay_id}{on} from agent {self.agent!r}: expected "
+                f"{_short(self.expected)}, got {_short(self.actual)}"
+            )
+        else:
+            msg = (
+                f"runs differ {where} {a} message {self.original_id} / {b} message "
+                f"{self.replay_id}{on} from agent {self.agent!r}: {a} has "
+                f"{_short(self.expected)}, {b} has {_short(self.actual)}"
+            )
+        if self.detail:
+            msg += f" ({self.detail})"
         if self.diff:
             msg += "\n" + "\n".join("  " + line for line in self.diff)
-        super().__init__(msg)
+        return msg
 
     def to_dict(self) -> dict[str, Any]:
         return {

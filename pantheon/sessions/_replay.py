@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents import FaultTimeline, fault_timeline
 from bus import Bus, Envelope
 from pantheon.sessions._align import (
     FailureMatch,
     Lineage,
     Mapper,
     compare_runs,
+    is_input,
     same_payload,
 )
 from pantheon.sessions._codec import normalize
@@ -309,7 +311,11 @@ async def _wait_for(bus: Bus, live: _Live, timeout: float | None) -> None:
 @dataclass(frozen=True, slots=True)
 class RedriveReport:
     """What :func:`redrive` did: the new session it ran in and, per dead-letter entry, the
-    outcome of its redelivery (``delivered`` or ``failed: <ErrorType>: message``)."""
+    outcome of its redelivery (``delivered``, ``skipped: <why>``, or anything else when it
+    failed again: ``failed: <ErrorType>: message``, ``circuit_open: ...``).
+
+    ``ok`` is False when any entry failed again or was skipped: the CLI exits 1 then, and
+    :attr:`outcome` says so in words ("3 of 17 failed again")."""
 
     new_session_id: str
     original_session_id: str
@@ -319,12 +325,41 @@ class RedriveReport:
     def redriven(self) -> list[int]:
         return [k for k, v in self.outcomes.items() if v == "delivered"]
 
+    @property
+    def skipped(self) -> list[int]:
+        return [k for k, v in self.outcomes.items() if v.startswith("skipped:")]
+
+    @property
+    def failed(self) -> list[int]:
+        """Entries whose redelivery failed again (they stay dead letters, not redriven)."""
+        return [
+            k for k, v in self.outcomes.items() if v != "delivered" and not v.startswith("skipped:")
+        ]
+
+    @property
+    def ok(self) -> bool:
+        return len(self.redriven) == len(self.outcomes)
+
+    @property
+    def outcome(self) -> str:
+        """``N of M redriven, K failed again`` (and ``S skipped`` when some were)."""
+        text = f"{len(self.redriven)} of {len(self.outcomes)} redriven"
+        text += f", {len(self.failed)} failed again"
+        if self.skipped:
+            text += f", {len(self.skipped)} skipped"
+        return text
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "new_session_id": self.new_session_id,
             "original_session_id": self.original_session_id,
             "outcomes": {str(k): v for k, v in self.outcomes.items()},
             "redriven": self.redriven,
+            "failed": self.failed,
+            "skipped": self.skipped,
+            "attempted": len(self.outcomes),
+            "ok": self.ok,
+            "outcome": self.outcome,
         }
 
 
@@ -344,6 +379,11 @@ async def redrive(
     All entries not yet redriven by default. Messages the redriven handlers emit are
     handled by the team as usual. A session still recording belongs to its process: redrive
     it there with ``bus.dlq.redrive()``.
+
+    Agents attaching in ``setup`` continue the original run's fault timeline
+    (:data:`agents.fault_timeline`): its start, and the inputs it took in. A redrive happens
+    later in the same story, so a fault window (``until``) that ended during the run does
+    not fail the redrive.
     """
     original = store.session(session_id)
     if original.status == "running":
@@ -359,6 +399,8 @@ async def redrive(
     if unknown:
         raise SessionError(f"session {original.id} has no dead letter {unknown[0]}")
     by_id = {e.id: e for e in store.envelopes(original.id)}
+    inputs = Counter(e.topic for e in by_id.values() if is_input(e))
+    timeline = FaultTimeline(original.started, max(inputs.values(), default=0))
     recorder = Recorder(
         store,
         scenario=original.scenario,
@@ -371,7 +413,11 @@ async def redrive(
     outcomes: dict[int, str] = {}
     try:
         async with Bus(session_id=recorder.session_id) as bus:
-            await setup(bus)
+            joined = fault_timeline.set(timeline)
+            try:
+                await setup(bus)
+            finally:
+                fault_timeline.reset(joined)
             subs = bus.subscriptions()
             staged: dict[int, int] = {}
             for entry_id in wanted:

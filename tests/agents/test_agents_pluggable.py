@@ -370,3 +370,15 @@ async def test_memory_keeps_history_keyed_by_any_field_and_tallies_it() -> None:
         "recent": [{"alert": "oom", "action": "restart"}, {"alert": "disk", "action": "clear"}],
     }
     assert unknown == {"host": "web-9", "count": 0, "restarts": 0, "recent": []}
+
+
+def test_a_call_without_tokens_is_priced_at_zero_whatever_the_price_list() -> None:
+    from agents import Usage, UsageMeter
+
+    meter = UsageMeter()
+    assert meter.add("rules", Usage(0, 0), "rules", {}) == 0.0
+    usage = meter.snapshot({})
+    assert usage.calls == 1 and usage.cost_usd == 0.0 and usage.priced
+    # A call that used tokens on a model with no price leaves the cost a lower bound.
+    assert meter.add("gpt-x", Usage(10, 5), "gpt-x", {}) is None
+    assert not meter.snapshot({}).priced

@@ -201,6 +201,8 @@ async def test_bounded_dlq_evicts_oldest_and_counts() -> None:
         assert stats.dlq_size == 3 and stats.dlq_evicted == 2
         # Eviction bounds memory, not the accounting: the subscription still counts all five.
         assert stats.subscribers["bad"].dead_lettered == 5
+        # ... and so does the queue's own tally by reason, which run summaries report.
+        assert b.dlq.totals == {"failed": 5}
 
 
 async def test_dlq_listeners_see_every_entry(bus: Bus) -> None:

@@ -135,7 +135,7 @@ def test_dead_letters_by_reason_and_in_all() -> None:
         "dead letters failed <= 0": (False, {"max": 0}, 2),
         "dead letters shed <= 100": (False, {"max": 100}, 150),
         "dead letters circuit_open <= 0": (True, {"max": 0}, 0),
-        "dead letters <= 2": (True, 2, 2),  # shed is not counted in max_dlq
+        "dead letters other than shed <= 2": (True, 2, 2),
     }
 
 

@@ -3,30 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agents import ModelProvider, ProviderError
+from bus import Bus
 from pantheon._runtime import run_scenario
 from pantheon._team import _provider, build_team
 from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
+from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, classify_reply
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = ROOT / "scenarios"
 
 
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+def pantheon(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "pantheon.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
+        env=env,
     )
 
 
@@ -73,10 +80,66 @@ def test_human_summary_prints_accuracy_and_hops(workdir: Path) -> None:
     assert "accuracy vs ground truth: action" in proc.stdout
     assert "per-hop latency" in proc.stdout
     assert "all expectations passed" in proc.stdout
-    # The Reasoner asks the rule provider: model calls that use no tokens and have no price.
+    # The Reasoner asks the rule provider: model calls that use no tokens and cost nothing.
     (usage,) = [line for line in proc.stdout.splitlines() if line.startswith("models ")]
-    assert usage.endswith(" calls, tokens 0 in / 0 out, cost $0 (a model has no price)"), usage
+    assert usage.endswith(" calls, tokens 0 in / 0 out, cost $0"), usage
     assert not (workdir / ".pantheon" / "sessions.db").exists()
+
+
+def test_version(workdir: Path) -> None:
+    from importlib.metadata import version
+
+    proc = pantheon("--version", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"pantheon {version('pantheon')}\n"
+
+
+def test_summary_inputs_tell_one_story(workdir: Path) -> None:
+    """Published plus malformed is the input; malformed are not dead letters; the accuracy
+    line says why fewer were scored than came in."""
+    proc = pantheon("run", "scenarios/support_email.yaml", "--no-record", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert (
+        "inputs 600: 591 published, 9 malformed "
+        "(on observation.email.malformed, not dead letters)" in lines
+    ), proc.stdout
+    (acc,) = [line for line in lines if line.startswith("accuracy vs ground truth")]
+    assert acc.endswith(" over 598 labelled (2 outcomes had no label)"), acc
+    assert any(line.startswith("dead letters 0  breaker trips 0") for line in lines)
+
+
+def test_piped_summary_is_not_squeezed_to_80_columns(workdir: Path) -> None:
+    """Piped with no terminal anywhere (as here), the table keeps every cell whole; with
+    ``COLUMNS`` set, that is the width."""
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = pantheon("run", "scenarios/flood.yaml", "--no-record", cwd=workdir, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "…" not in proc.stdout
+    assert "learner:observation.email.malformed" in proc.stdout
+    assert max(len(line) for line in proc.stdout.splitlines()) > 80
+    proc = pantheon(
+        "run", "scenarios/flood.yaml", "--no-record", cwd=workdir, env=env | {"COLUMNS": "60"}
+    )
+    table = [line for line in proc.stdout.splitlines() if line[:1] in "┏┃┡│└"]
+    assert table and max(len(line) for line in table) <= 60
+
+
+def test_flood_dead_letters_are_counted_past_the_in_memory_cap(workdir: Path) -> None:
+    """The flood sheds more than the DLQ keeps in memory: the summary, its JSON and the
+    session store give one total, the cap is stated, and ``max_dlq`` says what it counts."""
+    proc = pantheon("run", "scenarios/flood.yaml", cwd=workdir)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("dead letters ")]
+    total = int(line.split()[2].replace(",", ""))
+    assert total > 10_000
+    assert f"({total:,} shed; the last 10,000 kept in memory, all in the session store)" in line
+    assert "PASS dead letters other than shed <= 20 (actual 0)" in proc.stdout
+    with SessionStore(workdir / ".pantheon" / "sessions.db", create=False) as store:
+        (info,) = store.sessions()
+        assert len(store.dead_letters(info.id)) == total
+        assert info.summary["dlq"] == {"shed": total}
+        assert info.summary["dlq_evicted"] == total - 10_000
 
 
 def test_failed_expectation_exits_non_zero(workdir: Path) -> None:
@@ -100,6 +163,23 @@ def test_bad_scenario_fails_before_anything_runs(workdir: Path) -> None:
         assert f"support_email.yaml:{line}:" in proc.stderr
         assert "agents.reasoner.concurrency" in proc.stderr
     assert not (workdir / ".pantheon").exists()
+
+
+async def test_progress_reaches_the_total_before_the_run_drains(workdir: Path) -> None:
+    """The last input is counted as soon as it is out, not after the bus drained: the bar
+    does not sit at 599/600 while the team finishes."""
+    scenario = load_scenario(workdir / "scenarios" / "support_email.yaml")
+    bus = Bus()
+    events: list[object] = []
+    drain = bus.drain
+
+    async def drain_and_note(*args: Any, **kwargs: Any) -> Any:
+        events.append("drain")
+        return await drain(*args, **kwargs)
+
+    bus.drain = drain_and_note  # type: ignore[method-assign]
+    await run_scenario(scenario, bus=bus, on_progress=lambda done, total: events.append(done))
+    assert 600 in events[: events.index("drain")], events[-5:]
 
 
 def test_flood_is_shed_and_every_message_accounted(workdir: Path) -> None:

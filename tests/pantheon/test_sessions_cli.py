@@ -103,6 +103,42 @@ def test_show_has_the_sessions_model_usage(
         ), (name, lines)  # fmt: skip
 
 
+def test_show_prints_the_whole_summary_and_failed_expectations_as_lines(
+    app: typer.Typer, runner: CliRunner, tmp_path: Path
+) -> None:
+    """Not a JSON blob cut at 2,000 characters: each failed expectation on a line with what
+    was expected and measured, every other field whole; ``--json`` has it all as JSON."""
+    path = tmp_path / "s.db"
+    hops = {f"agent{i:03}": {"handled": i, "wait_p99_ms": 1.5} for i in range(60)}
+    summary = {
+        "scenario": "long",
+        "expectations": [
+            {"name": "dead letters failed <= 0", "passed": False, "expected": {"max": 0},
+             "actual": 2},
+            {"name": "zero lost", "passed": True, "expected": True, "actual": True},
+            {"name": "accuracy >= 0.9", "passed": False, "expected": 0.9, "actual": 0.816},
+        ],
+        "hops": hops,
+        "topics": {"observation.email.received": 591, "observation.email.malformed": 9},
+    }  # fmt: skip
+    with SessionStore(path) as store:
+        sid = store.begin_session(scenario="long", seed=1)
+        store.end_session(sid, "failed", summary)
+    result = runner.invoke(app, ["sessions", "show", sid, "--store", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "summary   expectations: 1 passed, 2 failed" in lines
+    assert '  FAIL dead letters failed <= 0: expected {"max": 0}, actual 2' in lines
+    assert "  FAIL accuracy >= 0.9: expected 0.9, actual 0.816" in lines
+    assert "  hops:" in lines
+    assert '    agent059: {"handled": 59, "wait_p99_ms": 1.5}' in lines
+    assert "    observation.email.malformed: 9" not in lines  # a flat mapping stays one line
+    assert any(ln.startswith("  topics: {") and ln.endswith('"observation.email.received": 591}')
+               for ln in lines)  # fmt: skip
+    result = runner.invoke(app, ["sessions", "show", sid, "--store", str(path), "--json"])
+    assert json.loads(result.output)["summary"] == summary
+
+
 def test_errors_exit_2_with_a_message(app: typer.Typer, runner: CliRunner, tmp_path: Path) -> None:
     result = runner.invoke(app, ["sessions", "list", "--store", str(tmp_path / "none.db")])
     assert result.exit_code == 2 and "no session store" in result.output
@@ -134,16 +170,21 @@ def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> 
     result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path)])
     assert result.exit_code == 0 and "ValueError" in result.output
 
-    # The recorded scenario text says "base": the team still fails, nothing is redriven.
+    # The recorded scenario text says "base": the team still fails, nothing is redriven,
+    # and the command says so and exits 1.
     args = ["dlq", "redrive", sid, str(entry["entry_id"]), "--store", str(path)]
     result = runner.invoke(app, [*args, "--setup", TEAM, "--json"])
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.output)["redriven"] == []
+    assert result.exit_code == 1, result.output
+    report = json.loads(result.output)
+    assert report["redriven"] == [] and report["failed"] == [entry["entry_id"]]
+    assert report["outcome"] == "0 of 1 redriven, 1 failed again"
+    result = runner.invoke(app, [*args, "--setup", TEAM])
+    assert result.exit_code == 1 and "0 of 1 redriven, 1 failed again" in result.output
 
     fixed = str(Path(__file__).with_name("sessions_team.py")) + ":fixed_team"
     result = runner.invoke(app, [*args, "--setup", fixed])
     assert result.exit_code == 0, result.output
-    assert "delivered" in result.output
+    assert "delivered" in result.output and "1 of 1 redriven, 0 failed again" in result.output
     with SessionStore(path) as store:
         assert store.dead_letters(sid)[0].redriven
 
@@ -193,8 +234,18 @@ def test_replay_and_diff(app: typer.Typer, runner: CliRunner, recorded) -> None:
     assert result.exit_code == 1
     diff = json.loads(result.output)
     assert diff["divergence"]["field"] == "payload" and diff["divergence"]["agent"] == "classifier"
+    assert diff["timing_only"] is False and diff["timing_effects"] == []
+    assert diff["divergence"]["message"].startswith("runs differ (payload) at A message")
     result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path)])
-    assert result.exit_code == 1 and "first divergence" in result.output
+    assert result.exit_code == 1 and "runs diverged: runs differ (payload)" in result.output
+    # A diff compares two runs: its wording names them A and B, never a "replay".
+    for wording in ("replay diverged", "replay message", "first divergence", "expected"):
+        assert wording not in result.output
+    # Milliseconds, as `pantheon run` prints: the header says so and the cells agree.
+    assert "per-hop latency (ms): p50 / p99" in result.output and "µs" not in result.output
+    first = diff["latency"][0]
+    row = next(ln for ln in result.output.splitlines() if first["name"] in ln)
+    assert f"{first['a']['p99_us'] / 1000:.3f}" in row.split("│")[5]
 
     result = runner.invoke(
         app, ["replay", sid, "--store", str(path), "--setup", TEAM, "--from", "1000"]
