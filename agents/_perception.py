@@ -31,6 +31,9 @@ __all__ = [
 ]
 
 _REQUIRED = ("id", "from", "subject", "body")
+#: Control characters other than tab, newline and carriage return (counted in C: a Python
+#: loop over every character of every body was a third of the Observer's time).
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
 
 
 def read_emails(path: Path) -> Iterator[dict[str, Any]]:
@@ -73,7 +76,7 @@ def email_problem(record: Any) -> str | None:
     if "@" not in record["from"]:
         return f"sender {record['from']!r} is not an address"
     body = record["body"]
-    control = sum(1 for ch in body if ord(ch) < 32 and ch not in "\t\n\r")
+    control = len(_CONTROL.findall(body))
     if control > max(2, len(body) // 20):
         return f"body is binary garbage ({control} control characters)"
     received = record.get("received_at")

@@ -28,7 +28,7 @@ import random
 import re
 import socket
 import urllib.parse
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
@@ -348,6 +348,8 @@ class RuleProvider(_Provider):
         self._rules = {
             intent: [re.compile(p) for p in patterns] for intent, patterns in rules.items()
         }
+        self._intents = tuple(i for i, ps in self._rules.items() for _ in ps)
+        self._matcher = _PatternSet(p for ps in self._rules.values() for p in ps)
         self.default_intent = default_intent
 
     async def chat(
@@ -387,6 +389,20 @@ class RuleProvider(_Provider):
         return ChatResult(content, verdict, model=self.model, finish_reason="stop")
 
     def _classify(self, subject: str, body: str) -> dict[str, Any]:
+        # The same scores as _classify_reference: 2 for each pattern found in the subject, 1
+        # for each found in the body. Every score is a small whole number, so the order the
+        # floats are added in cannot change a total.
+        scores: dict[str, float] = {}
+        for intent, in_subject, in_body in zip(
+            self._intents, self._matcher(subject), self._matcher(body), strict=True
+        ):
+            if in_subject or in_body:
+                scores[intent] = scores.get(intent, 0.0) + 2.0 * in_subject + 1.0 * in_body
+        return self._verdict(scores)
+
+    def _classify_reference(self, subject: str, body: str) -> dict[str, Any]:
+        """The definition :meth:`_classify` must equal, kept for its tests and benchmark:
+        every pattern searched separately in the subject and in the body."""
         scores: dict[str, float] = {}
         for intent, patterns in self._rules.items():
             score = 0.0
@@ -397,6 +413,9 @@ class RuleProvider(_Provider):
                     score += 1.0
             if score:
                 scores[intent] = score
+        return self._verdict(scores)
+
+    def _verdict(self, scores: dict[str, float]) -> dict[str, Any]:
         if not scores:
             return {"intent": self.default_intent, "confidence": 0.3, "scores": {}}
         total = sum(scores.values())
@@ -406,6 +425,192 @@ class RuleProvider(_Provider):
             "confidence": round(scores[intent] / total, 4),
             "scores": {k: round(v / total, 4) for k, v in sorted(scores.items())},
         }
+
+
+# -- matching many patterns at once -------------------------------------------------------------
+
+#: Non-ASCII characters that a case-insensitive pattern matches to an ASCII letter (all of
+#: them, as ``re`` folds case in CPython 3.11+; a test scans every code point), mapped to it.
+_ASCII_FOLD = str.maketrans({"\u0130": "i", "\u0131": "i", "\u017f": "s", "\u212a": "k"})
+
+#: Most needle strings one pattern's prefilter may hold; a pattern that would need more is
+#: always searched (a bound on the prefilter's cost, not on what patterns may say).
+MAX_NEEDLES = 64
+
+#: Needles are cut to this many characters (a prefix of a needle is a needle too), which
+#: bounds the depth of the scanning regex built from them.
+NEEDLE_CHARS = 24
+
+
+class _PatternSet:
+    """Which of some patterns occur in a text: ``[p.search(text) is not None for p in
+    patterns]``, computed cheaply.
+
+    Most support-desk patterns are alternations of words, and most texts contain few of them,
+    yet each search runs the regex engine at every position of the text. So each pattern
+    gets, when its syntax allows, a prefilter: a few lower-case ASCII strings ("needles") at
+    least one of which every match of the pattern contains. A text is folded once (lower
+    case, plus the four non-ASCII characters ``re`` matches to ASCII letters ignoring case)
+    and scanned once, by one regex: a trie of every pattern's needles, searched again from
+    one character past each hit, so it visits every position where some needle starts and
+    there reports the longest one (any shorter needle starting there is its prefix, mapped in
+    ``__init__``). A pattern is searched only if one of its needles occurs. A needle is only
+    ever a reason to search, never a verdict, so the answer is the plain searches'. Patterns
+    without a usable needle (no literal text, a back-reference, a non-ASCII literal, too many
+    alternatives) are searched every time.
+    """
+
+    __slots__ = ("_always", "_by_needle", "_scan", "_searches")
+
+    def __init__(self, patterns: Iterable[re.Pattern[str]]) -> None:
+        compiled = tuple(patterns)
+        self._searches = tuple(p.search for p in compiled)
+        needles = [_needles(p) for p in compiled]
+        self._always = frozenset(i for i, n in enumerate(needles) if n is None)
+        owners: dict[str, set[int]] = {}
+        for i, ns in enumerate(needles):
+            for n in ns or ():
+                owners.setdefault(n, set()).add(i)
+        every = set(owners)
+        # Each needle the scan can report -> the patterns with a needle that is a prefix of it.
+        self._by_needle = {
+            found: frozenset().union(*(owners.get(found[:k], ()) for k in range(1, len(found) + 1)))
+            for found in every
+        }
+        self._scan = re.compile(_trie(every)).search if every else None
+
+    def __call__(self, text: str) -> list[bool]:
+        candidates = set(self._always)
+        scan = self._scan
+        if scan is not None:
+            folded = text.lower() if text.isascii() else text.translate(_ASCII_FOLD).lower()
+            by_needle = self._by_needle
+            pos = 0
+            while (m := scan(folded, pos)) is not None:
+                candidates.update(by_needle[m.group()])
+                pos = m.start() + 1
+        hits = [False] * len(self._searches)
+        for i in candidates:
+            hits[i] = self._searches[i](text) is not None
+        return hits
+
+
+def _trie(words: Iterable[str]) -> str:
+    """A regex matching exactly ``words``, factored as a trie so that at each position the
+    engine follows one branch per character, and the longest word wins (greedy ``?``)."""
+    root: dict[str, Any] = {}
+    for word in words:
+        node = root
+        for ch in word:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def alternation(node: dict[str, Any]) -> str:
+        branches = [re.escape(ch) + alternation(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        group = "(?:" + "|".join(branches) + ")"
+        return group + "?" if "" in node else group
+
+    return alternation(root)
+
+
+def _needles(pattern: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Strings one of which every match of ``pattern`` contains (once lower-cased), or None
+    when no such short list is known."""
+    if not isinstance(pattern.pattern, str):
+        return None
+    try:
+        from re import _parser  # type: ignore[attr-defined]  # re.compile's; private
+
+        tree = _parser.parse(pattern.pattern, pattern.flags)
+    except Exception:  # an unknown parser version: search every time
+        return None
+    exact, needed = _literals(list(tree))
+    found = exact if exact is not None else needed
+    if found is None or "" in found:
+        return None
+    cut = {n[:NEEDLE_CHARS] for n in found}
+    # A needle that holds another is redundant: a text with it has the shorter one too.
+    return tuple(sorted(n for n in cut if not any(m != n and m in n for m in cut)))
+
+
+_Lits = tuple[frozenset[str] | None, frozenset[str] | None]
+
+
+def _literals(items: list[tuple[Any, Any]]) -> _Lits:
+    """``(exact, needed)`` for a parsed sequence: ``exact`` the strings its every match is one
+    of (lower-cased), ``needed`` strings one of which its every match contains; either may be
+    None (unknown). Zero-width assertions match the empty string, which keeps literals on
+    either side of them adjacent in the match."""
+    # re's own parser and opcodes (private, stable since 3.11); unknown opcodes give None.
+    from re import _constants as sre  # type: ignore[attr-defined]
+
+    def element(op: Any, av: Any) -> _Lits:
+        if op is sre.LITERAL:
+            ch = chr(av)
+            return (frozenset({ch.lower()}), None) if ch.isascii() else (None, None)
+        if op is sre.IN:
+            chars: set[str] = set()
+            for kind, value in av:
+                if kind is sre.LITERAL:
+                    chars.add(chr(value))
+                elif kind is sre.RANGE and value[1] - value[0] < MAX_NEEDLES:
+                    chars.update(map(chr, range(value[0], value[1] + 1)))
+                else:  # NEGATE, CATEGORY, a wide range
+                    return None, None
+            if not chars or not all(ch.isascii() for ch in chars):
+                return None, None
+            return frozenset(ch.lower() for ch in chars), None
+        if op in (sre.AT, sre.ASSERT, sre.ASSERT_NOT):
+            return frozenset({""}), None
+        if op is sre.SUBPATTERN:
+            return _literals(list(av[-1]))
+        if op is sre.ATOMIC_GROUP:
+            return _literals(list(av))
+        if op is sre.BRANCH:
+            alts = [_literals(list(alt)) for alt in av[1]]
+            exacts = [e for e, _ in alts]
+            exact = None
+            if all(e is not None for e in exacts):
+                exact = frozenset().union(*exacts)  # type: ignore[arg-type]
+                exact = exact if len(exact) <= MAX_NEEDLES else None
+            neededs = [e if e is not None else n for e, n in alts]
+            needed = None
+            if all(n is not None for n in neededs):
+                needed = frozenset().union(*neededs)  # type: ignore[arg-type]
+                needed = needed if len(needed) <= MAX_NEEDLES else None
+            return exact, needed
+        if op in (sre.MAX_REPEAT, sre.MIN_REPEAT, sre.POSSESSIVE_REPEAT):
+            low, high, item = av
+            inner = _literals(list(item))
+            if low == high == 1:
+                return inner
+            if low >= 1:  # every match holds at least one match of the item
+                return None, inner[0] if inner[0] is not None else inner[1]
+        return None, None  # ANY, NOT_LITERAL, GROUPREF, GROUPREF_EXISTS, ...
+
+    candidates: list[frozenset[str]] = []
+    run: frozenset[str] = frozenset({""})
+    all_exact = True
+    for op, av in items:
+        exact, needed = element(op, av)
+        if exact is not None and len(run) * len(exact) <= MAX_NEEDLES:
+            run = frozenset(a + b for a in run for b in exact)
+            continue
+        all_exact = False
+        candidates.append(run)
+        if exact is not None:  # too many combinations: a new run starts here
+            run = exact
+        else:
+            run = frozenset({""})
+            if needed is not None:
+                candidates.append(needed)
+    if all_exact:
+        return run, run
+    candidates.append(run)
+    best = max(candidates, key=lambda c: (min(map(len, c)), -len(c)))
+    return None, (best if min(map(len, best)) > 0 else None)
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str | None:

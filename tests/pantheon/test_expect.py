@@ -100,6 +100,22 @@ def test_latency_split_into_timing_checks() -> None:
     }
 
 
+@pytest.mark.parametrize("name", ["support_email", "support_email_3node", "flood"])
+def test_support_scenarios_bound_latency_with_named_timing_checks(name: str) -> None:
+    """The shipped support scenarios say what they measure: handling and queue wait apart,
+    each failure named ``timing: ...`` in the run summary, no historical sum bound."""
+    scenario = load_scenario(SCENARIOS / f"{name}.yaml")
+    assert scenario.expect.max_p99_ms is None
+    assert scenario.expect.p99_handling_ms is not None
+    assert scenario.expect.p99_queue_wait_ms is not None
+    slow = {"handled": 10, "wait_p99_ms": 1000.0, "handle_p99_ms": 1000.0}
+    hops = {agent: slow for agent in ("reasoner", "guardian", "actor")}
+    latency = [c for c in judge(scenario, summary(hops=hops)) if "p99" in c["name"]]
+    assert latency and all(not c["passed"] for c in latency)
+    assert all(c["name"].startswith("timing: p99 ") for c in latency)
+    assert {c["name"].split()[2] for c in latency} == {"handling", "queue"}
+
+
 def test_max_p99_ms_is_still_the_sum_bound() -> None:
     got = checks("  max_p99_ms: {reasoner: 60, actor: 4}\n", summary())
     assert got == {

@@ -41,13 +41,16 @@ def pantheon(
 def workdir(tmp_path: Path) -> Path:
     """A copy of the scenarios in a scratch directory, so runs write their store there.
 
-    The support scenario's p99 bound is widened: these tests check what a run does, and a
-    shared or loaded machine can stall a run past 100 ms; latency is benchmarks/' business."""
+    The support scenario's timing bounds are widened: these tests check what a run does, and
+    a shared or loaded machine can stall a run past them; latency is benchmarks/' business
+    (benchmarks/busy_machine.py)."""
     shutil.copytree(SCENARIOS, tmp_path / "scenarios")
     support = tmp_path / "scenarios" / "support_email.yaml"
     text = support.read_text()
-    assert "max_p99_ms: 100\n" in text
-    support.write_text(text.replace("max_p99_ms: 100\n", "max_p99_ms: 5000\n"))
+    for bound in ("p99_handling_ms: 50\n", "p99_queue_wait_ms: 100\n"):
+        assert bound in text
+        text = text.replace(bound, bound.split(":")[0] + ": 5000\n")
+    support.write_text(text)
     return tmp_path
 
 
