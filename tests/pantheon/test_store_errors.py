@@ -111,6 +111,9 @@ def test_run_cannot_create_a_store_under_a_file(tmp_path: Path) -> None:
         (["validate", "{tmp}/nope.yaml"], "{tmp}/nope.yaml: cannot read the scenario: No such "
          "file or directory"),
         (["run", "{tmp}/dir"], "{tmp}/dir: is a directory, not a scenario file"),
+        (["run", "{tmp}/nope.yaml"], "{tmp}/nope.yaml: cannot read the scenario: No such file "
+         "or directory"),
+        (["validate", "{tmp}/dir"], "{tmp}/dir: is a directory, not a scenario file"),
     ],
 )  # fmt: skip
 def test_a_real_process_prints_one_line_and_no_traceback(
@@ -128,3 +131,20 @@ def test_a_real_process_prints_one_line_and_no_traceback(
     assert "Traceback" not in proc.stdout + proc.stderr
     lines = [x for x in (proc.stdout + proc.stderr).splitlines() if x.strip()]
     assert lines == [line.format(tmp=tmp_path)]
+
+
+def test_an_error_on_line_100_prints_as_text_not_an_emoji(tmp_path: Path) -> None:
+    """rich turns ``:100:`` into an emoji and ``[2]`` into markup; scenario errors are text."""
+    filler = "".join(f"# line {n}\n" for n in range(3, 100))
+    text = f"version: 1\nname: far\n{filler}rules:\n  spam[2]: x\n"
+    (tmp_path / "far.yaml").write_text(text, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", "validate", "far.yaml"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "far.yaml:100:1: rules: unknown key 'rules'" in proc.stderr
+    assert "\U0001f4af" not in proc.stderr and "Traceback" not in proc.stderr
