@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
                     s.id,
                     s.kind,
                     s.scenario or "-",
-                    _status(s.status),
+                    _status(s.status) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
                     _when(s.started),
                     "-" if s.duration is None else f"{s.duration:.2f}s",
                     str(counts.get(s.id, 0)),
