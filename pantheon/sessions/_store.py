@@ -880,6 +880,17 @@ class SessionStore:
             sql += " AND name GLOB ?"
             params += (name,)
         rows = self._query(sql + " ORDER BY seq", params, session=session_id)
+        for r in rows:
+            # Checked here, once, so a damaged result is a store error naming the file and
+            # not an exception inside whichever handler a replay serves it to.
+            if r[6] is not None and r[5] in (EFFECT_OK, EFFECT_REPR):
+                try:
+                    decode(r[6])
+                except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                    raise self._damaged(
+                        session_id,
+                        f"the result of effect {r[0]} ({r[4]}) cannot be decoded ({exc})",
+                    ) from exc
         return [StoredEffect(r[0], from_db(r[1]), *r[2:]) for r in rows]
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:

@@ -56,6 +56,8 @@ def _damage(path: Path, kind: str) -> None:
         "WHERE session = 'bad' AND seq = (SELECT min(seq) FROM envelopes WHERE session = 'bad')",
         "topic not utf-8": "UPDATE envelopes SET topic = CAST(x'fffe' AS TEXT) "
         "WHERE session = 'bad' AND seq = (SELECT min(seq) FROM envelopes WHERE session = 'bad')",
+        "effect result not msgpack": "UPDATE effects SET result = x'c1' "
+        "WHERE session = 'bad' AND seq = (SELECT min(seq) FROM effects WHERE session = 'bad')",
         "metrics not json": "INSERT INTO metrics VALUES ('bad', 999, 0, '{oops')",
     }[kind]
     conn = sqlite3.connect(path)
@@ -84,6 +86,7 @@ ROW_LEVEL = (
     "payload not msgpack",
     "payload not utf-8",
     "topic not utf-8",
+    "effect result not msgpack",
     "metrics not json",
 )
 #: (command, row-level corruption) -> exit code, where it is not 2: the command does its
@@ -104,6 +107,10 @@ STILL_WORKS = {
     ("dlq list", "metrics not json"): 0,
     ("replay", "metrics not json"): 0,
     ("diff", "metrics not json"): 0,
+    # Neither lists nor exports an effect's result.
+    ("dlq list", "effect result not msgpack"): 0,
+    ("dlq redrive", "effect result not msgpack"): 1,
+    ("export", "effect result not msgpack"): 0,
 }
 SKIP = {("monitor", k) for k in (*ROW_LEVEL, "table dropped") if k != "summary not json"}
 CASES = [
