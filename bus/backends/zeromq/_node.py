@@ -411,6 +411,7 @@ class ZmqTransport(Transport):
                 "replies_received",
                 "broker_lost",
                 "rejoined",
+                "stale_frames",
             ),
             0,
         )
@@ -770,6 +771,7 @@ class ZmqTransport(Transport):
             },
             "unsettled_frames": sum(len(p.unsettled) for p in self._peers.values()),
             "parked_frames": len(self._parked),
+            "links_in": len(self._links),
             "pending_requests": len(self._requests),
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
@@ -1265,7 +1267,9 @@ class ZmqTransport(Transport):
                 ident = parts[0]
                 link = self._links.get(ident)
                 if link is None:
-                    link = self._links[ident] = _Link(ident)
+                    link = self._new_link(ident)
+                    if link is None:
+                        continue
                 for i in range(1, len(parts)):
                     self._link_frame(link, parts[i])
             else:
@@ -1274,6 +1278,26 @@ class ZmqTransport(Transport):
             self._redrain(fd, server, self._drain_server)
         finally:
             self._serving = False
+
+    def _new_link(self, ident: bytes) -> _Link | None:
+        """The first frame of a link not seen before. A publisher names each link it makes
+        ``node/incarnation/n``, ``n`` counting up (see ``_connect``), and relinks only after
+        closing the old one, resending on the new link whatever the old one had not
+        settled. So a higher ``n`` from the same node run replaces the links before it: they
+        are dropped here, or the receiver would keep one per relink for the node's whole
+        life. A frame that still arrives on a replaced link (``None``) is dropped too; its
+        messages come again on the new one."""
+        prefix, _, number = ident.rpartition(b"/")
+        if prefix and number.isdigit():
+            n = int(number)
+            for other in [i for i in self._links if i.rpartition(b"/")[0] == prefix]:
+                other_n = other.rpartition(b"/")[2]
+                if other_n.isdigit() and int(other_n) > n:
+                    self._counts["stale_frames"] += 1
+                    return None
+                self._dirty_links.discard(self._links.pop(other))
+        link = self._links[ident] = _Link(ident)
+        return link
 
     def _link_frame(self, link: _Link, frame: bytes) -> None:
         counts = self._counts
