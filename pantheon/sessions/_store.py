@@ -194,6 +194,9 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 
+_TABLES = tuple(line.split()[5] for line in _SCHEMA.splitlines() if line.startswith("CREATE TABLE"))
+
+
 def to_db(i: int) -> int:
     """An envelope id as SQLite stores it. Ids are unsigned 64-bit (a random per-process base
     in the high bits) and SQLite integers are signed, so the top half wraps to negative."""
@@ -590,7 +593,24 @@ class SessionStore:
             raise SchemaVersionError(
                 self.path, found if found is not None else "none", SCHEMA_VERSION
             )
+        self._check_tables()
         self._add_columns()
+
+    def _check_tables(self) -> None:
+        """Refuse, at open, a store missing one of our tables (dropped by hand or a damaged
+        schema page): otherwise a read fails halfway and a run loses its record mid-way."""
+        try:
+            have = {
+                row[0]
+                for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a usable session store: {exc}") from exc
+        missing = [t for t in _TABLES if t not in have]
+        if missing:
+            raise StoreError(
+                f"{self.path} is a damaged session store: table {', '.join(missing)} is missing"
+            )
 
     def _add_columns(self) -> None:
         """Columns added since a version-1 store was first made: added in place, since an

@@ -172,7 +172,15 @@ def test_run_on_a_damaged_store(store: Path, kind: str) -> None:
     result = CliRunner().invoke(app, ["run", SCENARIO, "--store", str(store)])
     assert "Traceback" not in result.output
     assert result.exit_code == 2, result.output
-    # A store damaged under the run is found when the recorder writes: the recorder's
-    # "recording stopped" log event comes first, then the one error line.
-    errors = [line for line in result.output.splitlines() if line.startswith("error")]
-    assert len(errors) == 1 and str(store) in errors[0], result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and str(store) in lines[0], (
+        result.output
+    )
+
+
+def test_a_dropped_table_is_refused_at_open(store: Path) -> None:
+    _damage(store, "table dropped")
+    result = CliRunner().invoke(app, ["sessions", "list", "--store", str(store)])
+    assert result.output.strip() == (
+        f"error: {store} is a damaged session store: table envelopes is missing"
+    )
