@@ -394,6 +394,8 @@ class Bus:
         # background tasks emit_nowait leaves them in.
         self._sending = 0
         self._send_tasks: set[asyncio.Task[None]] = set()
+        # Workers of subscriptions their own handler removed, by the task that stops them.
+        self._retiring: dict[asyncio.Task[None], asyncio.Task[None]] = {}
         self._publisher_policy = publisher_breaker
         self._publisher_breakers: dict[str, CircuitBreaker] = {}
         self._publisher_open: dict[str, CircuitBreaker] = {}
@@ -453,6 +455,8 @@ class Bus:
         self._running = False
         self._closed = True
         workers = [t for sub in self._subs.values() for t in sub.workers]
+        for retire, worker in list(self._retiring.items()):
+            workers += (retire, worker)
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -560,6 +564,13 @@ class Bus:
         sub = self._subs.get(name)
         if sub is None or name in self._leaving:
             raise KeyError(f"no subscription named {name!r}")
+        # Called from one of this subscription's own handlers, off() runs inside that worker:
+        # its message stays in flight until off() returns, so waiting for it, or cancelling
+        # and awaiting its task, would never end (and would hang drain()). That worker is
+        # left to finish its message and is stopped once it is idle (_retire).
+        own = asyncio.current_task()
+        if own not in sub.workers:
+            own = None
         self._index.remove(sub.pattern, sub)
         self._leaving[name] = sub
         self._routes_changed()
@@ -567,16 +578,36 @@ class Bus:
         try:
             if self._running:
                 await self.transport.sync()
-            while sub.size or sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+            while sub.size or sub.in_flight > (own is not None):  # noqa: ASYNC110 - rare path
                 await asyncio.sleep(0.001)
         finally:
             del self._leaving[name]
             self._routes_changed()
-        for task in sub.workers:
+        others = [task for task in sub.workers if task is not own]
+        for task in others:
             task.cancel()
-        await asyncio.gather(*sub.workers, return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         sub.workers.clear()
         del self._subs[name]
+        if own is not None:
+            self._retire(sub, cast("asyncio.Task[None]", own))
+
+    def _retire(self, sub: Subscription, worker: asyncio.Task[None]) -> None:
+        """Stop ``worker``, whose handler unsubscribed its own subscription, once it has
+        finished that message. aclose() stops it sooner if the bus closes first."""
+
+        async def retire() -> None:
+            try:
+                while sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+                    await asyncio.sleep(0.001)
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+            finally:
+                self._retiring.pop(task, None)
+
+        assert self._loop is not None
+        task = self._loop.create_task(retire(), name=f"bus:{sub.name}:retire")
+        self._retiring[task] = worker
 
     def subscriptions(self) -> dict[str, Subscription]:
         return dict(self._subs)
@@ -623,6 +654,11 @@ class Bus:
     def _envelope(
         self, topic: str, payload: Any, priority: int, cause: Envelope | None
     ) -> Envelope:
+        # Before anything is counted or recorded: 3 would raise IndexError in a mailbox after
+        # the publish was counted, and -1 would be filed silently as NORMAL. One chained
+        # comparison of two ints; every emit path builds its envelope here.
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {priority!r}")
         worker = _current.get()
         if cause is None and worker is not None:
             cause = worker.env
@@ -710,6 +746,8 @@ class Bus:
 
     async def publish(self, env: Envelope) -> None:
         """Publish an envelope built elsewhere (a replay, a redrive) as it is."""
+        if not 0 <= env.priority <= 2:
+            raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {env.priority!r}")
         blocked = self._dispatch(env)
         if blocked:
             await self._wait_blocked(env, blocked)
