@@ -753,13 +753,19 @@ class Bus:
             await self._wait_blocked(env, blocked)
 
     def _dispatch(
-        self, env: Envelope, only: Collection[str] | None = None
+        self,
+        env: Envelope,
+        only: tuple[Subscription, ...] | None = None,
+        *,
+        redrive: bool = False,
     ) -> list[Subscription] | None:
         """Offer ``env`` to its subscribers; return those whose mailbox was full and block.
 
-        ``only`` limits delivery to the named subscriptions (a redrive, which is not sent to
-        other buses). ``_REMOTE`` in the result: the transport had no credit. Messages from
-        other buses take :meth:`_inbound` instead."""
+        ``only`` limits delivery to those of the topic's subscriptions. A ``redrive`` is not
+        sent to other buses and skips filters and sampling: the message was chosen once
+        already, and declining it now would lose it (it left the DLQ as ``filtered``).
+        ``_REMOTE`` in the result: the transport had no credit. Messages from other buses
+        take :meth:`_inbound` instead."""
         topic = env.topic
         route = self._routes.get(topic)
         if route is None:
@@ -783,9 +789,7 @@ class Bus:
                 listener(env)
         blocked = None
         rejected = None
-        for sub in route.subs:
-            if only is not None and sub.name not in only:
-                continue
+        for sub in route.subs if only is None else only:
             if sub.plain and sub.size < sub.max_queue:
                 # _enqueue, inlined: this is the path nearly every delivery takes.
                 sub.queues[env.priority].append(env)
@@ -797,7 +801,7 @@ class Bus:
                     if not fut.done():
                         fut.set_result(None)
                 continue
-            verdict = self._offer(sub, env)
+            verdict = self._admit(sub, env) if redrive else self._offer(sub, env)
             if verdict == "block":
                 if blocked is None:
                     blocked = []
@@ -806,7 +810,7 @@ class Bus:
                 if rejected is None:
                     rejected = []
                 rejected.append(sub)
-        if route.remote and only is None and not self.transport.try_send(env):
+        if route.remote and not redrive and not self.transport.try_send(env):
             if blocked is None:
                 blocked = []
             blocked.append(_REMOTE)
@@ -843,6 +847,10 @@ class Bus:
                 sub.filtered += 1
                 return None
             sub.sample_acc -= 1.0
+        return self._admit(sub, env)
+
+    def _admit(self, sub: Subscription, env: Envelope) -> str | None:
+        """Overflow, then the mailbox: :meth:`_offer` past the filter and the sample."""
         if sub.size >= sub.max_queue:
             if sub.overflow == "shed" and self._shed(sub, env):
                 return None
@@ -1386,7 +1394,7 @@ class Bus:
         # The dead letter already left the subscription's accounting; taking it back is a
         # new publish to that one subscription. Uncount it only once the mailbox took it: a
         # refusal (QueueFullError) leaves the entry listed, so it must stay counted.
-        blocked = self._dispatch(entry.envelope, only=(sub.name,))
+        blocked = self._dispatch(entry.envelope, (sub,), redrive=True)
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
         sub.dead_lettered -= entry.reason != "shed"
