@@ -1438,7 +1438,26 @@ class Bus:
             # (``rejected``). No publisher breaker guards these topics (see _publisher_failed),
             # so a report is never failed fast nor feeds another report.
             with contextlib.suppress(QueueFullError):
-                self.emit_nowait(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH)
+                self._report(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, breaker)
+
+    def _report(self, topic: str, payload: dict[str, Any], breaker: CircuitBreaker) -> None:
+        """Publish a breaker's report, as ``emit_nowait`` would, to every subscriber but the
+        one whose breaker it is. A failing catch-all handler (``*``) fed its own reports
+        would make each one a failing call, or a failing half-open probe: trip, report,
+        trip, thousands of times a second, and a drain that never ends."""
+        env = self._envelope(topic, payload, Priority.HIGH, None)
+        route = self._routes.get(topic) or self._route(topic)
+        own = self._subs.get(breaker.name)
+        only = None
+        if own is not None and own.breaker is breaker and own in route.subs:
+            only = tuple(sub for sub in route.subs if sub is not own)
+        blocked = self._dispatch(env, only)
+        if blocked:
+            if _REMOTE in blocked:
+                blocked = [sub for sub in blocked if sub is not _REMOTE]
+                self._send_later(env)
+            if blocked:
+                self._refuse(env, blocked)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""

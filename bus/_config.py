@@ -70,7 +70,8 @@ class BreakerPolicy:
     It opens after ``consecutive_failures`` failures in a row, or when at least ``min_calls``
     of the last ``window`` calls were made and the failure rate among them reaches
     ``failure_rate``. After ``cooldown`` seconds it half-opens and lets ``probes`` calls
-    through; they close it if all succeed and reopen it on the first failure.
+    through; they close it if all succeed and reopen it on the first failure. ``cooldown``
+    must be positive.
     """
 
     consecutive_failures: int = 5
@@ -87,8 +88,12 @@ class BreakerPolicy:
             raise ValueError(
                 f"BreakerPolicy.failure_rate must be in (0, 1], got {self.failure_rate}"
             )
-        if self.cooldown < 0 or self.probes < 1:
-            raise ValueError("BreakerPolicy.cooldown must be >= 0 and probes >= 1")
+        # A zero cooldown half-opens at once: a breaker that keeps failing then trips as fast
+        # as messages arrive and never sheds any load.
+        if not self.cooldown > 0:
+            raise ValueError(f"BreakerPolicy.cooldown must be > 0, got {self.cooldown}")
+        if self.probes < 1:
+            raise ValueError(f"BreakerPolicy.probes must be >= 1, got {self.probes}")
 
 
 DEFAULT_BREAKER = BreakerPolicy()

@@ -510,7 +510,7 @@ class BreakerConfig(_Model):
     failure_rate: Annotated[float, Field(gt=0, le=1)] = bus.DEFAULT_BREAKER.failure_rate
     window: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.window
     min_calls: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.min_calls
-    cooldown: Annotated[float, Field(ge=0)] = bus.DEFAULT_BREAKER.cooldown
+    cooldown: Annotated[float, Field(gt=0)] = bus.DEFAULT_BREAKER.cooldown
     probes: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.probes
 
     @model_validator(mode="after")

@@ -433,3 +433,37 @@ def test_breaker_policy_validation() -> None:
     ):
         with pytest.raises(ValueError):
             BreakerPolicy(**bad)
+
+
+def test_a_zero_cooldown_is_refused() -> None:
+    with pytest.raises(ValueError, match="cooldown"):
+        BreakerPolicy(cooldown=0)
+
+
+@pytest.mark.parametrize("pattern", ["*", "*.*", "[st]*"])
+async def test_a_breaker_report_never_feeds_its_own_breaker(pattern: str) -> None:
+    """A failing catch-all handler receives its own breaker's reports. Fed back, each report
+    is a failing half-open probe (with a tiny cooldown on the real clock): thousands of trips a
+    second and a drain that never ends."""
+    calls: list[str] = []
+
+    async def fail(env: Envelope) -> None:
+        calls.append(env.topic)
+        raise RuntimeError("down")
+
+    async with Bus() as bus:
+        bus.on(
+            pattern,
+            fail,
+            name="sub",
+            breaker=BreakerPolicy(consecutive_failures=1, cooldown=1e-9),
+        )
+        with capture_events(bus, "system.breaker.sub") as reports:
+            await bus.emit("t.x", 1)
+            async with asyncio.timeout(2):
+                await bus.drain()
+        assert calls == ["t.x"]
+        assert bus.breaker("sub").trips == 1
+        assert len(reports) == 1
+        # Reports are still delivered to every other subscription.
+        assert [e.subscriber for e in bus.dlq.entries()] == ["sub"]
