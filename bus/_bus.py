@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from fnmatch import fnmatchcase
 from typing import Any, NoReturn, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
-from bus._breaker import CLOSED, CircuitBreaker
+from bus._breaker import CLOSED, HALF_OPEN, CircuitBreaker
 from bus._clock import Clock, SystemClock
 from bus._config import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -1318,6 +1318,8 @@ class Bus:
         sub.in_flight -= 1
         sub.dead_lettered += 1
         self._outstanding -= 1
+        if sub.breaker.state is HALF_OPEN:
+            sub.breaker.release()  # a cancelled probe has no outcome: free its slot
         self.dlq.add(env, sub.name, "bus_closed")
         self._fail_request(env, BusClosedError(f"subscription {sub.name!r} closed"))
         if not self._outstanding and self._drain_waiters:
