@@ -50,6 +50,7 @@ from bus._envelope import Envelope, next_id
 from bus._errors import (
     BusClosedError,
     CircuitOpenError,
+    EncodeError,
     NoRouteError,
     QueueFullError,
     RequestTimeout,
@@ -1112,7 +1113,8 @@ class Bus:
             await self._send_remote(env)
         except Exception as exc:
             # Nobody awaits this task: the message goes to the DLQ rather than vanishing.
-            self.dlq.add(env, "<remote>", "transport_error", exc, traceback.format_exc())
+            reason = "encode_error" if isinstance(exc, EncodeError) else "transport_error"
+            self.dlq.add(env, "<remote>", reason, exc, traceback.format_exc())
 
     # -- request / reply -------------------------------------------------------------------
 
