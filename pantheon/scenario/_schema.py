@@ -510,8 +510,9 @@ class BreakerConfig(_Model):
     failure_rate: Annotated[float, Field(gt=0, le=1)] = bus.DEFAULT_BREAKER.failure_rate
     window: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.window
     min_calls: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.min_calls
-    cooldown: Annotated[float, Field(ge=0)] = bus.DEFAULT_BREAKER.cooldown
+    cooldown: Annotated[float, Field(gt=0)] = bus.DEFAULT_BREAKER.cooldown
     probes: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.probes
+    probe_timeout: Annotated[float, Field(gt=0)] = bus.DEFAULT_BREAKER.probe_timeout
 
     @model_validator(mode="after")
     def _reachable(self) -> BreakerConfig:
@@ -531,6 +532,7 @@ class BreakerConfig(_Model):
             min_calls=self.min_calls,
             cooldown=self.cooldown,
             probes=self.probes,
+            probe_timeout=self.probe_timeout,
         )
 
 
