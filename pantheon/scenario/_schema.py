@@ -14,6 +14,7 @@ import json
 import os
 import re
 import typing
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
@@ -188,10 +189,19 @@ _Transport = Annotated[
 def _compile(value: Any) -> Any:
     """Compile a rule now, so a bad regex fails at load time with its index, not mid-run."""
     if isinstance(value, str):
-        try:
-            return re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        # `re` warns (FutureWarning) about a pattern whose meaning a later Python changes,
+        # such as `[[`: a rule that may match something else tomorrow is reported now, and
+        # never escapes as a warning turned error under `-W error`.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                return re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+            except Warning as exc:
+                raise ValueError(
+                    f"ambiguous regular expression {value!r}: {exc} (escape it: \\[)"
+                ) from None
     return value
 
 
