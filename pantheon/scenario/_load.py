@@ -165,8 +165,8 @@ def parse_scenario(
             raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
         except _TooDeep as exc:
             mark = exc.node.start_mark
-            problem = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
-            raise ScenarioError([problem]) from None
+            deep = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
+            raise ScenarioError([deep]) from None
         data = loader.construct_document(root)
     except _Refused as exc:
         mark = exc.problem_mark

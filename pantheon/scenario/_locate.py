@@ -82,6 +82,11 @@ MAX_SCENARIO_BYTES = 1024 * 1024
 MAX_SCENARIO_DEPTH = 100
 
 
+#: Characters an integer may be written with. Python refuses to convert decimal strings of
+#: over 4,300 digits, and to print ints that long; no setting needs more than twenty.
+_MAX_INT_CHARS = 1000
+
+
 class _Refused(yaml.MarkedYAMLError):
     """YAML that parses but that a scenario may not contain (too deep, an integer too long to
     convert, an impossible date); its ``problem`` is the whole message, at ``problem_mark``."""
@@ -106,18 +111,23 @@ class _MarkingLoader(yaml.SafeLoader):
         try:
             if self._depth > MAX_SCENARIO_DEPTH:
                 raise _Refused(_too_deep(), self.peek_event().start_mark)
-            return super().compose_node(parent, index)  # type: ignore[no-any-return]
+            return super().compose_node(parent, index)
         finally:
             self._depth -= 1
 
     def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        text = node.value if isinstance(node.value, str) else ""
+        if node.tag == "tag:yaml.org,2002:int" and len(text) > _MAX_INT_CHARS:
+            # Refused before conversion: 5,000 hex digits convert, but the value then has
+            # too many decimal digits for any message that shows it (a ValueError again).
+            message = f"an integer of {len(text)} characters is too long to read as a number"
+            raise _Refused(message, node.start_mark)
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:
-            text = node.value if isinstance(node.value, str) else ""
             kind = node.tag.rsplit(":", 1)[-1]
-            if kind == "int" and len(text) > 100:
-                message = f"an integer of {len(text)} characters is too long to read as a number"
+            if kind == "int":
+                message = f"{text[:40]!r} is not an integer YAML can read: {exc}"
             else:
                 shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
                 message = f"cannot read {shown!r} as {kind}: {exc}"

@@ -112,6 +112,13 @@ def test_a_100000_digit_integer_is_located() -> None:
     assert "set_int_max_str_digits" not in message
 
 
+@pytest.mark.parametrize("digits", ["0x" + "f" * 5000, "1" * 4300, "-" + "1" * 2000])
+def test_an_integer_too_long_to_print_is_located(digits: str) -> None:
+    # 5,000 hex digits convert, but 6,000 decimal ones are too many to put in a message.
+    line, _, _, message = only_problem(f"version: {digits}\nname: t\n")
+    assert line == 1 and "too long" in message
+
+
 def test_an_impossible_date_is_located() -> None:
     line, column, _, message = only_problem("version: 1\nname: t\ndescription: 2020-13-45\n")
     assert (line, column) == (3, 14)
