@@ -172,6 +172,9 @@ BOUNDS = [
     ("transport.heartbeat", 61, 60),
     ("transport.liveness", 101, 100),
     ("seed", 2**63, 2**63 - 1),
+    ("agents.learner.settings.window", 10_001, 10_000),
+    ("agents.memory.settings.history", 100_001, 100_000),
+    ("agents.monitor.settings.interval", ".inf", 3600),
 ]
 
 
