@@ -311,6 +311,11 @@ class Agent:
 
     role: ClassVar[str] = "agent"
     subscriptions: tuple[str, ...] = ()
+    #: Fault keys whose try count :meth:`inject` remembers, least recently drawn forgotten
+    #: first: a long run holds at most this many (one per message otherwise, for ever). A
+    #: retry comes within moments, so it still finds its key; one that comes after this many
+    #: newer keys counts from 1 again, a draw as deterministic as any other.
+    fault_draw_keys: ClassVar[int] = 4096
     Settings: ClassVar[type[AgentSettings]] = AgentSettings
 
     def __init__(
@@ -331,7 +336,7 @@ class Agent:
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
         self._usage = UsageMeter()
         self.seed = seed
-        self._draws: Counter[str] = Counter()
+        self._draws: OrderedDict[str, int] = OrderedDict()  # bounded: see fault_draw_keys
         self._timeline = FaultTimeline(time.time())
         self._inputs = _InputCounter(0)
         if isinstance(settings, self.Settings):
@@ -455,12 +460,17 @@ class Agent:
         The draw depends only on (seed, agent, key, how many times this key was tried), not on
         the order messages happen to interleave, so the same seed fails the same calls, and a
         retry of a failed call gets a fresh draw. It goes through an effect, so a replay fails
-        exactly where the recording did."""
+        exactly where the recording did. The counts are bounded: see ``fault_draw_keys``."""
         if fault.latency_ms:
             await asyncio.sleep(fault.latency_ms / 1000)
         if fault.failure_rate:
-            self._draws[key] += 1
-            tag = f"{self.seed}/{self.name}/{key}/{self._draws[key]}"
+            draws = self._draws
+            tries = draws.get(key, 0) + 1
+            draws[key] = tries
+            draws.move_to_end(key)
+            if len(draws) > self.fault_draw_keys:
+                draws.popitem(last=False)
+            tag = f"{self.seed}/{self.name}/{key}/{tries}"
             draw = await self.effect("fault.draw", lambda: random.Random(tag).random())
             if draw < fault.failure_rate:
                 raise InjectedFault(

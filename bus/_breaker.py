@@ -5,7 +5,10 @@ it opens on ``consecutive_failures`` in a row or when the failure rate over a wi
 least ``min_calls`` reaches ``failure_rate``. Open, it refuses every call until ``cooldown``
 has passed on the clock; then it half-opens and admits ``probes`` calls (never every waiter:
 calls beyond the probe budget are refused as if open). All probes succeeding closes it; one
-probe failing reopens it for another cooldown.
+probe failing reopens it for another cooldown, and so does a probe still unsettled
+``probe_timeout`` after it was admitted (checked when a call is refused for want of a probe
+slot, so a hung probe costs nothing until it matters). A probe abandoned without an outcome
+(its task cancelled) gives its slot back with :meth:`CircuitBreaker.release`.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class CircuitBreaker:
         "_on_change",
         "_opened_at",
         "_outcomes",
+        "_probe_deadline",
         "clock",
         "dirty",
         "name",
@@ -69,6 +73,7 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._half_open_calls = 0
         self._half_open_ok = 0
+        self._probe_deadline = 0.0
 
     # -- admission -------------------------------------------------------------------------
 
@@ -88,9 +93,23 @@ class CircuitBreaker:
                 return False
             self._transition(HALF_OPEN, "cooldown elapsed")
         if self._half_open_calls < self.policy.probes:
+            if not self._half_open_calls:
+                self._probe_deadline = self.clock.now() + self.policy.probe_timeout
             self._half_open_calls += 1
             return True
+        if self.clock.now() >= self._probe_deadline:
+            # A probe that hangs would otherwise hold its slot, and the breaker half-open
+            # refusing everything, forever.
+            self._transition(OPEN, f"probe unsettled after {self.policy.probe_timeout}s")
         return False
+
+    def release(self) -> None:
+        """Give back the probe slot of a call that ends with no outcome (it was cancelled):
+        neither a success nor a failure, so the next call may probe instead."""
+        if self.state == HALF_OPEN and self._half_open_calls > self._half_open_ok:
+            self._half_open_calls -= 1
+            if not self._half_open_calls:
+                self._probe_deadline = 0.0
 
     def acquire(self) -> None:
         """Like :meth:`try_acquire` but raises :class:`CircuitOpenError` when refused."""

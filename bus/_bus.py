@@ -32,7 +32,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from fnmatch import fnmatchcase
 from typing import Any, NoReturn, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
-from bus._breaker import CLOSED, CircuitBreaker
+from bus._breaker import CLOSED, HALF_OPEN, CircuitBreaker
 from bus._clock import Clock, SystemClock
 from bus._config import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -50,6 +50,7 @@ from bus._envelope import Envelope, next_id
 from bus._errors import (
     BusClosedError,
     CircuitOpenError,
+    EncodeError,
     NoRouteError,
     QueueFullError,
     RequestTimeout,
@@ -394,6 +395,8 @@ class Bus:
         # background tasks emit_nowait leaves them in.
         self._sending = 0
         self._send_tasks: set[asyncio.Task[None]] = set()
+        # Workers of subscriptions their own handler removed, by the task that stops them.
+        self._retiring: dict[asyncio.Task[None], asyncio.Task[None]] = {}
         self._publisher_policy = publisher_breaker
         self._publisher_breakers: dict[str, CircuitBreaker] = {}
         self._publisher_open: dict[str, CircuitBreaker] = {}
@@ -453,6 +456,8 @@ class Bus:
         self._running = False
         self._closed = True
         workers = [t for sub in self._subs.values() for t in sub.workers]
+        for retire, worker in list(self._retiring.items()):
+            workers += (retire, worker)
         for task in workers:
             task.cancel()
         await asyncio.gather(*workers, return_exceptions=True)
@@ -560,6 +565,13 @@ class Bus:
         sub = self._subs.get(name)
         if sub is None or name in self._leaving:
             raise KeyError(f"no subscription named {name!r}")
+        # Called from one of this subscription's own handlers, off() runs inside that worker:
+        # its message stays in flight until off() returns, so waiting for it, or cancelling
+        # and awaiting its task, would never end (and would hang drain()). That worker is
+        # left to finish its message and is stopped once it is idle (_retire).
+        own = asyncio.current_task()
+        if own not in sub.workers:
+            own = None
         self._index.remove(sub.pattern, sub)
         self._leaving[name] = sub
         self._routes_changed()
@@ -567,16 +579,36 @@ class Bus:
         try:
             if self._running:
                 await self.transport.sync()
-            while sub.size or sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+            while sub.size or sub.in_flight > (own is not None):  # noqa: ASYNC110 - rare path
                 await asyncio.sleep(0.001)
         finally:
             del self._leaving[name]
             self._routes_changed()
-        for task in sub.workers:
+        others = [task for task in sub.workers if task is not own]
+        for task in others:
             task.cancel()
-        await asyncio.gather(*sub.workers, return_exceptions=True)
+        await asyncio.gather(*others, return_exceptions=True)
         sub.workers.clear()
         del self._subs[name]
+        if own is not None:
+            self._retire(sub, cast("asyncio.Task[None]", own))
+
+    def _retire(self, sub: Subscription, worker: asyncio.Task[None]) -> None:
+        """Stop ``worker``, whose handler unsubscribed its own subscription, once it has
+        finished that message. aclose() stops it sooner if the bus closes first."""
+
+        async def retire() -> None:
+            try:
+                while sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+                    await asyncio.sleep(0.001)
+                worker.cancel()
+                await asyncio.gather(worker, return_exceptions=True)
+            finally:
+                self._retiring.pop(task, None)
+
+        assert self._loop is not None
+        task = self._loop.create_task(retire(), name=f"bus:{sub.name}:retire")
+        self._retiring[task] = worker
 
     def subscriptions(self) -> dict[str, Subscription]:
         return dict(self._subs)
@@ -623,6 +655,11 @@ class Bus:
     def _envelope(
         self, topic: str, payload: Any, priority: int, cause: Envelope | None
     ) -> Envelope:
+        # Before anything is counted or recorded: 3 would raise IndexError in a mailbox after
+        # the publish was counted, and -1 would be filed silently as NORMAL. One chained
+        # comparison of two ints; every emit path builds its envelope here.
+        if not 0 <= priority <= 2:
+            raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {priority!r}")
         worker = _current.get()
         if cause is None and worker is not None:
             cause = worker.env
@@ -710,18 +747,26 @@ class Bus:
 
     async def publish(self, env: Envelope) -> None:
         """Publish an envelope built elsewhere (a replay, a redrive) as it is."""
+        if not 0 <= env.priority <= 2:
+            raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {env.priority!r}")
         blocked = self._dispatch(env)
         if blocked:
             await self._wait_blocked(env, blocked)
 
     def _dispatch(
-        self, env: Envelope, only: Collection[str] | None = None
+        self,
+        env: Envelope,
+        only: tuple[Subscription, ...] | None = None,
+        *,
+        redrive: bool = False,
     ) -> list[Subscription] | None:
         """Offer ``env`` to its subscribers; return those whose mailbox was full and block.
 
-        ``only`` limits delivery to the named subscriptions (a redrive, which is not sent to
-        other buses). ``_REMOTE`` in the result: the transport had no credit. Messages from
-        other buses take :meth:`_inbound` instead."""
+        ``only`` limits delivery to those of the topic's subscriptions. A ``redrive`` is not
+        sent to other buses and skips filters and sampling: the message was chosen once
+        already, and declining it now would lose it (it left the DLQ as ``filtered``).
+        ``_REMOTE`` in the result: the transport had no credit. Messages from other buses
+        take :meth:`_inbound` instead."""
         topic = env.topic
         route = self._routes.get(topic)
         if route is None:
@@ -745,9 +790,7 @@ class Bus:
                 listener(env)
         blocked = None
         rejected = None
-        for sub in route.subs:
-            if only is not None and sub.name not in only:
-                continue
+        for sub in route.subs if only is None else only:
             if sub.plain and sub.size < sub.max_queue:
                 # _enqueue, inlined: this is the path nearly every delivery takes.
                 sub.queues[env.priority].append(env)
@@ -759,7 +802,7 @@ class Bus:
                     if not fut.done():
                         fut.set_result(None)
                 continue
-            verdict = self._offer(sub, env)
+            verdict = self._admit(sub, env) if redrive else self._offer(sub, env)
             if verdict == "block":
                 if blocked is None:
                     blocked = []
@@ -768,7 +811,7 @@ class Bus:
                 if rejected is None:
                     rejected = []
                 rejected.append(sub)
-        if route.remote and only is None and not self.transport.try_send(env):
+        if route.remote and not redrive and not self.transport.try_send(env):
             if blocked is None:
                 blocked = []
             blocked.append(_REMOTE)
@@ -805,6 +848,10 @@ class Bus:
                 sub.filtered += 1
                 return None
             sub.sample_acc -= 1.0
+        return self._admit(sub, env)
+
+    def _admit(self, sub: Subscription, env: Envelope) -> str | None:
+        """Overflow, then the mailbox: :meth:`_offer` past the filter and the sample."""
         if sub.size >= sub.max_queue:
             if sub.overflow == "shed" and self._shed(sub, env):
                 return None
@@ -1066,7 +1113,8 @@ class Bus:
             await self._send_remote(env)
         except Exception as exc:
             # Nobody awaits this task: the message goes to the DLQ rather than vanishing.
-            self.dlq.add(env, "<remote>", "transport_error", exc, traceback.format_exc())
+            reason = "encode_error" if isinstance(exc, EncodeError) else "transport_error"
+            self.dlq.add(env, "<remote>", reason, exc, traceback.format_exc())
 
     # -- request / reply -------------------------------------------------------------------
 
@@ -1272,6 +1320,8 @@ class Bus:
         sub.in_flight -= 1
         sub.dead_lettered += 1
         self._outstanding -= 1
+        if sub.breaker.state is HALF_OPEN:
+            sub.breaker.release()  # a cancelled probe has no outcome: free its slot
         self.dlq.add(env, sub.name, "bus_closed")
         self._fail_request(env, BusClosedError(f"subscription {sub.name!r} closed"))
         if not self._outstanding and self._drain_waiters:
@@ -1348,7 +1398,7 @@ class Bus:
         # The dead letter already left the subscription's accounting; taking it back is a
         # new publish to that one subscription. Uncount it only once the mailbox took it: a
         # refusal (QueueFullError) leaves the entry listed, so it must stay counted.
-        blocked = self._dispatch(entry.envelope, only=(sub.name,))
+        blocked = self._dispatch(entry.envelope, (sub,), redrive=True)
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
         sub.dead_lettered -= entry.reason != "shed"
@@ -1392,7 +1442,26 @@ class Bus:
             # (``rejected``). No publisher breaker guards these topics (see _publisher_failed),
             # so a report is never failed fast nor feeds another report.
             with contextlib.suppress(QueueFullError):
-                self.emit_nowait(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH)
+                self._report(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, breaker)
+
+    def _report(self, topic: str, payload: dict[str, Any], breaker: CircuitBreaker) -> None:
+        """Publish a breaker's report, as ``emit_nowait`` would, to every subscriber but the
+        one whose breaker it is. A failing catch-all handler (``*``) fed its own reports
+        would make each one a failing call, or a failing half-open probe: trip, report,
+        trip, thousands of times a second, and a drain that never ends."""
+        env = self._envelope(topic, payload, Priority.HIGH, None)
+        route = self._routes.get(topic) or self._route(topic)
+        own = self._subs.get(breaker.name)
+        only = None
+        if own is not None and own.breaker is breaker and own in route.subs:
+            only = tuple(sub for sub in route.subs if sub is not own)
+        blocked = self._dispatch(env, only)
+        if blocked:
+            if _REMOTE in blocked:
+                blocked = [sub for sub in blocked if sub is not _REMOTE]
+                self._send_later(env)
+            if blocked:
+                self._refuse(env, blocked)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""

@@ -70,7 +70,13 @@ class BreakerPolicy:
     It opens after ``consecutive_failures`` failures in a row, or when at least ``min_calls``
     of the last ``window`` calls were made and the failure rate among them reaches
     ``failure_rate``. After ``cooldown`` seconds it half-opens and lets ``probes`` calls
-    through; they close it if all succeed and reopen it on the first failure.
+    through; they close it if all succeed and reopen it on the first failure. ``cooldown``
+    must be positive.
+
+    A probe that has neither succeeded nor failed ``probe_timeout`` seconds after the breaker
+    admitted it (a hung handler) counts as failed: the next call the breaker is asked about
+    reopens it for another cooldown, instead of finding it half-open with no probe slot left
+    forever. The default, 30 s, is well past any healthy handler; lower it for fast ones.
     """
 
     consecutive_failures: int = 5
@@ -79,6 +85,7 @@ class BreakerPolicy:
     min_calls: int = 10
     cooldown: float = 5.0
     probes: int = 1
+    probe_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.consecutive_failures < 1 or self.window < 1 or self.min_calls < 1:
@@ -87,8 +94,14 @@ class BreakerPolicy:
             raise ValueError(
                 f"BreakerPolicy.failure_rate must be in (0, 1], got {self.failure_rate}"
             )
-        if self.cooldown < 0 or self.probes < 1:
-            raise ValueError("BreakerPolicy.cooldown must be >= 0 and probes >= 1")
+        # A zero cooldown half-opens at once: a breaker that keeps failing then trips as fast
+        # as messages arrive and never sheds any load.
+        if not self.cooldown > 0:
+            raise ValueError(f"BreakerPolicy.cooldown must be > 0, got {self.cooldown}")
+        if self.probes < 1:
+            raise ValueError(f"BreakerPolicy.probes must be >= 1, got {self.probes}")
+        if not self.probe_timeout > 0:
+            raise ValueError(f"BreakerPolicy.probe_timeout must be > 0, got {self.probe_timeout}")
 
 
 DEFAULT_BREAKER = BreakerPolicy()

@@ -113,7 +113,8 @@ class DeadLetterQueue:
         """Re-publish entries to the subscription that failed them; returns how many went.
 
         An entry leaves the queue only once its subscription took it back; one whose
-        subscription is gone stays listed.
+        subscription is gone stays listed. Redriven messages skip the subscription's filter
+        and sampling (they were chosen once already) but not its overflow policy.
         """
         ids = list(self._entries) if entry_ids is None else list(entry_ids)
         done = 0

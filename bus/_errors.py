@@ -5,7 +5,8 @@
     BusError
     ├── PublishError                  the message was not accepted for every subscriber
     │   ├── QueueFullError            a mailbox stayed full (reject, or block timed out)
-    │   └── NoRouteError              a request found nobody to answer it
+    │   ├── NoRouteError              a request found nobody to answer it
+    │   └── EncodeError               the payload cannot be encoded for the wire
     ├── CircuitOpenError              a breaker is open; ``retry_after`` says for how long
     ├── RequestTimeout                no reply arrived within the timeout
     ├── BusClosedError                the bus is closed or not started
@@ -18,6 +19,7 @@ __all__ = [
     "BusClosedError",
     "BusError",
     "CircuitOpenError",
+    "EncodeError",
     "NoRouteError",
     "PublishError",
     "QueueFullError",
@@ -49,6 +51,17 @@ class QueueFullError(PublishError):
 
 class NoRouteError(PublishError):
     """A request was made on a topic that no subscription matches."""
+
+
+class EncodeError(PublishError):
+    """A message could not be encoded for another process and was refused, alone.
+
+    Any failure of the encoder counts: a cyclic or too deeply nested payload
+    (``RecursionError``), an object msgpack cannot carry (``TypeError``), an integer out of
+    its range (``OverflowError``), a bad value (``ValueError``). Raised to the publisher when
+    the encoding happens on its call; otherwise the message is dead-lettered with the
+    reason ``encode_error``. Other messages, before and after, are not affected.
+    """
 
 
 class CircuitOpenError(BusError):

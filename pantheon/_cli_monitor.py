@@ -78,7 +78,9 @@ def register(app: typer.Typer) -> None:
         try:
             target, feed = _pick(st, session)
             info = st.session(target)
-            team = _load_setup(setup, info.scenario_text, info.scenario_dir)
+            team = _load_setup(
+                setup, info.scenario_text, info.scenario_dir, session=f"session {info.id} in {path}"
+            )
         except SessionError as exc:
             raise _err(str(exc)) from None
         finally:

@@ -109,10 +109,20 @@ def _dump(obj: Any) -> None:
 
 
 def _load_setup(
-    spec: str | None, scenario_text: str | None, scenario_dir: str | None = None
+    spec: str | None,
+    scenario_text: str | None,
+    scenario_dir: str | None = None,
+    *,
+    session: str = "the session",
 ) -> Setup:
     """The team for a replay/redrive: ``spec``'s factory, or the one the scenario names
-    (its own modules imported from ``scenario_dir``, where it was loaded from)."""
+    (its own modules imported from ``scenario_dir``, where it was loaded from).
+    ``session`` names the session in the error when there is no scenario to rebuild."""
+    if spec is None and not scenario_text:
+        raise _err(
+            f"{session} has no scenario text, so its team cannot be rebuilt from the record: "
+            "pass --setup MODULE:FACTORY"
+        )
     if spec is None:
         from pantheon._team import team_setup
         from pantheon.scenario import ScenarioError
@@ -230,7 +240,7 @@ def register(app: typer.Typer) -> None:
                     s.id,
                     s.kind,
                     s.scenario or "-",
-                    _status(s.status),
+                    _status(s.status) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
                     _when(s.started),
                     "-" if s.duration is None else f"{s.duration:.2f}s",
                     str(counts.get(s.id, 0)),
@@ -331,7 +341,9 @@ def register(app: typer.Typer) -> None:
         was delivered (or there was none), 1 when any failed again or was skipped."""
         with _open(store) as st:
             info = st.session(session)
-            team = _load_setup(setup, info.scenario_text, info.scenario_dir)
+            team = _load_setup(
+                setup, info.scenario_text, info.scenario_dir, session=_named(info, st)
+            )
             report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
         if as_json:
             _dump(report.to_dict())
@@ -460,7 +472,9 @@ def register(app: typer.Typer) -> None:
                     "Replay a single-process run of the same scenario instead."
                 )
             telemetry = _telemetry()
-            team = telemetry.wrap_setup(_load_setup(setup, info.scenario_text, info.scenario_dir))
+            team = telemetry.wrap_setup(
+                _load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
+            )
             con = _console()
 
             async def run() -> Any:
@@ -488,12 +502,23 @@ def register(app: typer.Typer) -> None:
                     f"  reproduced failure: {f.subscriber} on {f.topic} "
                     f"({f.outcome}: {f.error_type}: {f.error})"
                 )
+            if report.incomplete is not None:
+                con.print(
+                    f"[yellow]recording of {report.original_session_id} is incomplete "
+                    f"({escape(report.incomplete)}); replayed up to its last committed message: "
+                    f"{report.reproduced_messages} of {report.recorded_messages} recorded "
+                    "messages reproduced[/yellow]"
+                )
             if report.divergence is None:
                 con.print("[green]matched[/green]")
             else:
                 con.print(f"[red]diverged:[/red] {report.divergence}")
         if report.divergence is not None:
             raise typer.Exit(1)
+
+
+def _named(info: Any, store: SessionStore) -> str:
+    return f"session {info.id} in {store.path}"
 
 
 def _status(status: str) -> str:

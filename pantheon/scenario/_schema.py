@@ -552,10 +552,12 @@ class BreakerConfig(_Model):
     """Last calls the failure rate is taken over (each is remembered): 1 to 10,000."""
     min_calls: Annotated[int, Field(ge=1, le=10_000)] = bus.DEFAULT_BREAKER.min_calls
     """Calls in the window before the rate counts: 1 to 10,000, and at most ``window``."""
-    cooldown: _Seconds = bus.DEFAULT_BREAKER.cooldown
-    """Seconds open before probing: 0 to an hour."""
+    cooldown: _Timeout = bus.DEFAULT_BREAKER.cooldown
+    """Seconds open before probing: above 0, at most an hour."""
     probes: Annotated[int, Field(ge=1, le=1000)] = bus.DEFAULT_BREAKER.probes
     """Trial calls let through when half-open: 1 to 1000."""
+    probe_timeout: _Timeout = bus.DEFAULT_BREAKER.probe_timeout
+    """Seconds a probe may take before it counts as failed: above 0, at most an hour."""
 
     @model_validator(mode="after")
     def _reachable(self) -> BreakerConfig:
@@ -575,6 +577,7 @@ class BreakerConfig(_Model):
             min_calls=self.min_calls,
             cooldown=self.cooldown,
             probes=self.probes,
+            probe_timeout=self.probe_timeout,
         )
 
 

@@ -74,8 +74,9 @@ DEFAULT_COMMIT_INTERVAL = 0.05
 #: A batch is handed to the writer early once this many rows wait, so a burst does not
 #: build one huge transaction.
 DEFAULT_COMMIT_ROWS = 20_000
-#: Rows handed to the writer and not yet committed, past which the recorder pauses the event
-#: loop until the writer is down to half. Recording never drops a row: when the disk cannot
+#: Rows handed to the writer and not yet committed (envelopes, deliveries, and the rare rows:
+#: effects, dead letters, breaker transitions, metrics), past which the recorder pauses the
+#: event loop until the writer is down to half. Recording never drops a row: when the disk cannot
 #: keep up it slows the run instead, and the pause shows in the run's latencies.
 DEFAULT_MAX_PENDING = 200_000
 #: Seconds between ``bus.stats()`` snapshots.
@@ -164,11 +165,16 @@ class _Writer(threading.Thread):
                 timeout,
             )
 
+    def pending(self) -> int:
+        """Rows waiting: the batches' and the rare ones (effects above all: a handler can
+        run many per message, and they would otherwise escape ``max_pending``)."""
+        return self.backlog + len(self.events)
+
     def wait_below(self, rows: int, timeout: float = 60.0) -> None:
         """Block until at most ``rows`` rows wait (backpressure from the bus thread)."""
         with self._cond:
             self._cond.wait_for(
-                lambda: self.backlog <= rows or self.error is not None or not self.is_alive(),
+                lambda: self.pending() <= rows or self.error is not None or not self.is_alive(),
                 timeout,
             )
 
@@ -361,11 +367,11 @@ class Recorder:
     exit, ``completed`` or ``failed`` by whether the block raised.
 
     Writes are group-committed every ``commit_interval`` seconds (sooner once
-    ``commit_rows`` rows wait). Rows handed to the writer and not committed are bounded by
-    ``max_pending``: past it the ticker blocks the event loop until the writer is down to
-    half, so a run that outpaces the disk slows down rather than losing records or growing
-    without bound. If the writer fails (disk full...), recording stops, the run goes on
-    untouched, and :meth:`finish` raises :class:`RecordingError`.
+    ``commit_rows`` rows wait). Rows handed to the writer and not committed, effects and the
+    other rare rows included, are bounded by ``max_pending``: past it the ticker blocks the
+    event loop until the writer is down to half, so a run that outpaces the disk slows down
+    rather than losing records or growing without bound. If the writer fails (disk full...),
+    recording stops, the run goes on untouched, and :meth:`finish` raises :class:`RecordingError`.
     """
 
     def __init__(
@@ -412,6 +418,7 @@ class Recorder:
         self._prev_context: Any = None
         self._prev_delivery: Any = _SENTINEL_GONE
         self._last_swap = time.monotonic()
+        self._waits = 0
         bufs = self._bufs = _Buffers()
 
         def on_delivery(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
@@ -442,13 +449,14 @@ class Recorder:
         return self._bus is not None
 
     def statistics(self) -> dict[str, Any]:
-        """Writer counters: rows committed, commits, rows waiting, slowest commit (s),
-        journal chunks materialized."""
+        """Writer counters: rows committed, commits, rows waiting, times the loop was paused
+        for ``max_pending``, slowest commit (s), journal chunks materialized."""
         w = self._writer
         return {
             "rows": w.rows,
             "commits": w.commits,
-            "pending": w.backlog + len(self._bufs.envs) + len(self._bufs.dels),
+            "pending": w.pending() + len(self._bufs.envs) + len(self._bufs.dels),
+            "backpressure_waits": self._waits,
             "max_commit_s": w.max_commit_s,
             "materialized_chunks": w.materialized,
             "error": None if w.error is None else repr(w.error),
@@ -558,7 +566,12 @@ class Recorder:
                 or len(bufs.envs) + len(bufs.dels) >= self.commit_rows
             ):
                 self._swap()
-            if writer.backlog > self.max_pending:
+            if writer.backlog + len(writer.events) > self.max_pending:
+                if writer.events:
+                    # The writer takes the rare rows only with a submitted batch: hand it
+                    # one now, or it would have nothing to do while the loop waits.
+                    self._swap()
+                self._waits += 1
                 # Deliberately blocks the loop: the only backpressure a synchronous listener
                 # can apply. Waiting releases the GIL, so the writer runs flat out meanwhile.
                 writer.wait_below(self.max_pending // 2)

@@ -25,6 +25,7 @@ from pantheon.sessions._errors import ReplayDivergence, SessionError
 from pantheon.sessions._recorder import Recorder
 from pantheon.sessions._store import (
     EFFECT_DIVERGED,
+    SessionInfo,
     SessionStore,
     StoredEffect,
     StoredEnvelope,
@@ -47,7 +48,14 @@ class ReplayReport:
     ``matched`` is True when no divergence was found; ``hops_compared`` counts the message
     pairs aligned and compared; ``failures`` lists the deliveries that failed in the
     original and failed the same way (subscriber, outcome, error type) in the replay;
-    ``divergence`` is the first :class:`ReplayDivergence`, or None."""
+    ``divergence`` is the first :class:`ReplayDivergence`, or None.
+
+    ``incomplete`` says why the original's record stops short (its recording process
+    died, or it is still being recorded), else None: the replay then goes up to the last
+    committed message, and what the record lacks past that point (messages, deliveries and
+    effects the team went on to produce) is not a divergence. ``recorded_messages`` is
+    how many messages the record holds, ``reproduced_messages`` how many of them the
+    replay produced again."""
 
     new_session_id: str
     original_session_id: str
@@ -60,6 +68,9 @@ class ReplayReport:
     effects_served: int = 0
     effects_called: int = 0
     live_effects: bool = False
+    incomplete: str | None = None
+    recorded_messages: int = 0
+    reproduced_messages: int = 0
 
     def raise_for_divergence(self) -> None:
         """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
@@ -79,7 +90,33 @@ class ReplayReport:
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
             "live_effects": self.live_effects,
+            "incomplete": self.incomplete,
+            "recorded_messages": self.recorded_messages,
+            "reproduced_messages": self.reproduced_messages,
         }
+
+
+def incomplete_reason(info: SessionInfo) -> str | None:
+    """Why a session's record stops short of the end of its run, or None when it does not.
+
+    A record is complete once the run closed it (``completed`` or ``failed``); ``aborted``
+    means the recording process died (the store marks it so when it finds the process
+    gone) and ``running`` that it is still being written."""
+    if info.status == "aborted":
+        return "aborted: its recording process died"
+    if info.status == "running":
+        return f"still being recorded (pid {info.pid} on {info.host})"
+    return None
+
+
+def _past_the_record(div: ReplayDivergence) -> bool:
+    """A difference an incomplete record explains: the replay has something (a message, an
+    effect call, a delivery) where the record simply stops."""
+    if div.field == "extra":
+        return True
+    if div.field == "effect":
+        return div.expected is None
+    return div.field == "outcome" and div.expected == "not delivered"
 
 
 def _effect_index(
@@ -99,8 +136,12 @@ class _Live:
     (publish listeners run before routing, so a handler's effects can already be mapped to
     the original) and notices the first divergence, after which no more input is fed."""
 
-    def __init__(self, lineage: Lineage, inputs: list[StoredEnvelope]) -> None:
+    def __init__(
+        self, lineage: Lineage, inputs: list[StoredEnvelope], *, truncated: bool = False
+    ) -> None:
         self.mapper = Mapper(lineage, inputs)
+        #: The record stops short: messages past its end are expected, not a divergence.
+        self.truncated = truncated
         #: The replay's effects runner: messages published while one of its live effects
         #: runs belong to the effect and are not aligned (served effects publish nothing).
         self.active: dict[tuple[int, str | None], int] = {}
@@ -119,7 +160,7 @@ class _Live:
         extras = len(self.mapper.extras)
         orig = self.mapper.feed(env)
         if orig is None:
-            if len(self.mapper.extras) > extras:
+            if len(self.mapper.extras) > extras and not self.truncated:
                 self.stop("extra message")
             return
         if self.waiting:
@@ -180,6 +221,7 @@ async def replay_session(
     instead (after the replay session is closed).
     """
     original = store.session(session_id)
+    incomplete = incomplete_reason(original)
     envelopes = store.envelopes(original.id)
     original_effects = store.effects(original.id)
     lineage = Lineage(envelopes, original_effects)
@@ -188,7 +230,7 @@ async def replay_session(
         inputs = [e for e in inputs if e.wall - original.started >= from_ts]
     skipped = len(lineage.inputs) - len(inputs)
     recorded = _effect_index(original_effects)
-    live = _Live(lineage, inputs)
+    live = _Live(lineage, inputs, truncated=incomplete is not None)
 
     recorder = Recorder(
         store,
@@ -201,7 +243,8 @@ async def replay_session(
     )
 
     def effect_diverged(div: ReplayDivergence) -> None:
-        live.stop("effect")
+        if incomplete is None or not _past_the_record(div):
+            live.stop("effect")
 
     runner = ReplayEffects(
         recorder._writer.events.append,
@@ -239,18 +282,24 @@ async def replay_session(
         with contextlib.suppress(Exception):
             await recorder.finish("failed", {"replay_of": original.id, "error": "replay raised"})
         raise
+    divergence = comparison.divergence
+    if incomplete is not None:
+        divergence = next((d for d in comparison.divergences if not _past_the_record(d)), None)
     report = ReplayReport(
         new_session_id=recorder.session_id,
         original_session_id=original.id,
-        matched=comparison.divergence is None,
+        matched=divergence is None,
         hops_compared=len(comparison.pairs),
         failures=comparison.failures,
-        divergence=comparison.divergence,
+        divergence=divergence,
         inputs_replayed=len(published),
         inputs_skipped=skipped,
         effects_served=runner.served,
         effects_called=runner.calls,
         live_effects=live_effects,
+        incomplete=incomplete,
+        recorded_messages=len(envelopes),
+        reproduced_messages=len(comparison.pairs),
     )
     await recorder.finish(status, {"replay": report.to_dict()})  # type: ignore[arg-type]
     if raise_on_divergence:

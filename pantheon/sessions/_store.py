@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
+import msgspec
+
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
 from pantheon.sessions._journal import (
@@ -192,6 +194,9 @@ CREATE TABLE IF NOT EXISTS metrics (
 """
 
 
+_TABLES = tuple(line.split()[5] for line in _SCHEMA.splitlines() if line.startswith("CREATE TABLE"))
+
+
 def to_db(i: int) -> int:
     """An envelope id as SQLite stores it. Ids are unsigned 64-bit (a random per-process base
     in the high bits) and SQLite integers are signed, so the top half wraps to negative."""
@@ -285,6 +290,9 @@ class SessionInfo:
     scenario_dir: str | None = None
     """The folder the scenario was loaded from: where its own agent modules are imported
     from when the session is replayed or redriven."""
+    corrupt: str | None = None
+    """What is wrong with the row, when part of it cannot be read (its summary is not
+    JSON): listings show the session marked; :meth:`SessionStore.session` refuses it."""
 
     @property
     def duration(self) -> float | None:
@@ -305,6 +313,7 @@ class SessionInfo:
             "pid": self.pid,
             "host": self.host,
             "scenario_dir": self.scenario_dir,
+            "corrupt": self.corrupt,
         }
 
 
@@ -540,12 +549,21 @@ class SessionStore:
                 raise
             self._conn.execute("COMMIT")
 
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    def _query(
+        self, sql: str, params: tuple[Any, ...] = (), *, session: str | None = None
+    ) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
                 return self._conn.execute(sql, params).fetchall()
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.path}: {exc}") from exc
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+                raise self._damaged(session, str(exc)) from exc
+
+    def _damaged(self, session: str | None, what: str) -> StoreError:
+        """The one-line error for a store (or one session's record) that cannot be read."""
+        if what.startswith("'utf-8' codec"):  # a TEXT column holding bytes that are not UTF-8
+            what = f"a text column is not valid UTF-8 ({what})"
+        where = "" if session is None else f" session {session!r}:"
+        return StoreError(f"{self.path}:{where} {what}")
 
     def _init_schema(self) -> None:
         try:
@@ -575,7 +593,24 @@ class SessionStore:
             raise SchemaVersionError(
                 self.path, found if found is not None else "none", SCHEMA_VERSION
             )
+        self._check_tables()
         self._add_columns()
+
+    def _check_tables(self) -> None:
+        """Refuse, at open, a store missing one of our tables (dropped by hand or a damaged
+        schema page): otherwise a read fails halfway and a run loses its record mid-way."""
+        try:
+            have = {
+                row[0]
+                for row in self._conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+            }
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a usable session store: {exc}") from exc
+        missing = [t for t in _TABLES if t not in have]
+        if missing:
+            raise StoreError(
+                f"{self.path} is a damaged session store: table {', '.join(missing)} is missing"
+            )
 
     def _add_columns(self) -> None:
         """Columns added since a version-1 store was first made: added in place, since an
@@ -710,7 +745,10 @@ class SessionStore:
     def session(self, ref: str) -> SessionInfo:
         sid = self.resolve(ref)
         rows = self._query(f"SELECT {_SESSION_COLS} FROM sessions WHERE id = ?", (sid,))
-        return _session(rows[0])
+        info = _session(rows[0])
+        if info.corrupt is not None:
+            raise self._damaged(sid, info.corrupt)
+        return info
 
     def counts(self, session_id: str) -> dict[str, int]:
         """How many rows the session has in each table (journal chunks included)."""
@@ -769,8 +807,8 @@ class SessionStore:
                     ).fetchall()
                 finally:
                     self._conn.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.path}: {exc}") from exc
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+                raise self._damaged(session_id, str(exc)) from exc
         return rows, chunks
 
     def envelopes(self, session_id: str, *, after_seq: int = -1) -> list[StoredEnvelope]:
@@ -784,15 +822,27 @@ class SessionStore:
             "envelopes",
         )
         for first, blob in chunks:
-            rows.extend(r for r in decode_envelopes(blob, first) if r[0] > after_seq)
+            try:
+                decoded = decode_envelopes(blob, first)
+            except Exception as exc:  # a damaged chunk: whatever the decoder raises
+                raise self._damaged(
+                    session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
+                ) from exc
+            rows.extend(r for r in decoded if r[0] > after_seq)
         rows.sort(key=lambda r: r[0])
-        return [
-            StoredEnvelope(
+        out = []
+        for r in rows:
+            try:
+                payload = decode(r[10])
+            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                raise self._damaged(
+                    session_id, f"the payload of message {r[0]} cannot be decoded ({exc})"
+                ) from exc
+            out.append(StoredEnvelope(
                 r[0], from_db(r[1]), r[2], r[3], from_db(r[4]), from_db(r[5]), r[6], r[7], r[8],
-                r[9], payload=decode(r[10]), payload_repr=bool(r[11]),
-            )
-            for r in rows
-        ]  # fmt: skip
+                r[9], payload=payload, payload_repr=bool(r[11]),
+            ))  # fmt: skip
+        return out
 
     def deliveries(self, session_id: str) -> list[StoredDelivery]:
         """Every handling, in the order handlings ended."""
@@ -817,8 +867,8 @@ class SessionStore:
                             rows.extend(pairing.fill(decode_deliveries(blob, first)))
                 finally:
                     self._conn.execute("COMMIT")
-            except sqlite3.DatabaseError as exc:
-                raise StoreError(f"{self.path}: {exc}") from exc
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+                raise self._damaged(session_id, str(exc)) from exc
         return [StoredDelivery(r[0], r[1], from_db(r[2]), *r[3:]) for r in rows]
 
     def dead_letters(self, session_id: str) -> list[StoredDeadLetter]:
@@ -827,6 +877,7 @@ class SessionStore:
             "traceback, attempts, time, redriven, redriven_by FROM dead_letters "
             "WHERE session = ? ORDER BY entry_id",
             (session_id,),
+            session=session_id,
         )
         return [
             StoredDeadLetter(
@@ -848,7 +899,18 @@ class SessionStore:
         if name is not None:
             sql += " AND name GLOB ?"
             params += (name,)
-        rows = self._query(sql + " ORDER BY seq", params)
+        rows = self._query(sql + " ORDER BY seq", params, session=session_id)
+        for r in rows:
+            # Checked here, once, so a damaged result is a store error naming the file and
+            # not an exception inside whichever handler a replay serves it to.
+            if r[6] is not None and r[5] in (EFFECT_OK, EFFECT_REPR):
+                try:
+                    decode(r[6])
+                except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                    raise self._damaged(
+                        session_id,
+                        f"the result of effect {r[0]} ({r[4]}) cannot be decoded ({exc})",
+                    ) from exc
         return [StoredEffect(r[0], from_db(r[1]), *r[2:]) for r in rows]
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:
@@ -856,14 +918,25 @@ class SessionStore:
             "SELECT seq, time, name, old, new, reason FROM breaker_transitions "
             "WHERE session = ? ORDER BY seq",
             (session_id,),
+            session=session_id,
         )
         return [BreakerTransition(*r) for r in rows]
 
     def metrics(self, session_id: str) -> list[MetricSnapshot]:
         rows = self._query(
-            "SELECT seq, time, stats FROM metrics WHERE session = ? ORDER BY seq", (session_id,)
+            "SELECT seq, time, stats FROM metrics WHERE session = ? ORDER BY seq",
+            (session_id,),
+            session=session_id,
         )
-        return [MetricSnapshot(seq, t, json.loads(s)) for seq, t, s in rows]
+        out = []
+        for seq, t, s in rows:
+            try:
+                out.append(MetricSnapshot(seq, t, json.loads(s)))
+            except ValueError as exc:  # JSONDecodeError, or text that is not UTF-8
+                raise self._damaged(
+                    session_id, f"metrics snapshot {seq} is not valid JSON ({exc})"
+                ) from exc
+        return out
 
     def mark_redriven(self, session_id: str, entry_id: int, by: str) -> None:
         """Record that dead letter ``entry_id`` was redriven, by session ``by``."""
@@ -882,7 +955,17 @@ _SESSION_COLS = (
 
 
 def _session(row: tuple[Any, ...]) -> SessionInfo:
-    summary = json.loads(row[8]) if row[8] else {}
+    """A session row; a summary that is not a JSON object marks the row ``corrupt`` (a
+    listing still shows the session) instead of failing every read of the table."""
+    summary: Any = {}
+    corrupt = None
+    try:
+        summary = json.loads(row[8]) if row[8] else {}
+    except ValueError as exc:
+        corrupt = f"its summary is not valid JSON ({exc})"
+    if not isinstance(summary, dict):
+        corrupt = corrupt or f"its summary is not a JSON object (a {type(summary).__name__})"
+        summary = {}
     return SessionInfo(
         row[0],
         row[1],
@@ -897,4 +980,5 @@ def _session(row: tuple[Any, ...]) -> SessionInfo:
         pid=row[10],
         host=row[11],
         scenario_dir=row[12],
+        corrupt=corrupt,
     )

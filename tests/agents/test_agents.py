@@ -11,9 +11,11 @@ import pytest
 
 from agents import (
     Actor,
+    Agent,
     AgentOptions,
     Fault,
     Guardian,
+    InjectedFault,
     InputItem,
     Learner,
     Memory,
@@ -294,3 +296,31 @@ async def test_rule_provider_classifies(subject: str, body: str, intent: str) ->
     verdict = await RuleProvider(RULES).classify(subject, body)
     assert verdict["intent"] == intent
     assert 0 < verdict["confidence"] <= 1
+
+
+async def test_a_long_fault_run_keeps_the_draw_counts_bounded() -> None:
+    # Issue #14 item 11: one count per fault key (one per message) used to be kept for ever.
+    fault = Fault(failure_rate=0.5)
+
+    async def draws(agent: Agent, keys: list[str]) -> list[bool]:
+        failed = []
+        for key in keys:
+            try:
+                await agent.inject(fault, key)
+            except InjectedFault:
+                failed.append(True)
+            else:
+                failed.append(False)
+        return failed
+
+    agent = Agent("a", seed=7)
+    run = [f"email/{i}" for i in range(3 * Agent.fault_draw_keys)]
+    await draws(agent, run)
+    assert len(agent._draws) == Agent.fault_draw_keys
+    # A retry of a recent message still gets its next draw, the same for the same seed.
+    retries = [run[-1], run[-1], run[-2]]
+    again = Agent("a", seed=7)
+    await draws(again, run)
+    assert await draws(agent, retries) == await draws(again, retries)
+    assert agent._draws[run[-1]] == 3 and agent._draws[run[-2]] == 2
+    assert len(agent._draws) == Agent.fault_draw_keys

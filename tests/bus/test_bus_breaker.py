@@ -433,3 +433,90 @@ def test_breaker_policy_validation() -> None:
     ):
         with pytest.raises(ValueError):
             BreakerPolicy(**bad)
+
+
+def test_a_zero_cooldown_is_refused() -> None:
+    with pytest.raises(ValueError, match="cooldown"):
+        BreakerPolicy(cooldown=0)
+
+
+@pytest.mark.parametrize("pattern", ["*", "*.*", "[st]*"])
+async def test_a_breaker_report_never_feeds_its_own_breaker(pattern: str) -> None:
+    """A failing catch-all handler receives its own breaker's reports. Fed back, each report
+    is a failing half-open probe (with a tiny cooldown on the real clock): thousands of trips a
+    second and a drain that never ends."""
+    calls: list[str] = []
+
+    async def fail(env: Envelope) -> None:
+        calls.append(env.topic)
+        raise RuntimeError("down")
+
+    async with Bus() as bus:
+        bus.on(
+            pattern,
+            fail,
+            name="sub",
+            breaker=BreakerPolicy(consecutive_failures=1, cooldown=1e-9),
+        )
+        with capture_events(bus, "system.breaker.sub") as reports:
+            await bus.emit("t.x", 1)
+            async with asyncio.timeout(2):
+                await bus.drain()
+        assert calls == ["t.x"]
+        assert bus.breaker("sub").trips == 1
+        assert len(reports) == 1
+        # Reports are still delivered to every other subscription.
+        assert [e.subscriber for e in bus.dlq.entries()] == ["sub"]
+
+
+async def test_a_hung_half_open_probe_times_out_and_counts_as_failed(
+    bus: Bus, clock: FakeClock, gate
+) -> None:
+    policy = BreakerPolicy(consecutive_failures=1, cooldown=10.0, probe_timeout=5.0)
+    hang = gate()
+    mode = {"value": "fail"}
+
+    async def handler(env: Envelope) -> str:
+        if mode["value"] == "fail":
+            raise ConnectionError("down")
+        if mode["value"] == "hang":
+            await hang.wait()
+        return "ok"
+
+    bus.on("t", handler, name="sub", breaker=policy, concurrency=2)
+    await _emit_all(bus, 1)
+    assert bus.breakers()["sub"] == "open"
+    await clock.advance(10.0)
+    mode["value"] = "hang"
+    await bus.emit("t", 2)  # the probe: it hangs
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert hang.waiting == 1 and bus.breakers()["sub"] == "half_open"
+    mode["value"] = "ok"
+    await clock.advance(5.0)
+    await bus.emit("t", 3)  # past the probe deadline: the probe failed, the breaker reopened
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert bus.breakers()["sub"] == "open"
+    await clock.advance(10.0)
+    await bus.emit("t", 4)  # a new probe, which succeeds
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert bus.breakers()["sub"] == "closed"
+    hang.open()
+    await bus.drain()
+
+
+def test_probe_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="probe_timeout"):
+        BreakerPolicy(probe_timeout=0)
+
+
+def test_a_probe_released_without_an_outcome_frees_its_slot(clock: FakeClock) -> None:
+    breaker = CircuitBreaker("b", BreakerPolicy(consecutive_failures=1, cooldown=1.0), clock)
+    breaker.record_failure()
+    clock._now += 1.0
+    assert breaker.try_acquire() and breaker.state == "half_open"
+    assert not breaker.try_acquire()
+    breaker.release()  # the probe was cancelled: neither success nor failure
+    assert breaker.try_acquire()

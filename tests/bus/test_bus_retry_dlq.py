@@ -280,3 +280,32 @@ async def test_a_handler_whose_own_await_is_cancelled_fails_and_the_worker_goes_
     assert (entry.reason, entry.error_type, entry.attempts) == ("failed", "CancelledError", 2)
     stats = bus.stats().subscribers["sub"]
     assert (stats.published, stats.delivered, stats.dead_lettered) == (2, 1, 1)
+
+
+async def test_redrive_into_a_sampled_filtered_subscription_bypasses_sampling(
+    bus: Bus,
+) -> None:
+    """Redriven messages were chosen once already: neither sampling nor the filter may drop
+    them on the way back (they would leave the DLQ counted as ``filtered``)."""
+    failing = True
+    handled: list[object] = []
+
+    async def handler(env: Envelope) -> None:
+        if failing:
+            raise RuntimeError("down")
+        handled.append(env.payload)
+
+    bus.on("t", handler, name="sub", sample_rate=0.5, filter=lambda p: p % 4 != 1, breaker=None)
+    for i in range(40):
+        await bus.emit("t", i)
+    await bus.drain()
+    dead = len(bus.dlq)
+    assert dead == 15  # 30 pass the filter, half of them sampled
+    failing = False
+    assert await bus.dlq.redrive() == dead
+    await bus.drain()
+    stats = bus.stats().subscribers["sub"]
+    assert len(handled) == dead and len(bus.dlq) == 0
+    assert stats.dead_lettered == 0 and stats.delivered == dead
+    assert stats.published == stats.delivered + stats.dead_lettered + stats.shed
+    assert stats.filtered == 40 - dead

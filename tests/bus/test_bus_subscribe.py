@@ -341,3 +341,40 @@ async def test_off_still_takes_what_others_route_to_it_until_they_know() -> None
         assert got == [1, 2]
         [late] = bus.dlq.entries()
         assert (late.envelope.payload, late.subscriber, late.reason) == (3, "w", "unsubscribed")
+
+
+@pytest.mark.parametrize("priority", [3, -1, 99])
+async def test_an_out_of_range_priority_is_refused_before_anything_is_counted(
+    bus: Bus, priority: int
+) -> None:
+    seen: list[object] = []
+    bus.on("t", seen.append, name="sub")
+    published: list[Envelope] = []
+    bus.publish_listeners.append(published.append)
+    with pytest.raises(ValueError, match="priority"):
+        await bus.emit("t", 1, priority)
+    with pytest.raises(ValueError, match="priority"):
+        bus.emit_nowait("t", 1, priority)
+    await bus.drain()
+    stats = bus.stats()
+    assert stats.published == 0
+    assert stats.subscribers["sub"].published == 0
+    assert published == [] and seen == [] and bus.outstanding == 0
+
+
+async def test_a_handler_unsubscribing_itself_does_not_hang_drain(bus: Bus) -> None:
+    seen: list[object] = []
+
+    async def quit_on_stop(env: Envelope) -> None:
+        seen.append(env.payload)
+        if env.payload == "stop":
+            await bus.off("quitter")
+
+    bus.on("t", quit_on_stop, name="quitter")
+    await bus.emit("t", 1)
+    await bus.emit("t", "stop")
+    async with asyncio.timeout(2):
+        await bus.drain()
+    assert seen == [1, "stop"]
+    assert "quitter" not in bus.subscriptions()
+    assert len(bus.dlq) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import sqlite3
@@ -426,3 +427,25 @@ async def test_readers_see_journaled_rows_before_they_are_materialized(
     await recorder.finish()
     assert store.counts(recorder.session_id)["journal_chunks"] == 0
     assert len(store.envelopes(recorder.session_id)) == 50
+
+
+async def test_recorded_effects_count_towards_backpressure(store: SessionStore) -> None:
+    # Issue #14 item 11: max_pending counted envelopes and deliveries only, so effect rows
+    # (the writer's event queue) could pile up without limit between commits.
+    max_pending = 10
+    recorder = Recorder(store, commit_interval=3600, max_pending=max_pending)
+    async with Bus() as bus:
+        recorder.attach(bus)
+        for i in range(100):
+            await recorder.effects.effect("tool.echo", lambda i=i: i)
+        # The ticker runs every 10 ms; a generous deadline, not a sleep as synchronisation.
+        for _ in range(400):
+            if len(recorder._writer.events) <= max_pending:
+                break
+            await asyncio.sleep(0.005)
+        assert len(recorder._writer.events) <= max_pending, "effect rows piled up"
+        stats = recorder.statistics()
+        assert stats["backpressure_waits"] >= 1
+        assert stats["pending"] <= max_pending
+    await recorder.finish()
+    assert store.counts(recorder.session_id)["effects"] == 100

@@ -245,3 +245,27 @@ async def test_batches_split_at_frame_size_batch_count_and_credit_and_keep_order
         assert stats["frames_out"] >= 450 // 7
         assert sub.transport.stats()["received"] == 450
         assert broker.stats()["frames_in"] < 100  # control only: no message went through it
+
+
+async def test_relinks_leave_one_inbound_link_per_peer() -> None:
+    # Issue #14 item 11: every relink made a new DEALER identity, and the receiver kept the
+    # state of each old one for as long as the publishing node lived.
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint, node="pub")) as pub,
+        Bus(transport=ZmqTransport(endpoint, node="sub")) as sub,
+    ):
+        got: list[int] = []
+        sub.on("x", lambda env: got.append(env.payload), name="x")
+        await sub.transport.sync()
+        await pub.emit("x", 0)
+        await pub.drain(timeout=10)
+        peer = pub.transport._peers["sub"]
+        for i in range(1, 6):
+            pub.transport._relink(peer)
+            await pub.emit("x", i)
+            await pub.drain(timeout=10)
+        await eventually(lambda: len(got) == 6, what="every message delivered")
+        assert sorted(got) == list(range(6))
+        assert len(sub.transport._links) == 1
+        assert sub.transport.stats()["links_in"] == 1

@@ -20,7 +20,7 @@ import zmq.asyncio
 from zmq_helpers import eventually
 
 from bus import Bus, Envelope
-from bus.backends.zeromq import Broker, ZmqTransport
+from bus.backends.zeromq import Broker, EncodeError, ZmqTransport, run_broker
 from bus.backends.zeromq._wire import PROTOCOL, Done, Hello, Nack, link_back_decoder
 
 MAX_FRAME = 4096
@@ -221,3 +221,47 @@ async def test_a_hello_of_another_protocol_is_refused(
         assert broker.stats()["nodes"] == {}
     finally:
         raw.close(0)
+
+
+def _cyclic() -> list[object]:
+    payload: list[object] = []
+    payload.append(payload)
+    return payload
+
+
+def _deep(depth: int) -> list[object]:
+    payload: list[object] = []
+    for _ in range(depth):
+        payload = [payload]
+    return payload
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [_cyclic(), _deep(5_000), object(), 1 << 70],
+    ids=["cyclic", "5000-deep", "object", "huge-int"],
+)
+async def test_a_payload_that_cannot_be_encoded_is_refused_and_leaves_the_link_clean(
+    bad: object,
+) -> None:
+    # Issue #14 item 2: a RecursionError used to escape ``_encode`` with partial bytes left
+    # in the peer's batch buffer, so the messages batched after it never arrived.
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint)) as a,
+        Bus(transport=ZmqTransport(endpoint)) as b,
+    ):
+        got: list[int] = []
+        b.on("x", lambda env: got.append(env.payload), name="x")
+        await b.transport.sync()
+        # Batched behind a message in the same loop turn, so the bad one lands mid-batch.
+        a.emit_nowait("x", -2)  # sent at once (Nagle)
+        a.emit_nowait("x", -1)  # the start of the next batch
+        with pytest.raises(EncodeError, match=r"'x'.*not msgpack-encodable"):
+            a.emit_nowait("x", bad)
+        for i in range(10):
+            a.emit_nowait("x", i)
+        await a.drain(timeout=10)
+        await eventually(lambda: len(got) == 12, what="every good message delivered")
+        assert got == [-2, -1, *range(10)]
+        assert a.transport.stats()["in_flight"] == 0

@@ -7,13 +7,15 @@
     │   └── AuthenticationFailed  ... and the socket reported a CURVE handshake refusal
     ├── PeerLost                  the node holding a message died before settling it
     ├── RemoteHandlerError        a request's remote handler failed; names its error type
-    ├── FrameTooLarge             a message does not fit in one frame (``max_frame``)
-    └── EncodeError               a payload msgpack cannot carry (never pickle on the wire)
+    └── FrameTooLarge             a message does not fit in one frame (``max_frame``)
+
+and :class:`bus.EncodeError` (a :class:`bus.PublishError`), re-exported here: a payload msgpack
+cannot carry (never pickle on the wire), refused alone, the link left clean.
 """
 
 from __future__ import annotations
 
-from bus._errors import TransportError
+from bus._errors import EncodeError, TransportError
 
 __all__ = [
     "AuthenticationFailed",
@@ -48,7 +50,3 @@ class RemoteHandlerError(TransportError):
 
 class FrameTooLarge(TransportError):
     """An encoded message is larger than the frame limit."""
-
-
-class EncodeError(TransportError):
-    """A payload could not be encoded as msgpack."""

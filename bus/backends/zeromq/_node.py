@@ -411,6 +411,7 @@ class ZmqTransport(Transport):
                 "replies_received",
                 "broker_lost",
                 "rejoined",
+                "stale_frames",
             ),
             0,
         )
@@ -770,6 +771,7 @@ class ZmqTransport(Transport):
             },
             "unsettled_frames": sum(len(p.unsettled) for p in self._peers.values()),
             "parked_frames": len(self._parked),
+            "links_in": len(self._links),
             "pending_requests": len(self._requests),
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
@@ -848,19 +850,28 @@ class ZmqTransport(Transport):
     def _encode_env(self, wire: tuple[Any, ...]) -> bytes:
         try:
             return self._enc.encode(wire)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except Exception as exc:  # any encoder failure: see _encode
             raise _not_encodable(wire[0], exc) from exc
 
     def _encode(self, peer: _Peer, wire: Any, names: list[str] | None, request: bool) -> None:
         """Append one message for ``peer`` to its batch; Nagle: the first of a loop turn
-        goes at once."""
+        goes at once. Runs on the publisher's call (``try_send``), so an encoding failure
+        is raised to it as :class:`EncodeError`; ``_peer_lost`` catches it and
+        dead-letters that message instead."""
         buf = peer.buf
         mark = len(buf)
         try:
             self._enc.encode_into((wire, names, request), buf, -1)
-        except (TypeError, ValueError, OverflowError) as exc:
+        except Exception as exc:
+            # Invariant: the batch holds only whole messages. The encoder writes in place
+            # and stops wherever it fails (a RecursionError deep in a cyclic payload leaves
+            # kilobytes), so cut back to the mark: the receiver would otherwise decode the
+            # whole frame as malformed, and it and every message after it would be lost.
+            # (Cutting back costs nothing when encoding succeeds; a separate buffer per
+            # message would cost a copy of every message.) Any exception: RecursionError,
+            # TypeError, OverflowError, ValueError and whatever a custom encoder raises.
             del buf[mark:]
-            raise _not_encodable(wire[0], exc) from exc
+            raise _not_encodable(wire[0] if isinstance(wire, tuple) else "message", exc) from exc
         end = len(buf)
         if end > self._limit:
             size = end - mark
@@ -1155,8 +1166,13 @@ class ZmqTransport(Transport):
                 others = route.groups.get(name)
                 if others:
                     target = min(others, key=_Peer.load)
+                    try:
+                        self._encode(target, _wire_of(env, self._to_wire), [name], item.request)
+                    except (EncodeError, FrameTooLarge) as exc:
+                        # Off the publisher's call: the DLQ is where it can see this.
+                        self._fail(env, name, "encode_error", exc)
+                        continue
                     self._counts["redelivered"] += 1
-                    self._encode(target, _wire_of(env, self._to_wire), [name], item.request)
                     continue
                 if name in subs:
                     # The group is served here now: deliver it locally (a request's answer
@@ -1190,6 +1206,13 @@ class ZmqTransport(Transport):
             request[0].set_exception(error)
         if reason == "node_lost":
             self._counts["node_lost"] += 1
+        self._port.dead_letter(env, subscriber, reason, error)
+
+    def _fail(self, env: Envelope, subscriber: str, reason: str, error: BaseException) -> None:
+        assert self._port is not None
+        request = self._requests.get(env.id)
+        if request is not None and not request[0].done():
+            request[0].set_exception(error)
         self._port.dead_letter(env, subscriber, reason, error)
 
     def _take_unsettled(self, peer: _Peer) -> list[Item]:
@@ -1244,7 +1267,9 @@ class ZmqTransport(Transport):
                 ident = parts[0]
                 link = self._links.get(ident)
                 if link is None:
-                    link = self._links[ident] = _Link(ident)
+                    link = self._new_link(ident)
+                    if link is None:
+                        continue
                 for i in range(1, len(parts)):
                     self._link_frame(link, parts[i])
             else:
@@ -1253,6 +1278,26 @@ class ZmqTransport(Transport):
             self._redrain(fd, server, self._drain_server)
         finally:
             self._serving = False
+
+    def _new_link(self, ident: bytes) -> _Link | None:
+        """The first frame of a link not seen before. A publisher names each link it makes
+        ``node/incarnation/n``, ``n`` counting up (see ``_connect``), and relinks only after
+        closing the old one, resending on the new link whatever the old one had not
+        settled. So a higher ``n`` from the same node run replaces the links before it: they
+        are dropped here, or the receiver would keep one per relink for the node's whole
+        life. A frame that still arrives on a replaced link (``None``) is dropped too; its
+        messages come again on the new one."""
+        prefix, _, number = ident.rpartition(b"/")
+        if prefix and number.isdigit():
+            n = int(number)
+            for other in [i for i in self._links if i.rpartition(b"/")[0] == prefix]:
+                other_n = other.rpartition(b"/")[2]
+                if other_n.isdigit() and int(other_n) > n:
+                    self._counts["stale_frames"] += 1
+                    return None
+                self._dirty_links.discard(self._links.pop(other))
+        link = self._links[ident] = _Link(ident)
+        return link
 
     def _link_frame(self, link: _Link, frame: bytes) -> None:
         counts = self._counts
@@ -1428,7 +1473,7 @@ class ZmqTransport(Transport):
         if error is None:
             try:
                 value = msgspec.Raw(self._enc.encode(result))
-            except (TypeError, ValueError, OverflowError) as exc:
+            except Exception as exc:  # RecursionError too: a cyclic answer
                 error = EncodeError(f"reply to {env.topic!r} is not msgpack-encodable: {exc}")
         reply: tuple[int, int, bool, msgspec.Raw | None, str | None, str | None]
         if error is not None:
