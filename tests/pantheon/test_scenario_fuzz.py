@@ -159,6 +159,7 @@ BOUNDS = [
     ("agents.actor.breaker.consecutive_failures", 10_001, 10_000),
     ("agents.actor.breaker.probes", 1001, 1000),
     ("agents.actor.breaker.cooldown", 3601, 3600),
+    ("agents.actor.breaker.probe_timeout", 3601, 3600),
     ("input.rate", 1_000_001, 1_000_000),
     ("input.count", 1_000_000_001, 1_000_000_000),
     ("input.duration", 604_801, 604_800),
