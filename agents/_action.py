@@ -307,8 +307,9 @@ class Learner(Agent):
     subscriptions = ("action.executed", "observation.email.malformed")
 
     class Settings(AgentSettings):
-        window: Annotated[int, Field(ge=1)] = 5
-        """Consecutive misses (or needless escalations) before a threshold moves."""
+        window: Annotated[int, Field(ge=1, le=10_000)] = 5
+        """Consecutive misses (or needless escalations) before a threshold moves: 1 to
+        10,000."""
         step: Annotated[float, Field(gt=0, le=1)] = 0.05
         threshold: Annotated[float, Field(ge=0, le=1)] = 0.4
         thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)

@@ -43,8 +43,8 @@ class Memory(Agent):
     subscriptions = ("memory.lookup", "action.executed")
 
     class Settings(AgentSettings):
-        history: Annotated[int, Field(ge=1)] = 20
-        """Items remembered per subject; the oldest is forgotten first."""
+        history: Annotated[int, Field(ge=1, le=100_000)] = 20
+        """Items remembered per subject (1 to 100,000); the oldest is forgotten first."""
         key: str = "sender"
         """The payload field naming the subject, in what is remembered and in lookups."""
         fields: tuple[str, ...] = ("email_id", "intent", "action")

@@ -181,9 +181,12 @@ class Observer(Agent):
     class Settings(AgentSettings):
         """Filled from the scenario's ``input`` section, not written by hand."""
 
-        count: Annotated[int, Field(gt=0)] | None = None
-        duration: Annotated[float, Field(gt=0)] | None = None
-        rate: Annotated[float, Field(ge=0)] = 0.0
+        count: Annotated[int, Field(gt=0, le=1_000_000_000)] | None = None
+        """Stop after this many messages; at most a billion (as the scenario's input)."""
+        duration: Annotated[float, Field(gt=0, le=7 * 24 * 3600)] | None = None
+        """Stop after this many seconds; at most a week."""
+        rate: Annotated[float, Field(ge=0, le=1_000_000)] = 0.0
+        """Messages per second, at most a million; 0: as fast as the bus takes them."""
 
     def __init__(
         self,
@@ -374,8 +377,9 @@ class Monitor(Agent):
     subscriptions = ("system.*",)
 
     class Settings(AgentSettings):
-        interval: Annotated[float, Field(gt=0)] = 0.5
-        """Seconds between samples of the bus's queue depths and dead letters."""
+        interval: Annotated[float, Field(gt=0, le=3600)] = 0.5
+        """Seconds between samples of the bus's queue depths and dead letters: above 0, at
+        most an hour."""
         queue_alert_ratio: Annotated[float, Field(gt=0, le=1)] = 0.8
         """A mailbox this full raises a ``queue_depth`` alert."""
 

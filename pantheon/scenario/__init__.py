@@ -14,10 +14,16 @@ or 'reject'``. Hence the two halves of this module:
 Checks that span sections (an expectation about an agent that does not exist, ``kill_node`` on
 the in-process transport) run on the raw data beside field validation, so they are reported
 together with the field errors instead of only after those are fixed.
+
+Whatever the file holds, loading it raises :class:`ScenarioError` or ``OSError`` and nothing
+else: only :data:`MAX_SCENARIO_BYTES` (1 MiB) are read, nesting stops at
+:data:`MAX_SCENARIO_DEPTH` levels, a control character or a number Python will not convert
+is a located problem, and every numeric setting has an upper bound (in its docstring), so
+``concurrency: 100000000`` fails here instead of exhausting memory in ``pantheon run``.
 """
 
 from pantheon.scenario._load import load_scenario, parse_scenario
-from pantheon.scenario._locate import Problem, ScenarioError
+from pantheon.scenario._locate import MAX_SCENARIO_BYTES, MAX_SCENARIO_DEPTH, Problem, ScenarioError
 from pantheon.scenario._schema import (
     DEAD_LETTER_REASONS,
     DRIVER_NODE,
@@ -57,6 +63,8 @@ from pantheon.scenario._schema import (
 __all__ = [
     "DEAD_LETTER_REASONS",
     "DRIVER_NODE",
+    "MAX_SCENARIO_BYTES",
+    "MAX_SCENARIO_DEPTH",
     "ROLES",
     "SCENARIO_VERSION",
     "SUPPORT_INBOX",

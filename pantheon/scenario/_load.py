@@ -14,6 +14,7 @@ from pydantic import BaseModel, Discriminator, Tag, ValidationError
 
 from pantheon.scenario._locate import (
     _MAX_PATHS,
+    MAX_SCENARIO_BYTES,
     Problem,
     ScenarioError,
     _clean_loc,
@@ -23,7 +24,10 @@ from pantheon.scenario._locate import (
     _MarkingLoader,
     _marks,
     _or,
+    _Refused,
     _suggest,
+    _too_deep,
+    _TooDeep,
     _TooLarge,
 )
 from pantheon.scenario._schema import _NAME, _TOPIC, _TOPIC_GLOB, SCENARIO_VERSION, Scenario
@@ -145,7 +149,11 @@ def parse_scenario(
 
     Raises :class:`ScenarioError` listing every problem found, YAML syntax errors included.
     """
-    loader = _MarkingLoader(text)
+    try:
+        # The reader checks every character up front, before any parsing.
+        loader = _MarkingLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise ScenarioError([_unreadable(source, text, exc)]) from None
     try:
         root = loader.get_single_node()
         if root is None:
@@ -155,13 +163,21 @@ def parse_scenario(
         except _TooLarge:
             message = f"the scenario expands to over {_MAX_PATHS} keys (aliases of aliases?)"
             raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
+        except _TooDeep as exc:
+            mark = exc.node.start_mark
+            deep = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
+            raise ScenarioError([deep]) from None
         data = loader.construct_document(root)
+    except _Refused as exc:
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         what = "; ".join(filter(None, [exc.context, exc.problem]))
         raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
-    except yaml.YAMLError as exc:  # unmarked: e.g. a reader error on a control character
+    except yaml.YAMLError as exc:  # unmarked, which PyYAML should not raise for a string
         raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
     finally:
         loader.dispose()
@@ -205,11 +221,26 @@ def load_scenario(path: str | Path) -> Scenario:
     """Read and validate the scenario file at ``path``.
 
     Relative paths inside it (``input.path``) are taken from the file's directory. Raises
-    :class:`ScenarioError` for anything wrong with the content and ``OSError`` if the file
-    cannot be read.
+    :class:`ScenarioError` for anything wrong with the content (a file over
+    :data:`MAX_SCENARIO_BYTES`, 1 MiB, included: only that much is ever read) and ``OSError``
+    if the file cannot be read.
     """
     path = Path(path)
-    raw = path.read_bytes()
+    # Read one byte past the cap, never the whole file: it may be /dev/zero.
+    with path.open("rb") as stream:
+        raw = stream.read(MAX_SCENARIO_BYTES + 1)
+    if len(raw) > MAX_SCENARIO_BYTES:
+        raise ScenarioError(
+            [
+                Problem(
+                    str(path),
+                    1,
+                    1,
+                    "",
+                    f"larger than {_size(MAX_SCENARIO_BYTES)}; a scenario is a small YAML file",
+                )
+            ]
+        )
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -219,3 +250,22 @@ def load_scenario(path: str | Path) -> Scenario:
             [Problem(str(path), line, column, "", "not UTF-8 text: a scenario is a YAML text file")]
         ) from None
     return parse_scenario(text, source=str(path), base_dir=path.resolve().parent)
+
+
+def _size(n: int) -> str:
+    return f"{n // (1024 * 1024)} MiB" if n % (1024 * 1024) == 0 else f"{n} bytes"
+
+
+def _unreadable(source: str, text: str, exc: yaml.reader.ReaderError) -> Problem:
+    """A character YAML does not allow (NUL, BEL, ESC...), at its line and column."""
+    position = exc.position if isinstance(exc.position, int) else 0
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    return Problem(
+        source,
+        line,
+        column,
+        "",
+        f"control character U+{ord(char):04X} is not allowed in YAML; a scenario is plain text",
+    )

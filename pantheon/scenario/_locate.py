@@ -17,7 +17,7 @@ import yaml
 
 from pantheon._errors import PantheonError
 
-__all__ = ["Problem", "ScenarioError"]
+__all__ = ["MAX_SCENARIO_BYTES", "MAX_SCENARIO_DEPTH", "Problem", "ScenarioError"]
 
 
 def _suggest(word: str, choices: Iterable[str]) -> str:
@@ -72,13 +72,79 @@ _Loc: TypeAlias = tuple[Any, ...]
 #: ("billion laughs") reach millions, which validation would then walk one by one.
 _MAX_PATHS = 50_000
 
+#: Bytes of a scenario file read at most (1 MiB). A real scenario is a few kilobytes; the
+#: cap keeps ``/dev/zero`` or a multi-gigabyte file from being read into memory at all.
+MAX_SCENARIO_BYTES = 1024 * 1024
+
+#: Levels of nesting a scenario may have (a mapping in a sequence in a mapping...), aliases
+#: followed. A real one has under ten; PyYAML's composer, the key walk and validation all
+#: recurse once per level, so thousands of ``[`` would otherwise end in a ``RecursionError``.
+MAX_SCENARIO_DEPTH = 100
+
+
+#: Characters an integer may be written with. Python refuses to convert decimal strings of
+#: over 4,300 digits, and to print ints that long; no setting needs more than twenty.
+_MAX_INT_CHARS = 1000
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """YAML that parses but that a scenario may not contain (too deep, an integer too long to
+    convert, an impossible date); its ``problem`` is the whole message, at ``problem_mark``."""
+
+    def __init__(self, problem: str, mark: yaml.Mark | None) -> None:
+        super().__init__(problem=problem, problem_mark=mark)
+
 
 class _MarkingLoader(yaml.SafeLoader):
-    """A safe loader; :func:`_marks` walks the node tree it composes for key positions."""
+    """A safe loader; :func:`_marks` walks the node tree it composes for key positions.
+
+    It refuses what would otherwise escape as a Python error rather than a located one:
+    nesting deeper than :data:`MAX_SCENARIO_DEPTH` (checked while composing, before the
+    recursion gets deep) and scalars whose conversion fails (``int`` of 100,000 digits is a
+    ``ValueError`` past Python's conversion limit; ``2020-13-01`` is no date).
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_SCENARIO_DEPTH:
+                raise _Refused(_too_deep(), self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        text = node.value if isinstance(node.value, str) else ""
+        if node.tag == "tag:yaml.org,2002:int" and len(text) > _MAX_INT_CHARS:
+            # Refused before conversion: 5,000 hex digits convert, but the value then has
+            # too many decimal digits for any message that shows it (a ValueError again).
+            message = f"an integer of {len(text)} characters is too long to read as a number"
+            raise _Refused(message, node.start_mark)
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as exc:
+            kind = node.tag.rsplit(":", 1)[-1]
+            if kind == "int":
+                message = f"{text[:40]!r} is not an integer YAML can read: {exc}"
+            else:
+                shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
+                message = f"cannot read {shown!r} as {kind}: {exc}"
+            raise _Refused(message, node.start_mark) from None
+
+
+def _too_deep() -> str:
+    return f"nested deeper than {MAX_SCENARIO_DEPTH} levels; a scenario is a shallow YAML file"
 
 
 class _TooLarge(Exception):
     pass
+
+
+class _TooDeep(Exception):
+    def __init__(self, node: yaml.Node) -> None:
+        self.node = node
 
 
 def _marks(
@@ -101,6 +167,8 @@ def _marks(
             return
         if len(marks) > _MAX_PATHS:
             raise _TooLarge
+        if len(loc) > MAX_SCENARIO_DEPTH:  # aliases of aliases nest without being nested
+            raise _TooDeep(node)
         seen = seen | {id(node)}
         if isinstance(node, yaml.MappingNode):
             own: list[tuple[yaml.Node, yaml.Node]] = []

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import typing
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeAlias
@@ -106,6 +107,22 @@ _Pattern = Annotated[str, Field(pattern=_PATTERN)]
 _PositiveFloat = Annotated[float, Field(gt=0)]
 _Fraction = Annotated[float, Field(ge=0, le=1)]
 
+# Upper bounds. Every numeric setting that sizes something (tasks, queues, windows) or waits
+# for something has one, named in its docstring: a typo such as `concurrency: 100000000`
+# is then a located error here rather than a MemoryError minutes into `pantheon run`, and
+# `.inf` is refused with it. The bounds sit far above any real scenario.
+_HOUR = 3600.0
+_WEEK = 7 * 24 * _HOUR
+_Seconds = Annotated[float, Field(ge=0, le=_HOUR)]
+"""A wait in seconds: 0 to an hour."""
+_Timeout = Annotated[float, Field(gt=0, le=_HOUR)]
+"""A timeout in seconds: above 0, at most an hour."""
+_RunSeconds = Annotated[float, Field(ge=0, le=_WEEK)]
+"""A point in a run, in seconds: 0 to a week."""
+_Rate = Annotated[float, Field(ge=0, le=1_000_000)]
+"""Messages per second: at most a million."""
+_MAX_MESSAGES = 1_000_000_000
+
 
 class _Model(BaseModel):
     """Frozen and closed: a scenario is a value, and an unknown key is a typo until proven not."""
@@ -148,10 +165,12 @@ class ZmqTransportConfig(_Model):
     kind: Literal["zmq"]
     broker: str = "tcp://127.0.0.1:5555"
     nodes: dict[_AgentName, tuple[_AgentName, ...]] = Field(default_factory=dict)
-    heartbeat: _PositiveFloat = 1.0
-    """Seconds between heartbeats; a node silent for ``heartbeat * liveness`` is lost and
-    what was in flight to it is redelivered or dead-lettered (``node_lost``)."""
-    liveness: Annotated[int, Field(ge=1)] = 3
+    heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
+    """Seconds between heartbeats (above 0, at most 60); a node silent for
+    ``heartbeat * liveness`` is lost and what was in flight to it is redelivered or
+    dead-lettered (``node_lost``)."""
+    liveness: Annotated[int, Field(ge=1, le=100)] = 3
+    """Heartbeats a node may miss before it is lost: 1 to 100."""
     curve: bool = False
     """Encrypt and authenticate every link with CURVE keys made for the run: the broker
     admits only the run's own processes (``pantheon run``; by hand, see ``pantheon keys``)."""
@@ -170,10 +189,19 @@ _Transport = Annotated[
 def _compile(value: Any) -> Any:
     """Compile a rule now, so a bad regex fails at load time with its index, not mid-run."""
     if isinstance(value, str):
-        try:
-            return re.compile(value)
-        except re.error as exc:
-            raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+        # `re` warns (FutureWarning) about a pattern whose meaning a later Python changes,
+        # such as `[[`: a rule that may match something else tomorrow is reported now, and
+        # never escapes as a warning turned error under `-W error`.
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            try:
+                return re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {value!r}: {exc}") from None
+            except Warning as exc:
+                raise ValueError(
+                    f"ambiguous regular expression {value!r}: {exc} (escape it: \\[)"
+                ) from None
     return value
 
 
@@ -207,15 +235,20 @@ class OpenAIProviderConfig(_Model):
     base_url: str = Field(default_factory=_env_base_url)
     model: str = Field(min_length=1)
     api_key_env: str = "OPENAI_API_KEY"
-    timeout: _PositiveFloat = 30.0
-    """Seconds for a whole request (reading the answer included)."""
-    connect_timeout: _PositiveFloat = 5.0
-    max_retries: Annotated[int, Field(ge=0)] = 3
-    """Retries after a 429, a 5xx or a refused connection, with exponential backoff."""
-    backoff: Annotated[float, Field(ge=0)] = 0.2
-    """Seconds before the first retry; doubled each time, jittered, honouring Retry-After."""
-    max_backoff: Annotated[float, Field(ge=0)] = 5.0
-    max_connections: Annotated[int, Field(ge=1)] = 32
+    timeout: _Timeout = 30.0
+    """Seconds for a whole request (reading the answer included); at most an hour."""
+    connect_timeout: _Timeout = 5.0
+    """Seconds to connect; at most an hour."""
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 3
+    """Retries after a 429, a 5xx or a refused connection, with exponential backoff (0 to
+    100)."""
+    backoff: _Seconds = 0.2
+    """Seconds before the first retry (0 to an hour); doubled each time, jittered, honouring
+    Retry-After."""
+    max_backoff: _Seconds = 5.0
+    """Longest wait between retries, in seconds: 0 to an hour."""
+    max_connections: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Connections open to the server at once: 1 to 1024."""
     default_intent: str = "question"
 
 
@@ -345,12 +378,12 @@ class _InputBase(_Model):
     # its alias, used for reading and for dumping (a dumped scenario loads again).
     model_config = ConfigDict(frozen=True, extra="forbid", serialize_by_alias=True)
 
-    count: Annotated[int, Field(gt=0)] | None = None
-    """Stop after this many messages (malformed ones included)."""
-    duration: _PositiveFloat | None = None
-    """Stop after this many seconds."""
-    rate: Annotated[float, Field(ge=0)] = 0.0
-    """Messages per second; 0 means as fast as the bus accepts them."""
+    count: Annotated[int, Field(gt=0, le=_MAX_MESSAGES)] | None = None
+    """Stop after this many messages (malformed ones included); at most a billion."""
+    duration: Annotated[float, Field(gt=0, le=_WEEK)] | None = None
+    """Stop after this many seconds; at most a week."""
+    rate: _Rate = 0.0
+    """Messages per second, at most a million; 0 means as fast as the bus accepts them."""
     priority: _Priority = "normal"
     """The bus priority every input message is published with."""
     topic: _Topic | None = None
@@ -494,10 +527,14 @@ _Input = Annotated[
 class RetryConfig(_Model):
     """Mirrors :class:`bus.Retry`: ``attempts`` counts every call, the first included."""
 
-    attempts: Annotated[int, Field(ge=1)] = 1
-    backoff: Annotated[float, Field(ge=0)] = 0.0
-    multiplier: Annotated[float, Field(ge=1)] = 2.0
-    max_backoff: Annotated[float, Field(ge=0)] = 30.0
+    attempts: Annotated[int, Field(ge=1, le=100)] = 1
+    """Calls in all, the first included: 1 to 100."""
+    backoff: _Seconds = 0.0
+    """Seconds before the first retry: 0 to an hour."""
+    multiplier: Annotated[float, Field(ge=1, le=100)] = 2.0
+    """Each wait is the last one times this: 1 to 100."""
+    max_backoff: _Seconds = 30.0
+    """Longest wait between attempts, in seconds: 0 to an hour."""
 
     def to_policy(self) -> bus.Retry:
         return bus.Retry(self.attempts, self.backoff, self.multiplier, self.max_backoff)
@@ -506,13 +543,21 @@ class RetryConfig(_Model):
 class BreakerConfig(_Model):
     """Mirrors :class:`bus.BreakerPolicy`; the defaults are the bus's."""
 
-    consecutive_failures: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.consecutive_failures
+    consecutive_failures: Annotated[int, Field(ge=1, le=10_000)] = (
+        bus.DEFAULT_BREAKER.consecutive_failures
+    )
+    """Failures in a row that open the breaker: 1 to 10,000."""
     failure_rate: Annotated[float, Field(gt=0, le=1)] = bus.DEFAULT_BREAKER.failure_rate
-    window: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.window
-    min_calls: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.min_calls
-    cooldown: Annotated[float, Field(gt=0)] = bus.DEFAULT_BREAKER.cooldown
-    probes: Annotated[int, Field(ge=1)] = bus.DEFAULT_BREAKER.probes
-    probe_timeout: Annotated[float, Field(gt=0)] = bus.DEFAULT_BREAKER.probe_timeout
+    window: Annotated[int, Field(ge=1, le=10_000)] = bus.DEFAULT_BREAKER.window
+    """Last calls the failure rate is taken over (each is remembered): 1 to 10,000."""
+    min_calls: Annotated[int, Field(ge=1, le=10_000)] = bus.DEFAULT_BREAKER.min_calls
+    """Calls in the window before the rate counts: 1 to 10,000, and at most ``window``."""
+    cooldown: _Timeout = bus.DEFAULT_BREAKER.cooldown
+    """Seconds open before probing: above 0, at most an hour."""
+    probes: Annotated[int, Field(ge=1, le=1000)] = bus.DEFAULT_BREAKER.probes
+    """Trial calls let through when half-open: 1 to 1000."""
+    probe_timeout: _Timeout = bus.DEFAULT_BREAKER.probe_timeout
+    """Seconds a probe may take before it counts as failed: above 0, at most an hour."""
 
     @model_validator(mode="after")
     def _reachable(self) -> BreakerConfig:
@@ -556,10 +601,13 @@ class AgentConfig(_Model):
     subscribe: tuple[_Pattern, ...] | None = None
     """Topic patterns replacing the class's own ``subscriptions`` for this agent."""
     enabled: bool = True
-    concurrency: Annotated[int, Field(ge=1)] = 1
-    max_queue: Annotated[int, Field(ge=1)] = bus.DEFAULT_MAX_QUEUE
+    concurrency: Annotated[int, Field(ge=1, le=1024)] = 1
+    """Messages handled at once, one task each: 1 to 1024."""
+    max_queue: Annotated[int, Field(ge=1, le=10_000_000)] = bus.DEFAULT_MAX_QUEUE
+    """Messages the mailbox holds before ``overflow`` applies: 1 to 10,000,000."""
     overflow: bus.Overflow = "block"
-    block_timeout: Annotated[float, Field(ge=0)] = bus.DEFAULT_BLOCK_TIMEOUT
+    block_timeout: _Seconds = bus.DEFAULT_BLOCK_TIMEOUT
+    """Seconds a publisher waits on a full mailbox (``overflow: block``): 0 to an hour."""
     retry: RetryConfig = RetryConfig()
     breaker: BreakerConfig | None = BreakerConfig()
     """``null`` in the file disables the consumer-side breaker."""
@@ -578,8 +626,10 @@ class FaultMarkConfig(_Model):
     original run's timeline (it happens later), so a window that ended during the run is
     over for the redrive too."""
 
-    seconds: Annotated[float, Field(ge=0)] | None = None
-    messages: Annotated[int, Field(ge=0)] | None = None
+    seconds: _RunSeconds | None = None
+    """Seconds into the run: 0 to a week."""
+    messages: Annotated[int, Field(ge=0, le=_MAX_MESSAGES)] | None = None
+    """Inputs taken in before: 0 to a billion."""
 
     @model_validator(mode="after")
     def _one(self) -> FaultMarkConfig:
@@ -597,7 +647,8 @@ class AgentFaultConfig(_Model):
     )
 
     failure_rate: _Fraction = 0.0
-    latency_ms: Annotated[float, Field(ge=0)] = 0.0
+    latency_ms: Annotated[float, Field(ge=0, le=_HOUR * 1000)] = 0.0
+    """Milliseconds added to each handling: 0 to an hour's worth."""
     tool: Literal["reply", "ticket", "escalate"] | None = None
     """Only calls of this tool fail (Actor); ``None``: every call may fail."""
     from_: FaultMarkConfig | None = Field(default=None, alias="from")
@@ -619,8 +670,10 @@ class FloodConfig(_Model):
     """A runaway publisher: ``count`` extra messages on ``topic`` at ``rate`` per second."""
 
     topic: _Topic
-    rate: _PositiveFloat
-    count: Annotated[int, Field(gt=0)]
+    rate: Annotated[float, Field(gt=0, le=1_000_000)]
+    """Messages per second: above 0, at most a million."""
+    count: Annotated[int, Field(gt=0, le=10_000_000)]
+    """Messages in all: 1 to 10,000,000."""
     priority: Literal["critical", "high", "normal"] = "normal"
 
 
@@ -628,7 +681,8 @@ class KillNodeConfig(_Model):
     """Kill ZeroMQ node ``node`` ``at`` seconds into the run."""
 
     node: _AgentName
-    at: Annotated[float, Field(ge=0)]
+    at: _RunSeconds
+    """Seconds into the run: 0 to a week."""
 
 
 class FaultsConfig(_Model):
@@ -745,7 +799,8 @@ class Scenario(_Model):
     version: int
     name: str = Field(pattern=_NAME)
     description: str = ""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=-(2**63), lt=2**63)] = 0
+    """Seeds every random choice of the run; a signed 64-bit integer (it is stored as one)."""
     path: tuple[str, ...] = ()
     """Folders (relative to the scenario's) to import the team's modules from, besides the
     scenario's own folder."""
