@@ -656,9 +656,10 @@ class Bus:
         self, topic: str, payload: Any, priority: int, cause: Envelope | None
     ) -> Envelope:
         # Before anything is counted or recorded: 3 would raise IndexError in a mailbox after
-        # the publish was counted, and -1 would be filed silently as NORMAL. One chained
-        # comparison of two ints; every emit path builds its envelope here.
-        if not 0 <= priority <= 2:
+        # the publish was counted, and -1 would be filed silently as NORMAL. Every emit path
+        # builds its envelope here; a Priority member (nearly every call) is valid by type,
+        # which costs one identity test, a third of the range comparison plain ints get.
+        if priority.__class__ is not Priority and not 0 <= priority <= 2:
             raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {priority!r}")
         worker = _current.get()
         if cause is None and worker is not None:
