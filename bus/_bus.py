@@ -715,12 +715,17 @@ class Bus:
         env = self._envelope(topic, payload, priority, cause)
         blocked = self._dispatch(env)
         if blocked:
-            if _REMOTE in blocked:
-                blocked = [sub for sub in blocked if sub is not _REMOTE]
-                self._send_later(env)
-            if blocked:
-                self._refuse(env, blocked)
+            self._not_waiting(env, blocked)
         return env
+
+    def _not_waiting(self, env: Envelope, blocked: list[Subscription]) -> None:
+        """What ``emit_nowait`` does with mailboxes that would make it wait: a remote send
+        goes to a background task, a full local mailbox refuses (QueueFullError)."""
+        if _REMOTE in blocked:
+            blocked = [sub for sub in blocked if sub is not _REMOTE]
+            self._send_later(env)
+        if blocked:
+            self._refuse(env, blocked)
 
     async def emit_many(
         self,
@@ -1458,11 +1463,7 @@ class Bus:
             only = tuple(sub for sub in route.subs if sub is not own)
         blocked = self._dispatch(env, only)
         if blocked:
-            if _REMOTE in blocked:
-                blocked = [sub for sub in blocked if sub is not _REMOTE]
-                self._send_later(env)
-            if blocked:
-                self._refuse(env, blocked)
+            self._not_waiting(env, blocked)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""
