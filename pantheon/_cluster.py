@@ -179,6 +179,11 @@ def _received(t: Mapping[str, Any]) -> int:
     return int(t.get("received", 0))
 
 
+def _settled_by(report: Mapping[str, Any], node: str) -> int:
+    """Messages ``node`` settled for the process that made ``report``."""
+    return int(report.get("transport", {}).get("settled_by", {}).get(node, 0))
+
+
 def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
     """The counters the driver polls to see inputs progress and the cluster go quiet."""
     t = _transport_stats(bus)
@@ -800,6 +805,7 @@ class _Driver:
 
     def _summary(self, reports: list[dict[str, Any]], elapsed: float, started: float) -> RunSummary:
         messages = sum(r["published"] - _received(r.get("transport", {})) for r in reports)
+        silent = [name for name, node in self.nodes.items() if node.report is None]
         summary = summarize(
             self.scenario,
             reports,
@@ -807,6 +813,7 @@ class _Driver:
             elapsed=elapsed,
             session_id=self.bus.session_id,
             messages=messages,
+            unverified={name: sum(_settled_by(r, name) for r in reports) for name in silent},
         )
         driver_t = reports[0].get("transport", {})
         summary.nodes = {

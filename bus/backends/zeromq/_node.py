@@ -415,6 +415,11 @@ class ZmqTransport(Transport):
             ),
             0,
         )
+        # Messages each other node settled, by node name: a node killed without a word
+        # took its own accounting with it, and what it had settled here (handled there)
+        # may have caused work inside it that died too. The driver of a run says so instead
+        # of claiming nothing was lost. One entry per node name the directory ever listed.
+        self._settled_by: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -776,6 +781,7 @@ class ZmqTransport(Transport):
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
             "sent": self._sent,
+            "settled_by": dict(self._settled_by),
             **self._counts,
         }
 
@@ -1104,6 +1110,7 @@ class ZmqTransport(Transport):
         if not settled:
             return
         peer.sent -= settled
+        self._settled_by[peer.name] = self._settled_by.get(peer.name, 0) + settled
         backlog = peer.backlog
         while backlog and peer.sent < peer.credit:
             body, n = backlog.popleft()
