@@ -900,6 +900,8 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
     with contextlib.ExitStack() as cleanup:
         keys: Path | None = None
         curve: dict[str, Any] = {}
+        if cfg.insecure:
+            command.append("--insecure")
         if cfg.curve:
             keys = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pantheon-")))
             allowed = _make_keys(keys, [DRIVER_NODE, *cfg.nodes])
