@@ -88,13 +88,16 @@ def _tokens(pattern: str) -> tuple[str, ...]:
             raise ValueError(
                 f"topic pattern {pattern!r}: '?' and '[...]' are not wildcards (topics have only "
                 f"'*' for one token and '>' for one or more); name the token, or use "
-                f"{_spelling(tokens, i, ONE)!r} with a filter"
+                f"{_spelling(tokens)!r} with a filter"
             )
     return tokens
 
 
-def _spelling(tokens: tuple[str, ...], i: int, wildcard: str) -> str:
-    spelled = ".".join((*tokens[:i], wildcard, *tokens[i + 1 :]))
+def _spelling(tokens: tuple[str, ...]) -> str:
+    """``tokens`` with every glob-like token made ``*``: the nearest valid pattern."""
+    spelled = ".".join(
+        ONE if t not in (ONE, REST) and any(c in t for c in "*>?[") else t for t in tokens
+    )
     return REST if spelled == ONE else spelled  # '*' alone is refused too
 
 
@@ -105,12 +108,12 @@ def _mid_token(pattern: str, tokens: tuple[str, ...], i: int) -> str:
         f"token and no longer crosses dots, '>' as the last token is one or more)"
     )
     stem = token.rstrip("*")
-    if i == len(tokens) - 1 and stem and "*" not in stem and ">" not in stem:
+    if i == len(tokens) - 1 and stem and not any(c in stem for c in "*>?["):
         # ``email*`` / ``observation.email*``: the old glob matched everything below.
-        below = ".".join((*tokens[:i], stem, REST))
+        below = _spelling((*tokens[:i], stem, REST))
         return f"{why}; use {below!r} for any number of tokens after {stem!r}"
     return (
-        f"{why}; subscribe to {_spelling(tokens, i, ONE)!r} and keep the tokens you want "
+        f"{why}; subscribe to {_spelling(tokens)!r} and keep the tokens you want "
         f"with filter=, or name each topic"
     )
 
