@@ -327,8 +327,10 @@ def _summary(report: WhatIfReport, overlay: Overlay) -> dict[str, Any]:
     expectation a replay can judge anew (accuracy; timings of a replay mean nothing)."""
     acc = report.decisions.b.accuracy
     summary: dict[str, Any] = {
-        "whatif": {k: v for k, v in report.to_dict().items() if k != "decisions"},
-        "overlay": overlay.text,
+        # The overlay's text inside the what-if record: `sessions show` prints it as one
+        # JSON line rather than spilling its lines into the summary.
+        "whatif": {k: v for k, v in report.to_dict().items() if k != "decisions"}
+        | {"overlay": overlay.text},
         "decisions": report.decisions.headline(),
         "accuracy": {"action_accuracy": acc, "scored": report.decisions.b.scored},
     }

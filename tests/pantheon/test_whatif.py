@@ -97,7 +97,7 @@ def test_a_higher_refund_limit_moves_exactly_the_refunds_between_the_limits(
     assert diff.b.accuracy is not None and diff.b.accuracy < diff.a.accuracy
     assert new_info.kind == "whatif" and new_info.forked_from == original
     assert new_info.replay_of is None
-    assert new_info.summary["overlay"] == "policy:\n  refund_limit: 500\n"
+    assert new_info.summary["whatif"]["overlay"] == "policy:\n  refund_limit: 500\n"
     assert yaml.safe_load(new_info.scenario_text or "")["policy"]["refund_limit"] == 500
 
     runner = CliRunner()
