@@ -472,7 +472,8 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--with",
                 help="What-if: replay the recorded inputs through the team changed by this "
-                "overlay YAML, effects served where a call is unchanged (docs/what-if.md).",
+                "overlay YAML ('-': read it from stdin), effects served where a call is "
+                "unchanged (docs/what-if.md).",
                 show_default=False,
             ),
         ] = None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -17,7 +18,7 @@ from rich.markup import escape
 from pantheon._decisions import DecisionDiff
 from pantheon._overlay import apply_overlay, read_overlay
 from pantheon._whatif import WhatIfReport, whatif_replay
-from pantheon.scenario import ScenarioError
+from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 
 __all__ = ["decision_lines", "whatif_command"]
@@ -48,9 +49,16 @@ def whatif_command(
         err.print(f"[red]error:[/red] session {info.id} has no scenario text to change")
         raise typer.Exit(2)
     try:
-        text = read_overlay(overlay_path)
+        if str(overlay_path) == "-":
+            # The dashboard's form pipes its text in; at most what a file may hold.
+            text = sys.stdin.read(MAX_SCENARIO_BYTES + 1)
+            if len(text) > MAX_SCENARIO_BYTES:
+                raise ScenarioError([Problem("<stdin>", 1, 1, "", "too large for an overlay")])
+            source = "<stdin>"
+        else:
+            text, source = read_overlay(overlay_path), str(overlay_path)
         base = None if info.scenario_dir is None else Path(info.scenario_dir)
-        overlay = apply_overlay(info.scenario_text, text, source=str(overlay_path), base_dir=base)
+        overlay = apply_overlay(info.scenario_text, text, source=source, base_dir=base)
     except OSError as exc:
         why = escape(exc.strerror or str(exc))
         err.print(f"[red]error:[/red] {escape(str(overlay_path))}: {why}")
