@@ -255,6 +255,14 @@ async def whatif_replay(
     incomplete = incomplete_reason(original)
     if incomplete is not None:
         raise SessionError(f"session {original.id} is {incomplete}: replay a finished session")
+    remote = sorted(set(original.summary.get("nodes") or ()) - {"driver"})
+    if remote:
+        # As for an exact replay: hops handled on other nodes, and their effects, are not
+        # in the record, so there is nothing to serve them from or to compare them with.
+        raise SessionError(
+            f"session {original.id} ran on several processes (nodes: {', '.join(remote)}); "
+            "only the driver's messages are recorded. Try the change on a single-process run."
+        )
     base_dir = None if original.scenario_dir is None else Path(original.scenario_dir)
     if isinstance(overlay, str):
         overlay = apply_overlay(original.scenario_text, overlay, source=source, base_dir=base_dir)

