@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +230,26 @@ def problems_tail() -> str:
     except ScenarioError as exc:
         return str(exc).split("expected one of ", 1)[1]
     raise AssertionError("no error")
+
+
+def test_a_store_made_before_forked_from_gets_the_column_in_place(tmp_path: Path) -> None:
+    """An older store (no ``forked_from`` column) opens, keeps its sessions, and records a
+    what-if's link from then on; an older Pantheon names its columns and never sees it."""
+    path = tmp_path / "sessions.db"
+    with SessionStore(path) as st:
+        old = st.begin_session(scenario="old", kind="run")
+        st.end_session(old, "completed")
+    conn = sqlite3.connect(path)
+    conn.execute("ALTER TABLE sessions DROP COLUMN forked_from")
+    conn.commit()
+    conn.close()
+    with SessionStore(path, create=False) as st:
+        assert st.session(old).forked_from is None
+        new = st.begin_session(scenario="old", kind="whatif", forked_from=old)
+        st.end_session(new, "completed")
+    with SessionStore(path, create=False) as st:
+        assert st.session(new).forked_from == old and st.session(new).kind == "whatif"
+    conn = sqlite3.connect(path)
+    columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
+    conn.close()
+    assert columns[-1] == "forked_from"
