@@ -71,10 +71,10 @@ def whatif_command(
         report = asyncio.run(whatif_replay(store, info.id, overlay))
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return report
-    with con.status(f"what-if replay of {info.id} with {overlay_path} ..."):
+    with con.status(f"what-if replay of {info.id} with {escape(source)} ..."):
         report = asyncio.run(whatif_replay(store, info.id, overlay))
     con.print(
-        f"what-if replay of {report.original_session_id} with {escape(str(overlay_path))} "
+        f"what-if replay of {report.original_session_id} with {escape(source)} "
         f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs, effects "
         f"served {report.effects_served}, called live {report.effects_called}"
     )
