@@ -70,6 +70,22 @@ def _moved_by_limit(store: Path, session: str, old: float, new: float) -> set[st
     }
 
 
+def _refunds_over(store: Path, session: str, limit: float) -> set[str]:
+    """Refunds the Guardian escalates for their amount (trusted, over ``limit``)."""
+    policy = yaml.safe_load(SCENARIO.read_text())["policy"]
+    with SessionStore(store) as st:
+        plans = [e.payload for e in st.envelopes(session) if e.topic == "plan.proposed"]
+    return {
+        p["email_id"]
+        for p in plans
+        if p["intent"] == "refund"
+        and p["action"] not in ("ignore", "escalate")
+        and p["confidence"] >= policy["min_confidence"]
+        and p["amount"] is not None
+        and p["amount"] > limit
+    }
+
+
 def test_a_higher_refund_limit_moves_exactly_the_refunds_between_the_limits(
     recorded: tuple[Path, str], cli: typer.Typer
 ) -> None:
@@ -86,14 +102,26 @@ def test_a_higher_refund_limit_moves_exactly_the_refunds_between_the_limits(
     assert (
         diff.headline() == f"{len(expected)} emails changed action: {len(expected)} escalate→reply"
     )
-    # Only the changed emails' downstream calls ran live (the Actor's reply instead of an
-    # escalation, the Learner scoring the new outcome); everything else was served.
-    assert 0 < report.effects_called <= 5 * len(expected)
+    assert report.effects_called > 0
     with SessionStore(store) as st:
         original_info, new_info = st.session(original), st.session(report.new_session_id)
+        payloads = {e.id: e.payload for e in st.envelopes(report.new_session_id)}
+        live = [e for e in st.effects(report.new_session_id) if e.ended_ns > e.started_ns]
         assert len([e for e in st.effects(original) if e.envelope_id]) == (
             report.effects_served + report.effects_called
         )
+    # The calls that ran live were made for the emails whose decision message changed:
+    # the moved ones (a reply instead of an escalation, and its outcome scored), and the
+    # refunds over 500, still escalated but with a reason that now names the new limit.
+    by_call: dict[str, set[str]] = {}
+    for e in live:
+        by_call.setdefault(e.name, set()).add(payloads[e.envelope_id]["email_id"])
+    assert by_call == {
+        "tool.reply": expected,
+        "learner.observe": expected,
+        "tool.escalate": _refunds_over(store, original, 500.0),
+    }
+    assert len(live) == report.effects_called
     # Accuracy before is what the run itself measured (the Learner's), from the record.
     assert diff.a.accuracy == original_info.summary["accuracy"]["action_accuracy"]
     assert diff.b.accuracy is not None and diff.b.accuracy < diff.a.accuracy
@@ -152,10 +180,17 @@ def test_a_rules_change_calls_the_model_live_and_serves_the_rest(
     rules = "provider:\n  rules:\n    spam: ['(?i)\\bunsubscribe\\b']\n"
     report = asyncio.run(pantheon.replay(original, store=store, with_=rules))
     with SessionStore(store) as st:
-        names = [e.name for e in st.effects(report.new_session_id)]
-    assert names.count("model.rules.chat") == 591
+        effects = st.effects(report.new_session_id)
+    # A served effect is recorded as taking no time (it ran nothing); a live one took some.
+    served = {e.name for e in effects if e.started_ns == e.ended_ns}
+    live = {e.name for e in effects if e.ended_ns > e.started_ns}
+    calls = [e for e in effects if e.name == "model.rules.chat"]
+    lookups = [e for e in effects if e.name == "memory.lookup"]
+    assert len(calls) == len(lookups) == 591
+    assert all(e.ended_ns > e.started_ns for e in calls)
+    assert all(e.started_ns == e.ended_ns for e in lookups)
+    assert "model.rules.chat" in live and "model.rules.chat" not in served
     assert report.effects_called >= 591
-    assert report.effects_served >= names.count("memory.lookup") == 591
     # Spam the narrower rule misses is no longer ignored, and that is wrong by the labels.
     groups = {(b, a): items for b, a, items in report.decisions.groups}
     assert ("ignore", "escalate") in groups
