@@ -392,8 +392,9 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first difference and per-hop latency deltas (ms).
-        Exits 1 when the runs diverge; 0 when they match, or differ only where effects
+        """Align B onto A hop by hop: the first difference, the items whose decision changed
+        (grouped before→after, with accuracy before and after) and per-hop latency deltas
+        (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
         answered differently (timing: what other messages had got there first)."""
         from pantheon._cli_whatif import decision_lines
         from pantheon._decisions import diff_decisions
