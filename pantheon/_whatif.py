@@ -18,7 +18,8 @@ recorded order, and every effect is either served from the record or run live:
 
 The result is an ordinary session (``kind='whatif'``, ``forked_from`` = the original)
 whose scenario text is the merged one, so it can itself be replayed exactly; its summary
-holds the decision diff against the original and the accuracy expectation judged anew.
+holds the overlay, the headline of the decision diff against the original, the accuracy
+and the accuracy expectation judged anew (``pantheon diff`` recomputes the full diff).
 
 What is not carried over: state an agent built from *served* effects it would have run
 (a Learner whose ``learner.observe`` was served has not counted those outcomes). Its
