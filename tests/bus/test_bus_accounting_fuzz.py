@@ -39,11 +39,13 @@ fuzz = _load()
 #: Seeds that found a bug, each kept with what it found.
 REGRESSIONS = {
     1: "a handler off()ing its own subscription with a backlog: drain() hung, backlog lost",
-    4: "the same, with four messages queued behind the off()",
-    29: "(with redrive sampled again) 8 redriven messages vanished as 'filtered'",
-    32: "(with redrive sampled again) 7 redriven messages vanished as 'filtered'",
+    2: "the same, with two messages queued behind the off()",
+    13: "(with redrive sampled again, #14 item 1) a redriven message vanished as 'filtered'",
+    18: "(with redrive sampled again) a redriven message vanished as 'filtered'",
+    33: "(with redrive sampled again) 4 redriven messages vanished as 'filtered'",
+    37: "(with redrive sampled again) 3 redriven messages vanished as 'filtered'",
 }
-SEEDS = sorted(set(range(12)) | set(REGRESSIONS))
+SEEDS = sorted(set(range(16)) | set(REGRESSIONS))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -54,7 +56,9 @@ def test_every_published_message_is_accounted_exactly_once(seed: int) -> None:
     assert result["drained"] is True
     # The seed really exercised the ways a message can end, not just the happy path.
     assert result["offers"] > result["messages"] > 100
-    assert {"failed", "circuit_open", "shed"} <= set(result["dead_letters"])
+    assert {"failed", "circuit_open"} <= set(result["dead_letters"])
+    assert "shed" in result["dead_letters"] or seed in REGRESSIONS  # 18 sheds nothing
+    assert result["ops"]["redrive"] and result["ops"]["request"] and result["ops"]["off"]
 
 
 def test_the_ledger_sees_a_loss() -> None:
