@@ -127,15 +127,16 @@ async def test_a_node_drops_bad_directory_entries_and_applies_the_rest(
             bad = [PeerInfo(name, 1, data, key, 10, [("x", ">")]) for name, data, key, _ in HOSTILE]
             bad += [
                 PeerInfo("victim", 1, "tcp://127.0.0.1:5", None, 10, []),  # its own name
-                PeerInfo("good", 2, "tcp://127.0.0.1:5", None, 10, []),  # listed twice
                 PeerInfo("r-credit", 1, "tcp://127.0.0.1:5", None, 0, []),
             ]
+            # Listed twice (restarted before the broker lost its old self): the last wins.
+            stale = PeerInfo("good", 2, "tcp://127.0.0.1:5", None, 10, [("old", "o")])
 
             async def serve() -> None:
                 ident, frame = await fake.recv_multipart()
                 assert isinstance(decode_up(frame), Hello)
                 await fake.send_multipart([ident, enc.encode(Welcome("fake", 1.0, 3, 1 << 20, 1))])
-                directory = Directory(1, [bad[0], good_info, *bad[1:]])
+                directory = Directory(1, [bad[0], stale, *bad[1:], good_info])
                 await fake.send_multipart([ident, enc.encode(directory)])
                 while True:  # until the node says it applied it
                     ident, frame = await fake.recv_multipart()

@@ -1605,17 +1605,18 @@ class ZmqTransport(Transport):
     def _checked(self, infos: list[PeerInfo]) -> list[PeerInfo]:
         """The directory's entries this node can link to. Without CURVE any process that
         reaches the broker can join with anything in its HELLO; a bad entry (an endpoint
-        libzmq refuses, a bad key, this node's own name, a name listed twice) is dropped and
-        counted as ``directory_dropped``, and the rest of the directory still applies."""
-        good: list[PeerInfo] = []
-        names = {self.node}
+        libzmq refuses, a bad key, this node's own name) is dropped and counted as
+        ``directory_dropped``, and the rest of the directory still applies. A name listed
+        twice (a node restarted before the broker lost its old self) keeps its last entry,
+        the newest join, as the directory always did."""
+        good: dict[str, PeerInfo] = {}
         for info in infos:
             problem = peer_problem(info)
-            if problem is None and info.name in names:
-                problem = f"node name {info.name!r} is listed twice (or is this node's)"
+            if problem is None and info.name == self.node:
+                problem = "a directory entry under this node's own name"
             if problem is None:
-                names.add(info.name)
-                good.append(info)
+                good.pop(info.name, None)  # the newest join last
+                good[info.name] = info
                 continue
             self._counts["directory_dropped"] += 1
             n = self._counts["directory_dropped"]
@@ -1623,7 +1624,7 @@ class ZmqTransport(Transport):
                 _log.warning(
                     "node %s dropped directory entry #%d (%r): %s", self.node, n, info.name, problem
                 )
-        return good
+        return list(good.values())
 
     def _set_directory(self, infos: list[PeerInfo]) -> None:
         """Link to the peers ``infos`` lists, and lose those it no longer does. Except for
