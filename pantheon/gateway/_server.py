@@ -1,0 +1,141 @@
+"""Running the gateway's ASGI app with uvicorn inside the run's own event loop.
+
+The gateway shares the loop (and the bus) with the team: no thread, no second loop, so a
+handler that publishes and the bus that delivers are the same objects the agents use. The
+server does not install signal handlers of its own (``pantheon serve`` owns Ctrl-C: it
+ends the input, lets the team finish and records the session before stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import Iterator, Mapping
+from types import TracebackType
+
+import uvicorn
+
+from bus import Bus
+from pantheon._inputs import HttpSource
+from pantheon.gateway._app import GatewayState, build_app
+from pantheon.gateway._auth import Tokens, load_tokens
+from pantheon.gateway._errors import GatewayError
+from pantheon.scenario import GatewayConfig
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("pantheon.gateway")
+
+_SECRET_PARAM = re.compile(r"(access_token=)[^&\s\"']*")
+
+
+class _RedactTokens(logging.Filter):
+    """uvicorn logs each WebSocket handshake with its query string; an ``access_token``
+    there is replaced by ``***`` before any handler sees the line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(
+                _SECRET_PARAM.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
+            )
+        if isinstance(record.msg, str) and "access_token=" in record.msg:
+            record.msg = _SECRET_PARAM.sub(r"\1***", record.msg)
+        return True
+
+
+_REDACT = _RedactTokens()
+
+
+class Gateway:
+    """The HTTP/WebSocket gateway over ``bus``. ``async with Gateway(bus, config)``; the bus
+    must be started first. ``inboxes`` maps Observer names to their :class:`HttpSource`
+    (``POST /v1/inbox/<name>``)."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        config: GatewayConfig | None = None,
+        *,
+        inboxes: Mapping[str, HttpSource] | None = None,
+        tokens: Tokens | None = None,
+        ws: str = "websockets-sansio",
+    ) -> None:
+        config = config if config is not None else GatewayConfig()
+        if tokens is None:
+            tokens = load_tokens(config.tokens_file, config.tokens_env)
+        self.config = config
+        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}))
+        self._ws = ws
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    async def start(self) -> None:
+        config = uvicorn.Config(
+            build_app(self.state),
+            host=self.config.host,
+            port=self.config.port,
+            loop="none",
+            http="httptools",
+            ws=self._ws,
+            ws_max_size=self.config.max_body,
+            lifespan="off",
+            access_log=False,  # ours (pantheon.gateway) never prints a query string
+            log_config=None,
+            server_header=False,
+            timeout_graceful_shutdown=5,
+        )
+        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+            logger = logging.getLogger(name)
+            if _REDACT not in logger.filters:
+                logger.addFilter(_REDACT)
+        server = _Server(config)
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(server.serve(), name="gateway")
+        while not server.started:
+            if self._task.done():
+                exc = self._task.exception() if not self._task.cancelled() else None
+                raise GatewayError(
+                    f"the gateway could not listen on {self.config.host}:{self.config.port}"
+                    + (f": {exc}" if exc else " (is the port in use?)")
+                )
+            await asyncio.sleep(0.01)
+        self.port = server.servers[0].sockets[0].getsockname()[1]
+        self.state.ready = True
+        log.info("gateway listening on %s", self.url)
+
+    async def aclose(self) -> None:
+        """Stop: not ready, every subscriber's stream ended, then the server shut down."""
+        self.state.ready = False
+        for client in list(self.state.clients.values()):
+            client.close()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await asyncio.gather(self._task, return_exceptions=True)
+            if self._task.done() and not self._task.cancelled() and self._task.exception():
+                log.error("the gateway stopped with an error", exc_info=self._task.exception())
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the run owns signals, not the server
