@@ -421,12 +421,14 @@ def build_app(state: GatewayState) -> ASGIApp:
         name = state.next_name(kind)
         client = Client(name, state.encoder, limit=config.send_queue, max_drops=config.max_drops)
         # The handler only appends to the client's own bounded queue, so the bus mailbox
-        # in front of it stays near empty; shed (never block) so no publisher ever waits
-        # for a web client, whatever happens.
+        # in front of it holds no more than a burst: room for a whole batch on top of the
+        # send queue. It sheds (never blocks) so no publisher ever waits for a web client;
+        # what it sheds is counted in the client's drops.
         bus.on(
-            pattern, client, name=name, max_queue=config.send_queue, overflow="shed",
-            breaker=None,
+            pattern, client, name=name, max_queue=config.send_queue + config.max_batch,
+            overflow="shed", breaker=None,
         )  # fmt: skip
+        client.subscription = bus.subscriptions()[name]
         state.clients[name] = client
         return client
 

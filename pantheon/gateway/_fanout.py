@@ -22,7 +22,7 @@ from typing import Any
 
 import msgspec
 
-from bus import Envelope
+from bus import Envelope, Subscription
 
 __all__ = ["Client", "Encoder", "WireEnvelope"]
 
@@ -83,23 +83,26 @@ class Encoder:
 class Client:
     """One subscriber's bounded send queue; called by the bus with each matching message.
 
-    ``dropped`` counts every message dropped for this client; ``unreported`` those the
-    client has not been told of yet. ``overflowed`` is set once ``max_drops`` is reached
-    (0: never), and the sender then closes the connection.
+    ``dropped`` counts every message dropped for this client: from its send queue, and
+    those its bus subscription shed before the handler saw them (a burst larger than the
+    mailbox; ``subscription.shed``, the bus's own count, also in its DLQ). ``overflowed``
+    is set once ``max_drops`` is reached (0: never), and the sender then closes the
+    connection.
     """
 
     __slots__ = (
+        "_reported",
         "_wake",
         "closed",
         "delivered",
-        "dropped",
         "encode",
         "limit",
         "max_drops",
         "name",
         "overflowed",
         "queue",
-        "unreported",
+        "queue_dropped",
+        "subscription",
     )
 
     def __init__(self, name: str, encode: Encoder, *, limit: int, max_drops: int) -> None:
@@ -108,7 +111,8 @@ class Client:
         self.limit = limit
         self.max_drops = max_drops
         self.queue: deque[bytes] = deque()
-        self.dropped = self.unreported = self.delivered = 0
+        self.subscription: Subscription | None = None
+        self._reported = self.delivered = self.queue_dropped = 0
         self.overflowed = self.closed = False
         self._wake = asyncio.Event()
 
@@ -121,12 +125,16 @@ class Client:
         queue = self.queue
         if len(queue) >= self.limit:
             queue.popleft()
-            self.dropped += 1
-            self.unreported += 1
-            if self.max_drops and self.dropped >= self.max_drops:
+            self.queue_dropped += 1
+            if self.max_drops and self.queue_dropped >= self.max_drops:
                 self.overflowed = True
         queue.append(self.encode(env))
         self._wake.set()
+
+    @property
+    def dropped(self) -> int:
+        sub = self.subscription
+        return self.queue_dropped + (sub.shed if sub is not None else 0)
 
     async def frames(self) -> AsyncIterator[bytes]:
         """Frames to send, each ``{"dropped": n, "messages": [...]}`` as JSON bytes, until
@@ -140,6 +148,9 @@ class Client:
                 continue
             n = min(len(queue), MAX_FRAME_MESSAGES)
             batch = [queue.popleft() for _ in range(n)]
-            dropped, self.unreported = self.unreported, 0
+            total = self.dropped
+            dropped, self._reported = total - self._reported, total
+            if self.max_drops and total >= self.max_drops:
+                self.overflowed = True
             self.delivered += n
             yield b'{"dropped":%d,"messages":[%b]}' % (dropped, b",".join(batch))

@@ -28,24 +28,44 @@ __all__ = ["Gateway"]
 
 log = logging.getLogger("pantheon.gateway")
 
-_SECRET_PARAM = re.compile(r"(access_token=)[^&\s\"']*")
+#: Where a token can appear in a server's log line: the ``access_token`` parameter of a
+#: logged URL, an ``Authorization`` header or a ``bearer.<token>`` subprotocol in the
+#: request headers uvicorn and websockets print at DEBUG.
+_SECRETS = re.compile(
+    r"(access_token=)[^&\s\"']*"
+    r"|(?i:(authorization:\s*\S+\s+))[^\s\"']+"
+    r"|(?i:(bearer\.))[^\s,\"']+"
+)
+
+
+def _hide(m: re.Match[str]) -> str:
+    return (m.group(1) or m.group(2) or m.group(3)) + "***"
 
 
 class _RedactTokens(logging.Filter):
-    """uvicorn logs each WebSocket handshake with its query string; an ``access_token``
-    there is replaced by ``***`` before any handler sees the line."""
+    """Replace any token in a log line by ``***`` before a handler sees it."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.args and isinstance(record.args, tuple):
-            record.args = tuple(
-                _SECRET_PARAM.sub(r"\1***", a) if isinstance(a, str) else a for a in record.args
-            )
-        if isinstance(record.msg, str) and "access_token=" in record.msg:
-            record.msg = _SECRET_PARAM.sub(r"\1***", record.msg)
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a malformed call: leave it to the handler
+            return True
+        hidden = _SECRETS.sub(_hide, text)
+        if hidden != text:
+            record.msg, record.args = hidden, None
         return True
 
 
 _REDACT = _RedactTokens()
+_LOGGERS = (
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+    "websockets",
+    "websockets.server",
+    "websockets.protocol",
+    "pantheon.gateway",
+)
 
 
 class Gateway:
@@ -86,16 +106,22 @@ class Gateway:
             http="httptools",
             ws=self._ws,
             ws_max_size=self.config.max_body,
+            ws_per_message_deflate=self.config.compression,
             lifespan="off",
             access_log=False,  # ours (pantheon.gateway) never prints a query string
             log_config=None,
             server_header=False,
             timeout_graceful_shutdown=5,
         )
-        for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        # A logger's filters see only its own records, not its children's: every logger the
+        # server writes through is listed, and the root's handlers get the filter too.
+        for name in _LOGGERS:
             logger = logging.getLogger(name)
             if _REDACT not in logger.filters:
                 logger.addFilter(_REDACT)
+        for handler in logging.getLogger().handlers:
+            if _REDACT not in handler.filters:
+                handler.addFilter(_REDACT)
         server = _Server(config)
         self._server = server
         self._task = asyncio.get_running_loop().create_task(server.serve(), name="gateway")

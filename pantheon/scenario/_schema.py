@@ -587,6 +587,10 @@ class GatewayConfig(_Model):
     its own)."""
     idempotency_keys: Annotated[int, Field(ge=0, le=1_000_000)] = 10_000
     """Idempotency keys remembered (the oldest is forgotten first); 0 turns them off."""
+    compression: bool = False
+    """Offer permessage-deflate to WebSocket clients. Off by default: a broadcast message is
+    encoded once for every subscriber, but compressed once per socket, which costs more
+    CPU than loopback or LAN bandwidth saves."""
     static: bool = True
     """Serve the example page at ``/`` (decisions streamed over the WebSocket)."""
 
