@@ -67,9 +67,7 @@ def test_the_page_shows_decisions_streamed_over_the_websocket(
     example: Server, browser: WebDriver, tmp_path: Path
 ) -> None:
     browser.get(f"{example.url}/")
-    WebDriverWait(browser, 30).until(
-        lambda d: d.find_element(By.ID, "status").text == "connected"
-    )
+    WebDriverWait(browser, 30).until(lambda d: d.find_element(By.ID, "status").text == "connected")
     r = httpx.post(
         f"{example.url}/v1/inbox",
         json={

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
-from conftest import PANTHEON, ROOT, start_server
+from conftest import PANTHEON, ROOT, Server, start_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 
@@ -37,36 +37,42 @@ EMAILS = [
 ]
 
 
-async def test_a_gateway_fed_session_replays_exactly(tmp_path: Path) -> None:
+async def feed(server: Server) -> None:
+    """Emails in by every route, decisions out over the WebSocket."""
+    async with (
+        httpx.AsyncClient(base_url=server.url, timeout=30) as http,
+        websockets.connect(f"{server.ws}/v1/subscribe?pattern=guardian.decision") as ws,
+    ):
+        for e in EMAILS[:3]:  # the webhook inbox: the Observer publishes them
+            r = await http.post("/v1/inbox", json=e)
+            assert r.status_code == 202 and r.json()["malformed"] is False
+        r = await http.post("/v1/inbox", json={"id": "junk", "note": "no email"})
+        assert r.json() == {
+            "published": True,
+            "topic": "observation.email.malformed",
+            "malformed": True,
+        }
+        r = await http.post("/v1/topics/observation.email.received", json=EMAILS[3])
+        assert r.status_code == 202
+        r = await http.post(
+            "/v1/batch",
+            json={"topic": "observation.email.received", "payloads": [EMAILS[4]]},
+        )
+        assert r.status_code == 202
+        decisions = []
+        async with asyncio.timeout(30):
+            while len(decisions) < 5:
+                decisions += json.loads(await ws.recv())["messages"]
+    got = sorted(d["payload"]["email_id"] for d in decisions)
+    assert got == [f"gw-{n}" for n in range(1, 6)]
+    outage = next(d for d in decisions if d["payload"]["email_id"] == "gw-2")
+    assert outage["payload"]["action"] == "escalate"
+
+
+def test_a_gateway_fed_session_replays_exactly(tmp_path: Path) -> None:
     server = start_server(EXAMPLE, tmp_path, "--json")
     try:
-        async with (
-            httpx.AsyncClient(base_url=server.url, timeout=30) as http,
-            websockets.connect(f"{server.ws}/v1/subscribe?pattern=guardian.decision") as ws,
-        ):
-            for e in EMAILS[:3]:  # the webhook inbox: the Observer publishes them
-                r = await http.post("/v1/inbox", json=e)
-                assert r.status_code == 202 and r.json()["malformed"] is False
-            r = await http.post("/v1/inbox", json={"id": "junk", "note": "no email"})
-            assert r.json() == {
-                "published": True,
-                "topic": "observation.email.malformed",
-                "malformed": True,
-            }
-            r = await http.post("/v1/topics/observation.email.received", json=EMAILS[3])
-            assert r.status_code == 202
-            r = await http.post(
-                "/v1/batch",
-                json={"topic": "observation.email.received", "payloads": [EMAILS[4]]},
-            )
-            assert r.status_code == 202
-            decisions = []
-            async with asyncio.timeout(30):
-                while len(decisions) < 5:
-                    decisions += json.loads(await ws.recv())["messages"]
-        assert sorted(d["payload"]["email_id"] for d in decisions) == [f"gw-{n}" for n in range(1, 6)]
-        outage = next(d for d in decisions if d["payload"]["email_id"] == "gw-2")
-        assert outage["payload"]["action"] == "escalate"
+        asyncio.run(feed(server))
     finally:
         assert server.stop() == 0
     summary = json.loads(server.stdout.read_text())
