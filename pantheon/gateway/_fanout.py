@@ -92,6 +92,7 @@ class Client:
 
     __slots__ = (
         "_reported",
+        "_waiting",
         "_wake",
         "closed",
         "delivered",
@@ -113,7 +114,7 @@ class Client:
         self.queue: deque[bytes] = deque()
         self.subscription: Subscription | None = None
         self._reported = self.delivered = self.queue_dropped = 0
-        self.overflowed = self.closed = False
+        self.overflowed = self.closed = self._waiting = False
         self._wake = asyncio.Event()
 
     def close(self) -> None:
@@ -121,7 +122,9 @@ class Client:
         self.closed = True
         self._wake.set()
 
-    def __call__(self, env: Envelope) -> None:
+    async def __call__(self, env: Envelope) -> None:
+        # A coroutine function, so the bus awaits it as it is (no wrapper per message); it
+        # never suspends. The sender is woken only when it sleeps, not per message.
         queue = self.queue
         if len(queue) >= self.limit:
             queue.popleft()
@@ -129,7 +132,9 @@ class Client:
             if self.max_drops and self.queue_dropped >= self.max_drops:
                 self.overflowed = True
         queue.append(self.encode(env))
-        self._wake.set()
+        if self._waiting:
+            self._waiting = False
+            self._wake.set()
 
     @property
     def dropped(self) -> int:
@@ -144,10 +149,16 @@ class Client:
         while not (self.overflowed or self.closed):
             if not queue:
                 wake.clear()
+                self._waiting = True
                 await wake.wait()
                 continue
-            n = min(len(queue), MAX_FRAME_MESSAGES)
-            batch = [queue.popleft() for _ in range(n)]
+            n = len(queue)
+            if n <= MAX_FRAME_MESSAGES:
+                batch = list(queue)
+                queue.clear()
+            else:
+                n = MAX_FRAME_MESSAGES
+                batch = [queue.popleft() for _ in range(n)]
             total = self.dropped
             dropped, self._reported = total - self._reported, total
             if self.max_drops and total >= self.max_drops:
