@@ -453,6 +453,7 @@ class HttpSource:
     async def __aiter__(self) -> AsyncIterator[InputItem]:
         self._wake = wake = asyncio.Event()
         queue = self._queue
+        current: asyncio.Future[None] | None = None
         try:
             while True:
                 while not queue:
@@ -460,13 +461,23 @@ class HttpSource:
                         return
                     wake.clear()
                     await wake.wait()
-                item, done = queue.popleft()
+                item, current = queue.popleft()
                 yield item
                 # Back here only once the Observer has published the item.
-                if not done.done():
-                    done.set_result(None)
+                if not current.done():
+                    current.set_result(None)
+                current = None
         finally:
             self._closed = True
+            if current is not None and not current.done():
+                # Closed at the yield: the Observer has taken the item and stopped (its
+                # count reached, or its publish failed, which the run reports). Only a
+                # cancelled Observer may have stopped before publishing it.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    current.set_exception(InboxClosed("the run stopped before this record"))
+                else:
+                    current.set_result(None)
             while queue:
                 _, done = queue.popleft()
                 if not done.done():

@@ -378,6 +378,8 @@ def build_app(state: GatewayState) -> ASGIApp:
             return _json(429, {"error": str(exc)}, {"Retry-After": state.retry_after(exc)})
         except InboxClosed as exc:
             return _json(503, {"error": str(exc)})
+        # Whoever stops waiting first, the outcome is read, never left "never retrieved".
+        done.add_done_callback(_retrieve)
         try:
             await asyncio.wait_for(asyncio.shield(done), config.request_timeout)
         except InboxClosed as exc:
@@ -511,6 +513,11 @@ async def _drain_incoming(ws: WebSocket, state: GatewayState) -> None:
         if message["type"] == "websocket.disconnect":
             return
         state.malformed_frames += 1
+
+
+def _retrieve(fut: asyncio.Future[None]) -> None:
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _refused_batch(state: GatewayState, exc: BaseException, ids: list[int]) -> Response:
