@@ -326,7 +326,7 @@ def build_app(state: GatewayState) -> ASGIApp:
     async def request_reply(request: Request, grant: Grant) -> Response:
         topic = request.path_params["topic"]
         state.check_topic(grant, topic)
-        raw = request.query_params.get("timeout", "5")
+        raw = request.query_params.get("timeout") or str(min(5.0, config.request_timeout))
         try:
             timeout = float(raw)
         except ValueError:
@@ -462,6 +462,8 @@ def build_app(state: GatewayState) -> ASGIApp:
                 reason = f"too slow: {client.dropped} messages dropped"
                 log.info("closing %s: %s", client.name, reason)
                 await ws.close(code=1008, reason=reason)
+            elif not reader.done():  # the gateway is stopping
+                await ws.close(code=1001, reason="the gateway is stopping")
         except (WebSocketDisconnect, OSError, RuntimeError):
             pass  # the client went away mid-send
         finally:
@@ -471,9 +473,11 @@ def build_app(state: GatewayState) -> ASGIApp:
 
     async def sse(request: Request, grant: Grant) -> Response:
         pattern = subscription(request.query_params.get("pattern"), grant)
-        client = attach("sse", pattern)
 
         async def stream() -> AsyncIterator[bytes]:
+            # Subscribed here, not before the response: a client gone before the stream
+            # starts never runs this generator, and so never leaves a subscription behind.
+            client = attach("sse", pattern)
             try:
                 yield b": subscribed\n\n"
                 async for frame in client.frames():

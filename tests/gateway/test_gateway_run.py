@@ -3,14 +3,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import pytest
+import websockets
 from conftest import HERE, PANTHEON, free_port
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 
 SCENARIO = """
 version: 1
@@ -20,6 +26,26 @@ gateway: {{port: {port}}}
 agents:
   sink: {{handler: "gwteam:sink", subscribe: ["data.*"]}}
 """
+
+
+async def _feed_and_watch(url: str, proc: subprocess.Popen[str]) -> tuple[Any, ...]:
+    """Post the two records with a subscriber connected; wait for the run to end; return
+    the run's output and how the subscriber's connection was closed."""
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=10) as http,
+        websockets.connect(f"ws{url[4:]}/v1/subscribe?pattern=data.*") as ws,
+    ):
+        for n in (1, 2):
+            r = await http.post("/v1/inbox", json={"id": n})
+            assert r.status_code == 202, r.text
+        out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+        got = 0
+        with pytest.raises(websockets.ConnectionClosed) as caught:
+            while True:
+                got += len(json.loads(await asyncio.wait_for(ws.recv(), 30))["messages"])
+    close = caught.value.rcvd
+    assert close is not None
+    return out, err, (close.code, close.reason, got)
 
 
 def test_pantheon_run_serves_the_gateway_until_the_input_ends(tmp_path: Path) -> None:
@@ -44,10 +70,9 @@ def test_pantheon_run_serves_the_gateway_until_the_input_ends(tmp_path: Path) ->
                 break
         except httpx.TransportError:
             time.sleep(0.1)
-    for n in (1, 2):
-        r = httpx.post(f"{url}/v1/inbox", json={"id": n}, timeout=10)
-        assert r.status_code == 202, r.text
-    out, err = proc.communicate(timeout=60)
+    out, err, closed = asyncio.run(_feed_and_watch(url, proc))
+    # a subscriber still connected when the run ends is told the gateway is going away
+    assert closed == (1001, "the gateway is stopping", 2)
     assert proc.returncode == 0, err
     summary = json.loads(out)
     assert (summary["inputs"], summary["passed"]) == (2, True)
