@@ -66,7 +66,7 @@ async def run(
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
         live_run(rec, scenario.name, enabled=record) as live,
-        _served(gw_config, serve, on_gateway) as served,
+        _served(gw_config, on_gateway, lambda: live.feed) as served,
     ):
         if on_bus is not None:
             on_bus(rec.bus)
@@ -102,10 +102,14 @@ class _Served:
     SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run."""
 
     def __init__(
-        self, config: GatewayConfig | None, on_gateway: Callable[[Gateway], None] | None
+        self,
+        config: GatewayConfig | None,
+        on_gateway: Callable[[Gateway], None] | None,
+        live: Callable[[], Any],
     ) -> None:
         self.config = config
         self.on_gateway = on_gateway
+        self.live = live
         self.gateway: Gateway | None = None
         self.inboxes: dict[str, Any] = {}
         self.stop = asyncio.Event()
@@ -124,7 +128,7 @@ class _Served:
             return
         from pantheon.gateway import Gateway
 
-        self.gateway = Gateway(bus, self.config, inboxes=self.inboxes)
+        self.gateway = Gateway(bus, self.config, inboxes=self.inboxes, live=self.live)
         await self.gateway.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -162,9 +166,11 @@ class _Served:
 
 @contextlib.asynccontextmanager
 async def _served(
-    config: GatewayConfig | None, serve: bool, on_gateway: Callable[[Gateway], None] | None
+    config: GatewayConfig | None,
+    on_gateway: Callable[[Gateway], None] | None,
+    live: Callable[[], Any],
 ) -> AsyncIterator[_Served]:
-    served = _Served(config, on_gateway)
+    served = _Served(config, on_gateway, live)
     try:
         yield served
     finally:

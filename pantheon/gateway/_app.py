@@ -104,6 +104,8 @@ class GatewayState:
     config: GatewayConfig
     tokens: Tokens
     inboxes: dict[str, HttpSource] = field(default_factory=dict)
+    #: The run's live feed (what ``pantheon monitor`` shows), once there is one.
+    live: Callable[[], Any] | None = None
     ready: bool = False
     encoder: Encoder = field(default_factory=Encoder)
     clients: dict[str, Client] = field(default_factory=dict)
@@ -492,6 +494,36 @@ def build_app(state: GatewayState) -> ASGIApp:
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
         )
 
+    async def live(ws: WebSocket) -> None:
+        """The run's live feed (snapshots, redrives) for a remote ``pantheon monitor
+        --url``: the Unix socket's msgpack frames, one per WebSocket message."""
+        feed = state.live() if state.live is not None else None
+        try:
+            grant = state.grant(_bearer(ws.headers, ws.query_params))
+            if not grant.may_subscribe("*"):
+                raise _Refused(403, f"token {grant.name!r} may not watch the whole run")
+            if feed is None:
+                raise _Refused(404, "this run has no live feed (it is not recorded)")
+        except _Refused as exc:
+            await ws.send_denial_response(_json(exc.status, {"error": exc.message}, exc.headers))
+            return
+        await ws.accept()
+
+        async def recv() -> bytes | None:
+            message = await ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return None
+            return message.get("bytes") or b""
+
+        async def send(body: bytes) -> None:
+            await ws.send_bytes(body)
+
+        try:
+            state.malformed_frames += await feed.serve_messages(recv, send)
+            await ws.close(code=1000)  # the run has ended: its last snapshot went out
+        except (WebSocketDisconnect, OSError, RuntimeError):
+            pass  # the client went away
+
     routes = [
         Route("/v1/topics/{topic}", route("publish", publish), methods=["POST"]),
         Route("/v1/batch", route("batch", batch), methods=["POST"]),
@@ -500,6 +532,7 @@ def build_app(state: GatewayState) -> ASGIApp:
         Route("/v1/inbox/{observer}", route("inbox", inbox), methods=["POST"]),
         Route("/v1/sse", route("sse", sse), methods=["GET"]),
         WebSocketRoute("/v1/subscribe", subscribe),
+        WebSocketRoute("/v1/live", live),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -590,6 +623,7 @@ _KNOWN = {
     "/v1/inbox",
     "/v1/sse",
     "/v1/subscribe",
+    "/v1/live",
     "/healthz",
     "/readyz",
     "/metrics",

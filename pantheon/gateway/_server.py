@@ -12,8 +12,9 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
+from typing import Any
 
 import uvicorn
 
@@ -71,7 +72,8 @@ _LOGGERS = (
 class Gateway:
     """The HTTP/WebSocket gateway over ``bus``. ``async with Gateway(bus, config)``; the bus
     must be started first. ``inboxes`` maps Observer names to their :class:`HttpSource`
-    (``POST /v1/inbox/<name>``)."""
+    (``POST /v1/inbox/<name>``); ``live()`` gives the run's :class:`~pantheon.live.LiveFeed`
+    (or ``None``), served at ``/v1/live`` for a remote ``pantheon monitor --url``."""
 
     def __init__(
         self,
@@ -80,13 +82,14 @@ class Gateway:
         *,
         inboxes: Mapping[str, HttpSource] | None = None,
         tokens: Tokens | None = None,
+        live: Callable[[], Any] | None = None,
         ws: str = "websockets-sansio",
     ) -> None:
         config = config if config is not None else GatewayConfig()
         if tokens is None:
             tokens = load_tokens(config.tokens_file, config.tokens_env)
         self.config = config
-        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}))
+        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}), live)
         self._ws = ws
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
