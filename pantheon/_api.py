@@ -89,11 +89,12 @@ async def run(
             on_team=on_team,
             hold=served.hold if serve else None,
         )
-        await served.aclose()
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)
         await rec.finish(summary, source=source)
         await live.close("completed" if summary.passed else "failed")
+        # Last: a monitor attached through the gateway gets the feed's final snapshot.
+        await served.aclose()
     return summary
 
 

@@ -3,6 +3,7 @@ over a WebSocket, so the terminal monitor works from another machine (item 3 of 
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,9 +61,17 @@ async def test_the_monitor_watches_a_run_through_the_gateway(tmp_path: Path) -> 
                 "the team's messages in a snapshot",
             )
             assert app.snapshot is not None and app.snapshot.session_id == client.session_id
+            # Ctrl-C on the server: the remote view gets the session's final snapshot
+            assert await asyncio.to_thread(server.stop) == 0
+            await until(
+                pilot,
+                lambda: app.snapshot is not None and not app.snapshot.live,
+                "the final snapshot",
+            )
+            assert app.snapshot is not None and app.snapshot.status == "completed"
         await client.aclose()
     finally:
-        assert server.stop() == 0
+        server.stop()
 
 
 async def test_the_live_feed_needs_a_token_that_may_watch_everything(tmp_path: Path) -> None:
