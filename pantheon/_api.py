@@ -18,7 +18,7 @@ from pantheon._team import check_model
 from pantheon.scenario import GatewayConfig, Scenario, load_scenario
 
 if TYPE_CHECKING:
-    from pantheon.gateway import Gateway
+    from pantheon.gateway import Gateway, Tokens
 
 __all__ = ["Session", "replay", "run"]
 
@@ -62,11 +62,16 @@ async def run(
     gw_config = gateway if gateway is not None else scenario.gateway
     if serve and gw_config is None:
         gw_config = GatewayConfig()
+    tokens = None
+    if gw_config is not None:  # a bad tokens document stops the run before it starts
+        from pantheon.gateway import load_tokens
+
+        tokens = load_tokens(gw_config.tokens_file, gw_config.tokens_env)
     async with (
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
         live_run(rec, scenario.name, enabled=record) as live,
-        _served(gw_config, on_gateway, lambda: live.feed) as served,
+        _served(gw_config, tokens, on_gateway, lambda: live.feed) as served,
     ):
         if on_bus is not None:
             on_bus(rec.bus)
@@ -105,10 +110,12 @@ class _Served:
     def __init__(
         self,
         config: GatewayConfig | None,
+        tokens: Tokens | None,
         on_gateway: Callable[[Gateway], None] | None,
         live: Callable[[], Any],
     ) -> None:
         self.config = config
+        self.tokens = tokens
         self.on_gateway = on_gateway
         self.live = live
         self.gateway: Gateway | None = None
@@ -129,7 +136,9 @@ class _Served:
             return
         from pantheon.gateway import Gateway
 
-        self.gateway = Gateway(bus, self.config, inboxes=self.inboxes, live=self.live)
+        self.gateway = Gateway(
+            bus, self.config, inboxes=self.inboxes, tokens=self.tokens, live=self.live
+        )
         await self.gateway.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -168,10 +177,11 @@ class _Served:
 @contextlib.asynccontextmanager
 async def _served(
     config: GatewayConfig | None,
+    tokens: Tokens | None,
     on_gateway: Callable[[Gateway], None] | None,
     live: Callable[[], Any],
 ) -> AsyncIterator[_Served]:
-    served = _Served(config, on_gateway, live)
+    served = _Served(config, tokens, on_gateway, live)
     try:
         yield served
     finally:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -125,18 +126,30 @@ class Gateway:
         for handler in logging.getLogger().handlers:
             if _REDACT not in handler.filters:
                 handler.addFilter(_REDACT)
+        # The listening socket is ours: a port in use is a GatewayError naming it, where
+        # uvicorn would call sys.exit(3) from inside the run's event loop.
+        host, port = self.config.host, self.config.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise GatewayError(
+                f"the gateway cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        self.port = sock.getsockname()[1]
         server = _Server(config)
         self._server = server
-        self._task = asyncio.get_running_loop().create_task(server.serve(), name="gateway")
+        self._task = asyncio.get_running_loop().create_task(
+            server.serve(sockets=[sock]), name="gateway"
+        )
         while not server.started:
             if self._task.done():
-                exc = self._task.exception() if not self._task.cancelled() else None
-                raise GatewayError(
-                    f"the gateway could not listen on {self.config.host}:{self.config.port}"
-                    + (f": {exc}" if exc else " (is the port in use?)")
-                )
+                sock.close()
+                raise GatewayError(f"the gateway could not start on {host}:{self.port}")
             await asyncio.sleep(0.01)
-        self.port = server.servers[0].sockets[0].getsockname()[1]
         self.state.ready = True
         log.info("gateway listening on %s", self.url)
 

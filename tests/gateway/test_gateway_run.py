@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -82,3 +83,34 @@ def test_pantheon_run_serves_the_gateway_until_the_input_ends(tmp_path: Path) ->
         raise AssertionError("the gateway outlived its run")
     except httpx.ConnectError:
         pass
+
+
+def test_a_port_in_use_or_a_missing_token_variable_stops_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "gwteam.py").write_text((HERE / "gwteam.py").read_text())
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        (tmp_path / "run.yaml").write_text(SCENARIO.format(port=port))
+        proc = subprocess.run(
+            [*PANTHEON, "serve", "run.yaml", "--store", "s.db"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 2
+    assert (
+        f"nothing ran: the gateway cannot listen on 127.0.0.1:{port}: Address already in use"
+        in (proc.stderr)
+    )
+    (tmp_path / "env.yaml").write_text(
+        SCENARIO.format(port=0).replace("gateway: {port: 0}", "gateway: {tokens_env: NO_SUCH_VAR}")
+    )
+    env = {k: v for k, v in os.environ.items() if k != "NO_SUCH_VAR"}
+    proc = subprocess.run(
+        [*PANTHEON, "run", "env.yaml", "--store", "t.db"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "env.yaml: nothing ran: $NO_SUCH_VAR: the tokens variable is not set" in proc.stderr
+    assert not (tmp_path / "t.db").exists()  # no session was started
