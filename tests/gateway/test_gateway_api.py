@@ -10,7 +10,7 @@ import httpx
 import msgspec
 import pytest
 import websockets
-from conftest import ADMIN, PUBLISHER, READER, Server
+from gateway_server import ADMIN, PUBLISHER, READER, Server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 

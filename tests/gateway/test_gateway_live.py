@@ -10,7 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ADMIN, PUBLISHER, ROOT, TOKENS_ENV, Server, start_server, write_scenario
+from gateway_server import ADMIN, PUBLISHER, ROOT, TOKENS_ENV, Server, start_server, write_scenario
 
 from pantheon.live import FeedNotFound, connect_url
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
-from conftest import PANTHEON, ROOT, Server, start_server
+from gateway_server import PANTHEON, ROOT, Server, start_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 

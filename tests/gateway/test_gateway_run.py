@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 import websockets
-from conftest import HERE, PANTHEON, free_port
+from gateway_server import HERE, PANTHEON, free_port
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 

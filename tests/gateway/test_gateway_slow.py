@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
-from conftest import ADMIN, READER, TOKENS_ENV, Server, start_server, write_scenario
+from gateway_server import ADMIN, READER, TOKENS_ENV, Server, start_server, write_scenario
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 
