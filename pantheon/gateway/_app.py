@@ -38,6 +38,7 @@ from bus import (
     Priority,
     QueueFullError,
     RequestTimeout,
+    validate_pattern,
 )
 from pantheon._inputs import HttpSource, InboxClosed, InboxFull
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
@@ -51,7 +52,6 @@ __all__ = ["GatewayState", "build_app"]
 log = logging.getLogger("pantheon.gateway")
 
 _TOPIC = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
-_PATTERN = re.compile(r"^[A-Za-z0-9_.*\[\]?!-]+$")
 _PRIORITIES = {
     "critical": Priority.CRITICAL,
     "high": Priority.HIGH,
@@ -415,8 +415,10 @@ def build_app(state: GatewayState) -> ASGIApp:
     def subscription(pattern: str | None, grant: Grant) -> str:
         if not pattern:
             raise _Refused(400, "query pattern: required, e.g. ?pattern=action.*")
-        if not _PATTERN.match(pattern):
-            raise _Refused(400, f"query pattern: {pattern!r} is not a topic pattern")
+        try:
+            validate_pattern(pattern)
+        except ValueError as exc:
+            raise _Refused(400, f"query pattern: {exc}") from None
         if not grant.may_subscribe(pattern):
             raise _Refused(403, f"token {grant.name!r} may not subscribe to {pattern!r}")
         return pattern
@@ -500,7 +502,7 @@ def build_app(state: GatewayState) -> ASGIApp:
         feed = state.live() if state.live is not None else None
         try:
             grant = state.grant(_bearer(ws.headers, ws.query_params))
-            if not grant.may_subscribe("*"):
+            if not grant.may_subscribe(">"):
                 raise _Refused(403, f"token {grant.name!r} may not watch the whole run")
             if feed is None:
                 raise _Refused(404, "this run has no live feed (it is not recorded)")

@@ -6,14 +6,15 @@ JSON::
     tokens:
       - name: ops                 # what logs and metrics show; never the token itself
         token: "9f2c...e1"        # at least 16 characters
-        publish: ["observation.*"]
-        subscribe: ["action.*", "decision.*"]
+        publish: ["observation.>"]
+        subscribe: ["action.*", "guardian.decision"]
 
-Patterns are the bus's own (shell globs over the whole topic, as ``bus.on`` takes them) but
-only ``*`` is allowed as a wildcard: with ``?`` and ``[...]`` excluded, "pattern P lies
-within pattern A" is exactly ``fnmatchcase(P, A)`` (A's literal characters must meet P's
-literally, so each of P's wildcards falls inside one of A's ``*``), which is how a
-subscription pattern is checked against a grant.
+Patterns are the bus's own token patterns (:func:`bus.matches`: ``*`` is one token, ``>`` as
+the last token one or more). A publish needs a pattern matching its topic; a subscription
+needs a pattern that *covers* the requested one, token by token: a literal covers only
+itself, ``*`` covers a literal or ``*``, and ``>`` covers whatever rest (one token or more,
+wildcards included). So ``guardian.>`` allows ``guardian.*`` and ``guardian.>``, and
+``guardian.*`` does not allow ``guardian.>`` (which reaches deeper topics).
 
 Lookups compare the SHA-256 of the presented token with every known token's digest using
 :func:`hmac.compare_digest`, all of them every time, so neither the position of a match nor
@@ -28,13 +29,13 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+from bus import matches, validate_pattern
 from pantheon.gateway._errors import TokenError
 
-__all__ = ["ANONYMOUS", "MIN_TOKEN_LENGTH", "Grant", "Tokens", "load_tokens"]
+__all__ = ["ANONYMOUS", "MIN_TOKEN_LENGTH", "Grant", "Tokens", "covers", "load_tokens"]
 
 #: Shorter tokens are refused at load: they can be guessed.
 MIN_TOKEN_LENGTH = 16
@@ -56,18 +57,37 @@ class Grant:
         known = self._topics.get(topic)
         if known is not None:
             return known
-        allowed = any(fnmatchcase(topic, p) for p in self.publish)
+        allowed = any(matches(p, topic) for p in self.publish)
         if len(self._topics) >= _ACL_CACHE:
             self._topics.clear()
         self._topics[topic] = allowed
         return allowed
 
     def may_subscribe(self, pattern: str) -> bool:
-        return any(fnmatchcase(pattern, p) for p in self.subscribe)
+        """Whether ``pattern`` (a valid token pattern) lies within one of the grant's."""
+        return any(covers(p, pattern) for p in self.subscribe)
+
+
+def covers(grant: str, pattern: str) -> bool:
+    """Whether every topic ``pattern`` matches is matched by ``grant`` (both valid token
+    patterns)."""
+    have = grant.split(".")
+    want = pattern.split(".")
+    for i, token in enumerate(have):
+        if token == ">":
+            return len(want) > i  # one token or more left, whatever they are
+        if i >= len(want):
+            return False
+        asked = want[i]
+        if asked == ">":
+            return False  # only '>' covers a '>'
+        if token != "*" and token != asked:
+            return False  # a literal covers only itself
+    return len(want) == len(have)
 
 
 #: The grant of every request when no tokens are configured (a loopback-only gateway).
-ANONYMOUS = Grant("anonymous", ("*",), ("*",))
+ANONYMOUS = Grant("anonymous", (">",), (">",))
 
 
 class Tokens:
@@ -172,9 +192,8 @@ def _patterns(value: Any, at: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not all(isinstance(p, str) and p for p in value):
         raise TokenError(f"{at}: expected a list of topic patterns")
     for j, p in enumerate(value):
-        bad = next((c for c in p if c in "?[]" or c.isspace()), None)
-        if bad is not None:
-            raise TokenError(
-                f"{at}[{j}]: {p!r} has {bad!r}; ACL patterns use literal dotted names and '*'"
-            )
+        try:
+            validate_pattern(p)
+        except ValueError as exc:
+            raise TokenError(f"{at}[{j}]: {exc}") from None
     return tuple(value)

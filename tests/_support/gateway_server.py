@@ -33,8 +33,8 @@ tokens:
 TOKENS_ENV = json.dumps(
     {
         "tokens": [
-            {"name": "reader", "token": READER, "publish": [], "subscribe": ["*"]},
-            {"name": "admin", "token": ADMIN, "publish": ["*"], "subscribe": ["*"]},
+            {"name": "reader", "token": READER, "publish": [], "subscribe": [">"]},
+            {"name": "admin", "token": ADMIN, "publish": [">"], "subscribe": [">"]},
         ]
     }
 )
