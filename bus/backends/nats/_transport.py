@@ -53,9 +53,9 @@ from functools import partial
 from typing import Any
 
 import msgspec
-import nats
 import nats.errors
 import nats.js.errors
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import (
     AckPolicy,
@@ -94,6 +94,8 @@ _log = logging.getLogger("bus.nats")
 _PULL_EXPIRES = 5.0
 #: Seconds between looks at the remote groups' ack floors while something is tracked.
 _TRACK_EVERY = 0.02
+#: Handled message ids remembered per group (at least this many) to drop redeliveries.
+_DEDUP_IDS = 65_536
 _ACK = b"+ACK"
 _TERM = b"+TERM"
 _WPI = b"+WPI"
@@ -177,7 +179,18 @@ class _Lane:
 class _Group:
     """A consumer group this node hosts: one subscription name with its pattern."""
 
-    __slots__ = ("active", "gid", "held", "lanes", "name", "parked", "pattern", "waiting")
+    __slots__ = (
+        "active",
+        "done",
+        "done_old",
+        "gid",
+        "held",
+        "lanes",
+        "name",
+        "parked",
+        "pattern",
+        "waiting",
+    )
 
     def __init__(self, gid: int, name: str, pattern: str, lanes: list[_Lane]) -> None:
         self.gid = gid
@@ -188,6 +201,10 @@ class _Group:
         self.parked: deque[Msg] = deque()
         self.waiting: asyncio.Task[None] | None = None
         self.active = True
+        # Ids handled and acknowledged here, two generations: a redelivery of one of them
+        # (its ack lost when the server restarted) is acknowledged again, not handled twice.
+        self.done: set[int] = set()
+        self.done_old: set[int] = set()
 
 
 class _Receipt(Receipt):
@@ -357,7 +374,7 @@ class NatsTransport(Transport):
             raise ValueError(
                 f"NatsTransport: backoff must be (base >= 0, max >= base), got {backoff}"
             )
-        self.credentials = {
+        self.credentials: dict[str, Any] = {
             k: v
             for k, v in (
                 ("user", user),
@@ -433,6 +450,7 @@ class NatsTransport(Transport):
                 "published",
                 "acked_by_stream",
                 "duplicates",
+                "duplicates_dropped",
                 "resent",
                 "received",
                 "skipped",
@@ -503,21 +521,44 @@ class NatsTransport(Transport):
             self._reconnected()
 
         where = ", ".join(self.urls)
+        nc = NATS()
+        connecting = asyncio.ensure_future(
+            nc.connect(
+                servers=self.urls,
+                name=self.node,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                # nats-py annotates these int; it sleeps and times out on them as floats.
+                reconnect_time_wait=0.1,  # type: ignore[arg-type]
+                connect_timeout=min(2.0, self.connect_timeout),  # type: ignore[arg-type]
+                error_cb=error_cb,
+                disconnected_cb=disconnected_cb,
+                reconnected_cb=reconnected_cb,
+                **self.credentials,
+            )
+        )
         try:
             async with asyncio.timeout(self.connect_timeout):
-                return await nats.connect(
-                    servers=self.urls,
-                    name=self.node,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=0.1,
-                    connect_timeout=min(2.0, self.connect_timeout),
-                    error_cb=error_cb,
-                    disconnected_cb=disconnected_cb,
-                    reconnected_cb=reconnected_cb,
-                    **self.credentials,
-                )
+                # The client retries a refused connection like a dropped one: a refusal of
+                # the credentials ends the wait at once instead of at the timeout.
+                while not connecting.done() and not refused:
+                    await asyncio.wait({connecting}, timeout=0.05)
+                if refused:
+                    connecting.cancel()
+                    with contextlib.suppress(BaseException):
+                        await connecting
+                    with contextlib.suppress(Exception):
+                        await nc.close()
+                    raise nats.errors.Error("authorization violation")
+                await connecting
+                return nc
         except (TimeoutError, OSError, nats.errors.Error) as exc:
+            if not connecting.done():
+                connecting.cancel()
+                with contextlib.suppress(BaseException):
+                    await connecting
+            with contextlib.suppress(Exception):
+                await nc.close()
             text = f"{exc} {' '.join(map(str, refused))}".lower()
             if refused or "authorization" in text or "authentication" in text:
                 raise AuthorizationError(
@@ -799,7 +840,9 @@ class NatsTransport(Transport):
         prefix = f"pantheon.dlq.{self.team}."
         info = await self._js.stream_info(DLQ_STREAM)
         entries = []
-        for seq in range(info.state.first_seq, info.state.last_seq + 1):
+        if not info.state.messages:
+            return []
+        for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
             try:
                 raw = await self._js.get_msg(DLQ_STREAM, seq)
             except nats.js.errors.NotFoundError:
@@ -1031,12 +1074,17 @@ class NatsTransport(Transport):
         room -= sum(lane.outstanding for lane in lanes)
         half = self.batch // 2
         now = time.monotonic()
+        # An idle lane's long poll holds its request's credit: each lane asks for at most its
+        # share of the room, so CRITICAL (asked first) cannot starve NORMAL of credit.
+        share = max(1, min(self.batch, self.credit // len(lanes)))
         for lane in lanes:
             if room <= 0:
-                return
-            if lane.outstanding > half:
+                break
+            if lane.outstanding > min(half, share // 2):
                 continue
-            n = min(self.batch, room)
+            n = min(share - lane.outstanding, room)
+            if n <= 0:
+                continue
             rid = next(self._req_ids)
             lane.requests[rid] = [n, now + _PULL_EXPIRES + 2.0]
             lane.outstanding += n
@@ -1103,6 +1151,10 @@ class NatsTransport(Transport):
             wire.only is not None and name not in wire.only
         ):
             self._counts["skipped"] += 1
+            self._send(ack, _ACK)
+            return
+        if wire.only is None and (wire.id in group.done or wire.id in group.done_old):
+            self._counts["duplicates_dropped"] += 1
             self._send(ack, _ACK)
             return
         names = self._local_names.get(wire.topic)
@@ -1180,6 +1232,10 @@ class NatsTransport(Transport):
         elif receipt.error is None:
             self._counts["acked"] += 1
             self._send(receipt.ack, _ACK)
+            group.done.add(receipt.env.id)
+            if len(group.done) >= _DEDUP_IDS:
+                group.done_old = group.done
+                group.done = set()
         elif receipt.delivered >= self.max_deliver:
             assert self._loop is not None
             task = self._loop.create_task(self._dead_letter(receipt))

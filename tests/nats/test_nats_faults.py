@@ -1,0 +1,238 @@
+"""Faults on NATS, for real: a node SIGKILLed, the server restarted, a cluster member lost,
+a poison message, a client without credentials. Every test counts: what was published is
+all delivered or in the dead letter queue (delivered + DLQ covers published)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from nats_helpers import eventually
+
+from bus import Bus, Envelope
+from bus.backends.nats import (
+    AuthorizationError,
+    NatsServer,
+    NatsTransport,
+    nats_cluster,
+    start_cluster,
+    stop_cluster,
+)
+
+CHILD = Path(__file__).with_name("nats_node_child.py")
+
+
+async def _spawn(
+    url: str, node: str, outfile: Path, **options: object
+) -> asyncio.subprocess.Process:
+    args = [str(CHILD), url, "faults", node, "workers", "jobs", str(outfile)]
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, env=os.environ.copy()
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.strip() == b"ready", f"node {node} did not start: {line!r}"
+    return proc
+
+
+def _handled(*files: Path) -> list[int]:
+    out: list[int] = []
+    for f in files:
+        if f.exists():
+            out += [int(x) for x in f.read_text().split()]
+    return out
+
+
+async def test_a_sigkilled_node_s_unacked_messages_go_to_another_member(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    """Two processes share the group; one is SIGKILLed holding messages it had not
+    acknowledged. After ack_wait the server gives them to the survivor: 0 lost."""
+    a_out, b_out = tmp_path / "a.txt", tmp_path / "b.txt"
+    opts = {"delay": 0.01, "ack_wait": 1.0, "credit": 16}
+    a = await _spawn(server.url, "node-a", a_out, **opts)
+    b = await _spawn(server.url, "node-b", b_out, **opts)
+    try:
+        transport = NatsTransport(server.url, team="faults", node="publisher")
+        async with Bus(transport=transport) as bus:
+            await eventually(lambda: bus.transport.has_remote("jobs"))
+            total = 300
+            for i in range(total):
+                await bus.emit("jobs", i)
+            await eventually(lambda: len(_handled(a_out)) >= 30)
+            a.send_signal(signal.SIGKILL)
+            await a.wait()
+            at_kill = set(_handled(a_out))
+            await eventually(lambda: set(_handled(a_out, b_out)) >= set(range(total)), 30)
+            dead = await transport.dead_letters()
+            assert dead == [] and len(bus.dlq) == 0
+        by_b = set(_handled(b_out))
+        assert set(_handled(a_out)) == at_kill  # a did nothing after its death
+        assert len(at_kill | by_b) == total  # delivered + DLQ covers published; DLQ empty
+        assert by_b - at_kill, "the survivor took over the rest"
+    finally:
+        for proc in (a, b):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await proc.wait()
+
+
+async def test_a_restarted_server_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """The server is SIGKILLed mid-run and started again on the same port and store: the
+    clients reconnect, resend what had no stream ack (deduplicated by Nats-Msg-Id) and
+    pull again; every message published arrives, none twice."""
+    server = await asyncio.to_thread(NatsServer(store=tmp_path).start)
+    try:
+        opts = {"team": "restart", "ack_timeout": 0.5, "connect_timeout": 10.0}
+        async with (
+            Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+            Bus(transport=NatsTransport(server.url, node="sub", **opts)) as sub,
+        ):
+            got: list[int] = []
+            sub.on("orders.*", lambda env: got.append(env.payload), name="orders")
+            await sub.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("orders.new"))
+            total = 400
+
+            async def publish() -> None:
+                for i in range(total):
+                    await pub.emit("orders.new", i)
+                    await asyncio.sleep(0.002)
+
+            task = asyncio.create_task(publish())
+            await eventually(lambda: len(got) >= 100)
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(server.start)
+            await task
+            await eventually(lambda: len(set(got)) == total, 30)
+            await pub.drain(timeout=30)
+            assert sorted(got) == list(range(total))  # each once: resends were deduplicated
+            stats = pub.transport.stats()  # type: ignore[attr-defined]
+            assert stats["reconnects"] >= 1
+            assert len(pub.dlq) == 0
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_three_server_cluster_survives_losing_one() -> None:
+    """A replicated stream (R3) on three routed servers; the server a client is connected
+    to is SIGKILLed mid-run: the clients move to the others, the run completes, 0 lost."""
+    servers = nats_cluster(3)
+    try:
+        await asyncio.to_thread(start_cluster, servers)
+        urls = [s.url for s in servers]
+        opts = {"team": "cluster", "replicas": 3, "ack_timeout": 1.0, "connect_timeout": 20.0}
+        async with (
+            Bus(transport=NatsTransport(urls[0], node="pub", **opts)) as pub,
+            Bus(transport=NatsTransport(urls[1:], node="sub-1", **opts)) as sub1,
+            Bus(transport=NatsTransport([urls[2], urls[1]], node="sub-2", **opts)) as sub2,
+        ):
+            got: list[int] = []
+            for b in (sub1, sub2):
+                b.on("work", lambda env: got.append(env.payload), name="workers")
+                await b.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("work"))
+            # The publisher's connection is to server 0 only at first; it learns the others
+            # from the cluster's INFO and reconnects to one of them.
+            total = 300
+
+            async def publish() -> None:
+                for i in range(total):
+                    await pub.emit("work", i)
+                    await asyncio.sleep(0.002)
+
+            task = asyncio.create_task(publish())
+            await eventually(lambda: len(got) >= 80)
+            await asyncio.to_thread(servers[0].kill)
+            await task
+            await eventually(lambda: len(set(got)) == total, 40)
+            assert set(got) == set(range(total))
+            assert len(pub.dlq) == 0
+    finally:
+        await asyncio.to_thread(stop_cluster, servers)
+
+
+async def test_a_poison_message_goes_to_the_dlq_and_others_pass(server: NatsServer) -> None:
+    """A handler that always fails on one message: after max_deliver deliveries it is in
+    the DLQ stream with its count and last error, listed in the publisher's DLQ, and the
+    other messages are handled once each; redrive republishes it to that subscription."""
+    opts = {"team": "poison", "max_deliver": 3, "backoff": (0.02, 0.1)}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="worker", **opts)) as sub,
+    ):
+        handled: list[object] = []
+        attempts: list[object] = []
+        cured = False
+
+        @sub.on("mail.*", name="triage")
+        async def triage(env: Envelope) -> None:
+            attempts.append(env.payload)
+            if env.payload == "poison" and not cured:
+                raise ValueError("cannot parse 'poison'")
+            handled.append(env.payload)
+
+        await sub.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("mail.in"))
+        published: list[object] = [*range(10), "poison", *range(10, 20)]
+        for payload in published:
+            await pub.emit("mail.in", payload)
+        await eventually(lambda: len(pub.dlq) == 1)
+        await pub.drain(timeout=20)
+        transport = pub.transport
+        assert isinstance(transport, NatsTransport)
+        dead = await transport.dead_letters()
+        assert [(d.envelope.payload, d.subscriber, d.deliveries) for d in dead] == [
+            ("poison", "triage", 3)
+        ]
+        assert dead[0].error_type == "ValueError" and "cannot parse" in dead[0].error
+        entry = pub.dlq.entries()[0]
+        assert (entry.subscriber, entry.reason, entry.envelope.payload) == (
+            "triage",
+            "failed",
+            "poison",
+        )
+        assert "after 3 deliveries" in (entry.error or "")
+        assert sorted(handled) == list(range(20))  # the others: each once, unaffected
+        assert attempts.count("poison") == 3
+        assert set(handled) | {d.envelope.payload for d in dead} >= set(published)
+        cured = True
+        assert await transport.redrive() == 1
+        await eventually(lambda: "poison" in handled)
+        assert await transport.dead_letters() == []
+        assert attempts.count("poison") == 4
+
+
+async def test_a_client_without_the_credentials_is_refused(tmp_path: Path) -> None:
+    server = await asyncio.to_thread(NatsServer(users=[("alice", "s3cret")]).start)
+    try:
+        for creds in ({}, {"user": "alice", "password": "wrong"}):
+            bus = Bus(transport=NatsTransport(server.url, team="auth", connect_timeout=5, **creds))
+            with pytest.raises(AuthorizationError) as caught:
+                await bus.start()
+            message = str(caught.value)
+            assert "\n" not in message
+            assert message == (
+                f"NATS at {server.url} refused node {bus.transport.node!r}: authorization "  # type: ignore[attr-defined]
+                "violation (check transport.credentials: user/password, nkey or creds)"
+            )
+        good = {"team": "auth", "user": "alice", "password": "s3cret"}
+        async with (
+            Bus(transport=NatsTransport(server.url, **good)) as a,
+            Bus(transport=NatsTransport(server.url, **good)) as b,
+        ):
+            got: list[object] = []
+            b.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await b.transport.sync()
+            await eventually(lambda: a.transport.has_remote("hello"))
+            await a.emit("hello", "world")
+            await eventually(lambda: got == ["world"])
+    finally:
+        await asyncio.to_thread(server.stop)
