@@ -37,6 +37,7 @@ import contextlib
 import difflib
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -54,7 +55,7 @@ from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
 from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
-from pantheon.scenario import DRIVER_NODE, Scenario
+from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
 
 __all__ = [
@@ -162,6 +163,46 @@ def _zmq() -> Any:
     return zeromq
 
 
+def _nats_transport(scenario: Scenario, url: str, node: str, connect_timeout: float) -> Any:
+    """A NATS transport for one process of a ``transport.kind: nats`` run, configured from
+    the scenario (imported on first use: it imports nats-py). Every process of the run is
+    one team: the stream is named after ``transport.team``, else the scenario."""
+    from bus.backends.nats import NatsTransport
+
+    cfg = _nats_config(scenario)
+    creds = cfg.credentials or _NO_CREDENTIALS
+    return NatsTransport(
+        url.split(","),
+        team=cfg.team or re.sub(r"[^A-Za-z0-9_-]", "_", scenario.name),
+        node=node,
+        user=creds.user,
+        password=creds.password,
+        nkey_seed=creds.nkey_seed,
+        creds=creds.creds,
+        token=creds.token,
+        storage=cfg.storage,
+        replicas=cfg.replicas,
+        credit=cfg.credit,
+        max_deliver=cfg.max_deliver,
+        ack_wait=cfg.ack_wait,
+        dedup_window=cfg.dedup_window,
+        heartbeat=cfg.heartbeat,
+        liveness=cfg.liveness,
+        connect_timeout=connect_timeout,
+    )
+
+
+#: Anonymous: what a NATS transport without ``transport.credentials`` connects with.
+_NO_CREDENTIALS = NatsCredentials.model_construct()
+
+
+def _nats_config(scenario: Scenario) -> NatsTransportConfig:
+    cfg = scenario.transport
+    if not isinstance(cfg, NatsTransportConfig):
+        raise ClusterError(f"scenario {scenario.name!r} has no NATS transport ({cfg.kind})")
+    return cfg
+
+
 def _transport_stats(bus: Bus) -> dict[str, Any]:
     stats = getattr(bus.transport, "stats", None)
     return dict(stats()) if callable(stats) else {}
@@ -248,16 +289,20 @@ class NodeHost:
         self.lost_after: float = heartbeat * liveness
         #: Seconds :meth:`stop_agents` waits for queued and in-flight work to settle.
         self.drain_timeout = DEFAULT_DRAIN_TIMEOUT
-        transport = _zmq().ZmqTransport(
-            connect,
-            node=node,
-            data=data,
-            curve=curve,
-            server_key=server_key,
-            heartbeat=heartbeat,
-            liveness=liveness,
-            connect_timeout=connect_timeout,
-        )
+        transport: Transport
+        if transport_cfg.kind == "nats":
+            transport = _nats_transport(scenario, connect, node, connect_timeout)
+        else:
+            transport = _zmq().ZmqTransport(
+                connect,
+                node=node,
+                data=data,
+                curve=curve,
+                server_key=server_key,
+                heartbeat=heartbeat,
+                liveness=liveness,
+                connect_timeout=connect_timeout,
+            )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)  # this bus also counts what reaches it from others
@@ -881,6 +926,10 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
     temporary directory, removed afterwards) and the broker admits only those keys.
     ``pantheon run`` builds the run's bus on this transport, so the recorder and the live
     feed hook the driver's bus exactly as they hook an in-process one."""
+    if scenario.transport.kind == "nats":
+        async with _nats_run(scenario) as transport:
+            yield transport
+        return
     if scenario.transport.kind != "zmq":
         yield None
         return
@@ -923,6 +972,30 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
             await broker.close()
 
 
+@asynccontextmanager
+async def _nats_run(scenario: Scenario) -> AsyncIterator[Transport]:
+    """The driver's NATS transport: to ``transport.url``, or with ``server: auto`` to a
+    throwaway ``nats-server -js`` on a free loopback port with a temporary store, stopped
+    (and its store removed) when the run ends."""
+    cfg = _nats_config(scenario)
+    if cfg.server != "auto":
+        yield _nats_transport(scenario, cfg.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+        return
+    from bus.backends.nats import NatsServer, NatsServerError
+
+    creds = cfg.credentials
+    users = [] if creds is None or creds.user is None else [(creds.user, creds.password or "")]
+    server = NatsServer(users=users)
+    try:
+        await asyncio.to_thread(server.start)
+    except NatsServerError as exc:
+        raise ClusterError(f"transport.server: auto: {exc}") from None
+    try:
+        yield _nats_transport(scenario, server.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 async def run_cluster(
     scenario: Scenario,
     *,
@@ -955,9 +1028,9 @@ async def run_cluster(
                 on_team=on_team,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
-    if scenario.transport.kind != "zmq" or not isinstance(endpoint, str):
+    if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
         raise ClusterError(
-            f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker "
+            f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker or NATS server "
             "(pantheon._cluster.cluster_transport), not one with "
             f"{type(bus.transport).__name__}"
         )

@@ -38,10 +38,11 @@ async def run_scenario(
     ``on_team(team)`` sees the team of this process once it is built, before ``attach``
     (the live feed reads its agents' model usage from there).
 
-    A scenario with ``transport.kind: zmq`` runs as a broker and node processes
-    (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then be on its broker.
+    A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
+    and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
+    be on its broker.
     """
-    if scenario.transport.kind == "zmq":
+    if scenario.transport.kind in ("zmq", "nats"):
         from pantheon._cluster import run_cluster
 
         return await run_cluster(

@@ -467,6 +467,11 @@ class NatsTransport(Transport):
             0,
         )
 
+    @property
+    def endpoint(self) -> str:
+        """The server URLs, comma-separated: what a node process of the run connects to."""
+        return ",".join(self.urls)
+
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self, port: BusPort) -> None:
