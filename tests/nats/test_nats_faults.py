@@ -236,3 +236,37 @@ async def test_a_client_without_the_credentials_is_refused(tmp_path: Path) -> No
             await eventually(lambda: got == ["world"])
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_a_closing_member_gives_its_backlog_back(server: NatsServer) -> None:
+    """A member that closes with messages queued and unhandled releases them (nak, no delay):
+    the other member of the group handles every one, none waits for ack_wait."""
+    opts = {"team": "release", "ack_wait": 60.0}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="stays", **opts)) as stays,
+    ):
+        leaving = Bus(transport=NatsTransport(server.url, node="leaves", **opts))
+        await leaving.start()
+        hold = asyncio.Event()
+        by_leaving: list[int] = []
+        by_stays: list[int] = []
+
+        @leaving.on("task", name="workers")
+        async def slow(env: Envelope) -> None:
+            await hold.wait()
+            by_leaving.append(env.payload)
+
+        await leaving.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("task"))
+        for i in range(40):
+            await pub.emit("task", i)
+        await eventually(lambda: leaving.stats().subscribers["workers"].queued >= 5)
+        stays.on("task", lambda env: by_stays.append(env.payload), name="workers")
+        await stays.transport.sync()
+        await leaving.aclose(drain=False)  # its backlog: released, not handled there
+        released = leaving.transport.stats()["released"]  # type: ignore[attr-defined]
+        assert released >= 5
+        await eventually(lambda: set(by_stays) | set(by_leaving) == set(range(40)), 10)
+        assert by_leaving == []  # it never got past the first message
+        assert len(pub.dlq) == 0

@@ -181,6 +181,8 @@ class _Group:
 
     __slots__ = (
         "active",
+        "closing",
+        "deferred",
         "done",
         "done_old",
         "gid",
@@ -189,6 +191,7 @@ class _Group:
         "name",
         "parked",
         "pattern",
+        "sub",
         "waiting",
     )
 
@@ -201,6 +204,9 @@ class _Group:
         self.parked: deque[Msg] = deque()
         self.waiting: asyncio.Task[None] | None = None
         self.active = True
+        self.sub: Any = None  # its own pull inbox, so leaving ends its requests on the server
+        self.closing: asyncio.Task[None] | None = None
+        self.deferred: list[str] = []  # acks to give back once the inbox is gone
         # Ids handled and acknowledged here, two generations: a redelivery of one of them
         # (its ack lost when the server restarted) is acknowledged again, not handled twice.
         self.done: set[int] = set()
@@ -489,7 +495,6 @@ class NatsTransport(Transport):
             nc = self._nc
             await nc.subscribe(f"{self._ack_prefix}.*", cb=self._on_ack)
             await nc.subscribe(f"{self._reply_prefix}.*", cb=self._on_answer)
-            await nc.subscribe(f"{self._pull_prefix}.>", cb=self._on_pull)
             await nc.subscribe(sync_subject(self.team, self.node), cb=self._on_sync)
             await nc.subscribe(dlq_subject(self.team, self.node), cb=self._on_dead)
             await nc.subscribe(f"{self._kv_prefix}>", cb=self._on_directory)
@@ -647,6 +652,17 @@ class NatsTransport(Transport):
                         await self._wait(self._idle_waiters)
         for group in self._groups.values():
             self._deactivate(group)
+        closing = [g.closing for g in self._groups.values() if g.closing is not None]
+        if closing:
+            await asyncio.wait(closing, timeout=self.heartbeat + 2)
+        for group in self._groups.values():
+            # The bus is closed: what it never settled (a delivery still waiting on a full
+            # mailbox) goes back too, with whatever arrived after the group's close.
+            for receipt in list(group.held.values()):
+                if not receipt.finished:
+                    group.deferred.append(receipt.ack)
+            group.held.clear()
+            self._give_back(group)
         with contextlib.suppress(Exception):
             if self._kv is not None and self._connected:
                 async with asyncio.timeout(self.heartbeat):
@@ -738,6 +754,7 @@ class NatsTransport(Transport):
             lanes.append(_Lane(self.stream, durable, lane))
         gid = next(self._gids)
         group = _Group(gid, name, pattern, lanes)
+        group.sub = await self._nc.subscribe(f"{self._pull_prefix}.{gid}.>", cb=self._on_pull)
         self._by_gid[gid] = group
         for lane_ in lanes:
             self._by_consumer[lane_.consumer] = (group, lane_)
@@ -1128,8 +1145,7 @@ class NatsTransport(Transport):
                 del lane.requests[rid]
             break
         if not group.active:
-            self._nak(ack, 0)
-            self._counts["released"] += 1
+            group.deferred.append(ack)  # given back once the group's inbox is gone
             return
         if group.waiting is not None:
             group.parked.append(msg)
@@ -1232,8 +1248,13 @@ class NatsTransport(Transport):
         group = receipt.group
         group.held.pop(receipt.ack, None)
         if receipt.released:
-            self._counts["released"] += 1
-            self._nak(receipt.ack, 0)
+            # The bus is closing: stop pulling first, or the server hands the message
+            # straight back to this node's own outstanding requests.
+            group.deferred.append(receipt.ack)
+            self._leave(group)
+            if group.closing is not None and group.closing.done():
+                self._give_back(group)
+            return
         elif receipt.error is None:
             self._counts["acked"] += 1
             self._send(receipt.ack, _ACK)
@@ -1341,17 +1362,36 @@ class NatsTransport(Transport):
             )
 
     def _deactivate(self, group: _Group) -> None:
-        """Stop pulling for ``group``; what is parked goes back to the server at once."""
+        """Stop pulling for ``group`` (unsubscribed, or the bus is closing); what it parked
+        goes back once its requests are gone (see :meth:`_close_group`)."""
+        self._leave(group)
+
+    def _leave(self, group: _Group) -> None:
+        if group.closing is not None or self._loop is None:
+            return
         group.active = False
+        group.closing = self._loop.create_task(self._close_group(group))
+
+    async def _close_group(self, group: _Group) -> None:
+        """End the group's pull requests on the server (its inbox unsubscribed: the server
+        drops a request nobody listens to), then nak what it held and what was parked, with
+        no delay: the server gives them to another member at once."""
+        with contextlib.suppress(Exception):
+            await group.sub.unsubscribe()
+            await self._nc.flush(timeout=2)
         self._by_gid.pop(group.gid, None)
         for lane in group.lanes:
-            self._by_consumer.pop(lane.consumer, None)
+            if self._by_consumer.get(lane.consumer, (None,))[0] is group:
+                del self._by_consumer[lane.consumer]
         while group.parked:
-            self._nak(group.parked.popleft().reply, 0)
+            group.deferred.append(group.parked.popleft().reply)
+        self._give_back(group)
+
+    def _give_back(self, group: _Group) -> None:
+        for ack in group.deferred:
+            self._nak(ack, 0)
             self._counts["released"] += 1
-        for receipt in list(group.held.values()):
-            if receipt.expected and not receipt.pending and not receipt.armed:
-                receipt.give_back()
+        group.deferred.clear()
 
     # -- directory -----------------------------------------------------------------------------
 
