@@ -66,3 +66,47 @@ def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:
     # Every process went over the run's own server: their transports say so.
     urls = {n["transport"]["url"] for n in nodes.values()}
     assert len(urls) == 1 and urls.pop().startswith("nats://127.0.0.1:")
+
+
+def test_a_sigkilled_node_in_a_nats_run_loses_nothing(tmp_path: Path) -> None:
+    """``faults.kill_node`` on a NATS run: the Reasoner runs on two nodes (one consumer
+    group); one is SIGKILLed mid-run and what it held unacknowledged goes to the other
+    after ``ack_wait``: every email is decided or dead-lettered, none lost."""
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    text = (tmp_path / "scenarios" / "support_email_nats.yaml").read_text()
+    placement = (
+        "  nodes:\n    perception: [sensor, monitor]\n"
+        "    cognition: [reasoner, memory, planner]\n    action: [guardian, actor]\n"
+    )
+    assert placement in text
+    text = text.replace(
+        placement,
+        "  ack_wait: 2\n  nodes:\n    keep: [sensor, memory, planner, monitor, guardian, actor]\n"
+        "    work1: [reasoner]\n    work2: [reasoner]\n",
+    ).replace("name: support_email_nats", "name: kill_one")
+    text = text.replace("  rate: 1000 ", "  count: 300\n  rate: 1000 ")
+    text += (
+        "\nfaults:\n  agents:\n    reasoner: {latency_ms: 5}\n"
+        "  kill_node: {node: work2, at: 0.15}\n"
+    )
+    (tmp_path / "scenarios" / "kill.yaml").write_text(text)
+
+    summary = run_json(tmp_path, "scenarios/kill.yaml")
+    nodes = summary["nodes"]
+    assert nodes["work2"]["status"] == "killed"
+    assert nodes["work1"]["status"] == nodes["keep"]["status"] == "ok"
+    assert summary["accounting_ok"] is True
+    # What work2 held when it died came to work1 again (a delivery count above one).
+    assert nodes["work1"]["transport"]["redelivered"] > 0
+    assert summary["inputs"] == 300 - summary["malformed"]
+    done = outcomes(tmp_path / "s.db", summary["session_id"])
+    dead = {d["email_id"] for d in summary["dead_letters"]}
+    with SessionStore(tmp_path / "s.db") as s:
+        ids = {
+            e.payload["id"]
+            for e in s.envelopes(summary["session_id"])
+            if e.topic == "observation.email.received"
+        }
+    assert len(ids) == summary["inputs"]
+    assert ids <= set(done) | dead  # delivered + DLQ covers published
+    assert sum(summary["decisions"].values()) == len(done)

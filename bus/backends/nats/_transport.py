@@ -459,6 +459,7 @@ class NatsTransport(Transport):
                 "duplicates_dropped",
                 "resent",
                 "received",
+                "redelivered",
                 "skipped",
                 "acked",
                 "naked",
@@ -1186,7 +1187,10 @@ class NatsTransport(Transport):
             self._send(ack, _ACK)
             return
         env = self._envelope(wire)
-        receipt = _Receipt(self, group, ack, _delivered(ack), env, msg.data, wire.reply)
+        delivered = _delivered(ack)
+        if delivered > 1:
+            self._counts["redelivered"] += 1
+        receipt = _Receipt(self, group, ack, delivered, env, msg.data, wire.reply)
         env.reply = receipt
         group.held[ack] = receipt
         self._counts["received"] += 1
