@@ -126,6 +126,7 @@ class _Answer(msgspec.Struct, array_like=True):
     value: Any
     error_type: str | None = None
     error: str | None = None
+    topic: str = ""
 
 
 class _NodeEntry(msgspec.Struct):
@@ -1313,7 +1314,10 @@ class NatsTransport(Transport):
         self._send(receipt.ack, _TERM)
         if receipt.reply_to is not None and not receipt.answered:
             receipt.answered = True
-            self._answer(receipt.reply_to, _Answer(False, None, type(error).__name__, text))
+            self._answer(
+                receipt.reply_to,
+                _Answer(False, None, type(error).__name__, text, receipt.env.topic),
+            )
 
     async def _on_dead(self, msg: Msg) -> None:
         """A message this node published went to the DLQ: list it in this bus's DLQ too."""
@@ -1360,9 +1364,10 @@ class NatsTransport(Transport):
         if answer.ok:
             fut.set_result(answer.value)
         else:
-            topic = "?"
             fut.set_exception(
-                RemoteHandlerError(topic, answer.error_type or "Exception", answer.error or "")
+                RemoteHandlerError(
+                    answer.topic, answer.error_type or "Exception", answer.error or ""
+                )
             )
 
     def _deactivate(self, group: _Group) -> None:
