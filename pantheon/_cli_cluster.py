@@ -261,7 +261,8 @@ def node(
         bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
     ] = False,
 ) -> None:
-    """Host some agents on a ZeroMQ broker until SIGINT/SIGTERM, showing the clock offset."""
+    """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
+    NATS server: --connect nats://...) until SIGINT/SIGTERM."""
     from pantheon._cluster import ClusterError, NodeHost
     from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
 

@@ -18,6 +18,11 @@
   :class:`~pantheon._report.RunSummary`, with a ``nodes`` section saying how each process
   ended.
 
+With ``transport: {kind: nats}`` the same driver and nodes run over NATS JetStream instead:
+no broker process; every process connects to ``transport.url`` (or, with ``server: auto``, to a
+throwaway ``nats-server -js`` the driver starts on a free loopback port and stops after), and
+what a killed node held comes back from the stream to another member after ``ack_wait``.
+
 The driver talks to its nodes over their stdin/stdout (JSON lines), not over the bus:
 polling a bus's counters through that bus would change the counters it polls, and control
 must keep working when the bus is what broke. A node whose stdin closes (its driver died)
