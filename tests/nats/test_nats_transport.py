@@ -80,7 +80,7 @@ async def test_a_publish_repeated_with_the_same_id_is_stored_once(server: NatsSe
         assert pub.transport.stats()["duplicates"] == 1  # type: ignore[attr-defined]
 
 
-async def test_a_topic_nats_cannot_carry_is_refused_at_publish(server: NatsServer) -> None:
+async def test_what_nats_cannot_carry_is_refused_at_publish(server: NatsServer) -> None:
     async with (
         Bus(transport=NatsTransport(server.url, team="bad")) as pub,
         Bus(transport=NatsTransport(server.url, team="bad")) as sub,
@@ -92,3 +92,5 @@ async def test_a_topic_nats_cannot_carry_is_refused_at_publish(server: NatsServe
             await pub.emit("has space", 1)
         with pytest.raises(EncodeError, match="not msgpack-encodable"):
             await pub.emit("ok", object())
+        with pytest.raises(EncodeError, match="max_payload"):
+            await pub.emit("ok", "x" * 2_000_000)

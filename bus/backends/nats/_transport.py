@@ -824,6 +824,13 @@ class NatsTransport(Transport):
             if inbox is not None:
                 self._requests.pop(env.id, None)
             raise EncodeError(f"payload of {env.topic!r} is not msgpack-encodable: {exc}") from exc
+        if len(body) > self._nc.max_payload:
+            if inbox is not None:
+                self._requests.pop(env.id, None)
+            raise EncodeError(
+                f"message on {env.topic!r} is {len(body)} bytes encoded; the NATS server takes "
+                f"at most {self._nc.max_payload} (its max_payload)"
+            )
         self._publish(env, subject, body, str(env.id), route.tracked[env.priority])
         return True
 
@@ -1064,15 +1071,17 @@ class NatsTransport(Transport):
                                 expired = True
                     if expired:
                         self._arm(group)
-            if now >= next_beat:
+            if now >= next_beat and self._connected:
+                # Only while connected: cut off from the server, this node hears nobody, and
+                # forgetting them would stop it publishing to groups that are still there.
                 next_beat = now + beat_every
                 lost = [n for n, t in self._seen_at.items() if now - t > beat_every * self.liveness]
                 for node in lost:
                     self._forget_node(node)
                 if lost:
                     self._directory_changed()
-                if self._connected:
-                    with contextlib.suppress(Exception):
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(beat_every):
                         await self._put_entry()
 
     def _reconnected(self) -> None:
@@ -1085,6 +1094,9 @@ class NatsTransport(Transport):
             self._arm(group)
         for pub in self._pending.values():
             pub.sent = 0.0
+        now = time.monotonic()
+        for node in self._seen_at:
+            self._seen_at[node] = now  # heard again from the next heartbeat on
 
     # -- receiving -----------------------------------------------------------------------------
 
