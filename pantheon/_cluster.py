@@ -988,17 +988,32 @@ async def _nats_run(scenario: Scenario) -> AsyncIterator[Transport]:
         return
     from bus.backends.nats import NatsServer, NatsServerError
 
-    creds = cfg.credentials
-    users = [] if creds is None or creds.user is None else [(creds.user, creds.password or "")]
-    server = NatsServer(users=users)
+    creds = cfg.credentials or _NO_CREDENTIALS
+    users = [] if creds.user is None else [(creds.user, creds.password or "")]
     try:
+        nkeys = [] if creds.nkey_seed is None else [_nkey_public(creds.nkey_seed)]
+        server = NatsServer(users=users, nkeys=nkeys)
         await asyncio.to_thread(server.start)
-    except NatsServerError as exc:
+    except (NatsServerError, OSError, ValueError) as exc:
         raise ClusterError(f"transport.server: auto: {exc}") from None
     try:
         yield _nats_transport(scenario, server.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
     finally:
         await asyncio.to_thread(server.stop)
+
+
+def _nkey_public(seed_file: str) -> str:
+    """The public user key of the nkey seed in ``seed_file``, which the run's own server
+    admits (the seed stays with the clients)."""
+    import nkeys
+
+    try:
+        seed = Path(seed_file).read_bytes().strip()
+        return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    except nkeys.NkeysError as exc:
+        raise ValueError(
+            f"transport.credentials.nkey_seed {seed_file}: not a user seed ({exc})"
+        ) from None
 
 
 async def run_cluster(

@@ -243,10 +243,10 @@ class NatsTransportConfig(_Model):
     @model_validator(mode="after")
     def _auto_server_credentials(self) -> NatsTransportConfig:
         creds = self.credentials
-        if self.server == "auto" and creds is not None and creds.user is None:
+        if self.server == "auto" and creds is not None and (creds.creds or creds.token):
             raise ValueError(
-                "server: auto configures user/password credentials only; use an external "
-                "server for nkey_seed, creds or token"
+                "server: auto configures user/password or nkey_seed credentials only; use an "
+                "external server for creds or token"
             )
         return self
 

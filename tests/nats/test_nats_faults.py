@@ -270,3 +270,30 @@ async def test_a_closing_member_gives_its_backlog_back(server: NatsServer) -> No
         await eventually(lambda: set(by_stays) | set(by_leaving) == set(range(40)), 10)
         assert by_leaving == []  # it never got past the first message
         assert len(pub.dlq) == 0
+
+
+async def test_a_client_without_the_nkey_is_refused(tmp_path: Path) -> None:
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    server = await asyncio.to_thread(NatsServer(nkeys=[public]).start)
+    try:
+        anonymous = Bus(transport=NatsTransport(server.url, team="nk", connect_timeout=5))
+        with pytest.raises(AuthorizationError, match="authorization violation"):
+            await anonymous.start()
+        good = {"team": "nk", "nkey_seed": str(seed_file)}
+        async with (
+            Bus(transport=NatsTransport(server.url, **good)) as a,
+            Bus(transport=NatsTransport(server.url, **good)) as b,
+        ):
+            got: list[object] = []
+            b.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await b.transport.sync()
+            await eventually(lambda: a.transport.has_remote("hello"))
+            await a.emit("hello", "signed")
+            await eventually(lambda: got == ["signed"])
+    finally:
+        await asyncio.to_thread(server.stop)

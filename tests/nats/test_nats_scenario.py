@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+import nkeys
 import pytest
 
+from bus import Bus
+from bus.backends.nats import AuthorizationError, ConnectError, NatsTransport
+from pantheon._cluster import cluster_transport
 from pantheon.scenario import NatsTransportConfig, ScenarioError, load_scenario
 
 BASE = """\
@@ -73,7 +78,7 @@ def test_a_full_section_loads(write) -> None:
             "  server: auto\n  credentials: {token: t0k}\n",
             5,
             "transport",
-            "server: auto configures user/password credentials only",
+            "server: auto configures user/password or nkey_seed credentials only",
         ),
     ],
 )
@@ -87,3 +92,23 @@ def test_bad_knobs_are_one_line_with_file_and_line(
     assert (problem.file, problem.line, problem.field) == (str(path), line, field)
     assert message in problem.message
     assert "\n" not in str(problem)
+
+
+async def test_server_auto_admits_the_scenario_s_nkey_only(write, tmp_path: Path) -> None:
+    """``server: auto`` with an nkey seed: the run's own server admits that key and refuses
+    a client without it; it is gone once the run ends."""
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    scenario = load_scenario(write(f"  server: auto\n  credentials: {{nkey_seed: {seed}}}\n"))
+    async with cluster_transport(scenario) as transport:
+        assert isinstance(transport, NatsTransport)
+        url = transport.endpoint
+        assert url.startswith("nats://127.0.0.1:") and not url.endswith(":4222")
+        async with Bus(transport=transport) as bus:
+            assert bus.transport.stats()["connected"] is True  # type: ignore[attr-defined]
+            stranger = Bus(transport=NatsTransport(url, team="t", connect_timeout=3))
+            with pytest.raises(AuthorizationError):
+                await stranger.start()
+    gone = Bus(transport=NatsTransport(url, team="t", connect_timeout=1))
+    with pytest.raises(ConnectError, match="cannot connect to NATS"):
+        await gone.start()
