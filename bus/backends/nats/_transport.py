@@ -432,7 +432,6 @@ class NatsTransport(Transport):
         self._tracked: dict[str, deque[int]] = {}
         self._track_wake = asyncio.Event()
         # routing
-        self._local: dict[str, str] = {}
         self._local_index: GlobIndex[str] = GlobIndex()
         self._local_names: dict[str, frozenset[str]] = {}
         self._others: dict[str, _NodeEntry] = {}
@@ -695,7 +694,6 @@ class NatsTransport(Transport):
     def advertise(self, subscriptions: Iterable[tuple[str, str]]) -> None:
         self._wanted = sorted(subscriptions)
         self._wanted_version += 1
-        self._local = dict(self._wanted)
         index: GlobIndex[str] = GlobIndex()
         for name, pattern in self._wanted:
             index.add(pattern, name)
@@ -1420,14 +1418,11 @@ class NatsTransport(Transport):
         entry = _NodeEntry(
             self.node,
             self._version,
-            list(self._wanted_applied()),
+            sorted(self._groups),
             socket.gethostname(),
             os.getpid(),
         )
         await self._kv.put(self.node, _encode(entry))
-
-    def _wanted_applied(self) -> list[tuple[str, str]]:
-        return sorted(self._groups)
 
     async def _load_directory(self) -> None:
         try:
