@@ -230,8 +230,11 @@ class NatsTransportConfig(_Model):
     """Stream replicas: 1, or 3 on a three-server cluster to survive losing one."""
     credit: Annotated[int, Field(ge=1, le=65_536)] = 256
     """Messages one subscription may hold unacknowledged per lane (max_ack_pending)."""
-    max_deliver: Annotated[int, Field(ge=1, le=1000)] = 5
-    """Deliveries of a failing message before it goes to the DLQ stream."""
+    max_deliver: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Deliveries of a failing message before it goes to the DLQ stream. 1 (the default):
+    the agent's own ``retry`` policy is the retry, and a run counts dead letters as it does
+    in-process. Above 1, NATS redelivers a failed message (nak with backoff) up to this many
+    times, each failed delivery listed in the receiving process's DLQ."""
     ack_wait: Annotated[float, Field(gt=0, le=3600)] = 30.0
     """Seconds before the server redelivers what a silent (dead) node held."""
     dedup_window: Annotated[float, Field(gt=0, le=86_400)] = 120.0

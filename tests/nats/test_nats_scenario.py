@@ -44,7 +44,7 @@ def test_defaults_connect_to_the_local_server(write) -> None:
         "file",
         1,
         256,
-        5,
+        1,
     )
     assert t.credentials is None and t.team is None
 

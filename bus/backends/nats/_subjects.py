@@ -97,8 +97,8 @@ def consumer_name(name: str, pattern: str, lane: int) -> str:
 
 
 def dlq_subject(team: str, origin: str) -> str:
-    """Where a dead letter of a message published by node ``origin`` goes: its publisher
-    listens there, so the entry shows in the publishing bus's DLQ too."""
+    """Where a dead letter of a message published by node ``origin`` goes: filed by team
+    and publisher, and the publisher listens there (a request waiting on it fails at once)."""
     return f"pantheon.dlq.{team}.{origin}"
 
 

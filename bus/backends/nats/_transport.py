@@ -27,7 +27,10 @@ its outstanding requests still bring is parked (bounded by ``credit``) until the
 room. The receipt, once the subscription is done, acknowledges (handled), naks with an
 exponential delay (failed, to be redelivered), naks without delay (the bus closed:
 :meth:`_Receipt.release`), or, after ``max_deliver`` deliveries, publishes the message to the
-DLQ stream with its delivery count and last error, then terminates it. A message held longer
+DLQ stream with its delivery count and last error, then terminates it. Each failed delivery
+is also in the receiving bus's own DLQ, with its traceback, as a failure is on any transport;
+the stream holds the message once, for every publisher to list and redrive
+(:meth:`NatsTransport.dead_letters`, :meth:`NatsTransport.redrive`). A message held longer
 than half of ``ack_wait`` is kept alive with ``+WPI``; a node that dies holds nothing: after
 ``ack_wait`` the server gives its messages to another member.
 
@@ -1293,8 +1296,8 @@ class NatsTransport(Transport):
         self._send(ack, body)
 
     async def _dead_letter(self, receipt: _Receipt) -> None:
-        """After ``max_deliver`` deliveries: to the DLQ stream (where its publisher hears of
-        it), then terminated here; a request's asker gets the error."""
+        """After ``max_deliver`` deliveries: to the DLQ stream (every publisher lists and
+        redrives it there), then terminated here; a request's asker gets the error."""
         error = receipt.error
         assert error is not None
         wire = _decode_wire(receipt.data)
@@ -1330,9 +1333,10 @@ class NatsTransport(Transport):
             )
 
     async def _on_dead(self, msg: Msg) -> None:
-        """A message this node published went to the DLQ: list it in this bus's DLQ too."""
-        if self._port is None:
-            return
+        """A message this node published went to the DLQ stream: a request waiting for it
+        fails now rather than at its timeout. (It is not added to this bus's DLQ: the
+        receiving bus lists the failure with its traceback, as on any transport, and the
+        stream is where every publisher sees and redrives it.)"""
         headers = msg.headers or {}
         try:
             env = self._envelope(_decode_wire(msg.data))
@@ -1340,16 +1344,17 @@ class NatsTransport(Transport):
             self._counts["malformed"] += 1
             return
         self._counts["dlq_received"] += 1
-        error = RemoteHandlerError(
-            env.topic,
-            headers.get("Pantheon-Error-Type", "Exception"),
-            f"{headers.get('Pantheon-Error', '')} (after {headers.get('Pantheon-Deliveries', '?')} "
-            f"deliveries, last on node {headers.get('Pantheon-Node', '?')!r})",
-        )
         fut = self._requests.pop(env.id, None)
         if fut is not None and not fut.done():
-            fut.set_exception(error)
-        self._port.dead_letter(env, headers.get("Pantheon-Subscriber", "<remote>"), "failed", error)
+            fut.set_exception(
+                RemoteHandlerError(
+                    env.topic,
+                    headers.get("Pantheon-Error-Type", "Exception"),
+                    f"{headers.get('Pantheon-Error', '')} (after "
+                    f"{headers.get('Pantheon-Deliveries', '?')} deliveries, last on node "
+                    f"{headers.get('Pantheon-Node', '?')!r})",
+                )
+            )
 
     def _answer(self, reply_to: str, answer: _Answer) -> None:
         try:
