@@ -95,8 +95,10 @@ _log = logging.getLogger("bus.nats")
 
 #: Seconds a pull request waits on the server for messages (a long poll).
 _PULL_EXPIRES = 5.0
-#: Seconds between looks at the remote groups' ack floors while something is tracked.
+#: Seconds between looks at the remote groups' ack floors while a flush waits for them, and
+#: while nothing waits (``stats()['in_flight']`` is then at most this stale).
 _TRACK_EVERY = 0.02
+_TRACK_IDLE = 0.2
 #: Handled message ids remembered per group (at least this many) to drop redeliveries.
 _DEDUP_IDS = 65_536
 _ACK = b"+ACK"
@@ -1022,7 +1024,9 @@ class NatsTransport(Transport):
                         dq.popleft()
                 if self._idle_waiters and not any(self._tracked.values()):
                     self._wake(self._idle_waiters)
-                await asyncio.sleep(_TRACK_EVERY)
+                # Often while a flush waits on it; otherwise only to keep ``in_flight`` fresh
+                # (each look is a JetStream API call per consumer).
+                await asyncio.sleep(_TRACK_EVERY if self._idle_waiters else _TRACK_IDLE)
             if self._idle_waiters and not self._pending:
                 self._wake(self._idle_waiters)
 
