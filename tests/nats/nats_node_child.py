@@ -5,13 +5,15 @@
 
 Subscribes ``SUBSCRIPTION`` to ``PATTERN``, waits on the subscription barrier, prints
 ``ready`` on stdout, then appends ``<payload>`` to OUTFILE for every message it handles
-(flushed per line, so a SIGKILL loses nothing it recorded). Stops cleanly on SIGTERM.
+(flushed per line, so a SIGKILL loses nothing it recorded). Stops cleanly on SIGTERM and
+then prints its transport's stats as one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from pathlib import Path
@@ -51,6 +53,7 @@ async def main() -> None:
         print("ready", flush=True)
         await stop.wait()
     out.close()
+    print(json.dumps(transport.stats()), flush=True)
 
 
 if __name__ == "__main__":
