@@ -141,9 +141,11 @@ class NatsServer:
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise NatsServerError(
-                    f"nats-server {self.name} exited with {self.proc.returncode}: {self.tail()}"
+                message = (
+                    f"nats-server {self.name} exited with {self.proc.returncode}: {self.tail(1)}"
                 )
+                self.stop()  # a temporary store goes too
+                raise NatsServerError(message)
             with (
                 contextlib.suppress(OSError, urllib.error.URLError),
                 urllib.request.urlopen(url, timeout=1.0) as answer,
@@ -151,11 +153,12 @@ class NatsServer:
                 if answer.status == 200:
                     return
             if time.monotonic() > deadline:
-                self.kill()
-                raise NatsServerError(
+                message = (
                     f"nats-server {self.name} on port {self.port} not ready in {timeout}s: "
                     f"{self.tail()}"
                 )
+                self.stop()
+                raise NatsServerError(message)
             time.sleep(0.05)
 
     def tail(self, lines: int = 5) -> str:
