@@ -117,12 +117,17 @@ class NatsServer:
         """Start (or restart) the server; return once JetStream is ready."""
         if self.proc is not None and self.proc.poll() is None:
             return self
+        try:
+            binary = find_nats_server()
+        except NatsServerError:
+            self.stop()
+            raise
         config = self.store / f"{self.name}.conf"
         config.write_text(self._config())
         log = self._log.open("ab")
         try:
             self.proc = subprocess.Popen(
-                [find_nats_server(), "-c", str(config)],
+                [binary, "-c", str(config)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a Ctrl-C in the terminal is for pantheon, not it
