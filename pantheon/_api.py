@@ -111,10 +111,18 @@ async def replay(
     *,
     store: str | Path | None = None,
     live_effects: bool = False,
+    with_: str | Path | None = None,
 ) -> Any:
     """Re-run a recorded session on a fresh bus, effects served from the record, and compare
     it hop by hop with the original; returns a :class:`pantheon.sessions.ReplayReport`
-    (``report.matched``, ``report.divergence``). The replay is recorded as a new session."""
+    (``report.matched``, ``report.divergence``). The replay is recorded as a new session.
+
+    ``with_`` makes it a what-if replay (``pantheon replay --with``): the recorded inputs
+    through the team changed by an overlay (a :class:`~pathlib.Path` to its YAML file, or
+    the YAML text itself; see ``docs/what-if.md``), effects served only where a call is the
+    recorded one. It returns a ``WhatIfReport`` (``report.decisions`` names every item
+    decided differently); an invalid overlay raises :class:`ScenarioError` before anything
+    runs."""
     from pantheon._team import team_setup
     from pantheon.sessions import SessionStore, replay_session
 
@@ -122,6 +130,15 @@ async def replay(
     path = session.store if isinstance(session, Session) else store
     with SessionStore(None if path is None else Path(path)) as st:
         info = st.session(ref)
+        if with_ is not None:
+            from pantheon._overlay import read_overlay
+            from pantheon._whatif import whatif_replay
+
+            if live_effects:
+                raise ValueError("a what-if replay (with_) serves unchanged calls: no live_effects")
+            if isinstance(with_, Path):
+                return await whatif_replay(st, info.id, read_overlay(with_), source=str(with_))
+            return await whatif_replay(st, info.id, with_)
         setup = team_setup(
             info.scenario_text or "",
             base_dir=None if info.scenario_dir is None else Path(info.scenario_dir),

@@ -131,9 +131,8 @@ class Placement:
             if other == host:
                 continue
             for name, pattern in subs.items():
-                probe = _probe(pattern)
-                if name not in mine and probe is not None:
-                    out.add(probe)
+                if name not in mine:
+                    out.add(_probe(pattern))
         return sorted(out)
 
 
@@ -149,12 +148,9 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _probe(pattern: str) -> str | None:
-    """A concrete topic ``pattern`` matches (``system.*`` -> ``system.x``), or None for a
-    character class, which has no obvious member."""
-    if "[" in pattern:
-        return None
-    return pattern.replace("*", "x").replace("?", "x")
+def _probe(pattern: str) -> str:
+    """A concrete topic ``pattern`` matches (``system.*`` -> ``system.x``, ``a.>`` -> ``a.x``)."""
+    return ".".join("x" if token in ("*", ">") else token for token in pattern.split("."))
 
 
 # -- one process's bus -------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import streamlit as st
 from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
+from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
@@ -77,6 +78,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
     _header(info, row)
     if info.kind != "replay" and info.status != "running":
         _replay_panel(path, info, row)
+        whatif_panel(path, info)
     tabs = st.tabs(
         [
             "Throughput",

@@ -35,6 +35,7 @@ from pydantic import (
 
 import bus
 from agents import Observer
+from bus import validate_pattern
 from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems
 from pantheon.scenario._locate import _dotted, _suggest
@@ -105,7 +106,17 @@ _TOPIC = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 _AgentName = Annotated[str, Field(pattern=_NAME)]
 _Topic = Annotated[str, Field(pattern=_TOPIC)]
 _PATTERN = r"^[^\s]+$"
-_Pattern = Annotated[str, Field(pattern=_PATTERN)]
+
+
+def _token_pattern(pattern: str) -> str:
+    # The bus's own rule and message (``email*`` -> "use 'email.>'..."), so a scenario fails
+    # at load with file:line instead of at subscribe time in the middle of a run.
+    validate_pattern(pattern)
+    return pattern
+
+
+#: A subscription pattern: token wildcards, ``*`` one token, ``>`` one or more (``action.>``).
+_Pattern = Annotated[str, Field(pattern=_PATTERN), AfterValidator(_token_pattern)]
 _PositiveFloat = Annotated[float, Field(gt=0)]
 _Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -791,9 +802,9 @@ DeadLetterReason = Literal[
 ]
 DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
 
-#: A topic, or a shell-style glob over topics as subscriptions take them (``action.*``).
-_TOPIC_GLOB = r"^[A-Za-z0-9_\-.*?\[\]!]+$"
-_TopicPattern = Annotated[str, Field(pattern=_TOPIC_GLOB)]
+#: A topic, or a token pattern over topics as subscriptions take them (``action.*``,
+#: ``action.>``).
+_TopicPattern = _Pattern
 
 
 class CountBound(_Model):

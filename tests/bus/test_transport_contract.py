@@ -130,7 +130,7 @@ class TransportContract:
         receivers = [await network.bus() for _ in range(3)]
         got: list[list[object]] = [[] for _ in receivers]
         for i, r in enumerate(receivers):
-            r.on("*", lambda env, i=i: got[i].append(env.payload), name=f"r{i}")
+            r.on(">", lambda env, i=i: got[i].append(env.payload), name=f"r{i}")
         await subscribed(*receivers)
         for n in range(5):
             await a.emit("x", n)
@@ -172,7 +172,7 @@ class TransportContract:
         a = await network.bus()
         b = await network.bus()
         b.on("only.*", lambda env: None, name="narrow")
-        a.on("*", lambda env: None, name="local-all")
+        a.on(">", lambda env: None, name="local-all")
         await eventually(lambda: a.transport.has_remote("only.this"))
         assert not a.transport.has_remote("something.else")  # its own "*" is not remote
         await eventually(lambda: b.transport.has_remote("anything"))  # a's "*" is, for b

@@ -107,7 +107,7 @@ async def publish(scenario: Scenario) -> tuple[Observer, list[Envelope]]:
     assert isinstance(observer, Observer)
     async with Bus() as bus:
         await observer.attach(bus)
-        with capture_events(bus, "*") as seen:
+        with capture_events(bus, ">") as seen:
             await observer.start()
             await asyncio.wait_for(observer.done.wait(), 10)
             await bus.drain()
@@ -538,7 +538,7 @@ async def test_observer_takes_any_async_iterable() -> None:
     observer = Observer(source=items(), labels=labels)
     async with Bus() as bus:
         await observer.attach(bus)
-        with capture_events(bus, "*") as seen:
+        with capture_events(bus, ">") as seen:
             await observer.start()
             await observer.done.wait()
             await bus.drain()

@@ -363,6 +363,24 @@ BAD = {
         "name",
         "duplicate key 'name'",
     ),
+    "old glob subscription crossing dots": (
+        GOOD + "    subscribe: [plan.proposed, 'action*']\n",
+        "subscribe:",
+        "agents.actor.subscribe[1]",
+        "use 'action.>' for any number of tokens after 'action'",
+    ),
+    "old everything subscription": (
+        GOOD + "    subscribe: ['*']\n",
+        "subscribe:",
+        "agents.actor.subscribe[0]",
+        "use '>' for every topic",
+    ),
+    "mid-token wildcard subscription": (
+        GOOD + "    subscribe: ['email.*-urgent']\n",
+        "subscribe:",
+        "agents.actor.subscribe[0]",
+        "subscribe to 'email.*' and keep the tokens you want with filter=",
+    ),
 }
 
 
