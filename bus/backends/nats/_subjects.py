@@ -8,11 +8,13 @@ NATS subjects are, so a topic's tokens are the subject's tokens; a topic that NA
 carry (an empty token, whitespace, ``*`` or ``>`` inside it) is refused at publish.
 
 A subscription ``(name, pattern)`` is one consumer group: one durable consumer per lane,
-shared by every process hosting that name. Its filter subject is the pattern's literal
-leading tokens followed by ``>`` at the first token holding any wildcard, so the filter is a
-superset of what the pattern matches under any topic rule the bus uses; the receiver then
-matches each message exactly with :mod:`bus._topics` (the bus's own index), and acknowledges
-what does not match without delivering it. A literal pattern filters exactly.
+shared by every process hosting that name. The bus's topic patterns are token patterns with
+NATS's own rules (``*`` one token, ``>`` one or more, last), so the consumer's filter subject
+is the pattern itself under the lane's prefix: ``orders.*`` filters
+``pantheon.T.normal.orders.*``. A token NATS would read differently (one holding whitespace or
+a wildcard character inside it) makes the filter ``>`` from there on, a superset; the receiver
+matches every message exactly with :mod:`bus._topics` (the bus's own index) anyway and
+acknowledges what does not match without delivering it.
 """
 
 from __future__ import annotations
@@ -77,14 +79,18 @@ def subject_of(team: str, priority: int, topic: str) -> str:
 
 
 def filter_subject(team: str, lane: int, pattern: str) -> str:
-    """The consumer filter for ``pattern`` in ``lane``: exact for a literal pattern, else
-    the literal leading tokens then ``>`` (a superset; the receiver matches exactly)."""
+    """The consumer filter for ``pattern`` in ``lane``: the pattern's tokens, ``*`` and a
+    final ``>`` as NATS reads them; from a token NATS cannot take as it is, ``>`` (a
+    superset: the receiver matches exactly)."""
     head = f"pantheon.{team}.{LANES[lane]}"
     out: list[str] = []
-    for token in pattern.split("."):
-        if not token or token in ("*", ">") or not is_literal(token) or not _TOKEN.match(token):
+    tokens = pattern.split(".")
+    for i, token in enumerate(tokens):
+        wildcard = token == "*" or (token == ">" and i == len(tokens) - 1)
+        if wildcard or (token and is_literal(token) and not _BAD_SUBJECT_CHARS.search(token)):
+            out.append(token)
+        else:
             return ".".join([head, *out, ">"])
-        out.append(token)
     return ".".join([head, *out])
 
 
