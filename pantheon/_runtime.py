@@ -41,10 +41,11 @@ async def run_scenario(
     has ended, keeps the team running until it returns (``pantheon serve`` waits there for
     Ctrl-C, so the gateway goes on taking messages after a file input is read).
 
-    A scenario with ``transport.kind: zmq`` runs as a broker and node processes
-    (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then be on its broker.
+    A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
+    and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
+    be on its broker.
     """
-    if scenario.transport.kind == "zmq":
+    if scenario.transport.kind in ("zmq", "nats"):
         from pantheon._cluster import run_cluster
 
         return await run_cluster(

@@ -140,6 +140,15 @@ def run(
                 + escape("pip install 'pantheon[zmq]'")
             )
             raise typer.Exit(2) from None
+    if scenario.transport.kind == "nats":
+        try:
+            import nats  # noqa: F401 - checked before anything starts, not mid-run
+        except ImportError:
+            console.print(
+                f"[red]{file}: transport.kind: nats needs nats-py[/red]: "
+                + escape("pip install 'pantheon[nats]'")
+            )
+            raise typer.Exit(2) from None
     gateway_errors: tuple[type[Exception], ...] = ()
     if scenario.gateway is not None:
         try:

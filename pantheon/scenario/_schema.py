@@ -64,6 +64,8 @@ __all__ = [
     "InputConfig",
     "JsonlInputConfig",
     "KillNodeConfig",
+    "NatsCredentials",
+    "NatsTransportConfig",
     "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
@@ -189,10 +191,87 @@ class ZmqTransportConfig(_Model):
     admits only the run's own processes (``pantheon run``; by hand, see ``pantheon keys``)."""
 
 
-TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig
+class NatsCredentials(_Model):
+    """How a NATS client proves who it is: ``user`` with ``password``, an ``nkey_seed``
+    file, a ``creds`` file (JWT + nkey), or a ``token``; exactly one."""
+
+    user: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    password: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    nkey_seed: Annotated[str, Field(min_length=1)] | None = None
+    creds: Annotated[str, Field(min_length=1)] | None = None
+    token: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @model_validator(mode="after")
+    def _one_method(self) -> NatsCredentials:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("user and password go together")
+        methods = [
+            m
+            for m, on in (
+                ("user/password", self.user is not None),
+                ("nkey_seed", self.nkey_seed is not None),
+                ("creds", self.creds is not None),
+                ("token", self.token is not None),
+            )
+            if on
+        ]
+        if len(methods) != 1:
+            raise ValueError(
+                "give exactly one of user/password, nkey_seed, creds or token"
+                + (f" (got {', '.join(methods)})" if methods else "")
+            )
+        return self
+
+
+_NATS_URL = r"^(nats|tls)://[^\s,]+(,(nats|tls)://[^\s,]+)*$"
+
+
+class NatsTransportConfig(_Model):
+    """NATS JetStream: durable streams, consumer groups, clustering. ``nodes`` places agents
+    on node processes as for ZeroMQ; each connects to ``url`` (one server, or several
+    comma-separated for a cluster). ``server: auto`` starts a throwaway ``nats-server -js``
+    on a free loopback port for the run (and stops it after) instead of using ``url``."""
+
+    kind: Literal["nats"]
+    url: Annotated[str, Field(pattern=_NATS_URL)] = "nats://127.0.0.1:4222"
+    server: Literal["auto", "external"] = "external"
+    team: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$", max_length=64)] | None = None
+    """The stream's name part (``PANTHEON_<team>``); default: the scenario's name."""
+    nodes: dict[_AgentName, tuple[_AgentName, ...]] = Field(default_factory=dict)
+    storage: Literal["file", "memory"] = "file"
+    replicas: Annotated[int, Field(ge=1, le=5)] = 1
+    """Stream replicas: 1, or 3 on a three-server cluster to survive losing one."""
+    credit: Annotated[int, Field(ge=1, le=65_536)] = 256
+    """Messages one subscription may hold unacknowledged per lane (max_ack_pending)."""
+    max_deliver: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Deliveries of a failing message before it goes to the DLQ stream. 1 (the default):
+    the agent's own ``retry`` policy is the retry, and a run counts dead letters as it does
+    in-process. Above 1, NATS redelivers a failed message (nak with backoff) up to this many
+    times, each failed delivery listed in the receiving process's DLQ."""
+    ack_wait: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds before the server redelivers what a silent (dead) node held."""
+    dedup_window: Annotated[float, Field(gt=0, le=86_400)] = 120.0
+    """Seconds the stream remembers a Nats-Msg-Id to drop a repeated publish."""
+    heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
+    liveness: Annotated[int, Field(ge=1, le=100)] = 3
+    credentials: NatsCredentials | None = None
+
+    @model_validator(mode="after")
+    def _auto_server_credentials(self) -> NatsTransportConfig:
+        creds = self.credentials
+        if self.server == "auto" and creds is not None and (creds.creds or creds.token):
+            raise ValueError(
+                "server: auto configures user/password or nkey_seed credentials only; use an "
+                "external server for creds or token"
+            )
+        return self
+
+
+TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig | NatsTransportConfig
 _Transport = Annotated[
     Annotated[InProcessTransportConfig, Tag("@inprocess")]
-    | Annotated[ZmqTransportConfig, Tag("@zmq")],
+    | Annotated[ZmqTransportConfig, Tag("@zmq")]
+    | Annotated[NatsTransportConfig, Tag("@nats")],
     _by_kind("inprocess"),
 ]
 
@@ -1054,7 +1133,7 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
     transport = transport if isinstance(transport, Mapping) else {}
     kind = transport.get("kind", "inprocess")
     nodes = transport.get("nodes")
-    if kind == "zmq" and isinstance(nodes, Mapping):
+    if kind in ("zmq", "nats") and isinstance(nodes, Mapping):
         disabled = {
             name
             for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
@@ -1114,11 +1193,12 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
 
     kill = faults.get("kill_node")
     if kill is not None:
-        if kind != "zmq":
+        if kind not in ("zmq", "nats"):
             out.append(
                 (
                     ("faults", "kill_node"),
-                    f"kill_node needs transport kind 'zmq' (this scenario's is {kind!r}): "
+                    f"kill_node needs transport kind 'zmq' or 'nats' (this scenario's is "
+                    f"{kind!r}): "
                     "there is no node to kill in one process",
                 )
             )
