@@ -29,8 +29,10 @@ puts an inbound envelope into the local mailboxes (only those named, when ``name
 A transport that needs to know when a receiving bus has finished with an inbound envelope
 puts a :class:`Receipt` in ``envelope.reply`` before ``deliver``: the bus settles it once per
 subscription that took the envelope, when that subscription handled it (with the handler's
-result) or dead-lettered it (with the error). A request's reply future is the in-process
-special case of the same slot.
+result) or dead-lettered it (with the error). A closing bus that will not handle it gives it
+back instead (``Receipt.release``, or a settle with :class:`~bus.BusClosedError`): a transport
+that can redeliver hands it to another member rather than counting it settled. A request's
+reply future is the in-process special case of the same slot.
 
 Resource contract: ``start`` is awaited once before anything else; ``aclose`` is awaited
 once, after which ``send`` and ``try_send`` raise :class:`~bus.TransportError`. A transport
@@ -91,6 +93,13 @@ class Receipt:
         """One subscription finished: ``result`` is its handler's return value, or ``error``
         says why the message was dead-lettered there instead."""
         raise NotImplementedError
+
+    def release(self) -> None:
+        """One subscription gives the envelope back unhandled (a closing or leaving bus), for
+        redelivery to another member of its group rather than a dead letter here. A settle
+        with :class:`~bus.BusClosedError` means the same to a transport that redelivers (NATS
+        naks it with no delay); this default is that settle, for transports that do not."""
+        self.settle(None, BusClosedError("released unhandled by a closing bus"))
 
 
 class Transport(abc.ABC):

@@ -16,7 +16,7 @@ Errors::
     └── ReplayDivergence
 """
 
-from pantheon.sessions._align import FailureMatch
+from pantheon.sessions._align import WATCHER_PREFIX, FailureMatch
 from pantheon.sessions._diff import LatencyDelta, LatencyStats, SessionDiff, diff_sessions
 from pantheon.sessions._effects import EffectsContext, RecordingEffects, ReplayEffects
 from pantheon.sessions._errors import (
@@ -67,6 +67,7 @@ __all__ = [
     "DEFAULT_STORE_PATH",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "WATCHER_PREFIX",
     "BreakerTransition",
     "EffectsContext",
     "FailureMatch",

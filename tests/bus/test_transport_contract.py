@@ -54,9 +54,23 @@ async def zeromq_network() -> AsyncIterator[MakeTransport]:
         yield lambda: ZmqTransport(endpoint)
 
 
+@asynccontextmanager
+async def nats_network() -> AsyncIterator[MakeTransport]:
+    """A throwaway ``nats-server -js`` on a free loopback port; one team per network, every
+    bus a node of it with its own connection."""
+    from bus.backends.nats import NatsServer, NatsTransport
+
+    server = await asyncio.to_thread(NatsServer().start)
+    try:
+        yield lambda: NatsTransport(server.url, team="contract", storage="memory")
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
 TRANSPORT_FACTORIES: list[Any] = [
     pytest.param(in_process_network, id="in-process"),
     pytest.param(zeromq_network, id="zeromq"),
+    pytest.param(nats_network, id="nats"),
 ]
 
 

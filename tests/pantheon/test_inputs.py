@@ -659,7 +659,7 @@ BAD_INPUTS: dict[str, tuple[str, str, str]] = {
     "unknown kind": (
         "kind: kafka\ntopic: a.b\n",
         "input.kind",
-        "Input should be 'jsonl', 'file', 'generator' or 'stdin'",
+        "Input should be 'jsonl', 'file', 'generator', 'stdin' or 'http'",
     ),
     "bad priority": (
         "kind: stdin\ntopic: a.b\npriority: urgent\n",

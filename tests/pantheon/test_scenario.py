@@ -319,7 +319,7 @@ BAD = {
         GOOD + "transport:\n  kind: carrier-pigeon\n",
         "carrier-pigeon",
         "transport.kind",
-        "Input should be 'inprocess' or 'zmq'",
+        "Input should be 'inprocess', 'zmq' or 'nats'",
     ),
     "zmq-only key on inprocess": (
         GOOD + "transport:\n  kind: inprocess\n  broker: tcp://x:1\n",
