@@ -221,9 +221,15 @@ def _received(t: Mapping[str, Any]) -> int:
     return int(t.get("received", 0))
 
 
-def _settled_by(report: Mapping[str, Any], node: str) -> int:
-    """Messages ``node`` settled for the process that made ``report``."""
-    return int(report.get("transport", {}).get("settled_by", {}).get(node, 0))
+def _settled_by(reports: Sequence[Mapping[str, Any]], node: str) -> int | None:
+    """Messages ``node`` settled for the processes that made ``reports``; None when their
+    transport does not count that (only the ZeroMQ one does)."""
+    counts = [
+        int(by.get(node, 0))
+        for r in reports
+        if (by := r.get("transport", {}).get("settled_by")) is not None
+    ]
+    return sum(counts) if counts else None
 
 
 def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
@@ -859,7 +865,7 @@ class _Driver:
             elapsed=elapsed,
             session_id=self.bus.session_id,
             messages=messages,
-            unverified={name: sum(_settled_by(r, name) for r in reports) for name in silent},
+            unverified={name: _settled_by(reports, name) for name in silent},
         )
         driver_t = reports[0].get("transport", {})
         summary.nodes = {

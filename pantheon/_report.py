@@ -73,9 +73,10 @@ class RunSummary:
     dlq_evicted: int = 0
     """Dead letters counted in ``dlq`` but no longer in the buses' in-memory queues, which
     keep the newest 10,000 each by default (a recorded session has every one)."""
-    unverified: dict[str, int] = field(default_factory=dict)
+    unverified: dict[str, int | None] = field(default_factory=dict)
     """Per process that ended without its report (a node the scenario killed), how many
-    messages it had settled for the others: it handled them, and whatever they caused
+    messages it had settled for the others (None where the transport does not count it):
+    it handled them, and whatever they caused
     inside it (a chain of agents on that node) died with its accounting, as did what it
     published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
@@ -208,7 +209,7 @@ def summarize(
     elapsed: float,
     session_id: str | None,
     messages: int | None = None,
-    unverified: Mapping[str, int] | None = None,
+    unverified: Mapping[str, int | None] | None = None,
 ) -> RunSummary:
     """Merge the :func:`local_report` of every process of a run and judge the result.
 
@@ -327,7 +328,8 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         # Even one that settled nothing: what it published itself is in nobody's books.
         if s.unverified:
             got: Any = "unknown: " + "; ".join(
-                f"node {node!r} ended without its accounting after settling {n:,} messages"
+                f"node {node!r} ended without its accounting"
+                + ("" if n is None else f" after settling {n:,} messages")
                 for node, n in s.unverified.items()
             )
             check("zero lost", False, True, got)
