@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -264,3 +266,29 @@ def test_run_records_beside_a_damaged_session(runs: tuple[Path, str, str], tmp_p
     assert "Traceback" not in result.output
     with SessionStore(store) as st:
         assert len(st.sessions()) == 3
+
+
+@pytest.mark.parametrize("kind", [*STORE_WIDE, "directory"])
+def test_serve_on_a_damaged_store(store: Path, tmp_path: Path, kind: str) -> None:
+    # `pantheon serve` (the gateway) checks the store before it listens: with a damaged one
+    # it would otherwise serve until Ctrl-C and fail only when it records. A real process,
+    # with a timeout, so a regression fails instead of serving forever.
+    if kind == "directory":
+        target = tmp_path / "adir"
+        target.mkdir()
+    else:
+        _damage(store, kind)
+        target = store
+    command = ["serve", SCENARIO, "--store", str(target), "--port", "0"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", *command],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "Traceback" not in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, out
+    assert lines[0].startswith(f"{SCENARIO}: nothing ran: ") and str(target) in lines[0], out
