@@ -585,7 +585,8 @@ class Bus:
         try:
             if self._running:
                 await self.transport.sync()
-            while sub.size or sub.in_flight > (own is not None):  # noqa: ASYNC110 - rare path
+            # Its own worker cannot handle the backlog while it waits here: _retire does.
+            while (sub.size and own is None) or sub.in_flight > (own is not None):  # noqa: ASYNC110
                 await asyncio.sleep(0.001)
         finally:
             del self._leaving[name]
@@ -601,11 +602,12 @@ class Bus:
 
     def _retire(self, sub: Subscription, worker: asyncio.Task[None]) -> None:
         """Stop ``worker``, whose handler unsubscribed its own subscription, once it has
-        finished that message. aclose() stops it sooner if the bus closes first."""
+        finished that message and what was queued behind it. aclose() stops it sooner if
+        the bus closes first."""
 
         async def retire() -> None:
             try:
-                while sub.in_flight:  # noqa: ASYNC110 - rare path, no waiter to wire
+                while sub.in_flight or sub.size:  # noqa: ASYNC110 - rare path, no waiter
                     await asyncio.sleep(0.001)
                 worker.cancel()
                 await asyncio.gather(worker, return_exceptions=True)

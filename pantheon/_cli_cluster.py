@@ -27,6 +27,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pantheon.scenario import ROLES
+from pantheon.scenario._schema import bind_is_local
 
 __all__ = ["print_nodes", "register"]
 
@@ -134,11 +135,26 @@ def broker(
     stats_every: Annotated[
         float, typer.Option(help="Seconds between stats lines on stderr; 0: never.")
     ] = 10.0,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Bind a network (non-loopback) address without CURVE: anyone who reaches "
+            "it may join, read and inject messages.",
+        ),
+    ] = False,
     control: Annotated[
         bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
     ] = False,
 ) -> None:
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
+    if curve_secret is None and not insecure and not bind_is_local(bind):
+        # Without CURVE whoever reaches the port joins, and every node links to whatever
+        # data endpoint it claims: on a network that has to be a choice, not a default.
+        raise _err(
+            f"--bind {bind} is reachable from the network and CURVE is off: pass "
+            "--curve-secret and --allow, or --insecure to accept anyone who reaches it"
+        )
     # CURVE here means authentication, not only encryption: the broker admits the node keys
     # on its allow-list, and each node's data socket admits only nodes the broker lists. So
     # the two options go together; either alone is a usage error, never a warning.

@@ -221,6 +221,17 @@ def _received(t: Mapping[str, Any]) -> int:
     return int(t.get("received", 0))
 
 
+def _settled_by(reports: Sequence[Mapping[str, Any]], node: str) -> int | None:
+    """Messages ``node`` settled for the processes that made ``reports``; None when their
+    transport does not count that (only the ZeroMQ one does)."""
+    counts = [
+        int(by.get(node, 0))
+        for r in reports
+        if (by := r.get("transport", {}).get("settled_by")) is not None
+    ]
+    return sum(counts) if counts else None
+
+
 def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
     """The counters the driver polls to see inputs progress and the cluster go quiet."""
     t = _transport_stats(bus)
@@ -846,6 +857,7 @@ class _Driver:
 
     def _summary(self, reports: list[dict[str, Any]], elapsed: float, started: float) -> RunSummary:
         messages = sum(r["published"] - _received(r.get("transport", {})) for r in reports)
+        silent = [name for name, node in self.nodes.items() if node.report is None]
         summary = summarize(
             self.scenario,
             reports,
@@ -853,6 +865,7 @@ class _Driver:
             elapsed=elapsed,
             session_id=self.bus.session_id,
             messages=messages,
+            unverified={name: _settled_by(reports, name) for name in silent},
         )
         driver_t = reports[0].get("transport", {})
         summary.nodes = {
@@ -943,6 +956,8 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
     with contextlib.ExitStack() as cleanup:
         keys: Path | None = None
         curve: dict[str, Any] = {}
+        if cfg.insecure:
+            command.append("--insecure")
         if cfg.curve:
             keys = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pantheon-")))
             allowed = _make_keys(keys, [DRIVER_NODE, *cfg.nodes])

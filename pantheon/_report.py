@@ -73,6 +73,13 @@ class RunSummary:
     dlq_evicted: int = 0
     """Dead letters counted in ``dlq`` but no longer in the buses' in-memory queues, which
     keep the newest 10,000 each by default (a recorded session has every one)."""
+    unverified: dict[str, int | None] = field(default_factory=dict)
+    """Per process that ended without its report (a node the scenario killed), how many
+    messages it had settled for the others (None where the transport does not count it):
+    it handled them, and whatever they caused
+    inside it (a chain of agents on that node) died with its accounting, as did what it
+    published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
+    fails while this is not empty."""
 
     @property
     def passed(self) -> bool:
@@ -202,6 +209,7 @@ def summarize(
     elapsed: float,
     session_id: str | None,
     messages: int | None = None,
+    unverified: Mapping[str, int | None] | None = None,
 ) -> RunSummary:
     """Merge the :func:`local_report` of every process of a run and judge the result.
 
@@ -209,7 +217,8 @@ def summarize(
     its counts; its latency quantiles are the worst of its members', an upper bound (the
     reports carry quantiles, not histograms). ``messages`` defaults to the sum of the
     reports' publish counts, right for one bus; a multi-process run passes its own count,
-    since a message that crossed to another bus is counted by both."""
+    since a message that crossed to another bus is counted by both. ``unverified`` names the
+    processes whose report is missing (see :attr:`RunSummary.unverified`)."""
     hops: dict[str, dict[str, float]] = {}
     trips = 0
     for r in reports:
@@ -260,6 +269,7 @@ def summarize(
         input_errors=[e for r in reports for e in r.get("input_errors", ())],
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),
         malformed_topic=getattr(scenario.input, "malformed_topic", None),
+        unverified=dict(unverified or {}),
     )
     summary.expectations = judge(scenario, summary)
     return summary
@@ -314,7 +324,17 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
                 f"timing: p99 {what} {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3)
             )
     if e.zero_lost:
-        check("zero lost", s.accounting_ok, True, s.accounting_ok)
+        # Only what was counted: a process that died with its books is not "nothing lost".
+        # Even one that settled nothing: what it published itself is in nobody's books.
+        if s.unverified:
+            got: Any = "unknown: " + "; ".join(
+                f"node {node!r} ended without its accounting"
+                + ("" if n is None else f" after settling {n:,} messages")
+                for node, n in s.unverified.items()
+            )
+            check("zero lost", False, True, got)
+        else:
+            check("zero lost", s.accounting_ok, True, s.accounting_ok)
     if e.max_dlq is not None:
         dead = sum(n for reason, n in s.dlq.items() if reason != "shed")
         # Named for what it counts: the summary's dead-letter total includes the shed ones.

@@ -378,6 +378,11 @@ def _print_summary(s: Any) -> None:
     lines.append(
         f"{_dead_letters_text(s)}  breaker trips {s.breaker_trips}  alerts {s.alerts}  "
         f"accounting {'ok' if s.accounting_ok else 'BROKEN'}"
+        + (
+            f" on the processes that reported (not on {', '.join(map(repr, s.unverified))})"
+            if s.unverified
+            else ""
+        )
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")

@@ -10,6 +10,7 @@ together with the field errors instead of only after those are fixed.
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import json
 import os
 import re
@@ -189,6 +190,35 @@ class ZmqTransportConfig(_Model):
     curve: bool = False
     """Encrypt and authenticate every link with CURVE keys made for the run: the broker
     admits only the run's own processes (``pantheon run``; by hand, see ``pantheon keys``)."""
+    insecure: bool = False
+    """Allow a ``broker`` address reachable from the network without ``curve``: anyone who
+    reaches it may then join the run, read its messages and inject others."""
+
+    @model_validator(mode="after")
+    def _network_needs_curve(self) -> ZmqTransportConfig:
+        if not (self.curve or self.insecure or bind_is_local(self.broker)):
+            raise ValueError(
+                f"broker {self.broker} is reachable from the network and curve is off: set "
+                "curve: true, or insecure: true to accept anyone who reaches it"
+            )
+        return self
+
+
+def bind_is_local(bind: str) -> bool:
+    """Whether a ZeroMQ ``bind`` address is reachable from this machine only: a loopback
+    address (or ``localhost``), an ``ipc://`` socket file or ``inproc://``. Another host
+    name counts as the network: what it resolves to can change."""
+    if bind.startswith(("ipc://", "inproc://")):
+        return True
+    if not bind.startswith("tcp://"):
+        return False
+    host = bind[len("tcp://") :].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class NatsCredentials(_Model):

@@ -378,3 +378,28 @@ async def test_a_handler_unsubscribing_itself_does_not_hang_drain(bus: Bus) -> N
     assert seen == [1, "stop"]
     assert "quitter" not in bus.subscriptions()
     assert len(bus.dlq) == 0
+
+
+async def test_a_handler_unsubscribing_itself_with_a_backlog_handles_it_then_stops(
+    bus: Bus,
+) -> None:
+    # Found by benchmarks/accounting_fuzz.py (seed 1): off() from the handler waited for the
+    # mailbox to empty, which only that handler's own worker could do: drain() hung and the
+    # queued messages were never handled.
+    seen: list[object] = []
+
+    async def quit_on_stop(env: Envelope) -> None:
+        seen.append(env.payload)
+        if env.payload == "stop":
+            await bus.off("quitter")
+
+    bus.on("t", quit_on_stop, name="quitter")
+    for payload in ("stop", 1, 2, 3):
+        bus.emit_nowait("t", payload)  # queued behind "stop" before its handler runs
+    async with asyncio.timeout(2):
+        await bus.drain()
+    assert seen == ["stop", 1, 2, 3]
+    assert "quitter" not in bus.subscriptions()
+    await bus.emit("t", "after")  # no longer routed
+    assert seen == ["stop", 1, 2, 3]
+    assert len(bus.dlq) == 0 and bus.outstanding == 0

@@ -154,6 +154,30 @@ def test_broker_refuses_curve_without_allow_rather_than_refusing_every_node(
     assert proc.stdout == ""  # never listened: no endpoint printed
 
 
+@pytest.mark.parametrize(
+    "bind", ["tcp://0.0.0.0:0", "tcp://*:0", "tcp://10.1.2.3:5555", "tcp://eth0:5555"]
+)
+def test_broker_refuses_a_network_address_without_curve(tmp_path: Path, bind: str) -> None:
+    # Without CURVE whoever reaches the port joins and every node links to what it claims.
+    proc = pantheon("broker", "--bind", bind, cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: --bind {bind} is reachable from the network and CURVE is off: pass "
+        "--curve-secret and --allow, or --insecure to accept anyone who reaches it\n"
+    )
+    assert proc.stdout == ""  # never listened
+
+
+def test_insecure_lifts_the_refusal(tmp_path: Path) -> None:
+    # 192.0.2.1 (TEST-NET-1) is no address of this machine: with --insecure the broker gets
+    # past the CURVE check and tries to bind it, and never listens on a real network.
+    proc = pantheon("broker", "--bind", "tcp://192.0.2.1:5555", "--insecure", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: cannot start a broker on tcp://192.0.2.1:5555: ")
+    assert "Cannot assign requested address" in proc.stderr
+    assert "CURVE is off" not in proc.stderr and "Traceback" not in proc.stderr
+
+
 def test_unreachable_broker_names_the_endpoint_and_the_timeout(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on once closed
         s.bind(("127.0.0.1", 0))

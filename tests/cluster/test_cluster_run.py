@@ -144,6 +144,7 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
     # outstanding or in flight: what was in flight to the dead node was redelivered to
     # work1 or dead-lettered as node_lost, never dropped.
     assert summary["accounting_ok"] is True
+    assert list(summary["unverified"]) == ["work2"]
     broker = nodes["driver"]["broker"]
     assert broker["nodes_lost"] == 1
     links = nodes["driver"]["links"]
@@ -173,6 +174,42 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
     text = console.export_text()
     assert f"node work2 (pid {nodes['work2']['pid']}): killed (SIGKILL) at " in text
     assert f"publishers redelivered {links['redelivered']}, dead-lettered node_lost {lost}" in text
+
+
+def test_zero_lost_does_not_pass_on_a_killed_nodes_silence(workdir: Path) -> None:
+    # The issue's case: the Reasoner on "cognition" hands reasoning.intent.classified to the
+    # Planner beside it, a message no other process ever sees. SIGKILLed mid-run, the node
+    # takes that chain with it (2 of 591 emails vanished with seed 2) and its report, so
+    # the survivors' books balancing says nothing about it: "zero lost" must not PASS.
+    path = workdir / "scenarios" / "kill_cognition.yaml"
+    text = (workdir / "scenarios" / "support_email_3node.yaml").read_text()
+    assert "\nexpect:\n  zero_lost: true\n" in text
+    path.write_text(text + "\nfaults:\n  kill_node: {node: cognition, at: 0.3}\n")
+
+    code, summary = run_json(workdir, "scenarios/kill_cognition.yaml", "--seed", "2")
+    assert code == 1
+    assert summary["nodes"]["cognition"]["status"] == "killed"
+    (check,) = [e for e in summary["expectations"] if e["name"] == "zero lost"]
+    assert check["passed"] is False
+    # The survivors' own books still balance: that part is checked and true.
+    assert summary["accounting_ok"] is True
+    settled = summary["unverified"]["cognition"]
+    assert list(summary["unverified"]) == ["cognition"]
+    # Every sensor.email.enriched the perception node sent there and saw settled is in it.
+    assert settled >= summary["hops"]["sensor"]["handled"] - summary["dlq"]["node_lost"]
+    assert check["actual"] == (
+        f"unknown: node 'cognition' ended without its accounting after settling {settled:,} "
+        "messages"
+    )
+
+    # The human summary says the same, and never "PASS zero lost".
+    proc = pantheon(
+        "run", "scenarios/kill_cognition.yaml", "--seed", "2", "--store", "s.db", cwd=workdir
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "PASS zero lost" not in proc.stdout
+    assert "FAIL zero lost (actual unknown: node 'cognition' ended without" in proc.stdout
+    assert "accounting ok on the processes that reported (not on 'cognition')" in proc.stdout
 
 
 def test_observer_on_a_node_publishes_the_inputs_there(workdir: Path) -> None:

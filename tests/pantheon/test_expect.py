@@ -172,6 +172,26 @@ def test_min_accuracy_and_the_others_still_hold() -> None:
     }
 
 
+def test_zero_lost_is_not_claimed_for_a_process_that_left_no_report() -> None:
+    # A killed node took its books with it: the survivors' balancing is not "zero lost".
+    expect = "  zero_lost: true\n"
+    assert checks(expect, summary(unverified={}))["zero lost"] == (True, True, True)
+    counted = summary(unverified={"cognition": 1234})
+    assert checks(expect, counted)["zero lost"] == (
+        False,
+        True,
+        "unknown: node 'cognition' ended without its accounting after settling 1,234 messages",
+    )
+    # A transport that does not count what each node settled (NATS): still not claimed.
+    both = summary(unverified={"a": None, "b": 0})
+    assert checks(expect, both)["zero lost"] == (
+        False,
+        True,
+        "unknown: node 'a' ended without its accounting; node 'b' ended without its "
+        "accounting after settling 0 messages",
+    )
+
+
 CUSTOM = """\
 def enough_pages(summary):
     return summary.topics.get("alert.paged", 0) >= 3

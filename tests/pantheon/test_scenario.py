@@ -568,6 +568,30 @@ def test_zmq_transport_and_kill_node(write) -> None:
     assert [p.field for p in problems] == ["transport.nodes.n2[1]", "faults.kill_node.node"]
 
 
+@pytest.mark.parametrize(
+    ("extra", "refused"),
+    [
+        ("  broker: tcp://0.0.0.0:5555\n", True),
+        ("  broker: tcp://10.1.2.3:5555\n", True),
+        ("  broker: tcp://broker.example.com:5555\n", True),
+        ("  broker: tcp://0.0.0.0:5555\n  curve: true\n", False),
+        ("  broker: tcp://0.0.0.0:5555\n  insecure: true\n", False),
+        ("  broker: tcp://localhost:5555\n", False),
+        ("  broker: ipc:///tmp/pantheon-broker\n", False),
+    ],
+)
+def test_a_network_broker_without_curve_needs_insecure(write, extra: str, refused: bool) -> None:
+    # Without CURVE anyone who reaches the broker joins the run: on a network, say so.
+    text = GOOD + "transport:\n  kind: zmq\n" + extra
+    if not refused:
+        assert load_scenario(write(text, "good.yaml")).transport.kind == "zmq"
+        return
+    (p,) = problems_of(write(text))
+    assert p.field == "transport"
+    assert "is reachable from the network and curve is off" in p.message
+    assert "insecure: true" in p.message
+
+
 def test_openai_provider(write, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
     text = GOOD + "provider:\n  kind: openai\n  model: llama3\n"

@@ -47,6 +47,7 @@ from bus.backends.zeromq._wire import (
     SubsAck,
     Welcome,
     control_up_decoder,
+    peer_problem,
 )
 
 __all__ = ["Broker"]
@@ -165,7 +166,15 @@ class Broker:
         # (node, its subs version, {other node: directory version it must acknowledge})
         self._syncs: list[tuple[_Node, int, dict[_Node, int]]] = []
         self._counts = dict.fromkeys(
-            ("frames_in", "frames_out", "malformed", "oversized", "nodes_lost", "unroutable"),
+            (
+                "frames_in",
+                "frames_out",
+                "malformed",
+                "oversized",
+                "nodes_lost",
+                "unroutable",
+                "refused_hellos",
+            ),
             0,
         )
 
@@ -351,6 +360,19 @@ class Broker:
             self._malformed(ident, f"protocol {hello.version}, broker speaks {PROTOCOL}")
             self._send(ident, self._enc.encode(Reset(f"protocol {PROTOCOL} only")))
             return
+        info = PeerInfo(
+            hello.node, hello.incarnation, hello.data, hello.key, hello.credit, hello.subs
+        )
+        problem = peer_problem(info)
+        if problem is not None:
+            # Every node would be told to link to it: refused here, and each node checks
+            # its directory again anyway (a broker is not the only thing that can lie).
+            self._counts["refused_hellos"] += 1
+            n = self._counts["refused_hellos"]
+            if n <= 10 or not n % 1000:
+                _log.warning("refused HELLO #%d from %r: %s", n, ident, problem)
+            self._send(ident, self._enc.encode(Reset(f"refused: {problem}")))
+            return
         assert self._loop is not None
         old = self._nodes.get(ident)
         if old is not None and old.incarnation == hello.incarnation:
@@ -402,14 +424,17 @@ class Broker:
             return
         self._changed = False
         infos = {node: node.info() for node in self._nodes.values()}
-        for node in self._nodes.values():
-            peers = [info for other, info in infos.items() if other is not node]
+        # A send that finds a node unreachable loses it, which changes ``_nodes``.
+        for node in list(self._nodes.values()):
+            if not node.alive:
+                continue
+            peers = [info for other, info in infos.items() if other is not node and other.alive]
             if peers != node.sent:
                 self._version += 1
                 node.sent = peers
                 node.sent_version = self._version
                 self._send(node.ident, self._enc.encode(Directory(self._version, peers)))
-        for node in self._nodes.values():
+        for node in list(self._nodes.values()):
             if node.subs_version is not None:
                 waiting = {
                     other: other.sent_version

@@ -67,6 +67,7 @@ from bus.backends.zeromq._errors import (
 from bus.backends.zeromq._keys import CurveKeys
 from bus.backends.zeromq._wire import (
     DEFAULT_MAX_FRAME,
+    MAX_CREDIT,
     PROTOCOL,
     Bye,
     Data,
@@ -89,6 +90,8 @@ from bus.backends.zeromq._wire import (
     control_down_decoder,
     link_back_decoder,
     link_in_decoder,
+    node_name_problem,
+    peer_problem,
 )
 
 __all__ = ["DEFAULT_CREDIT", "DEFAULT_WINDOW", "ZmqTransport"]
@@ -315,8 +318,11 @@ class ZmqTransport(Transport):
             )
         self.endpoint = connect
         self.node = node or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        if "/" in self.node:
-            raise ValueError(f"ZmqTransport: node name {self.node!r} must not contain '/'")
+        problem = node_name_problem(self.node)
+        if problem is not None:
+            raise ValueError(f"ZmqTransport: {problem}")
+        if credit > MAX_CREDIT:
+            raise ValueError(f"ZmqTransport: credit must be <= {MAX_CREDIT}, got {credit}")
         self.data = data
         self.data_endpoint: str | None = None
         self.curve = curve
@@ -411,9 +417,15 @@ class ZmqTransport(Transport):
                 "broker_lost",
                 "rejoined",
                 "stale_frames",
+                "directory_dropped",
             ),
             0,
         )
+        # Messages each other node settled, by node name: a node killed without a word
+        # took its own accounting with it, and what it had settled here (handled there)
+        # may have caused work inside it that died too. The driver of a run says so instead
+        # of claiming nothing was lost. One entry per node name the directory ever listed.
+        self._settled_by: dict[str, int] = {}
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -775,6 +787,7 @@ class ZmqTransport(Transport):
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
             "sent": self._sent,
+            "settled_by": dict(self._settled_by),
             **self._counts,
         }
 
@@ -1023,7 +1036,11 @@ class ZmqTransport(Transport):
             sock.curve_secretkey = self.curve.secret
             sock.curve_publickey = self.curve.public
             sock.curve_serverkey = peer.key
-        sock.connect(peer.data)
+        try:
+            sock.connect(peer.data)
+        except zmq.ZMQError:
+            sock.close(0)
+            raise
         peer.sock = sock
         peer.fd = fd = sock.fileno()
         self._loop.add_reader(fd, self._drain_peer, peer)
@@ -1103,6 +1120,7 @@ class ZmqTransport(Transport):
         if not settled:
             return
         peer.sent -= settled
+        self._settled_by[peer.name] = self._settled_by.get(peer.name, 0) + settled
         backlog = peer.backlog
         while backlog and peer.sent < peer.credit:
             body, n = backlog.popleft()
@@ -1556,7 +1574,7 @@ class ZmqTransport(Transport):
     def _handle_control(self, msg: Any) -> None:
         kind = type(msg)
         if kind is Directory:
-            self._set_directory(msg.peers)
+            self._set_directory(self._checked(msg.peers))
             # What this turn batched was routed by the old directory: out before the ack,
             # which tells a node that is leaving a group that we route around it now.
             self._flush_all()
@@ -1583,6 +1601,30 @@ class ZmqTransport(Transport):
                 for peer in self._peers.values():
                     self._relink(peer)
             self._welcomed()
+
+    def _checked(self, infos: list[PeerInfo]) -> list[PeerInfo]:
+        """The directory's entries this node can link to. Without CURVE any process that
+        reaches the broker can join with anything in its HELLO; a bad entry (an endpoint
+        libzmq refuses, a bad key, this node's own name) is dropped and counted as
+        ``directory_dropped``, and the rest of the directory still applies. A name listed
+        twice (a node restarted before the broker lost its old self) keeps its last entry,
+        the newest join, as the directory always did."""
+        good: dict[str, PeerInfo] = {}
+        for info in infos:
+            problem = peer_problem(info)
+            if problem is None and info.name == self.node:
+                problem = "a directory entry under this node's own name"
+            if problem is None:
+                good.pop(info.name, None)  # the newest join last
+                good[info.name] = info
+                continue
+            self._counts["directory_dropped"] += 1
+            n = self._counts["directory_dropped"]
+            if n <= 10 or not n % 1000:
+                _log.warning(
+                    "node %s dropped directory entry #%d (%r): %s", self.node, n, info.name, problem
+                )
+        return list(good.values())
 
     def _set_directory(self, infos: list[PeerInfo]) -> None:
         """Link to the peers ``infos`` lists, and lose those it no longer does. Except for
@@ -1613,8 +1655,17 @@ class ZmqTransport(Transport):
         self._keys = frozenset(info.key for info in infos if info.key is not None)
         for info in infos:
             if info.name not in self._peers and self._ctx is not None:
-                peer = self._peers[info.name] = _Peer(info)
-                self._connect(peer)
+                peer = _Peer(info)
+                try:
+                    self._connect(peer)
+                except zmq.ZMQError as exc:
+                    # What _checked cannot foresee (libzmq's own limits): that entry only.
+                    self._counts["directory_dropped"] += 1
+                    _log.warning(
+                        "node %s cannot link to %s at %s: %s", self.node, info.name, info.data, exc
+                    )
+                    continue
+                self._peers[info.name] = peer
         # Inbound links from nodes no longer listed (or listed with a new incarnation) are
         # over: their senders redeliver whatever those links had not settled.
         live = {f"{info.name}/{info.incarnation:x}".encode() for info in infos}

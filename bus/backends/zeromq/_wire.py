@@ -31,9 +31,12 @@ monotonic clock to the broker's wall clock, and back on arrival.
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Any, final
 
 import msgspec
+from zmq.utils import z85
 
 from bus._envelope import Envelope
 
@@ -62,6 +65,8 @@ __all__ = [
     "control_up_decoder",
     "link_back_decoder",
     "link_in_decoder",
+    "node_name_problem",
+    "peer_problem",
 ]
 
 #: Bumped on any incompatible change; a broker refuses a HELLO of another version.
@@ -73,6 +78,15 @@ PROTOCOL = 5
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20
+
+
+#: Longest node name a directory entry may carry.
+MAX_NODE_NAME = 255
+#: Most credit a node may advertise: far above any window, low enough to stay a plain int.
+MAX_CREDIT = 1 << 31
+#: Longest ``ipc://`` path: the size of a Unix socket address, less its terminating NUL.
+_MAX_IPC_PATH = 107
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9-]{1,63}(?<!-))*\.?")
 
 
 # -- control: node <-> broker ------------------------------------------------------------------
@@ -218,6 +232,69 @@ ControlUp = Hello | Subs | DirectoryAck | Ping | Bye
 ControlDown = Welcome | Directory | SubsAck | Pong | Reset
 LinkIn = Data | LinkPing
 LinkBack = Done | Reply | Nack
+
+
+def node_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a node, or None. A link's identity is ``name/incarnation/n``,
+    so a ``/`` would make one node's links look like another's."""
+    if not 0 < len(name) <= MAX_NODE_NAME:
+        return f"node name must be 1 to {MAX_NODE_NAME} characters, got {len(name)}"
+    if "/" in name or not name.isprintable():
+        return f"node name {name!r:.80} must be printable and have no '/'"
+    return None
+
+
+def _endpoint_problem(data: str) -> str | None:
+    """Why ``data`` is not an endpoint another node can connect a DEALER to, or None.
+
+    Checked before ``connect``: libzmq raises on a malformed address, and a directory that
+    a rogue node fed one must not stop a node halfway through applying it."""
+    if data.startswith("ipc://"):
+        path = data[len("ipc://") :]
+        if not 0 < len(path.encode("utf-8", "surrogatepass")) <= _MAX_IPC_PATH:
+            return f"ipc path must be 1 to {_MAX_IPC_PATH} bytes"
+        if not path.isprintable():
+            return "ipc path must be printable"
+        return None
+    if not data.startswith("tcp://"):
+        return "data endpoint must be tcp://host:port or ipc://path"
+    host, sep, port = data[len("tcp://") :].rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return "data endpoint needs a port from 1 to 65535"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host!r:.80} is no IPv6 address"
+        return None
+    if len(host) > 253 or not _HOSTNAME.fullmatch(host):
+        return f"{host!r:.80} is no IPv4 address or host name"
+    return None
+
+
+def peer_problem(info: PeerInfo) -> str | None:
+    """Why a directory entry (or the HELLO it came from) cannot be linked to, or None.
+
+    Without CURVE anyone who reaches the broker can join; its entry then goes to every node,
+    so the broker refuses a bad HELLO and each node drops a bad entry (both counted)."""
+    problem = node_name_problem(info.name)
+    if problem is not None:
+        return problem
+    if not 0 <= info.incarnation < 1 << 64:
+        return f"incarnation {info.incarnation} is out of range"
+    if not 0 < info.credit <= MAX_CREDIT:
+        return f"credit must be 1 to {MAX_CREDIT}, got {info.credit}"
+    problem = _endpoint_problem(info.data)
+    if problem is not None:
+        return f"{problem}, got {info.data!r:.80}"
+    if info.key is not None:
+        try:
+            valid = len(info.key) == 40 and len(z85.decode(info.key)) == 32
+        except (ValueError, KeyError, IndexError, TypeError):
+            valid = False
+        if not valid:
+            return f"CURVE key must be 40 bytes of z85 text, got {info.key!r:.60}"
+    return None
 
 
 def control_up_decoder() -> msgspec.msgpack.Decoder[ControlUp]:
