@@ -15,6 +15,9 @@ from pantheon.scenario import Scenario, load_scenario
 
 __all__ = ["Session", "replay", "run"]
 
+#: Seconds a run waits for its bus to go quiet at the end, besides any approval's timeout.
+DRAIN_TIMEOUT = 60.0
+
 
 async def run(
     scenario: Scenario | str | Path,
@@ -33,6 +36,7 @@ async def run(
     the expectations held (``summary.passed``); a failing one is not an exception. A model
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
+    from pantheon._approvals import approval_desk, on_team
     from pantheon._cluster import cluster_transport
     from pantheon._runtime import run_scenario
     from pantheon._session_run import recording
@@ -46,6 +50,7 @@ async def run(
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
         live_run(rec, scenario.name, enabled=record) as live,
+        approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
     ):
         if on_bus is not None:
             on_bus(rec.bus)
@@ -56,7 +61,9 @@ async def run(
             bus=rec.bus,
             attach=live.attach,
             outbox_dir=rec.outbox_dir,
-            on_team=live.watch,
+            on_team=on_team(live.watch, desk.serve),
+            # A handler may be waiting for a person: the drain waits out its timeout too.
+            drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
         )
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)

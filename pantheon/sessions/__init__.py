@@ -13,10 +13,20 @@ Errors::
     │   ├── SchemaVersionError
     │   └── SessionNotFound
     ├── RecordingError
-    └── ReplayDivergence
+    ├── ReplayDivergence
+    └── ApprovalError
+        ├── ApprovalNotFound
+        └── AlreadyDecided
 """
 
 from pantheon.sessions._align import FailureMatch
+from pantheon.sessions._approvals import (
+    AlreadyDecided,
+    Approval,
+    ApprovalBook,
+    ApprovalError,
+    ApprovalNotFound,
+)
 from pantheon.sessions._diff import LatencyDelta, LatencyStats, SessionDiff, diff_sessions
 from pantheon.sessions._effects import EffectsContext, RecordingEffects, ReplayEffects
 from pantheon.sessions._errors import (
@@ -67,6 +77,11 @@ __all__ = [
     "DEFAULT_STORE_PATH",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "AlreadyDecided",
+    "Approval",
+    "ApprovalBook",
+    "ApprovalError",
+    "ApprovalNotFound",
     "BreakerTransition",
     "EffectsContext",
     "FailureMatch",
