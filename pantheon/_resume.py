@@ -3,8 +3,9 @@
 What resuming does, exactly:
 
 1. Only a session whose recording process died (``aborted``; the store marks a ``running``
-   session so once its pid is gone) can be resumed; a running, finished, replay or
-   multi-process session is refused with the reason.
+   session so once its pid is gone) can be resumed, once: a running, finished, replay or
+   multi-process session, or one resumed before (by a resume that did not itself die), is
+   refused with the reason. A resume that died is resumed in turn.
 2. A new session (kind ``resume``, ``replay_of`` the original) runs the recorded scenario's
    team on a fresh bus in this process.
 3. The original's recorded inputs are published again in recorded order, paced as a replay
@@ -181,6 +182,12 @@ async def resume(
         refused = resumable(original)
         if refused is not None:
             raise SessionError(refused)
+        for other in st.sessions():
+            resumed = other.replay_of == original.id and other.kind == "resume"
+            if resumed and other.status != "aborted":
+                raise SessionError(
+                    f"session {original.id} was resumed already, as {other.id} ({other.status})"
+                )
         if set(original.summary.get("nodes") or ()) - {"driver"}:
             raise SessionError(f"session {original.id} ran on several processes; resume runs one")
         base = None if original.scenario_dir is None else Path(original.scenario_dir)
