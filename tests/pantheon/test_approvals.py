@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from approval_run import REFUNDS, WAIT, pending, scenario, spawn, stop, wait_for
 
 import pantheon
 from agents import Agent, ApprovalUnavailable, Decision, Guardian
@@ -27,23 +26,6 @@ from pantheon.sessions import (
 )
 from pantheon.sessions._codec import decode
 
-HERE = Path(__file__).resolve().parent / "approvals"
-#: Seconds a test waits for another process to get somewhere before it fails.
-WAIT = 60.0
-REFUNDS = {"e0046", "e0081"}  # the two refunds over the limit in emails.jsonl
-
-
-def scenario(tmp_path: Path, approvals: str) -> Path:
-    """The approvals scenario in tmp_path with its ``approvals:`` block replaced."""
-    text = (HERE / "approvals.yaml").read_text(encoding="utf-8")
-    text = re.sub(r"approvals:\n(  .*\n)+", approvals.strip() + "\n", text)
-    (tmp_path / "emails.jsonl").write_text(
-        (HERE / "emails.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
-    )
-    path = tmp_path / "approvals.yaml"
-    path.write_text(text, encoding="utf-8")
-    return path
-
 
 def cli(*args: str, store: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -53,56 +35,6 @@ def cli(*args: str, store: Path) -> subprocess.CompletedProcess[str]:
         timeout=WAIT,
         env=os.environ | {"COLUMNS": "200"},
     )
-
-
-def spawn(*args: str, store: Path, cwd: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pantheon.cli", *args, "--store", str(store), "--json"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=cwd,
-    )
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    """Kill (if still running) and reap, closing its pipes."""
-    proc.kill()
-    proc.communicate()
-
-
-def wait_for(what: str, check: Any, proc: subprocess.Popen[str] | None = None) -> Any:
-    deadline = time.monotonic() + WAIT
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process ended ({proc.returncode}) before {what}: "
-                                 f"{proc.stderr.read() if proc.stderr else ''}")  # fmt: skip
-        time.sleep(0.1)
-    if proc is not None:
-        proc.kill()
-        _, err = proc.communicate()
-        raise AssertionError(f"timed out waiting for {what}; the process said: {err[-2000:]}")
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def pending(store: Path, kind: str = "run") -> tuple[str, list[Any]] | None:
-    """The newest session of ``kind`` and its pending approvals, once it has two.
-
-    Looks only once the run's live feed socket is there (the run has made its store and
-    session by then): a store opened by this process while the run was still creating the
-    file was seen to hide the run's recorded rows from every reader until the run ended."""
-    if not any((store.parent / "live").glob("*.sock")):
-        return None
-    with SessionStore(store, create=False) as st:
-        sessions = [s for s in st.sessions() if s.kind == kind]
-        if not sessions:
-            return None
-        book = ApprovalBook(st)
-        rows = book.entries(book.origin(sessions[0].id), status="pending")
-        return (sessions[0].id, rows) if len(rows) == 2 else None
 
 
 def approval_effects(
