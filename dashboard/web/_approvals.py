@@ -20,6 +20,9 @@ from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, SessionInf
 
 __all__ = ["approvals_panel"]
 
+#: Session state key of the last decision made on the page: (origin, ok, what happened).
+_SAID = "approvals_said"
+
 
 def approvals_panel(path: Path, info: SessionInfo) -> None:
     """Nothing for a session that never asked; otherwise its requests, pending first."""
@@ -31,6 +34,11 @@ def approvals_panel(path: Path, info: SessionInfo) -> None:
         return
     waiting = [a for a in rows if a.pending]
     st.subheader(f"Approvals ({len(waiting)} waiting)" if waiting else "Approvals")
+    # The last decision made on this page stays said: a running session's page redraws
+    # every second, which would otherwise wipe it before anyone read it.
+    said = st.session_state.get(_SAID)
+    if said is not None and said[0] == origin:
+        (st.success if said[1] else st.warning)(said[2])
     for a in waiting:
         _pending(path, a)
     done = [a for a in rows if not a.pending]
@@ -73,6 +81,8 @@ def _decide(path: Path, a: Approval, *, approved: bool, note: str) -> None:
         try:
             done = ApprovalBook(s).decide(a.origin, a.id, approved=approved, note=note, by=who())
         except AlreadyDecided as exc:
-            st.warning(str(exc))
-            return
-    st.success(f"#{done.id} {done.status}" + (f": {done.note}" if done.note else ""))
+            st.session_state[_SAID] = (a.origin, False, str(exc))
+        else:
+            text = f"#{done.id} {done.status}" + (f": {done.note}" if done.note else "")
+            st.session_state[_SAID] = (a.origin, True, text)
+    st.rerun()
