@@ -230,7 +230,7 @@ class MonitorApp(App[None]):
         for title in ("calls", "tokens in", "tokens out", "cost (USD)"):
             usage.add_column(title)
         self.query_one("#approval-table", DataTable).add_columns(
-            "#", "state", "agent", "request", "note"
+            "#", "state", "agent", "note", "request"
         )
         self.sub_title = self.source.origin
         self._follow()

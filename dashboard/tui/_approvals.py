@@ -50,7 +50,7 @@ def approval_cells(a: Approval) -> tuple[str, ...]:
         state = f"pending ({left:.0f}s, then {a.default})"
     else:
         state = f"{a.status} by {a.decided_by}"
-    return (str(a.id), state, a.agent, a.summary, a.note)
+    return (str(a.id), state, a.agent, a.note, a.summary)
 
 
 class DecisionScreen(ModalScreen[tuple[bool, str] | None]):
