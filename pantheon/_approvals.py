@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -79,6 +80,7 @@ class StoreDesk:
         self._asked: Counter[str] = Counter()
         self._wake = asyncio.Event()
         self._watcher: asyncio.Task[None] | None = None
+        self._opening = threading.Lock()
         #: Requests asked through this desk, and how many the timeout decided.
         self.asked = 0
         self.timed_out = 0
@@ -94,10 +96,12 @@ class StoreDesk:
         self._asked[request_key(agent, request, 0)] += 1
 
     def _open(self) -> ApprovalBook:
-        if self._book is None:
-            self._store = SessionStore(self.store_path)
-            self._book = ApprovalBook(self._store)
-        return self._book
+        # Called from worker threads: two first asks at once must not open two stores.
+        with self._opening:
+            if self._book is None:
+                self._store = SessionStore(self.store_path)
+                self._book = ApprovalBook(self._store)
+            return self._book
 
     async def ask(self, agent: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
         """Put the request in the store (or find it there, asked before a crash) and wait
@@ -140,8 +144,10 @@ class StoreDesk:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            # Copied here, on the loop's thread: ask() adds to it while the poll runs.
+            waiting = dict(self._waiting)
             try:
-                await asyncio.to_thread(self._poll_once)
+                await asyncio.to_thread(self._poll_once, waiting)
             except Exception as exc:
                 # The store went away under us (disk, permissions): every waiter fails with
                 # the reason, as its effect, rather than waiting for ever.
@@ -153,9 +159,8 @@ class StoreDesk:
                 continue
             await asyncio.sleep(self.config.poll)
 
-    def _poll_once(self) -> None:
+    def _poll_once(self, waiting: dict[int, _Waiting]) -> None:
         book = self._open()
-        waiting = dict(self._waiting)
         now = time.time()
         auto = self.config.auto
         after = None
