@@ -4,6 +4,7 @@ still pending after a SIGKILL until ``pantheon resume`` finishes the run."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,11 +18,13 @@ from approval_run import REFUNDS, WAIT, pending, scenario, spawn, stop, wait_for
 
 import pantheon
 from agents import Agent, ApprovalUnavailable, Decision, Guardian
+from pantheon._resume import resumable
 from pantheon.scenario import ScenarioError, load_scenario
 from pantheon.sessions import (
     AlreadyDecided,
     ApprovalBook,
     ApprovalNotFound,
+    SessionInfo,
     SessionStore,
 )
 from pantheon.sessions._codec import decode
@@ -212,10 +215,32 @@ def test_sigkill_with_pending_approvals_then_resume_completes_them(tmp_path: Pat
         assert (info.kind, info.replay_of, info.status) == ("resume", sid, "completed")
         # The same two requests, never a third: the resumed run found them by their key.
         assert len(ApprovalBook(st).entries(sid)) == 2
+    # The resumed session replays exactly too, asking nobody.
+    report = asyncio.run(pantheon.replay(new_sid, store=store))
+    assert (report.matched, report.effects_called) == (True, 0), report.divergence
     # Resumed once, and only once.
     again = cli("resume", sid, store=store)
     assert again.returncode == 2
     assert f"session {sid} was resumed already, as {new_sid} (completed)" in again.stderr
+
+
+@pytest.mark.parametrize(
+    ("kind", "status", "why"),
+    [
+        ("run", "aborted", None),
+        ("resume", "aborted", None),
+        ("run", "running", "is still running (pid 7 on h); only a run whose process died"),
+        ("run", "failed", "ended (failed); only a run whose process died (aborted)"),
+        ("replay", "aborted", "is a replay, not a run: replay its original instead"),
+    ],
+)
+def test_what_can_be_resumed(kind: str, status: str, why: str | None) -> None:
+    info = SessionInfo("s1", kind, "x", "", 0, 0.0, None, status, {}, None, 7, "h")
+    said = resumable(info)
+    if why is None:
+        assert said is None
+    else:
+        assert said is not None and said.startswith(f"session s1 {why}"), said
 
 
 def test_resume_refuses_a_session_that_finished(tmp_path: Path) -> None:
