@@ -3,8 +3,9 @@
 A :class:`pantheon._approvals.StoreDesk` asks; a separate ``pantheon approve`` process
 decides it. Measured: from the decision's commit (its ``decided`` time in the store) to
 ``ask()`` returning in the run (the desk's pickup, which the poll interval bounds), and the
-whole ``pantheon approve`` command (interpreter start included). Both poll intervals run in one process, alternating,
-so the ratio holds on a busy machine even when the absolute numbers do not.
+whole ``pantheon approve`` command (interpreter start included). Both poll intervals run
+in one process, alternating, so the ratio holds on a busy machine even when the absolute
+numbers do not.
 
     .venv/bin/python benchmarks/approval_bench.py [--repeats 15]
 """
@@ -28,7 +29,8 @@ from pantheon.sessions import SessionStore
 async def once(store: Path, sid: str, poll: float, n: int) -> tuple[float, float]:
     desk = StoreDesk(store, sid, ApprovalsConfig(timeout=60, poll=poll))
     asking = asyncio.ensure_future(desk.ask("bench", {"summary": f"request {n}"}))
-    while not desk._waiting:  # the row is in the store once the desk waits on it
+    # The desk announces nothing when its row is in; the bench looks every millisecond.
+    while not desk._waiting:  # noqa: ASYNC110
         await asyncio.sleep(0.001)
     (approval_id,) = desk._waiting
     started = time.perf_counter()
@@ -55,7 +57,8 @@ async def main(repeats: int) -> None:
                 n += 1
                 results[poll].append(await once(store, sid, poll, n))
     print(
-        "| poll (s) | pickup after the decision's commit, median (ms) | max (ms) | approve command to pickup, median (ms) |"
+        "| poll (s) | pickup after the decision's commit, median (ms) | max (ms) "
+        "| approve command to pickup, median (ms) |"
     )
     print("|---:|---:|---:|---:|")
     for poll, rows in results.items():
