@@ -367,14 +367,14 @@ class Sensor(Agent):
 class Monitor(Agent):
     """Watches the bus itself: breaker changes, queue depth and dead letters; raises alerts.
 
-    Breaker events arrive as ``system.breaker.*`` messages and are answered per message.
+    Breaker events arrive as ``system.breaker.<name>`` messages and are answered per message.
     Depth and DLQ growth are sampled every ``interval`` seconds (setting, default 0.5) from
     ``bus.stats()``; a sampled alert is outside input, so a replay re-publishes it from the
     recording instead of sampling the replaying machine.
     """
 
     role = "monitor"
-    subscriptions = ("system.*",)
+    subscriptions = ("system.>",)
 
     class Settings(AgentSettings):
         interval: Annotated[float, Field(gt=0, le=3600)] = 0.5

@@ -18,9 +18,9 @@ What is measured (letters match benchmarks/README.md):
 (b)  the emit loop with 10 no-op subscribers on the topic: published/s and deliveries/s.
 (c)  10,000 glob subscriptions ``tenant{i}.events.*``. (c1) emit loop on one repeated topic
      (fan-out 1), as a ratio to (a). (c2) the route-miss path: ``bus._route(topic)`` timed per
-     call on never-seen topics ``tenant{i}.events.{j}``, without and with a few empty-prefix
-     patterns (``*.audit`` ...) that every topic must be tested against; plus emit+deliver of
-     never-seen topics end to end.
+     call on never-seen topics ``tenant{i}.events.{j}``, without and with a few patterns whose
+     first token is a wildcard (``*.audit`` ...), whose branch every topic walks; plus
+     emit+deliver of never-seen topics end to end.
 (d)  per-hop latency at a fixed offered load of half the median of (a) on the same loop: a
      publisher emits small bursts on a schedule (paced by ``time.monotonic``, because uvloop's
      ``loop.time()`` only moves in whole milliseconds), the handler records
@@ -100,7 +100,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 FANOUT = 10
 MAX_BURST = 64  # (d) most messages one publisher tick may emit when it has fallen behind
 SUBS_MEMORY = 1_000  # (e) subscriptions whose memory is measured
-EMPTY_PREFIX_PATTERNS = ("*.audit", "*.errors.*", "?ystem.*", "[!t]*.debug")
+EMPTY_PREFIX_PATTERNS = ("*.audit", "*.errors.*", "*.system.>", "*.*.debug")
 
 TARGETS = {
     "a_emit": (">=", 500_000),

@@ -39,6 +39,7 @@ from bus._errors import (
     TransportError,
 )
 from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, TopicStats
+from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Transport
 
 __all__ = [
@@ -81,4 +82,6 @@ __all__ = [
     "current_envelope",
     "current_subscription",
     "is_sampled",
+    "matches",
+    "validate_pattern",
 ]

@@ -29,7 +29,6 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from fnmatch import fnmatchcase
 from typing import Any, NoReturn, Protocol, TypedDict, TypeVar, Unpack, cast, overload
 
 from bus._breaker import CLOSED, HALF_OPEN, CircuitBreaker
@@ -62,7 +61,7 @@ from bus._metrics import (
     SubscriberStats,
     TopicStats,
 )
-from bus._topics import GlobIndex
+from bus._topics import GlobIndex, matches, validate_pattern
 from bus._transport import BusPort, InProcessTransport, Receipt, Transport
 
 __all__ = [
@@ -513,7 +512,13 @@ class Bus:
         retry: Retry = NO_RETRY,
         breaker: BreakerPolicy | None = DEFAULT_BREAKER,
     ) -> Any:
-        """Subscribe ``handler`` to topics matching the glob ``pattern``.
+        """Subscribe ``handler`` to topics matching the token ``pattern``.
+
+        ``*`` is exactly one dot-separated token (``order.*.paid``) and ``>`` as the last token
+        one or more (``order.>``; ``>`` alone is every topic), as in NATS. A wildcard inside a
+        token (``order.*-paid``, ``order*``), ``*`` alone and ``?``/``[...]`` are refused here
+        with a ``ValueError`` naming the spelling to use: tokens are matched whole so the index
+        costs a topic's depth, not the number of patterns (see :mod:`bus._topics`).
 
         Works as a decorator (``@bus.on("a.*")``) or a call; returns the handler either way.
         ``name`` identifies the subscription in stats, the DLQ and breakers (default: the
@@ -521,6 +526,7 @@ class Bus:
         consumer breaker off. A handler answers a :meth:`request` by returning a value other
         than ``None``.
         """
+        validate_pattern(pattern)
 
         def register(fn: H) -> H:
             sub_name = name or getattr(fn, "__qualname__", None) or repr(fn)
@@ -615,8 +621,9 @@ class Bus:
 
     def _advertise(self) -> None:
         # From the index, not ``_subs``: off() advertises before its subscription is gone.
+        # A generator, not a set: building one here made each runtime subscribe O(n).
         if self._running:
-            self.transport.advertise({(s.name, s.pattern) for s in self._index.items()})
+            self.transport.advertise((s.name, s.pattern) for s in self._index.items())
 
     def _routes_changed(self) -> None:
         for topic, route in self._routes.items():
@@ -641,7 +648,7 @@ class Bus:
         route = _Route(
             tuple(self._index.resolve(topic)),
             self.transport.has_remote(topic),
-            tuple(s for s in leaving.values() if fnmatchcase(topic, s.pattern)) if leaving else (),
+            tuple(s for s in leaving.values() if matches(s.pattern, topic)) if leaving else (),
         )
         routes = self._routes
         if len(routes) >= self._route_cache:

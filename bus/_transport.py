@@ -12,6 +12,9 @@ own mailboxes, breakers and metrics; a transport answers one question and does t
 * ``advertise(subscriptions)``: tell the others which ``(name, pattern)`` pairs this bus now
   subscribes with. Subscriptions with the same name on several buses are one consumer
   group: a transport that supports groups hands each message to one member only.
+  ``subscriptions`` is a one-shot iterable over the bus's live index, not a copy (copying
+  made every runtime subscribe O(subscriptions)): read it once, now or at the first time it
+  is needed; the bus advertises again after every change, so the latest one read is current.
 * ``flush()``: wait until everything handed over so far is settled by its receivers
   (handled or dead-lettered there), so ``Bus.drain`` covers remote work too.
 * ``sync()``: wait until this bus's subscriptions are visible to every other bus. Across
@@ -26,8 +29,10 @@ puts an inbound envelope into the local mailboxes (only those named, when ``name
 A transport that needs to know when a receiving bus has finished with an inbound envelope
 puts a :class:`Receipt` in ``envelope.reply`` before ``deliver``: the bus settles it once per
 subscription that took the envelope, when that subscription handled it (with the handler's
-result) or dead-lettered it (with the error). A request's reply future is the in-process
-special case of the same slot.
+result) or dead-lettered it (with the error). A closing bus that will not handle it gives it
+back instead (``Receipt.release``, or a settle with :class:`~bus.BusClosedError`): a transport
+that can redeliver hands it to another member rather than counting it settled. A request's
+reply future is the in-process special case of the same slot.
 
 Resource contract: ``start`` is awaited once before anything else; ``aclose`` is awaited
 once, after which ``send`` and ``try_send`` raise :class:`~bus.TransportError`. A transport
@@ -42,13 +47,13 @@ transport against.
 from __future__ import annotations
 
 import abc
-import fnmatch
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, TransportError
+from bus._topics import GlobIndex
 
 __all__ = ["BusPort", "InProcessHub", "InProcessTransport", "Receipt", "Transport"]
 
@@ -88,6 +93,13 @@ class Receipt:
         """One subscription finished: ``result`` is its handler's return value, or ``error``
         says why the message was dead-lettered there instead."""
         raise NotImplementedError
+
+    def release(self) -> None:
+        """One subscription gives the envelope back unhandled (a closing or leaving bus), for
+        redelivery to another member of its group rather than a dead letter here. A settle
+        with :class:`~bus.BusClosedError` means the same to a transport that redelivers (NATS
+        naks it with no delay); this default is that settle, for transports that do not."""
+        self.settle(None, BusClosedError("released unhandled by a closing bus"))
 
 
 class Transport(abc.ABC):
@@ -145,11 +157,7 @@ class InProcessHub:
                 member.on_change()
 
     def _peers(self, origin: InProcessTransport, topic: str) -> list[InProcessTransport]:
-        return [
-            m
-            for m in self._members
-            if m is not origin and any(fnmatch.fnmatchcase(topic, p) for p in m.patterns)
-        ]
+        return [m for m in self._members if m is not origin and m._interested(topic)]
 
 
 class InProcessTransport(Transport):
@@ -159,7 +167,11 @@ class InProcessTransport(Transport):
         self._hub = hub
         self._port: BusPort | None = None
         self._closed = False
-        self.patterns: frozenset[str] = frozenset()
+        # The latest advertisement, read only when a peer first asks about a topic: a bus
+        # advertises after every subscribe, and copying its patterns each time made 10,000
+        # runtime subscribes quadratic. Without a hub nobody ever asks.
+        self._advertised: Iterable[tuple[str, str]] = ()
+        self._index: GlobIndex[str] | None = None
 
     async def start(self, port: BusPort) -> None:
         self._port = port
@@ -167,9 +179,19 @@ class InProcessTransport(Transport):
             self._hub._join(self)
 
     def advertise(self, subscriptions: Iterable[tuple[str, str]]) -> None:
-        self.patterns = frozenset(pattern for _, pattern in subscriptions)
         if self._hub is not None:
+            self._advertised = subscriptions
+            self._index = None
             self._hub._changed(self)
+
+    def _interested(self, topic: str) -> bool:
+        index = self._index
+        if index is None:
+            index = self._index = GlobIndex()
+            for name, pattern in self._advertised:
+                index.add(pattern, name)
+            self._advertised = ()
+        return bool(index.resolve(topic))
 
     def has_remote(self, topic: str) -> bool:
         return self._hub is not None and bool(self._hub._peers(self, topic))

@@ -73,20 +73,19 @@ async def memory_bus(**options: Any) -> AsyncIterator[Bus]:
 
 
 @contextmanager
-def capture_events(bus: Bus, pattern: str = "*") -> Iterator[list[Envelope]]:
+def capture_events(bus: Bus, pattern: str = ">") -> Iterator[list[Envelope]]:
     """Record every envelope published on ``bus`` whose topic matches ``pattern``, in order.
 
     Capture watches publishes, not deliveries, so it sees messages nobody subscribes to and
     does not add a subscriber to the bus's accounting.
     """
-    from bus._topics import GlobIndex
+    from bus._topics import matches, validate_pattern
 
-    index: GlobIndex[bool] = GlobIndex()
-    index.add(pattern, True)
+    validate_pattern(pattern)
     seen: list[Envelope] = []
 
     def listen(env: Envelope) -> None:
-        if index.resolve(env.topic):
+        if matches(pattern, env.topic):
             seen.append(env)
 
     bus.publish_listeners.append(listen)

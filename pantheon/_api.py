@@ -3,15 +3,22 @@ transport, session recording and live feed the CLI uses, for scripts, notebooks 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bus import Bus
 from pantheon._report import RunSummary
 from pantheon._team import check_model
-from pantheon.scenario import Scenario, load_scenario
+from pantheon.scenario import GatewayConfig, Scenario, load_scenario
+
+if TYPE_CHECKING:
+    from pantheon.gateway import Gateway, Tokens
 
 __all__ = ["Session", "replay", "run"]
 
@@ -27,8 +34,18 @@ async def run(
     record: bool = True,
     on_progress: Callable[[int, int | None], None] | None = None,
     on_bus: Callable[[Bus], None] | None = None,
+    gateway: GatewayConfig | None = None,
+    serve: bool = False,
+    on_gateway: Callable[[Gateway], None] | None = None,
 ) -> RunSummary:
     """Run ``scenario`` (a loaded one or a file path) to the end and judge its expectations.
+
+    With a gateway (``gateway``, else the scenario's ``gateway:`` section; ``serve`` uses
+    the defaults when neither is given) the run's bus is served over HTTP and WebSocket
+    while it runs, and ``on_gateway`` sees it once it listens. ``serve`` keeps the team
+    running after its input has ended, until SIGINT or SIGTERM; the first such signal (in
+    any run with a gateway) ends an ``http`` input and lets the run finish and be
+    recorded, a second one interrupts.
 
     Recorded in ``store`` (default ``.pantheon/sessions.db`` or ``$PANTHEON_STORE``) unless
     ``record`` is false, with the live feed ``pantheon monitor`` attaches to. ``on_bus`` sees
@@ -36,7 +53,7 @@ async def run(
     the expectations held (``summary.passed``); a failing one is not an exception. A model
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
-    from pantheon._approvals import approval_desk, on_team
+    from pantheon._approvals import approval_desk
     from pantheon._cluster import cluster_transport
     from pantheon._runtime import run_scenario
     from pantheon._session_run import recording
@@ -46,22 +63,42 @@ async def run(
         scenario = load_scenario(scenario)
     await check_model(scenario)  # a dead model server stops the run before it starts
     store_path = None if store is None else Path(store)
+    gw_config = gateway if gateway is not None else scenario.gateway
+    if serve and gw_config is None:
+        gw_config = GatewayConfig()
+    tokens = None
+    if gw_config is not None:  # a bad tokens document stops the run before it starts
+        from pantheon.gateway import load_tokens
+
+        tokens = load_tokens(gw_config.tokens_file, gw_config.tokens_env)
     async with (
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
         live_run(rec, scenario.name, enabled=record) as live,
+        _served(gw_config, tokens, on_gateway, lambda: live.feed) as served,
         approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
     ):
         if on_bus is not None:
             on_bus(rec.bus)
+
+        def on_team(team: Any) -> None:
+            live.watch(team)
+            served.watch(team)
+            desk.serve(team)
+
+        async def attach(bus: Bus) -> None:
+            await live.attach(bus)
+            await served.attach(bus)
+
         summary = await run_scenario(
             scenario,
             seed=seed,
             on_progress=on_progress,
             bus=rec.bus,
-            attach=live.attach,
+            attach=attach,
             outbox_dir=rec.outbox_dir,
-            on_team=on_team(live.watch, desk.serve),
+            on_team=on_team,
+            hold=served.hold if serve else None,
             # A handler may be waiting for a person: the drain waits out its timeout too.
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
         )
@@ -69,7 +106,94 @@ async def run(
         source = None if base is None else str(base / Path(scenario.source).name)
         await rec.finish(summary, source=source)
         await live.close("completed" if summary.passed else "failed")
+        # Last: a monitor attached through the gateway gets the feed's final snapshot.
+        await served.aclose()
     return summary
+
+
+class _Served:
+    """The gateway of one run: started once the team is wired, stopped after the run;
+    SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run."""
+
+    def __init__(
+        self,
+        config: GatewayConfig | None,
+        tokens: Tokens | None,
+        on_gateway: Callable[[Gateway], None] | None,
+        live: Callable[[], Any],
+    ) -> None:
+        self.config = config
+        self.tokens = tokens
+        self.on_gateway = on_gateway
+        self.live = live
+        self.gateway: Gateway | None = None
+        self.inboxes: dict[str, Any] = {}
+        self.stop = asyncio.Event()
+        self._signals: list[int] = []
+
+    def watch(self, team: Any) -> None:
+        from agents import Observer
+        from pantheon._inputs import HttpSource
+
+        for agent in team.of_role(Observer):
+            if isinstance(agent.source, HttpSource):
+                self.inboxes[agent.name] = agent.source
+
+    async def attach(self, bus: Bus) -> None:
+        if self.config is None:
+            return
+        from pantheon.gateway import Gateway
+
+        self.gateway = Gateway(
+            bus, self.config, inboxes=self.inboxes, tokens=self.tokens, live=self.live
+        )
+        await self.gateway.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._stopping, sig)
+                self._signals.append(sig)
+        if self.on_gateway is not None:
+            self.on_gateway(self.gateway)
+
+    def _stopping(self, sig: int) -> None:
+        logging.getLogger("pantheon.gateway").info(
+            "%s: finishing the run (again to interrupt)", signal.Signals(sig).name
+        )
+        self._restore()
+        self.stop.set()
+        for source in self.inboxes.values():
+            source.close()
+
+    def _restore(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in self._signals:
+            loop.remove_signal_handler(sig)
+        self._signals.clear()
+
+    async def hold(self) -> None:
+        await self.stop.wait()
+
+    async def aclose(self) -> None:
+        if self._signals:
+            self._restore()
+        if self.gateway is not None:
+            gateway, self.gateway = self.gateway, None
+            await gateway.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _served(
+    config: GatewayConfig | None,
+    tokens: Tokens | None,
+    on_gateway: Callable[[Gateway], None] | None,
+    live: Callable[[], Any],
+) -> AsyncIterator[_Served]:
+    served = _Served(config, tokens, on_gateway, live)
+    try:
+        yield served
+    finally:
+        await served.aclose()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,10 +242,18 @@ async def replay(
     *,
     store: str | Path | None = None,
     live_effects: bool = False,
+    with_: str | Path | None = None,
 ) -> Any:
     """Re-run a recorded session on a fresh bus, effects served from the record, and compare
     it hop by hop with the original; returns a :class:`pantheon.sessions.ReplayReport`
-    (``report.matched``, ``report.divergence``). The replay is recorded as a new session."""
+    (``report.matched``, ``report.divergence``). The replay is recorded as a new session.
+
+    ``with_`` makes it a what-if replay (``pantheon replay --with``): the recorded inputs
+    through the team changed by an overlay (a :class:`~pathlib.Path` to its YAML file, or
+    the YAML text itself; see ``docs/what-if.md``), effects served only where a call is the
+    recorded one. It returns a ``WhatIfReport`` (``report.decisions`` names every item
+    decided differently); an invalid overlay raises :class:`ScenarioError` before anything
+    runs."""
     from pantheon._team import team_setup
     from pantheon.sessions import SessionStore, replay_session
 
@@ -129,6 +261,15 @@ async def replay(
     path = session.store if isinstance(session, Session) else store
     with SessionStore(None if path is None else Path(path)) as st:
         info = st.session(ref)
+        if with_ is not None:
+            from pantheon._overlay import read_overlay
+            from pantheon._whatif import whatif_replay
+
+            if live_effects:
+                raise ValueError("a what-if replay (with_) serves unchanged calls: no live_effects")
+            if isinstance(with_, Path):
+                return await whatif_replay(st, info.id, read_overlay(with_), source=str(with_))
+            return await whatif_replay(st, info.id, with_)
         setup = team_setup(
             info.scenario_text or "",
             base_dir=None if info.scenario_dir is None else Path(info.scenario_dir),

@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +34,7 @@ from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, SessionSto
 if TYPE_CHECKING:
     from pantheon._team import Team
 
-__all__ = ["StoreDesk", "approval_desk", "on_team", "request_key", "who"]
+__all__ = ["StoreDesk", "approval_desk", "request_key", "who"]
 
 log = logging.getLogger("pantheon.approvals")
 
@@ -228,13 +228,3 @@ async def approval_desk(
             yield desk
         finally:
             await desk.aclose()
-
-
-def on_team(*watchers: Callable[[Team], None]) -> Callable[[Team], None]:
-    """One ``on_team`` calling several (the live feed's and the desk's)."""
-
-    def both(team: Team) -> None:
-        for watch in watchers:
-            watch(team)
-
-    return both

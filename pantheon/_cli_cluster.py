@@ -261,7 +261,8 @@ def node(
         bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
     ] = False,
 ) -> None:
-    """Host some agents on a ZeroMQ broker until SIGINT/SIGTERM, showing the clock offset."""
+    """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
+    NATS server: --connect nats://...) until SIGINT/SIGTERM."""
     from pantheon._cluster import ClusterError, NodeHost
     from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
 
@@ -362,11 +363,13 @@ def print_nodes(out: Console, summary: Any) -> None:
         elif n.get("exit_code") not in (None, 0):
             status = f"{status} (exit code {n['exit_code']})"
         offset = n.get("clock_offset_us")
+        transport = n.get("transport") or {}
+        over_nats = "team" in transport  # NatsTransport's stats: no broker, no clock sync
         clock = (
             f"  clock offset {offset:+.1f} µs"
             if offset is not None
             else "  clock offset not measured (shorter than one heartbeat)"
-            if n["status"] == "ok"
+            if n["status"] == "ok" and not over_nats
             else ""
         )
         colour = "green" if n["status"] == "ok" else "yellow" if n["status"] == "killed" else "red"
@@ -375,7 +378,14 @@ def print_nodes(out: Console, summary: Any) -> None:
             f"{', '.join(n['agents']) or '(no agents)'}{clock}"
         )
         broker = n.get("broker")
-        if broker:
+        if broker and over_nats:
+            out.print(
+                f"NATS server {broker.get('endpoint')} (team {transport['team']}): "
+                f"redelivered here {transport.get('redelivered', 0)}, released "
+                f"{transport.get('released', 0)}, dead-lettered {transport.get('dead_lettered', 0)}"
+                f"; processes ready in {n.get('startup_s', 0):.2f}s"
+            )
+        elif broker:
             links = n.get("links", {})
             out.print(
                 f"broker {broker.get('endpoint')}: nodes lost {broker.get('nodes_lost', 0)}, "

@@ -10,6 +10,7 @@ its record otherwise. Both need the ``tui`` extra;
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -23,7 +24,14 @@ from rich.console import Console
 from rich.markup import escape
 
 from pantheon._cli_sessions import SetupOpt, StoreOpt, _load_setup
-from pantheon.live import FeedNotFound, connect, live_sessions, socket_path
+from pantheon.live import (
+    FeedNotFound,
+    ProtocolError,
+    connect,
+    connect_url,
+    live_sessions,
+    socket_path,
+)
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, Setup, resolve_store_path
 
 if TYPE_CHECKING:
@@ -66,10 +74,33 @@ def register(app: typer.Typer) -> None:
         ] = None,
         store: StoreOpt = None,
         setup: SetupOpt = None,
+        url: Annotated[
+            str | None,
+            typer.Option(
+                help="Watch a run on another machine through its gateway "
+                "(ws://host:8787/v1/live) instead of a local store.",
+                show_default=False,
+            ),
+        ] = None,
+        token_env: Annotated[
+            str | None,
+            typer.Option(
+                help="Environment variable holding the gateway token for --url.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Watch a session in the terminal: live while it runs, its record once it ended.
         Keys: 1-6 panels, enter open, r redrive, t timeline, esc back, q quit."""
         tui = _tui()
+        if url is not None:
+            token = None
+            if token_env is not None:
+                token = os.environ.get(token_env)
+                if not token:
+                    raise _err(f"--token-env: ${token_env} is not set")
+            asyncio.run(_remote(tui, url, token))
+            return
         path = resolve_store_path(store)
         try:
             st = SessionStore(path, create=False)
@@ -116,6 +147,20 @@ async def _monitor(tui: Any, store: Path, sid: str, feed: Path | None, team: Set
             pass  # it ended (or died) since we looked: its record is all there is
         else:
             source = tui.LiveSource(client, records)
+    try:
+        await tui.MonitorApp(source).run_async()
+    finally:
+        await source.aclose()
+
+
+async def _remote(tui: Any, url: str, token: str | None) -> None:
+    """``monitor --url``: the feed through a gateway; when it ends, its last snapshot stays
+    on screen (the record is in the other machine's store)."""
+    try:
+        client = await connect_url(url, token=token)
+    except (FeedNotFound, ProtocolError, ImportError) as exc:
+        raise _err(str(exc)) from None
+    source = tui.LiveSource(client)
     try:
         await tui.MonitorApp(source).run_async()
     finally:

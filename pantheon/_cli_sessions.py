@@ -244,7 +244,7 @@ def register(app: typer.Typer) -> None:
                     _when(s.started),
                     "-" if s.duration is None else f"{s.duration:.2f}s",
                     str(counts.get(s.id, 0)),
-                    s.replay_of or "",
+                    s.replay_of or (f"{s.forked_from} (what-if)" if s.forked_from else ""),
                 )
             _console().print(table)
 
@@ -278,6 +278,10 @@ def register(app: typer.Typer) -> None:
             con.print(f"started   {_when(info.started)}   ended {_when(info.ended)}")
             if info.replay_of:
                 con.print(f"replay of {info.replay_of}")
+            if info.forked_from:
+                con.print(
+                    f"what-if of {info.forked_from}  (pantheon diff {info.forked_from} {info.id})"
+                )
             con.print(
                 "recorded  "
                 + ", ".join(
@@ -388,13 +392,18 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """Align B onto A hop by hop: the first difference and per-hop latency deltas (ms).
-        Exits 1 when the runs diverge; 0 when they match, or differ only where effects
+        """Align B onto A hop by hop: the first difference, the items whose decision changed
+        (grouped before→after, with accuracy before and after) and per-hop latency deltas
+        (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
         answered differently (timing: what other messages had got there first)."""
+        from pantheon._cli_whatif import decision_lines
+        from pantheon._decisions import diff_decisions
+
         with _open(store) as st:
             result = diff_sessions(st, a, b)
+            decisions = diff_decisions(st, a, b)
         if as_json:
-            _dump(result.to_dict())
+            _dump(result.to_dict() | {"decisions": decisions.to_dict()})
         else:
             con = _console()
             con.print(
@@ -414,6 +423,8 @@ def register(app: typer.Typer) -> None:
                 con.print(f"first difference: {result.divergence.describe('A', 'B')}")
             else:
                 con.print(f"[red]runs diverged:[/red] {result.divergence.describe('A', 'B')}")
+            for line in decision_lines(decisions):
+                con.print(line)
             # Milliseconds, as `pantheon run` prints them; --json keeps the exact µs.
             table = Table(title="per-hop latency (ms): p50 / p99")
             for col in (
@@ -457,11 +468,31 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         setup: SetupOpt = None,
         as_json: JsonOpt = False,
+        changes: Annotated[
+            Path | None,
+            typer.Option(
+                "--with",
+                help="What-if: replay the recorded inputs through the team changed by this "
+                "overlay YAML ('-': read it from stdin), effects served where a call is "
+                "unchanged (docs/what-if.md).",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Re-run a session with recorded effects and check every hop matches.
-        Exits 0 on a match, 1 on a divergence (printed)."""
+        Exits 0 on a match, 1 on a divergence (printed). With --with: a what-if replay,
+        exiting 0 when the changed team meets the scenario's accuracy bound (or there is
+        none), 1 when it does not, 2 for an invalid overlay (nothing runs)."""
         with _open(store) as st:
             info = st.session(session)
+            if changes is not None:
+                from pantheon._cli_whatif import whatif_command
+
+                if live_effects or from_ts is not None or setup is not None:
+                    raise _err("--with cannot be combined with --live-effects, --from or --setup")
+                if whatif_command(st, info, changes, as_json=as_json).passed is False:
+                    raise typer.Exit(1)
+                return
             remote = sorted(set(info.summary.get("nodes") or ()) - {"driver"})
             if remote:
                 # The record holds what the driver's bus saw; hops handled on other nodes,

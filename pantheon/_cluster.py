@@ -18,6 +18,11 @@
   :class:`~pantheon._report.RunSummary`, with a ``nodes`` section saying how each process
   ended.
 
+With ``transport: {kind: nats}`` the same driver and nodes run over NATS JetStream instead:
+no broker process; every process connects to ``transport.url`` (or, with ``server: auto``, to a
+throwaway ``nats-server -js`` the driver starts on a free loopback port and stops after), and
+what a killed node held comes back from the stream to another member after ``ack_wait``.
+
 The driver talks to its nodes over their stdin/stdout (JSON lines), not over the bus:
 polling a bus's counters through that bus would change the counters it polls, and control
 must keep working when the bus is what broke. A node whose stdin closes (its driver died)
@@ -37,6 +42,7 @@ import contextlib
 import difflib
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -54,7 +60,7 @@ from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
 from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
-from pantheon.scenario import DRIVER_NODE, Scenario
+from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
 
 __all__ = [
@@ -125,9 +131,8 @@ class Placement:
             if other == host:
                 continue
             for name, pattern in subs.items():
-                probe = _probe(pattern)
-                if name not in mine and probe is not None:
-                    out.add(probe)
+                if name not in mine:
+                    out.add(_probe(pattern))
         return sorted(out)
 
 
@@ -143,12 +148,9 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     return out
 
 
-def _probe(pattern: str) -> str | None:
-    """A concrete topic ``pattern`` matches (``system.*`` -> ``system.x``), or None for a
-    character class, which has no obvious member."""
-    if "[" in pattern:
-        return None
-    return pattern.replace("*", "x").replace("?", "x")
+def _probe(pattern: str) -> str:
+    """A concrete topic ``pattern`` matches (``system.*`` -> ``system.x``, ``a.>`` -> ``a.x``)."""
+    return ".".join("x" if token in ("*", ">") else token for token in pattern.split("."))
 
 
 # -- one process's bus -------------------------------------------------------------------------
@@ -160,6 +162,46 @@ def _zmq() -> Any:
     from bus.backends import zeromq
 
     return zeromq
+
+
+def _nats_transport(scenario: Scenario, url: str, node: str, connect_timeout: float) -> Any:
+    """A NATS transport for one process of a ``transport.kind: nats`` run, configured from
+    the scenario (imported on first use: it imports nats-py). Every process of the run is
+    one team: the stream is named after ``transport.team``, else the scenario."""
+    from bus.backends.nats import NatsTransport
+
+    cfg = _nats_config(scenario)
+    creds = cfg.credentials or _NO_CREDENTIALS
+    return NatsTransport(
+        url.split(","),
+        team=cfg.team or re.sub(r"[^A-Za-z0-9_-]", "_", scenario.name),
+        node=node,
+        user=creds.user,
+        password=creds.password,
+        nkey_seed=creds.nkey_seed,
+        creds=creds.creds,
+        token=creds.token,
+        storage=cfg.storage,
+        replicas=cfg.replicas,
+        credit=cfg.credit,
+        max_deliver=cfg.max_deliver,
+        ack_wait=cfg.ack_wait,
+        dedup_window=cfg.dedup_window,
+        heartbeat=cfg.heartbeat,
+        liveness=cfg.liveness,
+        connect_timeout=connect_timeout,
+    )
+
+
+#: Anonymous: what a NATS transport without ``transport.credentials`` connects with.
+_NO_CREDENTIALS = NatsCredentials.model_construct()
+
+
+def _nats_config(scenario: Scenario) -> NatsTransportConfig:
+    cfg = scenario.transport
+    if not isinstance(cfg, NatsTransportConfig):
+        raise ClusterError(f"scenario {scenario.name!r} has no NATS transport ({cfg.kind})")
+    return cfg
 
 
 def _transport_stats(bus: Bus) -> dict[str, Any]:
@@ -248,16 +290,20 @@ class NodeHost:
         self.lost_after: float = heartbeat * liveness
         #: Seconds :meth:`stop_agents` waits for queued and in-flight work to settle.
         self.drain_timeout = DEFAULT_DRAIN_TIMEOUT
-        transport = _zmq().ZmqTransport(
-            connect,
-            node=node,
-            data=data,
-            curve=curve,
-            server_key=server_key,
-            heartbeat=heartbeat,
-            liveness=liveness,
-            connect_timeout=connect_timeout,
-        )
+        transport: Transport
+        if transport_cfg.kind == "nats":
+            transport = _nats_transport(scenario, connect, node, connect_timeout)
+        else:
+            transport = _zmq().ZmqTransport(
+                connect,
+                node=node,
+                data=data,
+                curve=curve,
+                server_key=server_key,
+                heartbeat=heartbeat,
+                liveness=liveness,
+                connect_timeout=connect_timeout,
+            )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)  # this bus also counts what reaches it from others
@@ -881,6 +927,10 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
     temporary directory, removed afterwards) and the broker admits only those keys.
     ``pantheon run`` builds the run's bus on this transport, so the recorder and the live
     feed hook the driver's bus exactly as they hook an in-process one."""
+    if scenario.transport.kind == "nats":
+        async with _nats_run(scenario) as transport:
+            yield transport
+        return
     if scenario.transport.kind != "zmq":
         yield None
         return
@@ -923,6 +973,45 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
             await broker.close()
 
 
+@asynccontextmanager
+async def _nats_run(scenario: Scenario) -> AsyncIterator[Transport]:
+    """The driver's NATS transport: to ``transport.url``, or with ``server: auto`` to a
+    throwaway ``nats-server -js`` on a free loopback port with a temporary store, stopped
+    (and its store removed) when the run ends."""
+    cfg = _nats_config(scenario)
+    if cfg.server != "auto":
+        yield _nats_transport(scenario, cfg.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+        return
+    from bus.backends.nats import NatsServer, NatsServerError
+
+    creds = cfg.credentials or _NO_CREDENTIALS
+    users = [] if creds.user is None else [(creds.user, creds.password or "")]
+    try:
+        nkeys = [] if creds.nkey_seed is None else [_nkey_public(creds.nkey_seed)]
+        server = NatsServer(users=users, nkeys=nkeys)
+        await asyncio.to_thread(server.start)
+    except (NatsServerError, OSError, ValueError) as exc:
+        raise ClusterError(f"transport.server: auto: {exc}") from None
+    try:
+        yield _nats_transport(scenario, server.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+def _nkey_public(seed_file: str) -> str:
+    """The public user key of the nkey seed in ``seed_file``, which the run's own server
+    admits (the seed stays with the clients)."""
+    import nkeys
+
+    try:
+        seed = Path(seed_file).read_bytes().strip()
+        return str(nkeys.from_seed(bytearray(seed)).public_key.decode())
+    except nkeys.NkeysError as exc:
+        raise ValueError(
+            f"transport.credentials.nkey_seed {seed_file}: not a user seed ({exc})"
+        ) from None
+
+
 async def run_cluster(
     scenario: Scenario,
     *,
@@ -955,9 +1044,9 @@ async def run_cluster(
                 on_team=on_team,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
-    if scenario.transport.kind != "zmq" or not isinstance(endpoint, str):
+    if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
         raise ClusterError(
-            f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker "
+            f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker or NATS server "
             "(pantheon._cluster.cluster_transport), not one with "
             f"{type(bus.transport).__name__}"
         )

@@ -20,6 +20,7 @@ import re
 import select
 import sys
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -29,6 +30,7 @@ from bus import Bus, BusError, Priority
 from pantheon._imports import INPUT_GROUP, ImportProblem, add_import_roots, load_object
 from pantheon.scenario import (
     FileInputConfig,
+    HttpInputConfig,
     InputConfig,
     JsonlInputConfig,
     Scenario,
@@ -382,6 +384,106 @@ def _lines(fd: int, stop: threading.Event) -> Iterator[bytes]:
         yield pending
 
 
+# -- http (the gateway's webhook inbox) ---------------------------------------------------------
+
+
+class InboxFull(Exception):
+    """The inbox holds ``buffer`` records the Observer has not published yet: the bus is
+    holding it back. The gateway answers 429 with Retry-After."""
+
+
+class InboxClosed(Exception):
+    """The input has ended (``count``, ``duration``, or the run is stopping)."""
+
+
+class HttpSource:
+    """Records POSTed to the gateway's ``/v1/inbox``, shaped like JSONL lines.
+
+    :meth:`item` shapes a record and :meth:`offer` queues it, at most ``buffer`` ahead of
+    the Observer, and returns a future that resolves once the Observer has published it
+    (when it comes back for the next item), so the HTTP answer means "on the bus". The
+    queue is bounded and refuses rather than waits (:class:`InboxFull`): a sender is told
+    to retry instead of holding a connection and its body in memory. Iteration ends at
+    :meth:`close`; records still queued then are refused with :class:`InboxClosed`,
+    never dropped silently.
+    """
+
+    __slots__ = ("_closed", "_queue", "_wake", "buffer", "offered", "shape")
+
+    def __init__(self, shape: _Shaper, *, buffer: int) -> None:
+        self.shape = shape
+        self.buffer = buffer
+        self.offered = 0
+        self._queue: deque[tuple[InputItem, asyncio.Future[None]]] = deque()
+        self._wake: asyncio.Event | None = None
+        self._closed = False
+
+    def item(self, record: Any, problem: str | None = None) -> InputItem:
+        """Shape one record as the next line (with ``problem``, a malformed one saying why),
+        so its topic can be checked before :meth:`offer`."""
+        self.offered += 1
+        return (
+            self.shape.malformed(self.offered, problem)
+            if problem
+            else self.shape(record, self.offered)
+        )
+
+    def offer(self, item: InputItem) -> asyncio.Future[None]:
+        """Queue ``item``; the future resolves once the Observer has published it."""
+        if self._closed:
+            raise InboxClosed("the input has ended")
+        if len(self._queue) >= self.buffer:
+            raise InboxFull(f"{self.buffer} records are waiting for the Observer")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append((item, done))
+        if self._wake is not None:
+            self._wake.set()
+        return done
+
+    def close(self) -> None:
+        """End the input: the Observer publishes what it holds and stops."""
+        self._closed = True
+        if self._wake is not None:
+            self._wake.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def __aiter__(self) -> AsyncIterator[InputItem]:
+        self._wake = wake = asyncio.Event()
+        queue = self._queue
+        current: asyncio.Future[None] | None = None
+        try:
+            while True:
+                while not queue:
+                    if self._closed:
+                        return
+                    wake.clear()
+                    await wake.wait()
+                item, current = queue.popleft()
+                yield item
+                # Back here only once the Observer has published the item.
+                if not current.done():
+                    current.set_result(None)
+                current = None
+        finally:
+            self._closed = True
+            if current is not None and not current.done():
+                # Closed at the yield: the Observer has taken the item and stopped (its
+                # count reached, or its publish failed, which the run reports). Only a
+                # cancelled Observer may have stopped before publishing it.
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    current.set_exception(InboxClosed("the run stopped before this record"))
+                else:
+                    current.set_result(None)
+            while queue:
+                _, done = queue.popleft()
+                if not done.done():
+                    done.set_exception(InboxClosed("the input ended before this record"))
+
+
 # -- building a scenario's source --------------------------------------------------------------
 
 
@@ -401,6 +503,8 @@ def open_input(
         return JsonlSource(inp.path, shape)
     if isinstance(inp, StdinInputConfig):
         return StdinSource(shape, fd=stdin_fd)
+    if isinstance(inp, HttpInputConfig):
+        return HttpSource(shape, buffer=inp.buffer)
     function = None
     if inp.function is not None:
         function = import_path(inp.function, base_dir, group=INPUT_GROUP)
@@ -417,11 +521,14 @@ def count_inputs(scenario: Scenario) -> int | None:
     """How many inputs the run will publish, for a progress bar; ``None`` when unknown.
 
     A JSONL file's non-blank lines (capped by ``count``), a generator's ``count``; standard
-    input and a generator bounded only by ``duration`` are unknown until they end.
+    input and a generator bounded only by ``duration`` are unknown until they end; an HTTP
+    inbox is its ``count``, if any.
     """
     inp = scenario.input
     if isinstance(inp, StdinInputConfig):
         return None
+    if isinstance(inp, HttpInputConfig):
+        return inp.count
     if isinstance(inp, JsonlInputConfig | FileInputConfig):
         path = Path(inp.path)
         if not path.is_file():

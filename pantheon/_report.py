@@ -7,11 +7,10 @@ import weakref
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from fnmatch import fnmatchcase
 from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer
-from bus import Bus, Envelope
+from bus import Bus, Envelope, matches
 from bus._transport import Receipt
 from pantheon._imports import ImportProblem
 from pantheon._inputs import import_path
@@ -324,7 +323,7 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         n = s.dlq.get(reason, 0)
         check(f"dead letters {reason} {count}", count.admits(n), _bound(count), n)
     for pattern, count in e.topics.items():
-        n = sum(c for topic, c in s.topics.items() if fnmatchcase(topic, pattern))
+        n = sum(c for topic, c in s.topics.items() if matches(pattern, topic))
         check(f"messages on {pattern} {count}", count.admits(n), _bound(count), n)
     if e.min_accuracy is not None:
         acc = s.accuracy.get("action_accuracy")

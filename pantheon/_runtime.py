@@ -30,18 +30,22 @@ async def run_scenario(
     attach: Callable[[Bus], Awaitable[Any]] | None = None,
     drain_timeout: float = 60.0,
     on_team: Callable[[Team], None] | None = None,
+    hold: Callable[[], Awaitable[Any]] | None = None,
 ) -> RunSummary:
     """Run the scenario to completion and judge its expectations.
 
     ``attach(bus)`` runs after the team is wired and before input flows (the session
     recorder hooks in there); ``on_progress(done, total)`` is called as inputs go out.
     ``on_team(team)`` sees the team of this process once it is built, before ``attach``
-    (the live feed reads its agents' model usage from there).
+    (the live feed reads its agents' model usage from there). ``hold()``, once the input
+    has ended, keeps the team running until it returns (``pantheon serve`` waits there for
+    Ctrl-C, so the gateway goes on taking messages after a file input is read).
 
-    A scenario with ``transport.kind: zmq`` runs as a broker and node processes
-    (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then be on its broker.
+    A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
+    and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
+    be on its broker.
     """
-    if scenario.transport.kind == "zmq":
+    if scenario.transport.kind in ("zmq", "nats"):
         from pantheon._cluster import run_cluster
 
         return await run_cluster(
@@ -94,6 +98,8 @@ async def run_scenario(
             if done:
                 break
             await asyncio.sleep(0.05)
+        if hold is not None:
+            await hold()
         if flood_task is not None:
             await flood_task
         await bus.drain(timeout=drain_timeout)

@@ -142,6 +142,23 @@ def run(
                 + escape("pip install 'pantheon[zmq]'")
             )
             raise typer.Exit(2) from None
+    if scenario.transport.kind == "nats":
+        try:
+            import nats  # noqa: F401 - checked before anything starts, not mid-run
+        except ImportError:
+            console.print(
+                f"[red]{file}: transport.kind: nats needs nats-py[/red]: "
+                + escape("pip install 'pantheon[nats]'")
+            )
+            raise typer.Exit(2) from None
+    gateway_errors: tuple[type[Exception], ...] = ()
+    if scenario.gateway is not None:
+        try:
+            from pantheon.gateway import GatewayError
+        except ImportError as exc:
+            console.print(f"[red]{file}: gateway:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
     from pantheon._cluster import ClusterError
 
@@ -149,6 +166,9 @@ def run(
         summary = run_async(
             _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
         )
+    except gateway_errors as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
@@ -166,6 +186,75 @@ def run(
         raise typer.Exit(1)
 
 
+@app.command()
+def serve(
+    file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    host: Annotated[
+        str | None, typer.Option(help="Interface to listen on (default: gateway.host, 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default: gateway.port, 8787; 0 picks a free one).")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
+    ] = None,
+    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+) -> None:
+    """Run a scenario behind the HTTP/WebSocket gateway until Ctrl-C (or SIGTERM), then
+    finish the run, record the session and print its summary."""
+    scenario = _load(file)
+    if scenario.transport.kind == "zmq":
+        console.print(f"[red]{file}: pantheon serve runs in-process scenarios only[/red]")
+        raise typer.Exit(2)
+    from pantheon.scenario import GatewayConfig
+
+    settings = (scenario.gateway or GatewayConfig()).model_dump()
+    if host is not None:
+        settings["host"] = host
+    if port is not None:
+        settings["port"] = port
+    try:
+        gateway = GatewayConfig.model_validate(settings)
+    except ValueError as exc:
+        console.print(f"[red]{file}: gateway:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    try:
+        from pantheon.gateway import GatewayError
+    except ImportError as exc:
+        console.print(f"[red]{file}: {escape(str(exc))}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    telemetry = _telemetry(scenario)
+    try:
+        summary = run_async(
+            _run(
+                scenario, seed, store, record, progress=False, telemetry=telemetry,
+                gateway=gateway, serve=True,
+            )
+        )  # fmt: skip
+    except (GatewayError, ProviderUnavailable, SessionError) as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
+    else:
+        _print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)
+
+
+def _announce(gateway: Any) -> None:
+    console.print(
+        f"gateway on {gateway.url}  (page: {gateway.url}/, metrics: {gateway.url}/metrics); "
+        "Ctrl-C finishes the run",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
 async def _run(
     scenario: Scenario,
     seed: int | None,
@@ -173,8 +262,13 @@ async def _run(
     record: bool,
     progress: bool,
     telemetry: Any = None,
+    *,
+    gateway: Any = None,
+    serve: bool = False,
 ) -> RunSummary:
-    """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus."""
+    """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus;
+    ``gateway`` (a :class:`~pantheon.scenario.GatewayConfig`) serves it, and ``serve``
+    keeps it running until a signal."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
     import pantheon
@@ -201,6 +295,9 @@ async def _run(
             record=record,
             on_progress=on_progress,
             on_bus=None if telemetry is None else lambda bus: _observe(telemetry, bus),
+            gateway=gateway,
+            serve=serve,
+            on_gateway=_announce,
         )
     if telemetry is not None:
         await asyncio.to_thread(telemetry.shutdown)  # exports buffered spans and metrics

@@ -16,6 +16,7 @@ from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
 from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
+from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
@@ -79,6 +80,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
     approvals_panel(path, info)
     if info.kind != "replay" and info.status != "running":
         _replay_panel(path, info, row)
+        whatif_panel(path, info)
     tabs = st.tabs(
         [
             "Throughput",

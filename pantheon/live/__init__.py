@@ -16,7 +16,7 @@ Errors::
     └── ProtocolError
 """
 
-from pantheon.live._client import LiveClient, connect, live_sessions
+from pantheon.live._client import LiveClient, connect, connect_url, live_sessions
 from pantheon.live._errors import FeedClosed, FeedNotFound, LiveError, ProtocolError
 from pantheon.live._feed import (
     DEFAULT_HISTORY,
@@ -72,6 +72,7 @@ __all__ = [
     "Totals",
     "Trace",
     "connect",
+    "connect_url",
     "live_run",
     "live_sessions",
     "snapshot_from_store",

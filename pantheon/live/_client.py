@@ -1,4 +1,6 @@
-"""Attaching to a running session's feed from another process."""
+"""Attaching to a running session's feed from another process: through its Unix socket
+(:func:`connect`) or, from another machine, through the gateway's ``/v1/live`` WebSocket
+(:func:`connect_url`). Both carry the same msgpack frames; only the framing differs."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import itertools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any, Protocol
 
 from pantheon.live._errors import FeedClosed, FeedNotFound, LiveError, ProtocolError
 from pantheon.live._feed import SnapshotStream
@@ -21,7 +24,70 @@ from pantheon.live._snapshot import (
 from pantheon.live._wire import decode_server, encode, read_frame, socket_path
 from pantheon.sessions import SessionInfo, SessionStore
 
-__all__ = ["LiveClient", "connect", "live_sessions"]
+__all__ = ["LiveClient", "connect", "connect_url", "live_sessions"]
+
+
+class _Link(Protocol):
+    """What a client reads frames from and writes them to."""
+
+    async def recv(self) -> bytes:
+        """The next frame's body; :class:`FeedClosed` at a clean end."""
+        ...
+
+    async def send(self, body: bytes) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _SocketLink:
+    """The feed's Unix socket: length-prefixed frames."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def recv(self) -> bytes:
+        return await read_frame(self.reader)
+
+    async def send(self, body: bytes) -> None:
+        self.writer.write(len(body).to_bytes(4, "big") + body)
+        await self.writer.drain()
+
+    async def aclose(self) -> None:
+        self.writer.close()
+        with contextlib.suppress(ConnectionError):
+            await self.writer.wait_closed()
+
+
+class _WebSocketLink:
+    """The gateway's ``/v1/live``: one frame per WebSocket message."""
+
+    def __init__(self, ws: Any) -> None:
+        self.ws = ws
+
+    async def recv(self) -> bytes:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            data = await self.ws.recv()
+        except ConnectionClosed as exc:
+            if exc.rcvd is not None and exc.rcvd.code in (1000, 1001):
+                raise FeedClosed("the feed closed the connection") from None
+            raise ConnectionError(f"the gateway closed the live feed: {exc}") from None
+        if not isinstance(data, bytes):
+            raise ProtocolError("a text frame on the live feed")
+        return data
+
+    async def send(self, body: bytes) -> None:
+        from websockets.exceptions import ConnectionClosed
+
+        try:
+            await self.ws.send(body)
+        except ConnectionClosed as exc:
+            raise ConnectionError(str(exc)) from None
+
+    async def aclose(self) -> None:
+        await self.ws.close()
 
 
 class LiveClient:
@@ -31,13 +97,10 @@ class LiveClient:
     to re-publish a dead letter. Use ``async with await connect(path)`` or :meth:`aclose`.
     """
 
-    def __init__(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, hello: Hello
-    ) -> None:
+    def __init__(self, link: _Link, hello: Hello) -> None:
         self.session_id = hello.session_id
         self.scenario = hello.scenario
-        self._reader = reader
-        self._writer = writer
+        self._link = link
         self._stream = SnapshotStream()
         self._requests = itertools.count(1)
         self._pending: dict[int, asyncio.Future[RedriveResult]] = {}
@@ -83,8 +146,7 @@ class LiveClient:
         fut: asyncio.Future[RedriveResult] = asyncio.get_running_loop().create_future()
         self._pending[request] = fut
         try:
-            self._writer.write(encode(Redrive(request, entry_id)))
-            await self._writer.drain()
+            await self._link.send(encode(Redrive(request, entry_id))[4:])
             async with asyncio.timeout(timeout):
                 return await fut
         except ConnectionError as exc:
@@ -95,7 +157,7 @@ class LiveClient:
     async def _read(self) -> None:
         try:
             while True:
-                frame = decode_server(await read_frame(self._reader))
+                frame = decode_server(await self._link.recv())
                 if isinstance(frame, Snapshot):
                     self._stream.put(frame)
                 elif isinstance(frame, RedriveResult):
@@ -115,9 +177,7 @@ class LiveClient:
                     fut.set_exception(self._error or FeedClosed("the feed has closed"))
 
     async def aclose(self) -> None:
-        self._writer.close()
-        with contextlib.suppress(ConnectionError):
-            await self._writer.wait_closed()
+        await self._link.aclose()
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task
@@ -141,15 +201,52 @@ async def connect(path: str | os.PathLike[str], *, timeout: float = 5.0) -> Live
         ) from None
     except TimeoutError:
         raise FeedNotFound(f"no answer from the live feed at {path} within {timeout}s") from None
+    link = _SocketLink(reader, writer)
+    return LiveClient(link, await _greeted(hello, path, link))
+
+
+async def _greeted(hello: Any, where: object, link: _Link) -> Hello:
+    problem = None
     if not isinstance(hello, Hello):
-        writer.close()
-        raise ProtocolError(f"{path}: expected a hello frame, got {type(hello).__name__}")
-    if hello.version != PROTOCOL_VERSION:
-        writer.close()
-        raise ProtocolError(
-            f"{path}: feed speaks protocol {hello.version}, this client {PROTOCOL_VERSION}"
-        )
-    return LiveClient(reader, writer, hello)
+        problem = f"{where}: expected a hello frame, got {type(hello).__name__}"
+    elif hello.version != PROTOCOL_VERSION:
+        problem = f"{where}: feed speaks protocol {hello.version}, this client {PROTOCOL_VERSION}"
+    if problem is not None:
+        await link.aclose()
+        raise ProtocolError(problem)
+    return hello
+
+
+async def connect_url(url: str, *, token: str | None = None, timeout: float = 5.0) -> LiveClient:
+    """Attach to a feed through a gateway: ``ws://host:8787/v1/live`` (``http://`` is taken
+    as ``ws://``), with a bearer ``token`` when the gateway has tokens. Needs the
+    ``websockets`` package (the ``gateway`` extra installs it)."""
+    try:
+        import websockets
+    except ImportError:
+        raise ImportError(
+            "a remote live feed needs websockets: pip install 'pantheon[gateway]'"
+        ) from None
+    if url.startswith(("http://", "https://")):
+        url = "ws" + url[4:]
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+    try:
+        async with asyncio.timeout(timeout):
+            ws = await websockets.connect(
+                url, additional_headers=headers, compression=None, max_size=None
+            )
+            link = _WebSocketLink(ws)
+            hello = decode_server(await link.recv())
+    except websockets.InvalidStatus as exc:
+        status = exc.response.status_code
+        raise FeedNotFound(f"{url}: the gateway answered {status}") from None
+    except (OSError, websockets.InvalidURI, websockets.InvalidHandshake) as exc:
+        raise FeedNotFound(f"no live feed at {url} ({exc})") from None
+    except FeedClosed:
+        raise FeedNotFound(f"the live feed at {url} closed on connect") from None
+    except TimeoutError:
+        raise FeedNotFound(f"no answer from the live feed at {url} within {timeout}s") from None
+    return LiveClient(link, await _greeted(hello, url, link))
 
 
 def live_sessions(store: SessionStore) -> list[tuple[SessionInfo, Path]]:

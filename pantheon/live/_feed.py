@@ -375,6 +375,51 @@ class LiveFeed:
     def unsubscribe(self, stream: SnapshotStream) -> None:
         self._streams.discard(stream)
 
+    async def serve_messages(
+        self,
+        recv: Callable[[], Awaitable[bytes | None]],
+        send: Callable[[bytes], Awaitable[None]],
+    ) -> int:
+        """Serve one client over a message-framed link (the gateway's ``/v1/live``
+        WebSocket): the socket's frames without their length prefix, the hello first, then
+        the newest snapshot whenever there is one, and an answer to each redrive.
+        ``recv()`` returns ``None`` when the client has gone. Returns once it has, or once
+        the feed has sent its last snapshot; the count is of frames that were not client
+        frames (ignored)."""
+        stream = self.subscribe()
+        malformed = 0
+
+        async def snapshots() -> None:
+            await send(self._hello[4:])
+            async for snap in stream:
+                await send(encode(snap)[4:])
+
+        sender = asyncio.get_running_loop().create_task(snapshots())
+        receiver = asyncio.ensure_future(recv())
+        try:
+            while True:
+                await asyncio.wait((sender, receiver), return_when=asyncio.FIRST_COMPLETED)
+                if sender.done():
+                    return malformed  # the feed ended (or the link broke while sending)
+                body = receiver.result()
+                if body is None:
+                    return malformed
+                try:
+                    frame = decode_client(body)
+                except ProtocolError:
+                    malformed += 1
+                else:
+                    if isinstance(frame, Redrive):
+                        result = await self.redrive(frame.entry_id, request=frame.request)
+                        await send(encode(result)[4:])
+                receiver = asyncio.ensure_future(recv())
+        finally:
+            self.unsubscribe(stream)
+            stream.close()
+            for task in (sender, receiver):
+                task.cancel()
+            await asyncio.gather(sender, receiver, return_exceptions=True)
+
     async def redrive(self, entry_id: int, *, request: int = 0) -> RedriveResult:
         """Re-publish dead letter ``entry_id`` to its subscription, in this process."""
         try:

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from agents import ROLES as ROLE_CLASSES
 from agents import Agent, FunctionAgent, handler_arity
+from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
 from pantheon.scenario._locate import _suggest
 
@@ -90,7 +91,17 @@ def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tup
         cls = agent_class(name, cfg)
     except ImportProblem as exc:
         return [((*here, "class"), str(exc))]
-    return settings_problems(cls, settings, (*here, "settings"))
+    out = settings_problems(cls, settings, (*here, "settings"))
+    if not cfg.get("subscribe"):
+        # The class's own patterns would be refused by bus.on mid-start; say so at load, on
+        # the line that picked the class.
+        where = (*here, "class") if cfg.get("class") is not None else here
+        for pattern in cls.subscriptions:
+            try:
+                validate_pattern(pattern)
+            except (TypeError, ValueError) as exc:
+                out.append((where, f"{cls.__name__}.subscriptions: {exc} (or give subscribe:)"))
+    return out
 
 
 def settings_problems(cls: type[Agent], settings: Any, loc: _Loc) -> list[tuple[_Loc, str]]:

@@ -30,7 +30,7 @@ from pantheon.scenario._locate import (
     _TooDeep,
     _TooLarge,
 )
-from pantheon.scenario._schema import _NAME, _TOPIC, _TOPIC_GLOB, SCENARIO_VERSION, Scenario
+from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
 
 __all__ = ["load_scenario", "parse_scenario"]
 
@@ -118,9 +118,10 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
     elif loc and loc[-1] == "[key]":
         loc = loc[:-1]
         # A key outside a fixed set (a dead-letter reason) is a misspelt key, not a bad name.
-        msg = (
-            f"unknown key {loc[-1]!r}: {msg}" if kind == "literal_error" else f"invalid name: {msg}"
-        )
+        if kind == "literal_error":
+            msg = f"unknown key {loc[-1]!r}: {msg}"
+        elif kind != "value_error":  # a validator's own message already says what is wrong
+            msg = f"invalid name: {msg}"
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
@@ -130,7 +131,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
 _PATTERN_HELP = {
     _NAME: "use lowercase letters, digits, '_' and '-' only",
     _TOPIC: "should be a dotted topic name such as observation.email.received",
-    _TOPIC_GLOB: "should be a topic, or a glob over topics such as action.*",
+    _PATTERN: "a topic pattern has no whitespace: tokens between dots, '*' or '>'",
 }
 
 

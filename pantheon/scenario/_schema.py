@@ -35,6 +35,7 @@ from pydantic import (
 
 import bus
 from agents import Observer
+from bus import validate_pattern
 from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems
 from pantheon.scenario._locate import _dotted, _suggest
@@ -56,11 +57,15 @@ __all__ = [
     "FaultsConfig",
     "FileInputConfig",
     "FloodConfig",
+    "GatewayConfig",
     "GeneratorInputConfig",
+    "HttpInputConfig",
     "InProcessTransportConfig",
     "InputConfig",
     "JsonlInputConfig",
     "KillNodeConfig",
+    "NatsCredentials",
+    "NatsTransportConfig",
     "ObservabilityConfig",
     "OpenAIProviderConfig",
     "PolicyConfig",
@@ -103,7 +108,17 @@ _TOPIC = r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$"
 _AgentName = Annotated[str, Field(pattern=_NAME)]
 _Topic = Annotated[str, Field(pattern=_TOPIC)]
 _PATTERN = r"^[^\s]+$"
-_Pattern = Annotated[str, Field(pattern=_PATTERN)]
+
+
+def _token_pattern(pattern: str) -> str:
+    # The bus's own rule and message (``email*`` -> "use 'email.>'..."), so a scenario fails
+    # at load with file:line instead of at subscribe time in the middle of a run.
+    validate_pattern(pattern)
+    return pattern
+
+
+#: A subscription pattern: token wildcards, ``*`` one token, ``>`` one or more (``action.>``).
+_Pattern = Annotated[str, Field(pattern=_PATTERN), AfterValidator(_token_pattern)]
 _PositiveFloat = Annotated[float, Field(gt=0)]
 _Fraction = Annotated[float, Field(ge=0, le=1)]
 
@@ -176,10 +191,87 @@ class ZmqTransportConfig(_Model):
     admits only the run's own processes (``pantheon run``; by hand, see ``pantheon keys``)."""
 
 
-TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig
+class NatsCredentials(_Model):
+    """How a NATS client proves who it is: ``user`` with ``password``, an ``nkey_seed``
+    file, a ``creds`` file (JWT + nkey), or a ``token``; exactly one."""
+
+    user: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    password: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    nkey_seed: Annotated[str, Field(min_length=1)] | None = None
+    creds: Annotated[str, Field(min_length=1)] | None = None
+    token: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+
+    @model_validator(mode="after")
+    def _one_method(self) -> NatsCredentials:
+        if (self.user is None) != (self.password is None):
+            raise ValueError("user and password go together")
+        methods = [
+            m
+            for m, on in (
+                ("user/password", self.user is not None),
+                ("nkey_seed", self.nkey_seed is not None),
+                ("creds", self.creds is not None),
+                ("token", self.token is not None),
+            )
+            if on
+        ]
+        if len(methods) != 1:
+            raise ValueError(
+                "give exactly one of user/password, nkey_seed, creds or token"
+                + (f" (got {', '.join(methods)})" if methods else "")
+            )
+        return self
+
+
+_NATS_URL = r"^(nats|tls)://[^\s,]+(,(nats|tls)://[^\s,]+)*$"
+
+
+class NatsTransportConfig(_Model):
+    """NATS JetStream: durable streams, consumer groups, clustering. ``nodes`` places agents
+    on node processes as for ZeroMQ; each connects to ``url`` (one server, or several
+    comma-separated for a cluster). ``server: auto`` starts a throwaway ``nats-server -js``
+    on a free loopback port for the run (and stops it after) instead of using ``url``."""
+
+    kind: Literal["nats"]
+    url: Annotated[str, Field(pattern=_NATS_URL)] = "nats://127.0.0.1:4222"
+    server: Literal["auto", "external"] = "external"
+    team: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]+$", max_length=64)] | None = None
+    """The stream's name part (``PANTHEON_<team>``); default: the scenario's name."""
+    nodes: dict[_AgentName, tuple[_AgentName, ...]] = Field(default_factory=dict)
+    storage: Literal["file", "memory"] = "file"
+    replicas: Annotated[int, Field(ge=1, le=5)] = 1
+    """Stream replicas: 1, or 3 on a three-server cluster to survive losing one."""
+    credit: Annotated[int, Field(ge=1, le=65_536)] = 256
+    """Messages one subscription may hold unacknowledged per lane (max_ack_pending)."""
+    max_deliver: Annotated[int, Field(ge=1, le=1000)] = 1
+    """Deliveries of a failing message before it goes to the DLQ stream. 1 (the default):
+    the agent's own ``retry`` policy is the retry, and a run counts dead letters as it does
+    in-process. Above 1, NATS redelivers a failed message (nak with backoff) up to this many
+    times, each failed delivery listed in the receiving process's DLQ."""
+    ack_wait: Annotated[float, Field(gt=0, le=3600)] = 30.0
+    """Seconds before the server redelivers what a silent (dead) node held."""
+    dedup_window: Annotated[float, Field(gt=0, le=86_400)] = 120.0
+    """Seconds the stream remembers a Nats-Msg-Id to drop a repeated publish."""
+    heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
+    liveness: Annotated[int, Field(ge=1, le=100)] = 3
+    credentials: NatsCredentials | None = None
+
+    @model_validator(mode="after")
+    def _auto_server_credentials(self) -> NatsTransportConfig:
+        creds = self.credentials
+        if self.server == "auto" and creds is not None and (creds.creds or creds.token):
+            raise ValueError(
+                "server: auto configures user/password or nkey_seed credentials only; use an "
+                "external server for creds or token"
+            )
+        return self
+
+
+TransportConfig: TypeAlias = InProcessTransportConfig | ZmqTransportConfig | NatsTransportConfig
 _Transport = Annotated[
     Annotated[InProcessTransportConfig, Tag("@inprocess")]
-    | Annotated[ZmqTransportConfig, Tag("@zmq")],
+    | Annotated[ZmqTransportConfig, Tag("@zmq")]
+    | Annotated[NatsTransportConfig, Tag("@nats")],
     _by_kind("inprocess"),
 ]
 
@@ -551,16 +643,97 @@ class StdinInputConfig(_InputBase):
         return self
 
 
+class HttpInputConfig(_InputBase):
+    """A webhook inbox: JSON records POSTed to the gateway's ``/v1/inbox`` (the scenario
+    needs a ``gateway:`` section), each published by the Observer like a JSONL line. The
+    input ends at ``count`` or ``duration``, or when the gateway stops (Ctrl-C on
+    ``pantheon serve``)."""
+
+    kind: Literal["http"]
+    buffer: Annotated[int, Field(ge=1, le=100_000)] = 256
+    """Records accepted ahead of the Observer, at most 100,000. When the bus holds the
+    Observer back (a full mailbox), this fills and the inbox answers 429 with Retry-After,
+    so the sender slows down instead of the gateway filling memory."""
+
+    @model_validator(mode="after")
+    def _topic(self) -> HttpInputConfig:
+        self._need_topic("an http input")
+        return self
+
+
 InputConfig: TypeAlias = (
-    JsonlInputConfig | FileInputConfig | GeneratorInputConfig | StdinInputConfig
+    JsonlInputConfig | FileInputConfig | GeneratorInputConfig | StdinInputConfig | HttpInputConfig
 )
 _Input = Annotated[
     Annotated[JsonlInputConfig, Tag("@jsonl")]
     | Annotated[FileInputConfig, Tag("@file")]
     | Annotated[GeneratorInputConfig, Tag("@generator")]
-    | Annotated[StdinInputConfig, Tag("@stdin")],
+    | Annotated[StdinInputConfig, Tag("@stdin")]
+    | Annotated[HttpInputConfig, Tag("@http")],
     _by_kind("file"),
 ]
+
+# -- gateway -----------------------------------------------------------------------------------
+
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _tokens_path(value: Path | None, info: ValidationInfo) -> Path | None:
+    if value is None:
+        return None
+    context = info.context or {}
+    path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+    if context.get("check_files", True) and not path.is_file():
+        raise ValueError(f"tokens file not found: {path}")
+    return path
+
+
+class GatewayConfig(_Model):
+    """The HTTP and WebSocket gateway a run exposes (``pantheon run`` with this section,
+    or ``pantheon serve``); see docs/gateway.md. Bound to the loopback interface unless
+    ``host`` says otherwise, and a gateway reachable from other hosts must have tokens."""
+
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65_535)] = 8787
+    """TCP port; 0 picks a free one (printed at start)."""
+    tokens_file: Annotated[Path | None, AfterValidator(_tokens_path)] = None
+    """YAML or JSON file of bearer tokens and their publish/subscribe patterns, relative to
+    the scenario's folder."""
+    tokens_env: Annotated[str, Field(pattern=_ENV_NAME)] | None = None
+    """Name of an environment variable holding the same document (JSON or YAML)."""
+    max_body: Annotated[int, Field(ge=1024, le=64 * 1024 * 1024)] = 1024 * 1024
+    """Largest request body in bytes (1 KiB to 64 MiB); a bigger one gets 413."""
+    max_batch: Annotated[int, Field(ge=1, le=100_000)] = 10_000
+    """Most messages in one ``POST /v1/batch`` (at most 100,000); more gets 400."""
+    send_queue: Annotated[int, Field(ge=1, le=1_000_000)] = 4096
+    """Messages waiting for one WebSocket/SSE client (at most a million). When it is full
+    the oldest waiting message is dropped and counted; the client is told the count."""
+    max_drops: Annotated[int, Field(ge=0, le=1_000_000_000)] = 100_000
+    """Close a client once this many messages were dropped for it (0: never close)."""
+    request_timeout: Annotated[float, Field(gt=0, le=_HOUR)] = 30.0
+    """Longest wait ``POST /v1/request`` accepts (its ``timeout`` parameter is capped)."""
+    retry_after: Annotated[float, Field(gt=0, le=_HOUR)] = 1.0
+    """Seconds a 429 for a full mailbox tells the client to wait (an open breaker says
+    its own)."""
+    idempotency_keys: Annotated[int, Field(ge=0, le=1_000_000)] = 10_000
+    """Idempotency keys remembered (the oldest is forgotten first); 0 turns them off."""
+    compression: bool = False
+    """Offer permessage-deflate to WebSocket clients. Off by default: a broadcast message is
+    encoded once for every subscriber, but compressed once per socket, which costs more
+    CPU than loopback or LAN bandwidth saves."""
+    static: bool = True
+    """Serve the example page at ``/`` (decisions streamed over the WebSocket)."""
+
+    @model_validator(mode="after")
+    def _exposed(self) -> GatewayConfig:
+        if self.host not in _LOOPBACK and self.tokens_file is None and self.tokens_env is None:
+            raise ValueError(
+                f"host {self.host!r} is reachable from other machines: give tokens_file or "
+                "tokens_env so the gateway is not open to anyone"
+            )
+        return self
+
 
 # -- agents ------------------------------------------------------------------------------------
 
@@ -753,9 +926,9 @@ DeadLetterReason = Literal[
 ]
 DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
 
-#: A topic, or a shell-style glob over topics as subscriptions take them (``action.*``).
-_TOPIC_GLOB = r"^[A-Za-z0-9_\-.*?\[\]!]+$"
-_TopicPattern = Annotated[str, Field(pattern=_TOPIC_GLOB)]
+#: A topic, or a token pattern over topics as subscriptions take them (``action.*``,
+#: ``action.>``).
+_TopicPattern = _Pattern
 
 
 class CountBound(_Model):
@@ -858,6 +1031,8 @@ class Scenario(_Model):
     faults: FaultsConfig = FaultsConfig()
     expect: ExpectConfig = ExpectConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    gateway: GatewayConfig | None = None
+    """The HTTP/WebSocket gateway this run exposes; none unless given."""
 
     _text: str = PrivateAttr(default="")
     _source: str = PrivateAttr(default="<string>")
@@ -1000,7 +1175,7 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
     transport = transport if isinstance(transport, Mapping) else {}
     kind = transport.get("kind", "inprocess")
     nodes = transport.get("nodes")
-    if kind == "zmq" and isinstance(nodes, Mapping):
+    if kind in ("zmq", "nats") and isinstance(nodes, Mapping):
         disabled = {
             name
             for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
@@ -1041,13 +1216,31 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                             )
                         )
 
+    inp = data.get("input")
+    if isinstance(inp, Mapping) and inp.get("kind") == "http" and data.get("gateway") is None:
+        out.append(
+            (
+                ("input", "kind"),
+                "an http input is fed through the gateway: add a gateway: section",
+            )
+        )
+    if data.get("gateway") is not None and kind == "zmq":
+        out.append(
+            (
+                ("gateway",),
+                "the gateway needs transport kind 'inprocess': it serves the bus of the "
+                "process that runs the scenario, and a ZeroMQ run's agents are elsewhere",
+            )
+        )
+
     kill = faults.get("kill_node")
     if kill is not None:
-        if kind != "zmq":
+        if kind not in ("zmq", "nats"):
             out.append(
                 (
                     ("faults", "kill_node"),
-                    f"kill_node needs transport kind 'zmq' (this scenario's is {kind!r}): "
+                    f"kill_node needs transport kind 'zmq' or 'nats' (this scenario's is "
+                    f"{kind!r}): "
                     "there is no node to kill in one process",
                 )
             )

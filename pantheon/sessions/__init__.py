@@ -19,7 +19,7 @@ Errors::
         └── AlreadyDecided
 """
 
-from pantheon.sessions._align import FailureMatch
+from pantheon.sessions._align import WATCHER_PREFIX, FailureMatch
 from pantheon.sessions._approvals import (
     AlreadyDecided,
     Approval,
@@ -77,6 +77,7 @@ __all__ = [
     "DEFAULT_STORE_PATH",
     "SCHEMA_VERSION",
     "STORE_ENV",
+    "WATCHER_PREFIX",
     "AlreadyDecided",
     "Approval",
     "ApprovalBook",

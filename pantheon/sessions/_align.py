@@ -36,6 +36,7 @@ from pantheon.sessions._errors import ReplayDivergence
 from pantheon.sessions._store import StoredDelivery, StoredEffect, StoredEnvelope
 
 __all__ = [
+    "WATCHER_PREFIX",
     "Comparison",
     "FailureMatch",
     "Lineage",
@@ -49,6 +50,10 @@ __all__ = [
 ]
 
 SYSTEM_PREFIX = "system."
+#: Subscriptions named with this prefix watch the team from outside (the gateway's
+#: WebSocket and SSE clients): what they received is recorded, but it is not the team's
+#: behaviour and a replay has no such watchers, so it is never compared.
+WATCHER_PREFIX = "watcher."
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
@@ -289,7 +294,8 @@ def _outcomes(
         lambda: defaultdict(list)
     )
     for d in deliveries:
-        out[d.envelope_id][d.subscriber].append((d.outcome, d.error_type, d.error))
+        if not d.subscriber.startswith(WATCHER_PREFIX):
+            out[d.envelope_id][d.subscriber].append((d.outcome, d.error_type, d.error))
     return out
 
 

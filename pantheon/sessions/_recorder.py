@@ -385,6 +385,7 @@ class Recorder:
         replay_of: str | None = None,
         kind: str = "run",
         scenario_dir: str | None = None,
+        forked_from: str | None = None,
         commit_interval: float = DEFAULT_COMMIT_INTERVAL,
         commit_rows: int = DEFAULT_COMMIT_ROWS,
         max_pending: int = DEFAULT_MAX_PENDING,
@@ -401,6 +402,7 @@ class Recorder:
             replay_of=replay_of,
             kind=kind,
             scenario_dir=scenario_dir,
+            forked_from=forked_from,
         )
         self.seed = seed
         self.commit_interval = commit_interval

@@ -101,7 +101,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     replay_of TEXT,
     pid INTEGER,
     host TEXT,
-    scenario_dir TEXT
+    scenario_dir TEXT,
+    forked_from TEXT
 );
 CREATE TABLE IF NOT EXISTS envelopes (
     session TEXT NOT NULL,
@@ -298,6 +299,9 @@ class SessionInfo:
     corrupt: str | None = None
     """What is wrong with the row, when part of it cannot be read (its summary is not
     JSON): listings show the session marked; :meth:`SessionStore.session` refuses it."""
+    forked_from: str | None = None
+    """The session a what-if replay (``kind='whatif'``) re-ran through a changed team:
+    unlike ``replay_of`` it is not expected to match, it is compared decision by decision."""
 
     @property
     def duration(self) -> float | None:
@@ -319,6 +323,7 @@ class SessionInfo:
             "host": self.host,
             "scenario_dir": self.scenario_dir,
             "corrupt": self.corrupt,
+            "forked_from": self.forked_from,
         }
 
 
@@ -623,11 +628,13 @@ class SessionStore:
         older Pantheon names its columns and never notices them."""
         try:
             have = {row[1] for row in self._conn.execute("PRAGMA table_info(sessions)")}
-            if "scenario_dir" not in have:
+            for column in ("scenario_dir", "forked_from"):
+                if column in have:
+                    continue
                 with self._tx() as conn:
                     have = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
-                    if "scenario_dir" not in have:
-                        conn.execute("ALTER TABLE sessions ADD COLUMN scenario_dir TEXT")
+                    if column not in have:
+                        conn.execute(f"ALTER TABLE sessions ADD COLUMN {column} TEXT")
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path} is not a usable session store: {exc}") from exc
 
@@ -658,6 +665,7 @@ class SessionStore:
         kind: str = "run",
         started: float | None = None,
         scenario_dir: str | None = None,
+        forked_from: str | None = None,
     ) -> str:
         """Create a ``running`` session owned by this process and return its id (a new one
         when ``session_id`` is None). An existing id is taken over only if it is still
@@ -673,8 +681,8 @@ class SessionStore:
                 return sid
             conn.execute(
                 "INSERT INTO sessions (id, kind, scenario, scenario_text, seed, started, status,"
-                " summary, replay_of, pid, host, scenario_dir)"
-                " VALUES (?,?,?,?,?,?,'running','{}',?,?,?,?)",
+                " summary, replay_of, pid, host, scenario_dir, forked_from)"
+                " VALUES (?,?,?,?,?,?,'running','{}',?,?,?,?,?)",
                 (
                     sid,
                     kind,
@@ -686,6 +694,7 @@ class SessionStore:
                     os.getpid(),
                     socket.gethostname(),
                     scenario_dir,
+                    forked_from,
                 ),
             )
         return sid
@@ -956,7 +965,7 @@ class SessionStore:
 
 _SESSION_COLS = (
     "id, kind, scenario, scenario_text, seed, started, ended, status, summary, replay_of, pid,"
-    " host, scenario_dir"
+    " host, scenario_dir, forked_from"
 )
 
 
@@ -987,4 +996,5 @@ def _session(row: tuple[Any, ...]) -> SessionInfo:
         host=row[11],
         scenario_dir=row[12],
         corrupt=corrupt,
+        forked_from=row[13],
     )

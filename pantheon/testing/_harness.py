@@ -12,7 +12,6 @@ depends on the wall clock.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ from typing import Any
 
 from agents import Agent, AgentSettings, FunctionAgent, Handler
 from agents._effects import call_maybe_async
-from bus import Bus, DeadLetter, Envelope, Priority
+from bus import Bus, DeadLetter, Envelope, Priority, matches
 from bus.testing import capture_events
 
 __all__ = [
@@ -187,16 +186,13 @@ class AgentHarness:
         if check and new:
             raise AgentFailed(new)
 
-    def envelopes(self, pattern: str = "*") -> list[Envelope]:
-        """Envelopes published on topics matching ``pattern`` (a glob, as subscriptions
-        take: ``ticket.*``), in publish order, without the ones the harness sent."""
-        return [
-            e
-            for e in self._seen
-            if e.id not in self._sent and fnmatch.fnmatchcase(e.topic, pattern)
-        ]
+    def envelopes(self, pattern: str = ">") -> list[Envelope]:
+        """Envelopes published on topics matching ``pattern`` (a token pattern, as
+        subscriptions take: ``ticket.*``, ``ticket.>``), in publish order, without the ones
+        the harness sent."""
+        return [e for e in self._seen if e.id not in self._sent and matches(pattern, e.topic)]
 
-    def published(self, pattern: str = "*") -> list[Any]:
+    def published(self, pattern: str = ">") -> list[Any]:
         """The payloads of :meth:`envelopes`: what a test usually compares."""
         return [e.payload for e in self.envelopes(pattern)]
 

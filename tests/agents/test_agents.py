@@ -143,7 +143,7 @@ async def test_learner_raises_a_threshold_after_a_run_of_wrong_outcomes() -> Non
         await learner.attach(bus)
         reasoner = Reasoner(provider=RuleProvider(RULES), settings={"threshold": 0.4})
         await reasoner.attach(bus)
-        with capture_events(bus, "learner.*") as updates:
+        with capture_events(bus, "learner.>") as updates:
             for i in range(4):
                 await bus.emit(
                     "action.executed",

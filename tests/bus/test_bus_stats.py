@@ -74,7 +74,7 @@ async def test_edges_are_keyed_by_source_subscription(bus: Bus) -> None:
         await bus.emit("out")
 
     bus.on("out", lambda env: None, name="back")
-    bus.on("*", lambda env: None, name="audit")
+    bus.on(">", lambda env: None, name="audit")
     for _ in range(3):
         await bus.emit("in")
     await bus.drain()

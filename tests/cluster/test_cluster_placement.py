@@ -55,7 +55,7 @@ def test_placement_puts_unplaced_agents_on_the_driver() -> None:
     # Subscription names follow Agent.attach: the agent's name, then "<name>:<pattern>".
     assert placement.subscriptions["cognition"]["memory"] == "memory.lookup"
     assert placement.subscriptions["cognition"]["memory:action.executed"] == "action.executed"
-    assert placement.subscriptions["perception"]["monitor"] == "system.*"
+    assert placement.subscriptions["perception"]["monitor"] == "system.>"
 
 
 def test_probes_cover_every_pattern_subscribed_elsewhere() -> None:

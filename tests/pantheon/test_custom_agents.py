@@ -52,6 +52,10 @@ def not_async(env):
 
 class NotAnAgent:
     pass
+
+
+class OldGlob(Triage):
+    subscriptions = ("observation.email*",)
 '''
 
 EMAILS = [
@@ -185,6 +189,14 @@ BAD = {
         "  triage:\n    handler: ownteam_mod:count\n",
         "agents.triage",
         "needs subscribe",
+    ),
+    "old_glob_in_class": (
+        "  triage:\n    class: ownteam_mod:OldGlob\n",
+        "agents.triage.class",
+        "OldGlob.subscriptions: topic pattern 'observation.email*': a wildcard must be a whole "
+        "token ('*' is exactly one token and no longer crosses dots, '>' as the last token is "
+        "one or more); use 'observation.email.>' for any number of tokens after 'email' (or "
+        "give subscribe:)",
     ),
     "two_kinds": (
         "  triage:\n    handler: ownteam_mod:count\n    class: ownteam_mod:Triage\n",

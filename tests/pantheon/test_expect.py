@@ -79,14 +79,16 @@ def test_topic_counts_with_globs() -> None:
         "    alert.paged: {min: 3, max: 10}\n"
         "    action.*: {max: 5}\n"
         "    nothing.here: {min: 1}\n"
-        "    '*': {min: 16, max: 16}\n",
+        "    '>': {min: 16, max: 16}\n"
+        "    x.>: {min: 7, max: 7}\n",
         s,
     )
     assert got == {
         "messages on alert.paged in [3, 10]": (True, {"min": 3, "max": 10}, 3),
-        "messages on action.* <= 5": (False, {"max": 5}, 6),  # 5 + 1: the glob sums
+        "messages on action.* <= 5": (False, {"max": 5}, 6),  # 5 + 1: the pattern sums
         "messages on nothing.here >= 1": (False, {"min": 1}, 0),
-        "messages on * in [16, 16]": (True, {"min": 16, "max": 16}, 16),
+        "messages on > in [16, 16]": (True, {"min": 16, "max": 16}, 16),
+        "messages on x.> in [7, 7]": (True, {"min": 7, "max": 7}, 7),
     }
 
 
@@ -247,7 +249,12 @@ BAD: dict[str, tuple[str, str, str]] = {
     "not a topic pattern": (
         "  topics:\n    'a b': {max: 1}\n",
         "expect.topics.a b",
-        "should be a topic, or a glob over topics such as action.*",
+        "a topic pattern has no whitespace",
+    ),
+    "old glob topic pattern": (
+        "  topics:\n    'action*': {max: 1}\n",
+        "expect.topics.action*",
+        "use 'action.>' for any number of tokens after 'action'",
     ),
     "unknown dead-letter reason": (
         "  dlq:\n    handler_error: {max: 0}\n",
@@ -308,7 +315,7 @@ def test_bad_expectation_is_located(tmp_path: Path, case: str) -> None:
         key = field.rsplit(".", 1)[-1]
         if field.startswith("expect.topics.a"):
             key = "mx" if field.endswith("mx") else field.removeprefix("expect.topics.")
-            key = key if key != "a b" else "'a b'"
+            key = key if key not in ("a b", "action*") else f"'{key}'"
         want = next(n for n, ln in enumerate(lines, 1) if ln.lstrip().startswith(key))
     assert (p.file, p.line) == (str(path), want)
 

@@ -107,7 +107,7 @@ async def publish(scenario: Scenario) -> tuple[Observer, list[Envelope]]:
     assert isinstance(observer, Observer)
     async with Bus() as bus:
         await observer.attach(bus)
-        with capture_events(bus, "*") as seen:
+        with capture_events(bus, ">") as seen:
             await observer.start()
             await asyncio.wait_for(observer.done.wait(), 10)
             await bus.drain()
@@ -538,7 +538,7 @@ async def test_observer_takes_any_async_iterable() -> None:
     observer = Observer(source=items(), labels=labels)
     async with Bus() as bus:
         await observer.attach(bus)
-        with capture_events(bus, "*") as seen:
+        with capture_events(bus, ">") as seen:
             await observer.start()
             await observer.done.wait()
             await bus.drain()
@@ -659,7 +659,7 @@ BAD_INPUTS: dict[str, tuple[str, str, str]] = {
     "unknown kind": (
         "kind: kafka\ntopic: a.b\n",
         "input.kind",
-        "Input should be 'jsonl', 'file', 'generator' or 'stdin'",
+        "Input should be 'jsonl', 'file', 'generator', 'stdin' or 'http'",
     ),
     "bad priority": (
         "kind: stdin\ntopic: a.b\npriority: urgent\n",

@@ -12,6 +12,7 @@ import math
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -454,3 +455,23 @@ agents: {triage: {class: "not_importable_anywhere:Triage"}}
     assert rm._pricing("provider: {kind: rules}") == ({}, "")
     custom = "provider: {kind: custom, class: 'x:Y', settings: {model: big}}"
     assert rm._pricing(custom) == ({}, "big")
+
+
+def test_pending_reads_recorded_patterns_as_tokens_and_skips_old_globs() -> None:
+    """A session recorded before token topics may hold ``email*``, which today's bus refuses:
+    it awaits nothing (and does not break the read), while ``email.>`` awaits by token rules."""
+    snapshot = SimpleNamespace(
+        stats={
+            "subscribers": {
+                "old": {"pattern": "email*"},
+                "new": {"pattern": "email.>"},
+                "one": {"pattern": "audit.*"},
+                "odd": {"pattern": 3},
+            }
+        }
+    )
+    store = SimpleNamespace(metrics=lambda sid: [snapshot])
+    topics = ["email.received", "emailx", "email", "audit.a", "audit.a.b"]
+    envelopes = [SimpleNamespace(id=i, topic=t) for i, t in enumerate(topics)]
+    awaited = rm._awaited_topics(store, "s", envelopes, set())  # type: ignore[arg-type]
+    assert awaited == {"email.received", "audit.a"}

@@ -319,7 +319,7 @@ BAD = {
         GOOD + "transport:\n  kind: carrier-pigeon\n",
         "carrier-pigeon",
         "transport.kind",
-        "Input should be 'inprocess' or 'zmq'",
+        "Input should be 'inprocess', 'zmq' or 'nats'",
     ),
     "zmq-only key on inprocess": (
         GOOD + "transport:\n  kind: inprocess\n  broker: tcp://x:1\n",
@@ -362,6 +362,24 @@ BAD = {
         "name: u",
         "name",
         "duplicate key 'name'",
+    ),
+    "old glob subscription crossing dots": (
+        GOOD + "    subscribe: [plan.proposed, 'action*']\n",
+        "subscribe:",
+        "agents.actor.subscribe[1]",
+        "use 'action.>' for any number of tokens after 'action'",
+    ),
+    "old everything subscription": (
+        GOOD + "    subscribe: ['*']\n",
+        "subscribe:",
+        "agents.actor.subscribe[0]",
+        "use '>' for every topic",
+    ),
+    "mid-token wildcard subscription": (
+        GOOD + "    subscribe: ['email.*-urgent']\n",
+        "subscribe:",
+        "agents.actor.subscribe[0]",
+        "subscribe to 'email.*' and keep the tokens you want with filter=",
     ),
 }
 

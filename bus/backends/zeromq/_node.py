@@ -36,7 +36,6 @@ bounded by the credit this node advertised.
 from __future__ import annotations
 
 import asyncio
-import fnmatch
 import ipaddress
 import logging
 import os
@@ -55,7 +54,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, QueueFullError, TransportError
-from bus._topics import GlobIndex
+from bus._topics import GlobIndex, matches
 from bus._transport import BusPort, Receipt, Transport
 from bus.backends.zeromq._errors import (
     AuthenticationFailed,
@@ -1160,7 +1159,7 @@ class ZmqTransport(Transport):
         subs = {name for name, _ in self._subs}
         for item in items:
             env = item.env
-            names = item.names or [n for n, p in peer.subs if fnmatch.fnmatchcase(env.topic, p)]
+            names = item.names or [n for n, p in peer.subs if matches(p, env.topic)]
             route = self._routes.get(env.topic) or self._route(env.topic)
             for name in names:
                 others = route.groups.get(name)

@@ -67,7 +67,9 @@ __all__ = [
 #: Bumped on any incompatible change; a broker refuses a HELLO of another version.
 #: 3: messages go node to node; the broker keeps only the directory and heartbeats.
 #: 4: WELCOME says which broker run it is (``epoch``), so a node can tell a restart.
-PROTOCOL = 4
+#: 5: subscription patterns are token patterns (``*`` one token, ``>`` the rest); a node of 4
+#:    would route ``a.*`` across dots and may advertise globs this version refuses.
+PROTOCOL = 5
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20

@@ -1,0 +1,113 @@
+"""How bus topics, priorities and subscriptions become NATS subjects, streams and consumers.
+
+A message on topic ``email.received`` with priority HIGH from team ``support`` is published
+on ``pantheon.support.high.email.received``: the team's stream captures ``pantheon.support.>``
+and the priority is a subject *lane* (``critical``, ``high``, ``normal``) so each lane has its
+own consumer and a receiver can pull CRITICAL before the rest. Topics are dot-separated, as
+NATS subjects are, so a topic's tokens are the subject's tokens; a topic that NATS cannot
+carry (an empty token, whitespace, ``*`` or ``>`` inside it) is refused at publish.
+
+A subscription ``(name, pattern)`` is one consumer group: one durable consumer per lane,
+shared by every process hosting that name. The bus's topic patterns are token patterns with
+NATS's own rules (``*`` one token, ``>`` one or more, last), so the consumer's filter subject
+is the pattern itself under the lane's prefix: ``orders.*`` filters
+``pantheon.T.normal.orders.*``. A token NATS would read differently (one holding whitespace or
+a wildcard character inside it) makes the filter ``>`` from there on, a superset; the receiver
+matches every message exactly with :mod:`bus._topics` (the bus's own index) anyway and
+acknowledges what does not match without delivering it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+from bus._errors import EncodeError
+from bus._topics import is_literal
+
+__all__ = [
+    "DLQ_STREAM",
+    "DLQ_SUBJECTS",
+    "LANES",
+    "check_token",
+    "consumer_name",
+    "directory_bucket",
+    "dlq_subject",
+    "filter_subject",
+    "stream_name",
+    "subject_of",
+    "sync_subject",
+]
+
+#: Subject lane per priority value (Priority.CRITICAL == 0 is pulled first).
+LANES = ("critical", "high", "normal")
+#: The publisher-visible dead letter queue: one stream for every team.
+DLQ_STREAM = "PANTHEON_DLQ"
+DLQ_SUBJECTS = "pantheon.dlq.>"
+
+_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_BAD_SUBJECT_CHARS = re.compile(r"[\s*>]")
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def check_token(value: str, what: str) -> str:
+    """``value`` as one subject token (a team or node name), or ValueError naming ``what``."""
+    if not _TOKEN.match(value):
+        raise ValueError(
+            f"NatsTransport: {what} {value!r} must be letters, digits, '_' or '-' "
+            "(it is one token of a NATS subject)"
+        )
+    return value
+
+
+def stream_name(team: str) -> str:
+    return f"PANTHEON_{team}"
+
+
+def directory_bucket(team: str) -> str:
+    return f"pantheon_nodes_{team}"
+
+
+def subject_of(team: str, priority: int, topic: str) -> str:
+    """The subject ``topic`` is published on; EncodeError when NATS cannot carry it."""
+    if not topic or _BAD_SUBJECT_CHARS.search(topic) or "" in topic.split("."):
+        raise EncodeError(
+            f"topic {topic!r} cannot be a NATS subject: it needs non-empty dot-separated "
+            "tokens without whitespace, '*' or '>'"
+        )
+    return f"pantheon.{team}.{LANES[priority]}.{topic}"
+
+
+def filter_subject(team: str, lane: int, pattern: str) -> str:
+    """The consumer filter for ``pattern`` in ``lane``: the pattern's tokens, ``*`` and a
+    final ``>`` as NATS reads them; from a token NATS cannot take as it is, ``>`` (a
+    superset: the receiver matches exactly)."""
+    head = f"pantheon.{team}.{LANES[lane]}"
+    out: list[str] = []
+    tokens = pattern.split(".")
+    for i, token in enumerate(tokens):
+        wildcard = token == "*" or (token == ">" and i == len(tokens) - 1)
+        if wildcard or (token and is_literal(token) and not _BAD_SUBJECT_CHARS.search(token)):
+            out.append(token)
+        else:
+            return ".".join([head, *out, ">"])
+    return ".".join([head, *out])
+
+
+def consumer_name(name: str, pattern: str, lane: int) -> str:
+    """The durable consumer of subscription ``name`` (with ``pattern``) for ``lane``: readable
+    and unique, since subscription names may hold characters a consumer name may not and a
+    name re-subscribed with another pattern is another group."""
+    digest = hashlib.blake2b(f"{name}\0{pattern}".encode(), digest_size=6).hexdigest()
+    return f"{_SAFE_NAME.sub('_', name)[:48]}_{digest}_{LANES[lane][0]}"
+
+
+def dlq_subject(team: str, origin: str) -> str:
+    """Where a dead letter of a message published by node ``origin`` goes: filed by team
+    and publisher, and the publisher listens there (a request waiting on it fails at once)."""
+    return f"pantheon.dlq.{team}.{origin}"
+
+
+def sync_subject(team: str, node: str) -> str:
+    """Where other nodes confirm they have seen ``node``'s latest subscriptions."""
+    return f"_pantheon.{team}.sync.{node}"

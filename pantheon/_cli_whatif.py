@@ -1,0 +1,90 @@
+"""``pantheon replay SESSION --with changes.yaml`` and the decision block of ``pantheon diff``.
+
+Kept out of ``_cli_sessions`` so the exact replay's command stays as it was: that module
+only hands ``--with`` over to :func:`whatif_command`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from pantheon._decisions import DecisionDiff
+from pantheon._overlay import apply_overlay, read_overlay
+from pantheon._whatif import WhatIfReport, whatif_replay
+from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
+from pantheon.sessions import SessionInfo, SessionStore
+
+__all__ = ["decision_lines", "whatif_command"]
+
+#: Items named per group in the terminal (``--json`` has them all).
+SHOWN_ITEMS = 40
+
+
+def decision_lines(diff: DecisionDiff) -> list[str]:
+    """The decisions that changed, as markup-safe lines: the headline, one line per
+    ``before→after`` group naming its items, and the accuracy before and after."""
+    lines = [escape(diff.headline())]
+    for before, after, items in diff.groups:
+        shown = ", ".join(items[:SHOWN_ITEMS])
+        more = f" and {len(items) - SHOWN_ITEMS} more" if len(items) > SHOWN_ITEMS else ""
+        lines.append(f"  {escape(before)}→{escape(after)} ({len(items)}): {escape(shown)}{more}")
+    lines.append(escape(diff.accuracy_line()))
+    return lines
+
+
+def whatif_command(
+    store: SessionStore, info: SessionInfo, overlay_path: Path, *, as_json: bool
+) -> WhatIfReport:
+    """Validate the overlay (exit 2 naming ``file:line:column`` before anything runs), run
+    the what-if replay and print what changed. Returns the report for the exit code."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    if not info.scenario_text:
+        err.print(f"[red]error:[/red] session {info.id} has no scenario text to change")
+        raise typer.Exit(2)
+    try:
+        if str(overlay_path) == "-":
+            # The dashboard's form pipes its text in; at most what a file may hold.
+            text = sys.stdin.read(MAX_SCENARIO_BYTES + 1)
+            if len(text) > MAX_SCENARIO_BYTES:
+                raise ScenarioError([Problem("<stdin>", 1, 1, "", "too large for an overlay")])
+            source = "<stdin>"
+        else:
+            text, source = read_overlay(overlay_path), str(overlay_path)
+        base = None if info.scenario_dir is None else Path(info.scenario_dir)
+        overlay = apply_overlay(info.scenario_text, text, source=source, base_dir=base)
+    except OSError as exc:
+        why = escape(exc.strerror or str(exc))
+        err.print(f"[red]error:[/red] {escape(str(overlay_path))}: {why}")
+        raise typer.Exit(2) from None
+    except ScenarioError as exc:
+        err.print(f"[red]error:[/red] invalid overlay:\n{escape(str(exc))}")
+        raise typer.Exit(2) from None
+    con = Console(highlight=False, soft_wrap=True)
+    if as_json:
+        report = asyncio.run(whatif_replay(store, info.id, overlay))
+        typer.echo(json.dumps(report.to_dict(), indent=2))
+        return report
+    with con.status(f"what-if replay of {info.id} with {escape(source)} ..."):
+        report = asyncio.run(whatif_replay(store, info.id, overlay))
+    con.print(
+        f"what-if replay of {report.original_session_id} with {escape(source)} "
+        f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs, effects "
+        f"served {report.effects_served}, called live {report.effects_called}"
+    )
+    for line in decision_lines(report.decisions):
+        con.print(line)
+    if report.passed is not None:
+        colour, word = ("green", "PASS") if report.passed else ("red", "FAIL")
+        con.print(
+            f"[{colour}]{word}[/{colour}] accuracy >= {report.min_accuracy} "
+            f"(actual {report.decisions.b.accuracy})"
+        )
+    con.print(f"pantheon diff {report.original_session_id} {report.new_session_id}")
+    return report

@@ -1,0 +1,167 @@
+"""Delivering bus messages to WebSocket and SSE clients.
+
+Each client is one bus subscription (``bus.on`` with its own mailbox) whose handler does
+no I/O: it appends the message's encoded bytes to the client's bounded send queue and wakes
+the client's sender. The sender writes whatever has gathered as one frame, so a client that
+reads fast gets one message per frame and a client that falls behind gets them batched
+instead of one write per message. When the queue is full the oldest waiting message is
+dropped and counted; the next frame carries the count, and past ``max_drops`` the client is
+closed. Memory per client is therefore bounded by ``send_queue`` encoded messages, however
+slow it reads.
+
+A message is encoded once, whichever number of clients receive it: :class:`Encoder` keeps
+the bytes of recent envelopes by id, and every client's handler finds them there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from bus import Envelope, Subscription
+
+__all__ = ["Client", "Encoder", "WireEnvelope"]
+
+#: Messages one frame carries at most: keeps a frame (and its encode) small for a client
+#: that is far behind.
+MAX_FRAME_MESSAGES = 512
+#: Encoded envelopes remembered for other subscribers of the same message.
+_ENCODED = 4096
+
+
+class WireEnvelope(msgspec.Struct, omit_defaults=False):
+    """An envelope as clients see it (JSON). Ids are 64-bit integers: JavaScript clients
+    should treat them as opaque (``JSON.parse`` rounds them past 2**53)."""
+
+    id: int
+    topic: str
+    payload: Any
+    priority: int
+    correlation_id: int
+    causation_id: int | None
+    source: str | None
+    hops: int
+    session_id: str | None
+
+
+def _fallback(obj: Any) -> Any:
+    """In-process payloads may hold objects JSON cannot carry; clients get their text."""
+    return repr(obj)
+
+
+class Encoder:
+    """JSON bytes of an envelope, made once per envelope however many clients get it."""
+
+    __slots__ = ("_cache", "_encode", "encoded")
+
+    def __init__(self) -> None:
+        self._cache: OrderedDict[int, bytes] = OrderedDict()
+        self._encode = msgspec.json.Encoder(enc_hook=_fallback).encode
+        self.encoded = 0
+
+    def __call__(self, env: Envelope) -> bytes:
+        cache = self._cache
+        data = cache.get(env.id)
+        if data is None:
+            data = self._encode(
+                WireEnvelope(
+                    env.id, env.topic, env.payload, int(env.priority), env.correlation_id,
+                    env.causation_id, env.source, env.hops, env.session_id,
+                )
+            )  # fmt: skip
+            self.encoded += 1
+            if len(cache) >= _ENCODED:
+                cache.popitem(last=False)
+            cache[env.id] = data
+        return data
+
+
+class Client:
+    """One subscriber's bounded send queue; called by the bus with each matching message.
+
+    ``dropped`` counts every message dropped for this client: from its send queue, and
+    those its bus subscription shed before the handler saw them (a burst larger than the
+    mailbox; ``subscription.shed``, the bus's own count, also in its DLQ). ``overflowed``
+    is set once ``max_drops`` is reached (0: never), and the sender then closes the
+    connection.
+    """
+
+    __slots__ = (
+        "_reported",
+        "_waiting",
+        "_wake",
+        "closed",
+        "delivered",
+        "encode",
+        "limit",
+        "max_drops",
+        "name",
+        "overflowed",
+        "queue",
+        "queue_dropped",
+        "subscription",
+    )
+
+    def __init__(self, name: str, encode: Encoder, *, limit: int, max_drops: int) -> None:
+        self.name = name
+        self.encode = encode
+        self.limit = limit
+        self.max_drops = max_drops
+        self.queue: deque[bytes] = deque()
+        self.subscription: Subscription | None = None
+        self._reported = self.delivered = self.queue_dropped = 0
+        self.overflowed = self.closed = self._waiting = False
+        self._wake = asyncio.Event()
+
+    def close(self) -> None:
+        """End :meth:`frames` (the connection went away, or the gateway is stopping)."""
+        self.closed = True
+        self._wake.set()
+
+    async def __call__(self, env: Envelope) -> None:
+        # A coroutine function, so the bus awaits it as it is (no wrapper per message); it
+        # never suspends. The sender is woken only when it sleeps, not per message.
+        queue = self.queue
+        if len(queue) >= self.limit:
+            queue.popleft()
+            self.queue_dropped += 1
+            if self.max_drops and self.queue_dropped >= self.max_drops:
+                self.overflowed = True
+        queue.append(self.encode(env))
+        if self._waiting:
+            self._waiting = False
+            self._wake.set()
+
+    @property
+    def dropped(self) -> int:
+        sub = self.subscription
+        return self.queue_dropped + (sub.shed if sub is not None else 0)
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """Frames to send, each ``{"dropped": n, "messages": [...]}`` as JSON bytes, until
+        the client overflows or is closed (then the generator ends)."""
+        queue = self.queue
+        wake = self._wake
+        while not (self.overflowed or self.closed):
+            if not queue:
+                wake.clear()
+                self._waiting = True
+                await wake.wait()
+                continue
+            n = len(queue)
+            if n <= MAX_FRAME_MESSAGES:
+                batch = list(queue)
+                queue.clear()
+            else:
+                n = MAX_FRAME_MESSAGES
+                batch = [queue.popleft() for _ in range(n)]
+            total = self.dropped
+            dropped, self._reported = total - self._reported, total
+            if self.max_drops and total >= self.max_drops:
+                self.overflowed = True
+            self.delivered += n
+            yield b'{"dropped":%d,"messages":[%b]}' % (dropped, b",".join(batch))

@@ -1,0 +1,111 @@
+"""``/metrics``: the bus's own counters (``bus.stats()``) and the gateway's, in the
+Prometheus text format, rendered by ``prometheus_client`` at each scrape.
+
+Nothing is counted twice: the families are built from the live counters when scraped,
+so there is no second set of counters to drift from the bus's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+if TYPE_CHECKING:
+    from pantheon.gateway._app import GatewayState
+
+__all__ = ["render_metrics"]
+
+_BREAKER_STATES = ("closed", "open", "half_open")
+
+
+class _Collector:
+    __slots__ = ("state",)
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self.state
+        stats = state.bus.stats()
+        yield CounterMetricFamily(
+            "pantheon_bus_published", "Messages published on the bus.", value=stats.published
+        )
+        topics = CounterMetricFamily(
+            "pantheon_bus_topic_published", "Messages published, by topic.", labels=["topic"]
+        )
+        for topic, t in stats.topics.items():
+            topics.add_metric([topic], t.published)
+        yield topics
+        per_sub = {
+            "delivered": "Messages handled successfully.",
+            "dead_lettered": "Messages sent to the dead letter queue.",
+            "shed": "Messages shed from a full mailbox.",
+            "rejected": "Messages a full mailbox refused.",
+            "failures": "Handler failures (each attempt).",
+            "retries": "Handler retries.",
+        }
+        families = {
+            key: CounterMetricFamily(f"pantheon_bus_subscriber_{key}", help_, labels=["subscriber"])
+            for key, help_ in per_sub.items()
+        }
+        queued = GaugeMetricFamily(
+            "pantheon_bus_subscriber_queued",
+            "Messages waiting in a mailbox.",
+            labels=["subscriber"],
+        )
+        breaker = GaugeMetricFamily(
+            "pantheon_bus_breaker_state",
+            "1 for the breaker's current state.",
+            labels=["subscriber", "state"],
+        )
+        for name, sub in stats.subscribers.items():
+            for key, family in families.items():
+                family.add_metric([name], getattr(sub, key))
+            queued.add_metric([name], sub.queued)
+            for st in _BREAKER_STATES:
+                breaker.add_metric([name, st], 1.0 if sub.breaker == st else 0.0)
+        yield from families.values()
+        yield queued
+        yield breaker
+        yield GaugeMetricFamily("pantheon_bus_dlq_size", "Dead letters held.", value=stats.dlq_size)
+        yield CounterMetricFamily(
+            "pantheon_bus_dlq_evicted", "Dead letters evicted (DLQ full).", value=stats.dlq_evicted
+        )
+        requests = CounterMetricFamily(
+            "pantheon_gateway_requests", "HTTP and WebSocket requests.", labels=["route", "status"]
+        )
+        for (route, status), n in sorted(state.requests.items()):
+            requests.add_metric([route, str(status)], n)
+        yield requests
+        yield CounterMetricFamily(
+            "pantheon_gateway_published",
+            "Messages the gateway published on the bus.",
+            value=state.published,
+        )
+        clients = list(state.clients.values())
+        yield GaugeMetricFamily(
+            "pantheon_gateway_clients", "Connected WebSocket and SSE clients.", value=len(clients)
+        )
+        yield CounterMetricFamily(
+            "pantheon_gateway_delivered",
+            "Messages sent to WebSocket and SSE clients.",
+            value=state.delivered_closed + sum(c.delivered for c in clients),
+        )
+        yield CounterMetricFamily(
+            "pantheon_gateway_dropped",
+            "Messages dropped for clients that read too slowly.",
+            value=state.dropped_closed + sum(c.dropped for c in clients),
+        )
+        yield CounterMetricFamily(
+            "pantheon_gateway_malformed_frames",
+            "Frames subscribers sent, which the gateway ignores.",
+            value=state.malformed_frames,
+        )
+
+
+def render_metrics(state: GatewayState) -> tuple[bytes, str]:
+    """The exposition text and its content type."""
+    return generate_latest(_Collector(state)), CONTENT_TYPE_LATEST

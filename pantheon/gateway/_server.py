@@ -1,0 +1,183 @@
+"""Running the gateway's ASGI app with uvicorn inside the run's own event loop.
+
+The gateway shares the loop (and the bus) with the team: no thread, no second loop, so a
+handler that publishes and the bus that delivers are the same objects the agents use. The
+server does not install signal handlers of its own (``pantheon serve`` owns Ctrl-C: it
+ends the input, lets the team finish and records the session before stopping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import Any
+
+import uvicorn
+
+from bus import Bus
+from pantheon._inputs import HttpSource
+from pantheon.gateway._app import GatewayState, build_app
+from pantheon.gateway._auth import Tokens, load_tokens
+from pantheon.gateway._errors import GatewayError
+from pantheon.scenario import GatewayConfig
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger("pantheon.gateway")
+
+#: Where a token can appear in a server's log line: the ``access_token`` parameter of a
+#: logged URL, an ``Authorization`` header or a ``bearer.<token>`` subprotocol in the
+#: request headers uvicorn and websockets print at DEBUG.
+_SECRETS = re.compile(
+    r"(access_token=)[^&\s\"']*"
+    r"|(?i:(authorization:\s*\S+\s+))[^\s\"']+"
+    r"|(?i:(bearer\.))[^\s,\"']+"
+)
+
+
+def _hide(m: re.Match[str]) -> str:
+    return (m.group(1) or m.group(2) or m.group(3)) + "***"
+
+
+class _RedactTokens(logging.Filter):
+    """Replace any token in a log line by ``***`` before a handler sees it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except (TypeError, ValueError):  # a malformed call: leave it to the handler
+            return True
+        hidden = _SECRETS.sub(_hide, text)
+        if hidden != text:
+            record.msg, record.args = hidden, None
+        return True
+
+
+_REDACT = _RedactTokens()
+_LOGGERS = (
+    "uvicorn",
+    "uvicorn.error",
+    "uvicorn.access",
+    "websockets",
+    "websockets.server",
+    "websockets.protocol",
+    "pantheon.gateway",
+)
+
+
+class Gateway:
+    """The HTTP/WebSocket gateway over ``bus``. ``async with Gateway(bus, config)``; the bus
+    must be started first. ``inboxes`` maps Observer names to their :class:`HttpSource`
+    (``POST /v1/inbox/<name>``); ``live()`` gives the run's :class:`~pantheon.live.LiveFeed`
+    (or ``None``), served at ``/v1/live`` for a remote ``pantheon monitor --url``."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        config: GatewayConfig | None = None,
+        *,
+        inboxes: Mapping[str, HttpSource] | None = None,
+        tokens: Tokens | None = None,
+        live: Callable[[], Any] | None = None,
+        ws: str = "websockets-sansio",
+    ) -> None:
+        config = config if config is not None else GatewayConfig()
+        if tokens is None:
+            tokens = load_tokens(config.tokens_file, config.tokens_env)
+        self.config = config
+        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}), live)
+        self._ws = ws
+        self._server: _Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port = config.port
+
+    @property
+    def url(self) -> str:
+        host = self.config.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    async def start(self) -> None:
+        config = uvicorn.Config(
+            build_app(self.state),
+            host=self.config.host,
+            port=self.config.port,
+            loop="none",
+            http="httptools",
+            ws=self._ws,
+            ws_max_size=self.config.max_body,
+            ws_per_message_deflate=self.config.compression,
+            lifespan="off",
+            access_log=False,  # ours (pantheon.gateway) never prints a query string
+            log_config=None,
+            server_header=False,
+            timeout_graceful_shutdown=5,
+        )
+        # A logger's filters see only its own records, not its children's: every logger the
+        # server writes through is listed, and the root's handlers get the filter too.
+        for name in _LOGGERS:
+            logger = logging.getLogger(name)
+            if _REDACT not in logger.filters:
+                logger.addFilter(_REDACT)
+        for handler in logging.getLogger().handlers:
+            if _REDACT not in handler.filters:
+                handler.addFilter(_REDACT)
+        # The listening socket is ours: a port in use is a GatewayError naming it, where
+        # uvicorn would call sys.exit(3) from inside the run's event loop.
+        host, port = self.config.host, self.config.port
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, port))
+        except OSError as exc:
+            sock.close()
+            raise GatewayError(
+                f"the gateway cannot listen on {host}:{port}: {exc.strerror or exc}"
+            ) from None
+        self.port = sock.getsockname()[1]
+        server = _Server(config)
+        self._server = server
+        self._task = asyncio.get_running_loop().create_task(
+            server.serve(sockets=[sock]), name="gateway"
+        )
+        while not server.started:
+            if self._task.done():
+                sock.close()
+                raise GatewayError(f"the gateway could not start on {host}:{self.port}")
+            await asyncio.sleep(0.01)
+        self.state.ready = True
+        log.info("gateway listening on %s", self.url)
+
+    async def aclose(self) -> None:
+        """Stop: not ready, every subscriber's stream ended, then the server shut down."""
+        self.state.ready = False
+        for client in list(self.state.clients.values()):
+            client.close()
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            await asyncio.gather(self._task, return_exceptions=True)
+            if self._task.done() and not self._task.cancelled() and self._task.exception():
+                log.error("the gateway stopped with an error", exc_info=self._task.exception())
+
+    async def __aenter__(self) -> Gateway:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield  # the run owns signals, not the server

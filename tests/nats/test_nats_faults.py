@@ -1,0 +1,316 @@
+"""Faults on NATS, for real: a node SIGKILLed, the server restarted, a cluster member lost,
+a poison message, a client without credentials. Every test counts: what was published is
+all delivered or in the dead letter queue (delivered + DLQ covers published)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from nats_helpers import eventually
+
+from bus import Bus, Envelope
+from bus.backends.nats import (
+    AuthorizationError,
+    NatsServer,
+    NatsTransport,
+    nats_cluster,
+    start_cluster,
+    stop_cluster,
+)
+
+CHILD = Path(__file__).with_name("nats_node_child.py")
+
+
+async def _spawn(
+    url: str, node: str, outfile: Path, **options: object
+) -> asyncio.subprocess.Process:
+    args = [str(CHILD), url, "faults", node, "workers", "jobs", str(outfile)]
+    for key, value in options.items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, *args, stdout=asyncio.subprocess.PIPE, env=os.environ.copy()
+    )
+    assert proc.stdout is not None
+    line = await asyncio.wait_for(proc.stdout.readline(), 30)
+    assert line.strip() == b"ready", f"node {node} did not start: {line!r}"
+    return proc
+
+
+def _handled(*files: Path) -> list[int]:
+    out: list[int] = []
+    for f in files:
+        if f.exists():
+            out += [int(x) for x in f.read_text().split()]
+    return out
+
+
+async def test_a_sigkilled_node_s_unacked_messages_go_to_another_member(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    """Two processes share the group; one is SIGKILLed holding messages it had not
+    acknowledged. After ack_wait the server gives them to the survivor: 0 lost."""
+    a_out, b_out = tmp_path / "a.txt", tmp_path / "b.txt"
+    opts = {"delay": 0.01, "ack_wait": 1.0, "credit": 16}
+    a = await _spawn(server.url, "node-a", a_out, **opts)
+    b = await _spawn(server.url, "node-b", b_out, **opts)
+    try:
+        transport = NatsTransport(server.url, team="faults", node="publisher")
+        async with Bus(transport=transport) as bus:
+            await eventually(lambda: bus.transport.has_remote("jobs"))
+            total = 300
+            for i in range(total):
+                await bus.emit("jobs", i)
+            await eventually(lambda: len(_handled(a_out)) >= 30)
+            a.send_signal(signal.SIGKILL)
+            await a.wait()
+            at_kill = set(_handled(a_out))
+            await eventually(lambda: set(_handled(a_out, b_out)) >= set(range(total)), 30)
+            dead = await transport.dead_letters()
+            assert dead == [] and len(bus.dlq) == 0
+        by_b = set(_handled(b_out))
+        assert set(_handled(a_out)) == at_kill  # a did nothing after its death
+        assert len(at_kill | by_b) == total  # delivered + DLQ covers published; DLQ empty
+        b.send_signal(signal.SIGTERM)
+        assert b.stdout is not None
+        stats = json.loads((await asyncio.wait_for(b.stdout.read(), 30)).decode().splitlines()[-1])
+        # What a held unacknowledged when it died reached b again after ack_wait.
+        assert stats["redelivered"] >= 1, stats
+    finally:
+        for proc in (a, b):
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGTERM)
+                await proc.wait()
+
+
+async def test_a_restarted_server_loses_nothing_acknowledged(tmp_path: Path) -> None:
+    """The server is SIGKILLed mid-run, with a backlog acknowledged by the stream and not
+    yet handled, and started again on the same port and store: the clients reconnect,
+    resend what had no stream ack (deduplicated by Nats-Msg-Id) and pull again; every
+    message published arrives, none twice."""
+    server = await asyncio.to_thread(NatsServer(store=tmp_path).start)
+    try:
+        # ack_wait 2 s: what the server had sent when it died (lost on the wire, so never
+        # acknowledged) comes again after it, instead of after the default 30 s.
+        opts = {"team": "restart", "ack_timeout": 0.5, "ack_wait": 2.0, "connect_timeout": 10.0}
+        async with (
+            Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+            Bus(transport=NatsTransport(server.url, node="sub", credit=6, **opts)) as sub,
+        ):
+            got: list[int] = []
+
+            @sub.on("orders.*", name="orders")
+            async def slow(env: Envelope) -> None:
+                await asyncio.sleep(0.004)  # slower than the publisher: a backlog builds up
+                got.append(env.payload)
+
+            await sub.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("orders.new"))
+            total = 400
+
+            async def publish() -> None:
+                for i in range(total):
+                    await pub.emit("orders.new", i)
+                    await asyncio.sleep(0.001)
+
+            task = asyncio.create_task(publish())
+            await eventually(lambda: len(got) >= 60)
+            stored = pub.transport.stats()["acked_by_stream"]  # type: ignore[attr-defined]
+            # Acknowledged by the stream and not yet handled: only the store has these.
+            assert stored - len(got) > 30, (stored, len(got))
+            await asyncio.to_thread(server.kill)
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(server.start)
+            await task
+            await eventually(lambda: len(set(got)) == total, 30)
+            await pub.drain(timeout=30)
+            assert sorted(got) == list(range(total))  # each once: resends were deduplicated
+            stats = pub.transport.stats()  # type: ignore[attr-defined]
+            assert stats["reconnects"] >= 1
+            assert len(pub.dlq) == 0
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_three_server_cluster_survives_losing_one() -> None:
+    """A replicated stream (R3) on three routed servers; the server a client is connected
+    to is SIGKILLed mid-run: the clients move to the others, the run completes, 0 lost."""
+    servers = nats_cluster(3)
+    try:
+        await asyncio.to_thread(start_cluster, servers)
+        urls = [s.url for s in servers]
+        opts = {"team": "cluster", "replicas": 3, "ack_timeout": 1.0, "connect_timeout": 20.0}
+        async with (
+            Bus(transport=NatsTransport(urls[0], node="pub", **opts)) as pub,
+            Bus(transport=NatsTransport(urls[1:], node="sub-1", **opts)) as sub1,
+            Bus(transport=NatsTransport([urls[2], urls[1]], node="sub-2", **opts)) as sub2,
+        ):
+            got: list[int] = []
+            for b in (sub1, sub2):
+                b.on("work", lambda env: got.append(env.payload), name="workers")
+                await b.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("work"))
+            # The publisher's connection is to server 0 only at first; it learns the others
+            # from the cluster's INFO and reconnects to one of them.
+            total = 300
+
+            async def publish() -> None:
+                for i in range(total):
+                    await pub.emit("work", i)
+                    await asyncio.sleep(0.002)
+
+            task = asyncio.create_task(publish())
+            await eventually(lambda: len(got) >= 80)
+            await asyncio.to_thread(servers[0].kill)
+            await task
+            await eventually(lambda: len(set(got)) == total, 40)
+            assert set(got) == set(range(total))
+            assert len(pub.dlq) == 0
+    finally:
+        await asyncio.to_thread(stop_cluster, servers)
+
+
+async def test_a_poison_message_goes_to_the_dlq_and_others_pass(server: NatsServer) -> None:
+    """A handler that always fails on one message: after max_deliver deliveries it is in
+    the DLQ stream with its count and last error (where any publisher lists it), and the
+    other messages are handled once each; redrive republishes it to that subscription."""
+    opts = {"team": "poison", "max_deliver": 3, "backoff": (0.02, 0.1)}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="worker", **opts)) as sub,
+    ):
+        handled: list[object] = []
+        attempts: list[object] = []
+        cured = False
+
+        @sub.on("mail.*", name="triage")
+        async def triage(env: Envelope) -> None:
+            attempts.append(env.payload)
+            if env.payload == "poison" and not cured:
+                raise ValueError("cannot parse 'poison'")
+            handled.append(env.payload)
+
+        await sub.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("mail.in"))
+        published: list[object] = [*range(10), "poison", *range(10, 20)]
+        for payload in published:
+            await pub.emit("mail.in", payload)
+        transport = pub.transport
+        assert isinstance(transport, NatsTransport)
+        await eventually(lambda: transport.stats()["dlq_received"] == 1)
+        await pub.drain(timeout=20)
+        dead = await transport.dead_letters()
+        assert [(d.envelope.payload, d.subscriber, d.deliveries) for d in dead] == [
+            ("poison", "triage", 3)
+        ]
+        assert dead[0].error_type == "ValueError" and "cannot parse" in dead[0].error
+        # The receiving bus lists each failed delivery with its traceback; the publisher's
+        # own DLQ stays empty: the stream is where publishers see it, once.
+        local = sub.dlq.entries()
+        assert [(e.subscriber, e.reason, e.envelope.payload) for e in local] == [
+            ("triage", "failed", "poison")
+        ] * 3
+        assert all("cannot parse 'poison'" in (e.traceback or "") for e in local)
+        assert len(pub.dlq) == 0
+        assert sorted(handled) == list(range(20))  # the others: each once, unaffected
+        assert attempts.count("poison") == 3
+        assert set(handled) | {d.envelope.payload for d in dead} >= set(published)
+        cured = True
+        assert await transport.redrive() == 1
+        await eventually(lambda: "poison" in handled)
+        assert await transport.dead_letters() == []
+        assert attempts.count("poison") == 4
+
+
+async def test_a_client_without_the_credentials_is_refused(tmp_path: Path) -> None:
+    server = await asyncio.to_thread(NatsServer(users=[("alice", "s3cret")]).start)
+    try:
+        for creds in ({}, {"user": "alice", "password": "wrong"}):
+            bus = Bus(transport=NatsTransport(server.url, team="auth", connect_timeout=5, **creds))
+            with pytest.raises(AuthorizationError) as caught:
+                await bus.start()
+            message = str(caught.value)
+            assert "\n" not in message
+            assert message == (
+                f"NATS at {server.url} refused node {bus.transport.node!r}: authorization "  # type: ignore[attr-defined]
+                "violation (check transport.credentials: user/password, nkey or creds)"
+            )
+        good = {"team": "auth", "user": "alice", "password": "s3cret"}
+        async with (
+            Bus(transport=NatsTransport(server.url, **good)) as a,
+            Bus(transport=NatsTransport(server.url, **good)) as b,
+        ):
+            got: list[object] = []
+            b.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await b.transport.sync()
+            await eventually(lambda: a.transport.has_remote("hello"))
+            await a.emit("hello", "world")
+            await eventually(lambda: got == ["world"])
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_a_closing_member_gives_its_backlog_back(server: NatsServer) -> None:
+    """A member that closes with messages queued and unhandled releases them (nak, no delay):
+    the other member of the group handles every one, none waits for ack_wait."""
+    opts = {"team": "release", "ack_wait": 60.0}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="stays", **opts)) as stays,
+    ):
+        leaving = Bus(transport=NatsTransport(server.url, node="leaves", **opts))
+        await leaving.start()
+        hold = asyncio.Event()
+        by_leaving: list[int] = []
+        by_stays: list[int] = []
+
+        @leaving.on("task", name="workers")
+        async def slow(env: Envelope) -> None:
+            await hold.wait()
+            by_leaving.append(env.payload)
+
+        await leaving.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("task"))
+        for i in range(40):
+            await pub.emit("task", i)
+        await eventually(lambda: leaving.stats().subscribers["workers"].queued >= 5)
+        stays.on("task", lambda env: by_stays.append(env.payload), name="workers")
+        await stays.transport.sync()
+        await leaving.aclose(drain=False)  # its backlog: released, not handled there
+        released = leaving.transport.stats()["released"]  # type: ignore[attr-defined]
+        assert released >= 5
+        await eventually(lambda: set(by_stays) | set(by_leaving) == set(range(40)), 10)
+        assert by_leaving == []  # it never got past the first message
+        assert len(pub.dlq) == 0
+
+
+async def test_a_client_without_the_nkey_is_refused(tmp_path: Path) -> None:
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    seed_file = tmp_path / "user.nk"
+    seed_file.write_bytes(seed)
+    server = await asyncio.to_thread(NatsServer(nkeys=[public]).start)
+    try:
+        anonymous = Bus(transport=NatsTransport(server.url, team="nk", connect_timeout=5))
+        with pytest.raises(AuthorizationError, match="authorization violation"):
+            await anonymous.start()
+        good = {"team": "nk", "nkey_seed": str(seed_file)}
+        async with (
+            Bus(transport=NatsTransport(server.url, **good)) as a,
+            Bus(transport=NatsTransport(server.url, **good)) as b,
+        ):
+            got: list[object] = []
+            b.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await b.transport.sync()
+            await eventually(lambda: a.transport.has_remote("hello"))
+            await a.emit("hello", "signed")
+            await eventually(lambda: got == ["signed"])
+    finally:
+        await asyncio.to_thread(server.stop)

@@ -1,0 +1,112 @@
+"""``pantheon run`` of a NATS scenario: a throwaway nats-server (``server: auto``) and real
+node processes on loopback, deciding every email as the in-process run does."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from pantheon.sessions import SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_json(workdir: Path, scenario: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", "run", scenario, "--json", "--store", "s.db"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=os.environ | {"COLUMNS": "250"},
+    )
+    assert proc.returncode in (0, 1), proc.stderr  # 1: a timing bound on a loaded machine
+    summary: dict[str, Any] = json.loads(proc.stdout)
+    return summary
+
+
+def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
+    """(Guardian verdict, action taken) per email id, from the session's action.executed."""
+    with SessionStore(store) as s:
+        envelopes = s.envelopes(s.resolve(session))
+    return {
+        e.payload["email_id"]: (e.payload["verdict"], e.payload["action"])
+        for e in envelopes
+        if e.topic == "action.executed"
+    }
+
+
+def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    alone = run_json(tmp_path, "scenarios/support_email.yaml")
+    over_nats = run_json(tmp_path, "scenarios/support_email_nats.yaml")
+
+    expected = outcomes(tmp_path / "s.db", alone["session_id"])
+    assert len(expected) == 591
+    assert outcomes(tmp_path / "s.db", over_nats["session_id"]) == expected
+    for key in ("inputs", "malformed", "decisions", "outbox", "accuracy", "seed"):
+        assert over_nats[key] == alone[key], key
+
+    def team_topics(s: dict[str, Any]) -> dict[str, int]:
+        return {t: n for t, n in s["topics"].items() if not t.startswith(("monitor.", "system."))}
+
+    assert team_topics(over_nats) == team_topics(alone)
+    assert over_nats["accounting_ok"] is True
+    functional = [e for e in over_nats["expectations"] if not e["name"].startswith("timing:")]
+    assert [e for e in functional if not e["passed"]] == []
+    nodes = over_nats["nodes"]
+    assert set(nodes) == {"driver", "perception", "cognition", "action"}
+    assert all(n["status"] == "ok" for n in nodes.values())
+    assert len({n["pid"] for n in nodes.values()}) == 4
+    # Every process went over the run's own server: their transports say so.
+    urls = {n["transport"]["url"] for n in nodes.values()}
+    assert len(urls) == 1 and urls.pop().startswith("nats://127.0.0.1:")
+
+
+def test_a_sigkilled_node_in_a_nats_run_loses_nothing(tmp_path: Path) -> None:
+    """``faults.kill_node`` on a NATS run: the Reasoner runs on two nodes (one consumer
+    group); one is SIGKILLed mid-run and what it held unacknowledged goes to the other
+    after ``ack_wait``: every email is decided or dead-lettered, none lost."""
+    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    text = (tmp_path / "scenarios" / "support_email_nats.yaml").read_text()
+    placement = (
+        "  nodes:\n    perception: [sensor, monitor]\n"
+        "    cognition: [reasoner, memory, planner]\n    action: [guardian, actor]\n"
+    )
+    assert placement in text
+    text = text.replace(
+        placement,
+        "  ack_wait: 2\n  nodes:\n    keep: [sensor, memory, planner, monitor, guardian, actor]\n"
+        "    work1: [reasoner]\n    work2: [reasoner]\n",
+    ).replace("name: support_email_nats", "name: kill_one")
+    text = text.replace("  rate: 1000 ", "  count: 300\n  rate: 1000 ")
+    text += (
+        "\nfaults:\n  agents:\n    reasoner: {latency_ms: 5}\n"
+        "  kill_node: {node: work2, at: 0.15}\n"
+    )
+    (tmp_path / "scenarios" / "kill.yaml").write_text(text)
+
+    summary = run_json(tmp_path, "scenarios/kill.yaml")
+    nodes = summary["nodes"]
+    assert nodes["work2"]["status"] == "killed"
+    assert nodes["work1"]["status"] == nodes["keep"]["status"] == "ok"
+    assert summary["accounting_ok"] is True
+    # What work2 held when it died came to work1 again (a delivery count above one).
+    assert nodes["work1"]["transport"]["redelivered"] > 0
+    assert summary["inputs"] == 300 - summary["malformed"]
+    done = outcomes(tmp_path / "s.db", summary["session_id"])
+    dead = {d["email_id"] for d in summary["dead_letters"]}
+    with SessionStore(tmp_path / "s.db") as s:
+        ids = {
+            e.payload["id"]
+            for e in s.envelopes(summary["session_id"])
+            if e.topic == "observation.email.received"
+        }
+    assert len(ids) == summary["inputs"]
+    assert ids <= set(done) | dead  # delivered + DLQ covers published
+    assert sum(summary["decisions"].values()) == len(done)

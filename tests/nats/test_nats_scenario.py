@@ -1,0 +1,114 @@
+"""``transport: {kind: nats}`` in a scenario: defaults, bounded knobs, file:line errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nkeys
+import pytest
+
+from bus import Bus
+from bus.backends.nats import AuthorizationError, ConnectError, NatsTransport
+from pantheon._cluster import cluster_transport
+from pantheon.scenario import NatsTransportConfig, ScenarioError, load_scenario
+
+BASE = """\
+version: 1
+name: t
+input:
+  path: emails.jsonl
+transport:
+  kind: nats
+"""
+
+
+@pytest.fixture
+def write(tmp_path: Path):
+    (tmp_path / "emails.jsonl").write_text('{"id": "e1"}\n', encoding="utf-8")
+
+    def write(extra: str) -> Path:
+        path = tmp_path / "s.yaml"
+        path.write_text(BASE + extra, encoding="utf-8")
+        return path
+
+    return write
+
+
+def test_defaults_connect_to_the_local_server(write) -> None:
+    t = load_scenario(write("")).transport
+    assert isinstance(t, NatsTransportConfig)
+    assert (t.url, t.server, t.storage, t.replicas, t.credit, t.max_deliver) == (
+        "nats://127.0.0.1:4222",
+        "external",
+        "file",
+        1,
+        256,
+        1,
+    )
+    assert t.credentials is None and t.team is None
+
+
+def test_a_full_section_loads(write) -> None:
+    t = load_scenario(
+        write(
+            "  url: nats://10.0.0.1:4222,nats://10.0.0.2:4222\n"
+            "  team: support\n"
+            "  replicas: 3\n"
+            "  ack_wait: 5\n"
+            "  credentials: {user: alice, password: s3cret}\n"
+        )
+    ).transport
+    assert isinstance(t, NatsTransportConfig)
+    assert t.replicas == 3 and t.team == "support" and t.ack_wait == 5.0
+    assert t.credentials is not None and t.credentials.user == "alice"
+
+
+@pytest.mark.parametrize(
+    ("extra", "line", "field", "message"),
+    [
+        ("  credit: 0\n", 7, "transport.credit", "greater than or equal to 1"),
+        ("  max_deliver: 5000\n", 7, "transport.max_deliver", "less than or equal to 1000"),
+        ("  ack_wait: 0\n", 7, "transport.ack_wait", "greater than 0"),
+        ("  url: http://x:4222\n", 7, "transport.url", "should match pattern"),
+        ("  storage: disk\n", 7, "transport.storage", "'file' or 'memory'"),
+        ("  team: a.b\n", 7, "transport.team", "should match pattern"),
+        ("  credentials: {user: alice}\n", 7, "transport.credentials", "user and password go"),
+        (
+            "  server: auto\n  credentials: {token: t0k}\n",
+            5,
+            "transport",
+            "server: auto configures user/password or nkey_seed credentials only",
+        ),
+    ],
+)
+def test_bad_knobs_are_one_line_with_file_and_line(
+    write, extra: str, line: int, field: str, message: str
+) -> None:
+    path = write(extra)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (str(path), line, field)
+    assert message in problem.message
+    assert "\n" not in str(problem)
+
+
+async def test_server_auto_admits_the_scenario_s_nkey_only(write, tmp_path: Path) -> None:
+    """``server: auto`` with an nkey seed: the run's own server admits that key and refuses
+    a client without it; it is gone once the run ends."""
+    seed = tmp_path / "user.nk"
+    seed.write_bytes(nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER))
+    scenario = load_scenario(write(f"  server: auto\n  credentials: {{nkey_seed: {seed}}}\n"))
+    async with cluster_transport(scenario) as transport:
+        assert isinstance(transport, NatsTransport)
+        url = transport.endpoint
+        assert url.startswith("nats://127.0.0.1:") and not url.endswith(":4222")
+        async with Bus(transport=transport) as bus:
+            assert bus.transport.stats()["connected"] is True  # type: ignore[attr-defined]
+            stranger = Bus(transport=NatsTransport(url, team="t", connect_timeout=3))
+            with pytest.raises(AuthorizationError):
+                await stranger.start()
+    gone = Bus(transport=NatsTransport(url, team="t", connect_timeout=1))
+    with pytest.raises(ConnectError, match="cannot connect to NATS"):
+        await gone.start()
