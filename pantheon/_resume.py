@@ -44,7 +44,9 @@ from agents._perception import InputItem
 from bus import Bus
 from pantheon._approvals import StoreDesk
 from pantheon._report import RunSummary, local_report, summarize
+from pantheon._session_run import Recording
 from pantheon._team import build_team
+from pantheon.live import live_run
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore
 from pantheon.sessions._align import Lineage
@@ -55,7 +57,7 @@ from pantheon.sessions._recorder import Recorder
 from pantheon.sessions._replay import _effect_index, _feed, _Live
 from pantheon.sessions._store import EFFECT_ERROR, EFFECT_REPR, StoredEffect, StoredEnvelope
 
-__all__ = ["ResumeEffects", "resumable", "resume"]
+__all__ = ["ResumeEffects", "ResumeResult", "resumable", "resume"]
 
 
 class ResumeEffects(ReplayEffects):
@@ -174,9 +176,6 @@ async def resume(
 ) -> ResumeResult:
     """Resume the aborted run ``session`` (an id or unique prefix) as described in this
     module's docstring; :class:`SessionError` says why a session cannot be resumed."""
-    from pantheon._session_run import Recording
-    from pantheon.live import live_run
-
     with SessionStore(None if store is None else Path(store), create=False) as st:
         original = st.session(session)
         refused = resumable(original)
@@ -238,8 +237,6 @@ async def resume(
                 follow,
                 lineage,
                 inputs,
-                Recording,
-                live_run,
                 on_bus,
                 drain_timeout + scenario.approvals.timeout,
             )
@@ -271,8 +268,6 @@ async def _run(
     follow: _Follow,
     lineage: Lineage,
     inputs: list[StoredEnvelope],
-    recording_cls: Any,
-    live_run: Any,
     on_bus: Callable[[Bus], None] | None,
     drain_timeout: float,
 ) -> RunSummary:
@@ -293,7 +288,7 @@ async def _run(
         o.source = None
     started = time.perf_counter()
     async with Bus(session_id=recorder.session_id) as bus:
-        rec = recording_cls(bus, recorder, outbox_dir)
+        rec = Recording(bus, recorder, outbox_dir)
         async with live_run(rec, scenario.name) as live:
             live.watch(team)
             bus.publish_listeners.append(follow.on_publish)  # before the recorder sees it
