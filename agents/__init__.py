@@ -6,6 +6,7 @@ non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox, redact
+from agents._approvals import ApprovalDesk, ApprovalUnavailable, Decision
 from agents._base import (
     Agent,
     AgentOptions,
@@ -68,7 +69,10 @@ __all__ = [
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",
+    "ApprovalDesk",
+    "ApprovalUnavailable",
     "ChatResult",
+    "Decision",
     "Effects",
     "Fault",
     "FaultMark",

@@ -7,7 +7,7 @@ import threading
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ImportString, PrivateAttr, model_validator
 
@@ -27,6 +27,9 @@ def redact(text: str, spans: list[dict[str, Any]]) -> str:
     return text
 
 
+#: The verdict of a decision a person has to make (see :class:`Guardian`).
+ASK = "ask"
+
 #: What a Guardian policy is: one proposal in, its decision out (see :class:`Guardian`).
 Policy = Callable[[Mapping[str, Any]], Mapping[str, Any]]
 
@@ -37,7 +40,10 @@ class Guardian(Agent):
     Without a ``policy`` setting it applies the support desk's rules, in order: spam is
     ignored; confidence under ``min_confidence`` goes to a human; a refund over
     ``refund_limit`` needs human approval; personal data is redacted from replies
-    (``block_pii_in_replies``).
+    (``block_pii_in_replies``). "Needs human approval" means, by ``over_limit``: escalate
+    (the humans queue gets it and the run goes on) or ask (a person approves or rejects it
+    through :meth:`~agents.Agent.approve` while the proposal waits: approved, it runs as
+    proposed; rejected, nothing runs).
 
     Another team brings its own rules as ``policy: "module:name"``, so the Guardian's place
     in the team (every proposal passes it, every decision is published and counted, blocked
@@ -62,6 +68,10 @@ class Guardian(Agent):
         refund_limit: Annotated[float, Field(ge=0)] = 200.0
         min_confidence: Annotated[float, Field(ge=0, le=1)] = 0.6
         block_pii_in_replies: bool = True
+        over_limit: Literal["escalate", "ask"] = "escalate"
+        """A refund over ``refund_limit``: ``escalate`` to the humans queue, or ``ask`` a
+        person to approve or reject it while the run waits (``approvals`` in the scenario
+        bounds the wait)."""
         policy: ImportString[Callable[..., Any]] | None = None
         """``"module:name"`` of a policy replacing the support rules (a function, or a class
         whose instances are)."""
@@ -106,11 +116,30 @@ class Guardian(Agent):
         self.refund_limit = self.settings.refund_limit
         self.min_confidence = self.settings.min_confidence
         self.block_pii = self.settings.block_pii_in_replies
+        self.over_limit = self.settings.over_limit
         self.policy: Policy | None = self.settings.build_policy()
         self.decisions: Counter[str] = Counter()
 
     async def handle(self, env: Envelope) -> None:
-        await self.emit("guardian.decision", self.decide(env.payload))
+        decision = self.decide(env.payload)
+        if decision.get("verdict") == ASK:
+            decision = await self._ask_person_about(decision)
+        await self.emit("guardian.decision", decision)
+
+    async def _ask_person_about(self, decision: dict[str, Any]) -> dict[str, Any]:
+        """Send a decision whose verdict is ``ask`` to a person, and make it theirs."""
+        request = decision.pop("approval", None)
+        if request is None:
+            what = decision.get("action", "?")
+            request = {"summary": f"{what}: {'; '.join(map(str, decision['reasons']))}"}
+        answer = await self.approve(request)
+        self.decisions[answer.verdict] += 1
+        reasons = [*decision["reasons"], answer.reason()]
+        if answer.approved:
+            return {**decision, "verdict": "approved", "reasons": reasons}
+        self.log.info("rejected by a person", by=answer.by, note=answer.note)
+        rejected = {"verdict": "rejected", "action": "ignore", "steps": [], "reasons": reasons}
+        return {**decision, **rejected}
 
     def decide(self, plan: Mapping[str, Any]) -> dict[str, Any]:
         """The decision on one proposal: the team's ``policy`` if it has one, else the
@@ -121,6 +150,7 @@ class Guardian(Agent):
         reasons: list[str] = []
         verdict = "approved"
         escalate = None
+        ask = None
         if action == "ignore":
             reasons.append("spam: no action")
         else:
@@ -131,10 +161,21 @@ class Guardian(Agent):
                 and plan.get("amount") is not None
                 and plan["amount"] > self.refund_limit
             ):
-                escalate = (
+                why = (
                     f"refund {plan['amount']:.2f} over limit {self.refund_limit:.2f} "
                     "needs human approval"
                 )
+                if self.over_limit == "ask":
+                    ask = {
+                        "summary": f"{why}: {plan['email_id']} from {plan['sender']}",
+                        "email_id": plan["email_id"],
+                        "sender": plan["sender"],
+                        "amount": plan["amount"],
+                        "action": action,
+                    }
+                    reasons.append(why)
+                else:
+                    escalate = why
         if escalate is not None and action != "escalate":
             verdict, action = "escalated", "escalate"
             steps = [{"tool": "escalate", "queue": "humans", "why": escalate}]
@@ -151,10 +192,14 @@ class Guardian(Agent):
                             verdict = "modified"
         if not reasons:
             reasons.append("within policy")
-        self.decisions[verdict] += 1
+        if ask is not None:
+            # Counted once the person has decided (see _ask_person_about).
+            verdict = ASK
+        else:
+            self.decisions[verdict] += 1
         if verdict == "escalated":
             self.log.info("escalated to a human", email_id=plan["email_id"], reasons=reasons)
-        return {
+        decision = {
             "email_id": plan["email_id"],
             "sender": plan["sender"],
             "intent": plan["intent"],
@@ -164,6 +209,9 @@ class Guardian(Agent):
             "steps": steps,
             "reasons": reasons,
         }
+        if ask is not None:
+            decision["approval"] = ask
+        return decision
 
     def _apply_policy(self, policy: Policy, proposal: Mapping[str, Any]) -> dict[str, Any]:
         decision = policy(proposal)
@@ -177,7 +225,8 @@ class Guardian(Agent):
                 f"{self.name}: a policy decision needs 'verdict' (a string) and 'reasons' "
                 f"(a list); got verdict={verdict!r}, reasons={reasons!r}"
             )
-        self.decisions[verdict] += 1
+        if verdict != ASK:  # an ask is counted once the person has decided
+            self.decisions[verdict] += 1
         if verdict != "approved":
             self.log.info("not approved as proposed", verdict=verdict, reasons=list(reasons))
         return dict(decision)

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 import structlog
 from pydantic import BaseModel, ConfigDict
 
+from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
+from agents._approvals import check_request as _check_request
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from agents._providers import ChatResult, ModelProvider, ProviderError, Usage
 from bus import (
@@ -350,6 +352,8 @@ class Agent:
         self.fault = fault or Fault()
         self._effects: Effects = effects or LiveEffects()
         self.bus: Bus | None = None
+        #: Where :meth:`approve` sends requests; the runtime sets it (``pantheon run``).
+        self.desk: ApprovalDesk | None = None
         #: structlog over the stdlib logger ``agents.<role>``: the lines ride stdlib records
         #: (nothing on stdout before the application configures logging), and
         #: ``pantheon.telemetry.configure_logging`` adds session, agent, topic, message id.
@@ -552,6 +556,28 @@ class Agent:
     def usage(self) -> AgentUsage:
         """Model calls, tokens and cost so far, as a frozen snapshot."""
         return self._usage.snapshot(self.prices)
+
+    async def approve(self, request: Mapping[str, Any]) -> Decision:
+        """Hand an action to a person and wait for the decision (see :mod:`agents._approvals`).
+
+        ``request`` is plain data with a one-line ``summary``. The exchange is the effect
+        ``human.approval``: a replay serves the recorded decision without asking anyone. The
+        scenario's ``approvals`` section bounds the wait (a timeout with a default
+        decision). While it waits, the agent holds one of its ``concurrency`` slots."""
+        request = _check_request(self.name, request)
+        data = await self.effect(APPROVAL_EFFECT, self._ask_person, request)
+        return Decision.from_dict(data)
+
+    async def _ask_person(self, request: dict[str, Any]) -> dict[str, Any]:
+        # Looked up here, inside the effect, so a replay (which serves the effect) needs
+        # no desk at all.
+        desk = self.desk
+        if desk is None:
+            raise ApprovalUnavailable(
+                f"agent {self.name!r} asked for approval, but nobody can be asked: it has "
+                "no approval desk (run it under `pantheon run`, or set agent.desk)"
+            )
+        return dict(await desk.ask(self.name, request))
 
     async def now(self) -> float:
         return await self.effects.now()

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Session", "replay", "run"]
 
+#: Seconds a run waits for its bus to go quiet at the end, besides any approval's timeout.
+DRAIN_TIMEOUT = 60.0
+
 
 async def run(
     scenario: Scenario | str | Path,
@@ -50,6 +53,7 @@ async def run(
     the expectations held (``summary.passed``); a failing one is not an exception. A model
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
+    from pantheon._approvals import approval_desk
     from pantheon._cluster import cluster_transport
     from pantheon._runtime import run_scenario
     from pantheon._session_run import recording
@@ -72,6 +76,7 @@ async def run(
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
         live_run(rec, scenario.name, enabled=record) as live,
         _served(gw_config, tokens, on_gateway, lambda: live.feed) as served,
+        approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
     ):
         if on_bus is not None:
             on_bus(rec.bus)
@@ -79,6 +84,7 @@ async def run(
         def on_team(team: Any) -> None:
             live.watch(team)
             served.watch(team)
+            desk.serve(team)
 
         async def attach(bus: Bus) -> None:
             await live.attach(bus)
@@ -93,6 +99,8 @@ async def run(
             outbox_dir=rec.outbox_dir,
             on_team=on_team,
             hold=served.hold if serve else None,
+            # A handler may be waiting for a person: the drain waits out its timeout too.
+            drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
         )
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)

@@ -22,6 +22,11 @@ class Recording:
         self.recorder = recorder
         self.outbox_dir = outbox_dir
 
+    @property
+    def store_path(self) -> Path | None:
+        """The session store's file, when the run is recorded."""
+        return None if self.recorder is None else Path(self.recorder.store.path)
+
     async def attach(self, bus: Bus) -> None:
         if self.recorder is not None:
             self.recorder.attach(bus)

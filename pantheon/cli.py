@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from agents import ProviderUnavailable
+from pantheon._cli_approvals import register as register_approvals
 from pantheon._cli_cluster import print_nodes
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
@@ -72,6 +73,7 @@ register_cluster(app)
 register_dashboard(app)
 register_monitor(app)
 register_new(app)
+register_approvals(app)
 
 
 def run_async(coro: Coroutine[Any, Any, T]) -> T:

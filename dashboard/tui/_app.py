@@ -4,14 +4,17 @@ Snapshots reach the widgets as :class:`MonitorApp.SnapshotArrived` messages post
 worker that reads the :class:`~dashboard.tui.Source`; each panel redraws from the newest
 snapshot only (a panel never queues work per snapshot). Keys: ``1``-``6`` switch panel,
 ``enter`` opens the selected dead letter or request, ``r`` redrives the selected dead
-letter, ``t`` opens the timeline of a dead letter's request, ``escape`` goes back, ``q``
-quits. Laid out for 80x24 and up.
+letter, ``t`` opens the timeline of a dead letter's request, ``a``/``x`` approve/reject the
+selected approval request (panel 7) with a note, ``escape`` goes back, ``q`` quits. Laid
+out for 80x24 and up.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from itertools import islice
+from pathlib import Path
 from typing import Any, ClassVar
 
 from rich.text import Text
@@ -32,6 +35,13 @@ from textual.widgets import (
     TabPane,
 )
 
+from dashboard.tui._approvals import (
+    APPROVALS_POLL,
+    DecisionScreen,
+    decide,
+    read_approvals,
+)
+from dashboard.tui._approvals import rows as approval_rows
 from dashboard.tui._format import (
     count,
     ms,
@@ -44,10 +54,11 @@ from dashboard.tui._format import (
 )
 from dashboard.tui._sources import Source
 from pantheon.live import DeadLetter, Hop, HopLatency, Series, Snapshot, Trace
+from pantheon.sessions import Approval, SessionError
 
 __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
 
-PANELS = ("throughput", "latency", "breakers", "dlq", "timeline", "usage")
+PANELS = ("throughput", "latency", "breakers", "dlq", "timeline", "usage", "approvals")
 #: The row key of the usage table's totals (no agent is named with angle brackets).
 TOTAL_ROW = "<total>"
 #: Rows at most in the dead letter, request and breaker transition tables: the newest ones
@@ -143,7 +154,11 @@ class MonitorApp(App[None]):
         Binding("4", "panel('dlq')", "DLQ"),
         Binding("5", "panel('timeline')", "Timeline"),
         Binding("6", "panel('usage')", "Usage"),
+        # Not in the footer, which 80 columns fill: the tab says 7, the panel says a and x.
+        Binding("7", "panel('approvals')", "Approvals", show=False),
         Binding("r", "redrive", "Redrive"),
+        Binding("a", "decide(True)", "Approve", show=False),
+        Binding("x", "decide(False)", "Reject", show=False),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -154,10 +169,18 @@ class MonitorApp(App[None]):
             super().__init__()
             self.snapshot = snapshot
 
+    class ApprovalsArrived(Message):
+        """The session's approval requests, as the store has them now."""
+
+        def __init__(self, approvals: list[Approval]) -> None:
+            super().__init__()
+            self.approvals = approvals
+
     def __init__(self, source: Source) -> None:
         super().__init__()
         self.source = source
         self.snapshot: Snapshot | None = None
+        self._approvals: dict[str, Approval] = {}
         self._dead: dict[str, DeadLetter] = {}
         self._traces: dict[str, Trace] = {}
 
@@ -180,6 +203,9 @@ class MonitorApp(App[None]):
             with TabPane("6 Usage", id="usage"), Vertical():
                 yield Static("no model calls yet", id="usage-totals")
                 yield DataTable(id="usage-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("7 Approvals", id="approvals"), Vertical():
+                yield Static("no approval requests", id="approvals-line")
+                yield DataTable(id="approval-table", cursor_type="row", zebra_stripes=True)
         # Every key of the monitor in 80 columns (the palette is still on ctrl+p).
         yield Footer(compact=True, show_command_palette=False)
 
@@ -203,13 +229,49 @@ class MonitorApp(App[None]):
         usage.add_column("agent", width=22)
         for title in ("calls", "tokens in", "tokens out", "cost (USD)"):
             usage.add_column(title)
+        self.query_one("#approval-table", DataTable).add_columns(
+            "#", "state", "agent", "note", "request"
+        )
         self.sub_title = self.source.origin
         self._follow()
+        self._watch_approvals()
 
     @work(exclusive=True, group="source")
     async def _follow(self) -> None:
         async for snap in self.source.snapshots():
             self.post_message(self.SnapshotArrived(snap))
+
+    @work(exclusive=True, group="approvals")
+    async def _watch_approvals(self) -> None:
+        """Read the session's approvals from the store while the monitor runs (a source
+        without a store has none to show)."""
+        path = getattr(self.source, "store_path", None)
+        if path is None:
+            return
+        while True:
+            sid = getattr(self.source, "session_id", None)
+            if sid is None and self.snapshot is not None:
+                sid = self.snapshot.session_id
+            if sid is not None:
+                try:
+                    found = await asyncio.to_thread(read_approvals, Path(path), sid)
+                except SessionError as exc:
+                    self.notify(f"approvals: {exc}", severity="error", timeout=8)
+                    return
+                self.post_message(self.ApprovalsArrived(found))
+            await asyncio.sleep(APPROVALS_POLL)
+
+    @on(ApprovalsArrived)
+    def _show_approvals(self, message: ApprovalsArrived) -> None:
+        self._approvals = {str(a.id): a for a in message.approvals}
+        waiting = sum(a.pending for a in message.approvals)
+        line = (
+            f"{waiting} waiting for a decision: a approves, x rejects the selected one"
+            if waiting
+            else f"{len(message.approvals)} requests, none waiting"
+        )
+        self.query_one("#approvals-line", Static).update(line)
+        _fill(self.query_one("#approval-table", DataTable), approval_rows(message.approvals))
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -335,6 +397,52 @@ class MonitorApp(App[None]):
             self.notify(f"redrive refused: {exc}", severity="error", timeout=8)
             return
         self.notify(said, timeout=6)
+
+    def selected_approval(self) -> Approval | None:
+        table = self.query_one("#approval-table", DataTable)
+        if not table.row_count:
+            return None
+        key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
+        return self._approvals.get(key or "")
+
+    def action_decide(self, approved: bool) -> None:
+        """Approve or reject the selected request, after asking for a note."""
+        if self.query_one("#panels", TabbedContent).active != "approvals":
+            self.notify("select a request on the Approvals panel (7) to decide it")
+            return
+        approval = self.selected_approval()
+        if approval is None:
+            self.notify("no approval request selected")
+            return
+        if not approval.pending:
+            self.notify(
+                f"#{approval.id} was already {approval.status} by {approval.decided_by}",
+                severity="warning",
+            )
+            return
+
+        def decided(answer: tuple[bool, str] | None) -> None:
+            if answer is not None:
+                self.decide(approval, answer[0], answer[1])
+
+        self.push_screen(DecisionScreen(approval, approved), decided)
+
+    @work(group="decide")
+    async def decide(self, approval: Approval, approved: bool, note: str) -> None:
+        """Write the decision into the store; the outcome is a notification."""
+        path = getattr(self.source, "store_path", None)
+        if path is None:
+            self.notify("this monitor has no session store to decide in", severity="error")
+            return
+        try:
+            done = await asyncio.to_thread(
+                decide, Path(path), approval, approved=approved, note=note
+            )
+        except SessionError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        self.notify(f"#{done.id} {done.status}" + (f": {done.note}" if done.note else ""))
+        self._watch_approvals()
 
     @on(DataTable.RowSelected, "#dlq-table")
     def _open_dead_letter(self, event: DataTable.RowSelected) -> None:

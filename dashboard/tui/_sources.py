@@ -114,6 +114,9 @@ class LiveSource:
         self._store = store
         self.origin = f"live feed of {client.session_id}"
         self._last: Snapshot | None = None
+        #: Where the session's approvals are read and decided (None: no store given).
+        self.store_path = None if store is None else store.store_path
+        self.session_id = client.session_id
 
     async def snapshots(self) -> AsyncIterator[Snapshot]:
         async for snap in self._client:

@@ -14,6 +14,7 @@ import streamlit as st
 
 from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
+from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
@@ -76,6 +77,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
     if live and info.status != "running":
         st.rerun(scope="app")  # it just ended: render it once more as a finished session
     _header(info, row)
+    approvals_panel(path, info)
     if info.kind != "replay" and info.status != "running":
         _replay_panel(path, info, row)
         whatif_panel(path, info)

@@ -435,6 +435,47 @@ class PolicyConfig(_Model):
     min_confidence: _Fraction = 0.6
     """A proposal below this confidence is escalated instead of executed."""
     block_pii_in_replies: bool = True
+    over_limit: Literal["escalate", "ask"] = "escalate"
+    """A refund over ``refund_limit``: ``escalate`` it to the humans queue, or ``ask`` a
+    person to approve or reject it while it waits (bounded by ``approvals``)."""
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+_DAY = 24 * _HOUR
+
+
+class AutoApproverConfig(_Model):
+    """A scripted person for tests and demos: decides every request ``approve_after``
+    (or ``reject_after``) seconds after it was asked, as ``by``, with ``note``."""
+
+    approve_after: Annotated[float, Field(ge=0, le=_HOUR)] | None = None
+    """Approve each request this many seconds after it is asked: 0 to an hour."""
+    reject_after: Annotated[float, Field(ge=0, le=_HOUR)] | None = None
+    """Reject each request this many seconds after it is asked: 0 to an hour."""
+    note: Annotated[str, Field(max_length=500)] = "scripted"
+    by: Annotated[str, Field(min_length=1, max_length=100)] = "auto"
+
+    @model_validator(mode="after")
+    def _one(self) -> AutoApproverConfig:
+        if (self.approve_after is None) == (self.reject_after is None):
+            raise ValueError("give approve_after or reject_after, exactly one of them")
+        return self
+
+
+class ApprovalsConfig(_Model):
+    """How long an approval request waits for a person, and what happens then."""
+
+    timeout: Annotated[float, Field(gt=0, le=_DAY)] = 300.0
+    """Seconds a request waits for a decision before ``default`` applies: above 0, at
+    most a day. It keeps an unattended run finite."""
+    default: Literal["approve", "reject"] = "reject"
+    """The decision when nobody answers in time (recorded as decided by ``timeout``)."""
+    poll: Annotated[float, Field(ge=0.01, le=10)] = 0.2
+    """Seconds between looks at the session store for decisions made by other processes
+    (``pantheon approve``, the dashboards): 0.01 to 10."""
+    auto: AutoApproverConfig | None = None
+    """A scripted person (tests): ``auto: {approve_after: 0.5}``."""
 
 
 # -- input -------------------------------------------------------------------------------------
@@ -1010,6 +1051,7 @@ class Scenario(_Model):
     transport: _Transport = InProcessTransportConfig()
     provider: _Provider = RulesProviderConfig()
     policy: PolicyConfig = PolicyConfig()
+    approvals: ApprovalsConfig = ApprovalsConfig()
     prices: dict[str, PriceConfig] = Field(default_factory=dict)
     """Model name (as the server reports it) -> price per million tokens; a run's cost is
     counted from these, and a model missing here is counted in tokens only."""

@@ -13,10 +13,20 @@ Errors::
     │   ├── SchemaVersionError
     │   └── SessionNotFound
     ├── RecordingError
-    └── ReplayDivergence
+    ├── ReplayDivergence
+    └── ApprovalError
+        ├── ApprovalNotFound
+        └── AlreadyDecided
 """
 
 from pantheon.sessions._align import WATCHER_PREFIX, FailureMatch
+from pantheon.sessions._approvals import (
+    AlreadyDecided,
+    Approval,
+    ApprovalBook,
+    ApprovalError,
+    ApprovalNotFound,
+)
 from pantheon.sessions._diff import LatencyDelta, LatencyStats, SessionDiff, diff_sessions
 from pantheon.sessions._effects import EffectsContext, RecordingEffects, ReplayEffects
 from pantheon.sessions._errors import (
@@ -68,6 +78,11 @@ __all__ = [
     "SCHEMA_VERSION",
     "STORE_ENV",
     "WATCHER_PREFIX",
+    "AlreadyDecided",
+    "Approval",
+    "ApprovalBook",
+    "ApprovalError",
+    "ApprovalNotFound",
     "BreakerTransition",
     "EffectsContext",
     "FailureMatch",

@@ -7,7 +7,10 @@
     │   ├── SchemaVersionError        the file was written by another schema version
     │   └── SessionNotFound           no session (or no unique one) matches an id prefix
     ├── RecordingError                the recorder's writer failed; the record is incomplete
-    └── ReplayDivergence              a replay (or a diff) left the recorded path
+    ├── ReplayDivergence              a replay (or a diff) left the recorded path
+    └── ApprovalError                 an approval cannot be read or decided (_approvals.py)
+        ├── ApprovalNotFound          no approval with that number in that session
+        └── AlreadyDecided            someone (or the timeout) decided it first
 
 :class:`RecordedError` is not in this tree on purpose: it stands in, during a replay, for an
 exception an effect raised in the original run, and agents catch it as they caught the

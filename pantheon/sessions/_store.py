@@ -23,6 +23,7 @@ Durability, exactly:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -248,6 +249,10 @@ def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
         conn.close()
         raise StoreError(f"{path} is not a usable session store: {exc}") from exc
     return conn
+
+
+def _readable(path: Path) -> bool:
+    return os.access(path, os.R_OK)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -513,14 +518,15 @@ class SessionStore:
                     f"cannot create the session store {self.path}: {exc.strerror or exc}"
                 ) from None
         else:
-            # SQLite says only "unable to open database file"; the OS says why.
-            try:
-                with self.path.open("rb"):
-                    pass
-            except OSError as exc:
+            # SQLite says only "unable to open database file"; the OS says why. Asked with
+            # access(), never by opening the file: closing any descriptor of it drops every
+            # POSIX lock this process holds on it, SQLite's too, and another process could
+            # then delete the WAL a recorder in this process still writes to (its rows would
+            # be hidden from every reader until it closed).
+            if not _readable(self.path):
                 raise StoreError(
-                    f"cannot read the session store {self.path}: {exc.strerror or exc}"
-                ) from None
+                    f"cannot read the session store {self.path}: {os.strerror(errno.EACCES)}"
+                )
         self._lock = threading.RLock()
         self._conn = connect(self.path, synchronous)
         try:

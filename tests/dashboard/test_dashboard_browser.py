@@ -3,6 +3,7 @@ driven by selenium, from the sessions list to a failed session to its replay's r
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -314,3 +315,50 @@ def test_browser_shows_a_sessions_model_usage(
     shot = tmp_path / "model-usage.png"
     browser.save_screenshot(str(shot))
     assert shot.stat().st_size > 10_000
+
+
+def test_browser_approves_a_request_the_running_team_waits_for(
+    browser: WebDriver, tmp_path: Path
+) -> None:
+    from approval_run import stop, waiting_run
+    from selenium.webdriver.common.keys import Keys
+
+    run, store, sid, rows = waiting_run(tmp_path)
+    first, second = sorted(rows, key=lambda a: a.id)
+    try:
+        with _dashboard(store, tmp_path) as url:
+            browser.get(f"{url}/?session={sid}")
+            _wait_for(browser, "the pending requests", lambda t: "Approvals (2 waiting)" in t)
+            note = WebDriverWait(browser, DEADLINE_S).until(
+                lambda d: d.find_element(
+                    By.CSS_SELECTOR, f".st-key-approval_note_{sid}_{first.id} input"
+                )
+            )
+            note.send_keys("checked in the browser", Keys.ENTER)
+            browser.save_screenshot(str(tmp_path / "approvals-pending.png"))
+            _click(browser, "Approve", css=f".st-key-approve_{sid}_{first.id} button")
+            _wait_for(
+                browser,
+                "the decision confirmed",
+                lambda t: f"#{first.id} approved: checked in the browser" in t,
+            )
+            _click(browser, "Reject", css=f".st-key-reject_{sid}_{second.id} button")
+            _wait_for(browser, "the reject confirmed", lambda t: f"#{second.id} rejected" in t)
+            out, err = run.communicate(timeout=60)
+            assert run.returncode == 0, err
+            assert json.loads(out)["decisions"] == {"approved": 5, "rejected": 1}
+            browser.get(f"{url}/?session={sid}")
+            # The decided ones are a table (drawn on a canvas): the heading says none waits.
+            text = _wait_for(browser, "the approvals heading", lambda t: "\nApprovals\n" in t)
+            assert "Approvals (" not in text and "Approve" not in text
+            browser.save_screenshot(str(tmp_path / "approvals-decided.png"))
+    finally:
+        stop(run)
+    with SessionStore(store, create=False) as st:
+        from pantheon.sessions import ApprovalBook
+
+        decided = {a.id: (a.status, a.note) for a in ApprovalBook(st).entries(sid)}
+    assert decided == {
+        first.id: ("approved", "checked in the browser"),
+        second.id: ("rejected", ""),
+    }

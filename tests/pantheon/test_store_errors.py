@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from pantheon.cli import app
+from pantheon.sessions import _store
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = str(ROOT / "scenarios" / "flaky_actor.yaml")
@@ -69,14 +70,8 @@ def test_read_commands_refuse_an_unreadable_store(
     store = tmp_path / "secret.db"
     store.write_bytes(b"")
     # chmod 000 does not stop root (the CI container's user), so the OS's answer is faked.
-    real_open = Path.open
-
-    def refuse(self: Path, *args: object, **kwargs: object):  # type: ignore[no-untyped-def]
-        if self == store:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_open(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(Path, "open", refuse)
+    # The store asks access() (opening the file would drop this process's SQLite locks).
+    monkeypatch.setattr(_store, "_readable", lambda path: Path(path) != store)
     result = CliRunner().invoke(app, [*READERS[command], "--store", str(store)])
     assert result.exit_code == 2, result.output
     _one_error_line(result.output, f"cannot read the session store {store}: Permission denied")

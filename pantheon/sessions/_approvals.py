@@ -1,0 +1,283 @@
+"""Approval requests in the session store: asked by a run, decided by a person anywhere.
+
+A request is a row of the ``approvals`` table in the same SQLite file as the session, so
+everything that can open the store can see and decide it: the terminal monitor, the web
+dashboard, ``pantheon approve`` in another terminal, and a resumed run after the asking
+process died. Why the store and not the live feed's socket: the socket exists only while the
+run's process does, and a decision must outlive that process (made while it was down, it
+is found by ``pantheon resume``); the store is also the one place every dashboard already
+reads. The running team polls for decisions (every ``approvals.poll`` seconds, only while
+something is pending): one indexed read.
+
+Rows are numbered per *origin*: the session that first asked. A session resumed from a
+crashed one (kind ``resume``) shares its original's origin, so request 3 is request 3
+whichever of the two a person names, and a resumed run asking again for a request it asked
+before the crash (same key) gets that row back, decided or still pending, never a second one.
+
+Deciding is one conditional ``UPDATE ... WHERE status = 'pending'``: when a person and the
+timeout (or two people) decide at once, exactly one wins and every reader sees that one.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from agents import Decision
+from pantheon.sessions._errors import SessionError
+from pantheon.sessions._store import SessionInfo, SessionStore
+
+__all__ = [
+    "AlreadyDecided",
+    "Approval",
+    "ApprovalBook",
+    "ApprovalError",
+    "ApprovalNotFound",
+]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS approvals (
+    origin TEXT NOT NULL,
+    id INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    session TEXT NOT NULL,
+    agent TEXT NOT NULL,
+    summary TEXT NOT NULL,
+    request TEXT NOT NULL,
+    asked REAL NOT NULL,
+    deadline REAL NOT NULL,
+    default_approve INTEGER NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('pending', 'approved', 'rejected')),
+    note TEXT NOT NULL DEFAULT '',
+    decided_by TEXT,
+    decided REAL,
+    PRIMARY KEY (origin, id),
+    UNIQUE (origin, key)
+)
+"""
+
+_COLS = (
+    "origin, id, key, session, agent, summary, request, asked, deadline, default_approve, "
+    "status, note, decided_by, decided"
+)
+
+#: Characters at most in a decision's note and in who decided.
+MAX_NOTE = 2000
+MAX_BY = 100
+
+
+class ApprovalError(SessionError):
+    """An approval cannot be read or decided as asked."""
+
+
+class ApprovalNotFound(ApprovalError, KeyError):
+    """No approval with that number in that session."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class AlreadyDecided(ApprovalError):
+    """The approval was decided before (``approval`` is it, as decided)."""
+
+    def __init__(self, approval: Approval) -> None:
+        self.approval = approval
+        super().__init__(
+            f"approval {approval.id} of session {approval.origin} was already "
+            f"{approval.status} by {approval.decided_by} "
+            f"at {time.strftime('%H:%M:%S', time.localtime(approval.decided or 0))}"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Approval:
+    """One request, as the store holds it. ``status`` is ``pending``, ``approved`` or
+    ``rejected``; ``session`` is the session that last asked it (the original, or the run
+    that resumed it); ``deadline`` is when ``default_approve`` applies by itself."""
+
+    origin: str
+    id: int
+    key: str
+    session: str
+    agent: str
+    summary: str
+    request: dict[str, Any]
+    asked: float
+    deadline: float
+    default_approve: bool
+    status: str
+    note: str
+    decided_by: str | None
+    decided: float | None
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+    @property
+    def default(self) -> str:
+        return "approve" if self.default_approve else "reject"
+
+    def decision(self) -> Decision:
+        """The decision, for a decided approval (what the effect records)."""
+        if self.pending:
+            raise ApprovalError(f"approval {self.id} of session {self.origin} is still pending")
+        return Decision(
+            self.id, self.status == "approved", self.note, self.decided_by or "", self.decided or 0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "origin": self.origin,
+            "id": self.id,
+            "session": self.session,
+            "agent": self.agent,
+            "summary": self.summary,
+            "request": self.request,
+            "asked": self.asked,
+            "deadline": self.deadline,
+            "default": self.default,
+            "status": self.status,
+            "note": self.note,
+            "decided_by": self.decided_by,
+            "decided": self.decided,
+        }
+
+
+def _row(r: tuple[Any, ...]) -> Approval:
+    return Approval(
+        r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8], bool(r[9]), r[10],
+        r[11], r[12], r[13],
+    )  # fmt: skip
+
+
+def origin_of(store: SessionStore, info: SessionInfo) -> str:
+    """The session whose approvals ``info`` shares: itself, or for a resumed session the
+    run it resumed (followed back through resumes of resumes)."""
+    seen = {info.id}
+    while info.kind == "resume" and info.replay_of is not None:
+        info = store.session(info.replay_of)
+        if info.id in seen:  # a loop cannot be written by Pantheon; refuse rather than spin
+            raise ApprovalError(f"session {info.id}: its resume chain loops")
+        seen.add(info.id)
+    return info.id
+
+
+class ApprovalBook:
+    """The approvals of one store: ask, decide, read. Thread-safe as the store is (its
+    calls are serialized); every method is a short transaction."""
+
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        try:
+            # Created on first use, so stores made before approvals existed keep working;
+            # looked for first, so a reader does not take the write lock for nothing.
+            have = store._query("SELECT 1 FROM sqlite_master WHERE name = 'approvals'")
+            if not have:
+                with store._tx() as conn:
+                    conn.execute(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise ApprovalError(f"{store.path}: cannot keep approvals: {exc}") from exc
+
+    def origin(self, session_ref: str) -> str:
+        """The origin of the session ``session_ref`` names (an id or a unique prefix)."""
+        return origin_of(self.store, self.store.session(session_ref))
+
+    def ask(
+        self,
+        *,
+        origin: str,
+        session: str,
+        agent: str,
+        key: str,
+        request: Mapping[str, Any],
+        timeout: float,
+        default_approve: bool,
+        now: float | None = None,
+    ) -> Approval:
+        """The request with ``key`` in ``origin``: created pending (numbered next, with a
+        deadline ``timeout`` seconds from now), or the existing one, taken over by
+        ``session`` (a resumed run asking again keeps the original deadline)."""
+        now = time.time() if now is None else now
+        text = json.dumps(dict(request), sort_keys=True, default=repr)
+        summary = str(request.get("summary", ""))
+        with self.store._tx() as conn:
+            row = conn.execute(
+                f"SELECT {_COLS} FROM approvals WHERE origin = ? AND key = ?", (origin, key)
+            ).fetchone()
+            if row is not None:
+                conn.execute(
+                    "UPDATE approvals SET session = ? WHERE origin = ? AND key = ?",
+                    (session, origin, key),
+                )
+                return _row((*row[:3], session, *row[4:]))
+            n = conn.execute(
+                "SELECT coalesce(max(id), 0) + 1 FROM approvals WHERE origin = ?", (origin,)
+            ).fetchone()[0]
+            values = (
+                origin, n, key, session, agent, summary, text, now, now + timeout,
+                int(default_approve), "pending", "", None, None,
+            )  # fmt: skip
+            conn.execute(f"INSERT INTO approvals ({_COLS}) VALUES ({','.join('?' * 14)})", values)
+        return _row(values)
+
+    def decide(
+        self, origin: str, approval_id: int, *, approved: bool, note: str = "", by: str
+    ) -> Approval:
+        """Decide a pending approval; :class:`AlreadyDecided` if it was decided before,
+        :class:`ApprovalNotFound` if there is no such approval."""
+        if len(note) > MAX_NOTE:
+            raise ApprovalError(f"a note is at most {MAX_NOTE} characters (got {len(note)})")
+        if not by.strip() or len(by) > MAX_BY:
+            raise ApprovalError(f"who decides is 1 to {MAX_BY} characters (got {by!r})")
+        with self.store._tx() as conn:
+            changed = conn.execute(
+                "UPDATE approvals SET status = ?, note = ?, decided_by = ?, decided = ? "
+                "WHERE origin = ? AND id = ? AND status = 'pending'",
+                ("approved" if approved else "rejected", note, by, time.time(), origin,
+                 approval_id),
+            ).rowcount  # fmt: skip
+            row = conn.execute(
+                f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?", (origin, approval_id)
+            ).fetchone()
+        if row is None:
+            raise ApprovalNotFound(f"session {origin} has no approval {approval_id}")
+        approval = _row(row)
+        if not changed:
+            raise AlreadyDecided(approval)
+        return approval
+
+    def get(self, origin: str, approval_id: int) -> Approval:
+        rows = self.store._query(
+            f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?", (origin, approval_id)
+        )
+        if not rows:
+            raise ApprovalNotFound(f"session {origin} has no approval {approval_id}")
+        return _row(rows[0])
+
+    def entries(self, origin: str, *, status: str | None = None) -> list[Approval]:
+        """The approvals of ``origin`` in the order they were asked."""
+        sql = f"SELECT {_COLS} FROM approvals WHERE origin = ?"
+        params: tuple[Any, ...] = (origin,)
+        if status is not None:
+            sql += " AND status = ?"
+            params += (status,)
+        return [_row(r) for r in self.store._query(sql + " ORDER BY id", params)]
+
+    def among(self, origin: str, ids: Iterable[int]) -> list[Approval]:
+        """The approvals numbered ``ids`` (what a waiting run looks at each poll)."""
+        wanted = sorted(set(ids))
+        if not wanted:
+            return []
+        marks = ",".join("?" * len(wanted))
+        return [
+            _row(r)
+            for r in self.store._query(
+                f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id IN ({marks})",
+                (origin, *wanted),
+            )
+        ]

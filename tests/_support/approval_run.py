@@ -1,0 +1,93 @@
+"""A ``pantheon run`` waiting for a person: the approval tests of the CLI, the monitor and
+the web dashboard start one and decide its requests their own way.
+
+On ``sys.path`` through pytest's ``pythonpath`` (see ``model_session.py`` beside it).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pantheon.sessions import Approval, ApprovalBook, SessionStore
+
+ROOT = Path(__file__).resolve().parents[2]
+HERE = ROOT / "tests" / "pantheon" / "approvals"
+#: Seconds a test waits for another process to get somewhere before it fails.
+WAIT = 60.0
+#: The two refunds over the limit in emails.jsonl: what the Guardian asks about.
+REFUNDS = {"e0046", "e0081"}
+
+
+def scenario(tmp_path: Path, approvals: str) -> Path:
+    """The approvals scenario in tmp_path with its ``approvals:`` block replaced."""
+    text = (HERE / "approvals.yaml").read_text(encoding="utf-8")
+    text = re.sub(r"approvals:\n(  .*\n)+", approvals.strip() + "\n", text)
+    (tmp_path / "emails.jsonl").write_text(
+        (HERE / "emails.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    path = tmp_path / "approvals.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def spawn(*args: str, store: Path, cwd: Path) -> subprocess.Popen[str]:
+    """``pantheon ARGS --store STORE --json`` in the background."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", *args, "--store", str(store), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Kill (if still running) and reap, closing its pipes."""
+    proc.kill()
+    proc.communicate()
+
+
+def wait_for(what: str, check: Callable[[], Any], proc: subprocess.Popen[str] | None = None) -> Any:
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if proc is not None and proc.poll() is not None:
+            _, err = proc.communicate()
+            raise AssertionError(f"process ended ({proc.returncode}) before {what}: {err}")
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def pending(store: Path, kind: str = "run") -> tuple[str, list[Approval]] | None:
+    """The newest session of ``kind`` and its pending approvals, once it has two."""
+    if not store.exists():
+        return None
+    with SessionStore(store, create=False) as st:
+        sessions = [s for s in st.sessions() if s.kind == kind]
+        if not sessions:
+            return None
+        book = ApprovalBook(st)
+        rows = book.entries(book.origin(sessions[0].id), status="pending")
+        return (sessions[0].id, rows) if len(rows) == 2 else None
+
+
+def waiting_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, str, list[Approval]]:
+    """A ``pantheon run`` of the approvals scenario, once both its requests are pending
+    (two minutes before the timeout would reject them)."""
+    store = tmp_path / "s.db"
+    path = scenario(tmp_path, "approvals:\n  timeout: 120\n  poll: 0.05\n")
+    run = spawn("run", str(path), store=store, cwd=tmp_path)
+    try:
+        sid, rows = wait_for("two pending approvals", lambda: pending(store), run)
+    except BaseException:
+        stop(run)
+        raise
+    return run, store, sid, rows
