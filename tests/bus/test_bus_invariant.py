@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import fnmatch
 from collections import Counter
+from types import SimpleNamespace
 from typing import Any
 
 from hypothesis import settings
@@ -130,7 +131,7 @@ class BusMachine(RuleBasedStateMachine):
             self.system_events += 1
 
         self.bus.on("system.*", watch, name="watcher")
-        self.bus.publish_listeners.append(self._published)
+        self.bus.observe(SimpleNamespace(on_publish=self._published))
 
     def _published(self, env: Envelope) -> None:
         if env.topic in TOPICS:
