@@ -19,11 +19,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import traceback
 from collections.abc import Awaitable, Callable, Collection, Iterable
-from typing import Any, NoReturn, TypedDict, TypeVar, Unpack, cast, overload
+from typing import Any, TypedDict, TypeVar, Unpack, cast, overload
 
-from bus._breaker import CLOSED, CircuitBreaker
+from bus._breaker import CircuitBreaker
 from bus._clock import Clock, SystemClock
 from bus._config import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -38,10 +37,8 @@ from bus._config import (
 )
 from bus._dlq import DEFAULT_DLQ_SIZE, DeadLetter, DeadLetterQueue
 from bus._envelope import Envelope, next_id
-from bus._errors import BusClosedError, EncodeError, NoRouteError, QueueFullError, RequestTimeout
+from bus._errors import BusClosedError, NoRouteError, QueueFullError, RequestTimeout
 from bus._hooks import (
-    SAMPLED_DIGITS,
-    UNSAMPLED,
     BreakerEvent,
     BusObserver,
     Hooks,
@@ -49,9 +46,10 @@ from bus._hooks import (
     Tracer,
 )
 from bus._metrics import BusStats, EdgeStats, TopicStats
-from bus._routing import DEFAULT_ROUTE_CACHE, MAX_TOPIC_STATS, Route, Routes
-from bus._subscription import DECLINED, TAKEN, Ledger, Subscription, as_async
-from bus._transport import BusPort, InProcessTransport, Receipt, Transport
+from bus._publishing import SYSTEM_BREAKER_TOPIC, Dispatcher
+from bus._routing import DEFAULT_ROUTE_CACHE, Route, Routes
+from bus._subscription import Ledger, Subscription, as_async
+from bus._transport import BusPort, InProcessTransport, Transport
 from bus._worker import current, work
 
 __all__ = ["Bus"]
@@ -73,17 +71,7 @@ class _OnOptions(TypedDict, total=False):
     breaker: BreakerPolicy | None
 
 
-_SYSTEM_BREAKER_TOPIC = "system.breaker."
-#: Remote sends ``emit_nowait`` may leave waiting for transport credit in background tasks;
-#: past this it raises QueueFullError (``emit`` waits for credit instead).
-MAX_BACKGROUND_SENDS = 1024
-
 _monotonic_ns = time.monotonic_ns
-
-#: Stands in ``_dispatch``'s list of full mailboxes for "the transport had no credit for
-#: this envelope": ``_wait_blocked`` awaits ``transport.send`` for it, so a slow remote
-#: consumer slows ``emit`` exactly as a full local ``block`` mailbox does.
-_REMOTE = cast(Subscription, object())
 
 
 class Bus:
@@ -113,15 +101,23 @@ class Bus:
         self._subs: dict[str, Subscription] = {}
         self._ledger = Ledger()
         self._hooks = Hooks(self._hooks_changed)
-        # Remote sends waiting for transport credit (drain waits for them), and the
-        # background tasks emit_nowait leaves them in.
-        self._sending = 0
-        self._send_tasks: set[asyncio.Task[None]] = set()
         # Workers of subscriptions their own handler removed, by the task that stops them.
         self._retiring: dict[asyncio.Task[None], asyncio.Task[None]] = {}
-        self._publisher_policy = publisher_breaker
-        self._publisher_breakers: dict[str, CircuitBreaker] = {}
-        self._publisher_open: dict[str, CircuitBreaker] = {}
+        self._out = Dispatcher(
+            cache=self._cache,
+            route=self._route,
+            hooks=self._hooks,
+            transport=self.transport,
+            dlq=self.dlq,
+            ledger=self._ledger,
+            clock=self.clock,
+            policy=publisher_breaker,
+            on_change=self._breaker_changed,
+        )
+        # The hot path's calls, bound once.
+        self._open = self._out.open
+        self._dispatch = self._out.dispatch
+        self._wait_blocked = self._out.wait
         self._running = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -377,8 +373,8 @@ class Bus:
         ``block_timeout``). Inside a handler the new message is caused by the one being
         handled; elsewhere pass ``cause=`` to link it.
         """
-        if self._publisher_open:
-            self._check_publisher(topic)
+        if self._open:
+            self._out.check(topic)
         env = self._envelope(topic, payload, priority, cause)
         blocked = self._dispatch(env)
         if blocked:
@@ -396,23 +392,14 @@ class Bus:
         """Like :meth:`emit` but never waits: a full ``block`` mailbox raises
         :class:`QueueFullError` at once, as ``reject`` does. A message for remote
         subscribers that the transport has no credit for yet is sent by a background task
-        (at most ``MAX_BACKGROUND_SENDS`` at once; past that, QueueFullError)."""
-        if self._publisher_open:
-            self._check_publisher(topic)
+        (at most ``bus._publishing.MAX_BACKGROUND_SENDS`` at once; past that, QueueFullError)."""
+        if self._open:
+            self._out.check(topic)
         env = self._envelope(topic, payload, priority, cause)
         blocked = self._dispatch(env)
         if blocked:
-            self._not_waiting(env, blocked)
+            self._out.not_waiting(env, blocked)
         return env
-
-    def _not_waiting(self, env: Envelope, blocked: list[Subscription]) -> None:
-        """What ``emit_nowait`` does with mailboxes that would make it wait: a remote send
-        goes to a background task, a full local mailbox refuses (QueueFullError)."""
-        if _REMOTE in blocked:
-            blocked = [sub for sub in blocked if sub is not _REMOTE]
-            self._send_later(env)
-        if blocked:
-            self._refuse(env, blocked)
 
     async def emit_many(
         self,
@@ -429,8 +416,8 @@ class Bus:
         """
         n = 0
         for payload in payloads:
-            if self._publisher_open:
-                self._check_publisher(topic)
+            if self._open:
+                self._out.check(topic)
             env = self._envelope(topic, payload, priority, cause)
             blocked = self._dispatch(env)
             if blocked:
@@ -446,221 +433,6 @@ class Bus:
         if blocked:
             await self._wait_blocked(env, blocked)
 
-    def _dispatch(
-        self,
-        env: Envelope,
-        only: tuple[Subscription, ...] | None = None,
-        *,
-        redrive: bool = False,
-    ) -> list[Subscription] | None:
-        """Offer ``env`` to its subscribers; return those whose mailbox was full and that
-        the publisher must wait for (``block``) or be refused by (``reject``).
-
-        ``only`` limits delivery to those of the topic's subscriptions. A ``redrive`` is not
-        sent to other buses and skips filters and sampling: the message was chosen once
-        already, and declining it now would lose it (it left the DLQ as ``filtered``).
-        ``_REMOTE`` in the result: the transport had no credit. A refusal with nothing to
-        wait for raises QueueFullError here. Messages from other buses take :meth:`_inbound`
-        instead."""
-        topic = env.topic
-        route = self._cache.get(topic)
-        if route is None:
-            route = self._route(topic)
-        route.published += 1
-        hooks = self._hooks
-        tracer = hooks.tracer
-        if tracer is not None:
-            trace = env.trace
-            # A root gets its sampling decision here, once; a sampled message gets a publish
-            # span (one that arrived from another bus does not: see _inbound).
-            if trace is None:
-                if tracer.skip:
-                    tracer.skip -= 1
-                    env.trace = UNSAMPLED
-                else:
-                    tracer.on_publish(env)
-            elif trace is not UNSAMPLED and trace[-1] in SAMPLED_DIGITS:
-                tracer.on_publish(env)
-        if hooks.publish:
-            for observer in hooks.publish:
-                observer(env)
-        full = None
-        for sub in route.subs if only is None else only:
-            if sub.offer(env, redrive) > DECLINED:
-                if full is None:
-                    full = []
-                full.append(sub)
-        if route.remote and not redrive and not self.transport.try_send(env):
-            if full is None:
-                full = []
-            full.append(_REMOTE)
-        if full is None:
-            if self._publisher_breakers:
-                self._publisher_succeeded(topic)
-            return None
-        if all(sub is not _REMOTE and sub.overflow == "reject" for sub in full):
-            self._refuse(env, full)
-        # Raising now would skip the wait for the ``block`` subscribers and lose their copy
-        # silently: _wait_blocked refuses the ``reject`` ones after it, with any that time out.
-        return full
-
-    def _refuse(self, env: Envelope, subs: list[Subscription]) -> NoReturn:
-        for sub in subs:
-            sub.rejected += 1
-        self._publisher_failed(env.topic)
-        raise QueueFullError(env.topic, [s.name for s in subs])
-
-    async def _wait_blocked(self, env: Envelope, subs: list[Subscription]) -> None:
-        assert self._loop is not None
-        late = []
-        for sub in subs:
-            if sub is _REMOTE:
-                await self._send_remote(env)
-                continue
-            if sub.overflow == "reject":
-                late.append(sub)
-                continue
-            deadline = self._loop.time() + sub.block_timeout
-            while sub.size >= sub.max_queue:
-                fut = self._loop.create_future()
-                sub.putters.append(fut)
-                remaining = deadline - self._loop.time()
-                try:
-                    async with asyncio.timeout(max(remaining, 0)):
-                        await fut
-                except TimeoutError:
-                    if fut in sub.putters:
-                        sub.putters.remove(fut)
-                    if sub.size >= sub.max_queue:
-                        late.append(sub)
-                        break
-            else:
-                sub.offer(env, True)  # room now, and no await since the check
-        if late:
-            self._refuse(env, late)
-        elif self._publisher_breakers:
-            self._publisher_succeeded(env.topic)
-
-    def _check_publisher(self, topic: str) -> None:
-        breaker = self._publisher_open.get(topic)
-        if breaker is not None:
-            breaker.acquire()
-
-    def _publisher_succeeded(self, topic: str) -> None:
-        breaker = self._publisher_breakers.get(topic)
-        if breaker is not None and breaker.dirty:
-            breaker.record_success()
-
-    def _publisher_failed(self, topic: str) -> None:
-        # The bus's own breaker reports get no publisher breaker. A refused report feeding
-        # one would trip it, whose report is refused in turn (on an ever longer topic, until
-        # RecursionError under ``consecutive_failures=1``); and an open one would fail the
-        # reports fast, losing them uncounted. Refused, a report counts in ``rejected``.
-        if self._publisher_policy is None or topic.startswith(_SYSTEM_BREAKER_TOPIC):
-            return
-        breaker = self._publisher_breakers.get(topic)
-        if breaker is None:
-            if len(self._publisher_breakers) >= MAX_TOPIC_STATS:
-                return
-            breaker = CircuitBreaker(
-                f"publish:{topic}", self._publisher_policy, self.clock, self._breaker_changed
-            )
-            self._publisher_breakers[topic] = breaker
-        breaker.record_failure()
-
-    def _inbound(self, env: Envelope, names: Collection[str] | None) -> Awaitable[None] | None:
-        """A message from another bus: deliver locally only, never forward it back.
-
-        Returns an awaitable only when a ``block`` mailbox is full, so a transport can
-        deliver a batch without a coroutine per message. When ``env.reply`` is a
-        :class:`Receipt`, tells it how many subscriptions took the message (each settles it
-        once): those whose ``offer`` said TAKEN, the same call local emits make."""
-        if not self._running:
-            raise BusClosedError("bus is closed: it takes no more messages from other buses")
-        if env.context is None:
-            env.context = self.context
-        topic = env.topic
-        route = self._cache.get(topic)
-        if route is None:
-            route = self._route(topic)
-        route.published += 1
-        hooks = self._hooks
-        tracer = hooks.tracer
-        if tracer is not None and env.trace is None:
-            # A root from a bus without a tracer gets its sampling decision here. A traced
-            # message gets no publish span: its process spans parent to the remote producer.
-            if tracer.skip:
-                tracer.skip -= 1
-                env.trace = UNSAMPLED
-            else:
-                tracer.on_publish(env)
-        if hooks.publish:
-            for observer in hooks.publish:
-                observer(env)
-        receipt = env.reply
-        if receipt is not None and not isinstance(receipt, Receipt):
-            receipt = None
-        took = 0
-        full = None
-        sub = route.single
-        if sub is not None and names is None:
-            # A receiving node's usual message: one subscription, no loop, no name check.
-            verdict = sub.offer(env)
-            if verdict > DECLINED:
-                full = [sub]
-            elif verdict == TAKEN:
-                took = 1
-        else:
-            matched = 0
-            for sub in route.inbound:
-                if names is not None and sub.name not in names:
-                    continue
-                matched += 1
-                verdict = sub.offer(env)
-                if verdict == TAKEN:
-                    took += 1
-                elif verdict > DECLINED:
-                    if full is None:
-                        full = []
-                    full.append(sub)
-            if matched < (1 if names is None else len(names)):
-                self._unsubscribed(env, names, route.inbound)
-        if full is None:
-            if self._publisher_breakers:
-                self._publisher_succeeded(topic)
-            if receipt is not None:
-                receipt.expect(took)
-            return None
-        if all(sub.overflow == "reject" for sub in full):
-            try:
-                self._refuse(env, full)
-            finally:
-                if receipt is not None:
-                    receipt.expect(took)
-        if receipt is None:
-            return self._wait_blocked(env, full)
-        return self._inbound_blocked(env, full, receipt, took)
-
-    async def _inbound_blocked(
-        self, env: Envelope, blocked: list[Subscription], receipt: Receipt, took: int
-    ) -> None:
-        try:
-            await self._wait_blocked(env, blocked)
-        except QueueFullError as exc:
-            receipt.expect(took + sum(1 for s in blocked if s.name not in exc.subscribers))
-            raise
-        receipt.expect(took + len(blocked))
-
-    def _unsubscribed(
-        self, env: Envelope, names: Collection[str] | None, here: tuple[Subscription, ...]
-    ) -> None:
-        """Another bus routed ``env`` to subscriptions of ours that are gone: it had not
-        yet heard that ``off()`` removed them. Dead-lettered here, so nothing vanishes."""
-        taken = {s.name for s in here}
-        gone = ["<any>"] if names is None else [n for n in names if n not in taken]
-        for name in gone:
-            self.dlq.add(env, name, "unsubscribed")
-
     def _remote_dead_letter(
         self, env: Envelope, subscriber: str, reason: str, error: BaseException | None
     ) -> None:
@@ -668,31 +440,14 @@ class Bus:
         in the publishing bus's DLQ, so it shows in stats and the session like any other."""
         self.dlq.add(env, subscriber, reason, error)
 
-    async def _send_remote(self, env: Envelope) -> None:
-        """Send to remote subscribers, waiting for credit; drain waits for this."""
-        self._sending += 1
-        try:
-            await self.transport.send(env)
-        finally:
-            self._sending -= 1
-            if not self._sending and self._ledger.drain_waiters:
-                self._ledger.wake()
-
-    def _send_later(self, env: Envelope) -> None:
-        if len(self._send_tasks) >= MAX_BACKGROUND_SENDS:
-            raise QueueFullError(env.topic, ["<remote>"])
-        assert self._loop is not None
-        task = self._loop.create_task(self._send_background(env))
-        self._send_tasks.add(task)
-        task.add_done_callback(self._send_tasks.discard)
-
-    async def _send_background(self, env: Envelope) -> None:
-        try:
-            await self._send_remote(env)
-        except Exception as exc:
-            # Nobody awaits this task: the message goes to the DLQ rather than vanishing.
-            reason = "encode_error" if isinstance(exc, EncodeError) else "transport_error"
-            self.dlq.add(env, "<remote>", reason, exc, traceback.format_exc())
+    def _inbound(self, env: Envelope, names: Collection[str] | None) -> Awaitable[None] | None:
+        """A message from another bus (the transport's ``BusPort.deliver``): delivered here
+        only, never forwarded back (see :meth:`Dispatcher.inbound`)."""
+        if not self._running:
+            raise BusClosedError("bus is closed: it takes no more messages from other buses")
+        if env.context is None:
+            env.context = self.context
+        return self._out.inbound(env, names)
 
     # -- request / reply -------------------------------------------------------------------
 
@@ -710,8 +465,8 @@ class Bus:
         Raises :class:`NoRouteError` when nothing subscribes, :class:`RequestTimeout` after
         ``timeout`` seconds, or the handler's own exception when it failed for good.
         """
-        if self._publisher_open:
-            self._check_publisher(topic)
+        if self._open:
+            self._out.check(topic)
         route = self._cache.get(topic) or self._route(topic)
         if not route.subs and not route.remote:
             raise NoRouteError(f"no subscriber for request topic {topic!r}")
@@ -740,19 +495,20 @@ class Bus:
             return
         assert self._loop is not None
         ledger = self._ledger
+        out = self._out
         async with asyncio.timeout(timeout):
             while True:
-                while ledger.outstanding or self._sending:
+                while ledger.outstanding or out.sending:
                     fut = self._loop.create_future()
                     ledger.drain_waiters.append(fut)
                     await fut
                 # Let handlers' follow-up work scheduled with call_soon settle too.
                 await asyncio.sleep(0)
-                if ledger.outstanding or self._sending:
+                if ledger.outstanding or out.sending:
                     continue
                 # Remote receivers may answer (replies, follow-up messages) while we wait.
                 await self.transport.flush()
-                if not (ledger.outstanding or self._sending):
+                if not (ledger.outstanding or out.sending):
                     return
 
     async def _redeliver(self, entry: DeadLetter) -> bool:
@@ -774,23 +530,20 @@ class Bus:
         """The consumer breaker of subscription ``name`` or the publisher breaker
         ``publish:<topic>``, for manual ``force_open()`` / ``reset()``."""
         if name.startswith("publish:"):
-            return self._publisher_breakers[name.removeprefix("publish:")]
+            return self._out.breakers[name.removeprefix("publish:")]
         return self._subs[name].breaker
 
     def breakers(self) -> dict[str, str]:
         """Every breaker's state by name: ``closed``, ``open`` or ``half_open``."""
         states = {name: sub.breaker.state for name, sub in self._subs.items()}
-        for topic, breaker in self._publisher_breakers.items():
+        for topic, breaker in self._out.breakers.items():
             states[f"publish:{topic}"] = breaker.state
         return states
 
     def _breaker_changed(self, breaker: CircuitBreaker, old: str, new: str, why: str) -> None:
         if breaker.name.startswith("publish:"):
             topic = breaker.name.removeprefix("publish:")
-            if new == CLOSED:
-                self._publisher_open.pop(topic, None)
-            else:
-                self._publisher_open[topic] = breaker
+            self._out.breaker_changed(breaker, topic, new)
         if self._hooks.breaker:
             event = BreakerEvent(
                 breaker.name, old, new, why, breaker.trips, breaker.retry_after(), time.time()
@@ -807,10 +560,10 @@ class Bus:
                 "retry_after": breaker.retry_after(),
             }
             # A full system subscriber refuses per its own policy, and that is counted there
-            # (``rejected``). No publisher breaker guards these topics (see _publisher_failed),
+            # (``rejected``). No publisher breaker guards these topics (see Dispatcher.failed),
             # so a report is never failed fast nor feeds another report.
             with contextlib.suppress(QueueFullError):
-                self._report(_SYSTEM_BREAKER_TOPIC + breaker.name, payload, breaker)
+                self._report(SYSTEM_BREAKER_TOPIC + breaker.name, payload, breaker)
 
     def _report(self, topic: str, payload: dict[str, Any], breaker: CircuitBreaker) -> None:
         """Publish a breaker's report, as ``emit_nowait`` would, to every subscriber but the
@@ -825,7 +578,7 @@ class Bus:
             only = tuple(sub for sub in route.subs if sub is not own)
         blocked = self._dispatch(env, only)
         if blocked:
-            self._not_waiting(env, blocked)
+            self._out.not_waiting(env, blocked)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""
