@@ -87,6 +87,7 @@ class Subscription:
         "dead_lettered",
         "delivered",
         "dlq",
+        "due",
         "edges",
         "failures",
         "filter",
@@ -164,6 +165,8 @@ class Subscription:
             deque(),
             deque(),
         )
+        #: Retries whose backoff is over (counted in ``size``).
+        self.due: deque[Envelope] = deque()
         self.size = 0
         self.idle: list[asyncio.Future[None]] = []
         self.putters: deque[asyncio.Future[None]] = deque()
@@ -227,9 +230,12 @@ class Subscription:
             fut.set_result(None)
 
     def requeue(self, env: Envelope) -> None:
-        """A message whose retry is due goes back in front of its priority: it was accepted
-        long ago, so it neither waits for room nor counts as published again."""
-        self.queues[env.priority].appendleft(env)
+        """A message whose retry is due goes back to the mailbox, in ``due``: it was accepted
+        long ago, so it neither waits for room nor counts as published again. Workers take
+        a due retry only after a fresh message (see bus._worker): retries falling due
+        together would otherwise run back to back, and a few poison messages would make the
+        consecutive failures that open the breaker for everyone."""
+        self.due.append(env)
         self.size += 1
         self.in_flight -= 1
         if self.idle:
@@ -267,7 +273,7 @@ class Subscription:
     def flush(self, reason: str) -> None:
         """Dead-letter everything queued (the bus is closing) and fail waiting publishers."""
         closed = BusClosedError(f"subscription {self.name!r} closed")
-        for q in self.queues:
+        for q in (*self.queues, self.due):
             while q:
                 env = q.popleft()
                 self.size -= 1

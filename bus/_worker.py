@@ -5,8 +5,9 @@ priority message, awaits the handler, and bumps integer counters and histogram s
 inline. An idle worker parks on a future that the next offer resolves.
 
 A failed message that has retries left does not keep its worker (nor a mailbox slot) while
-it waits out the backoff: a task holds it outside the mailbox and puts it back in front of
-its priority when the delay is over. A worker sleeping through a backoff was what let 1%
+it waits out the backoff: a task holds it outside the mailbox and then hands it back
+(``Subscription.requeue``); a worker takes such a retry after each fresh message, so
+retries never run back to back. A worker sleeping through a backoff was what let 1%
 poison in a default ``block`` mailbox hold it full and stall the publisher every other
 subscriber shares. At most ``max_queue`` messages per subscription wait that way; past that
 a worker waits inline, which slows only this subscription's intake.
@@ -89,15 +90,25 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     attempts = sub.attempts
     now = _monotonic_ns
     loop = asyncio.get_running_loop()
+    due = sub.due
     batch = seen = 0
     start = 0
+    fresh = True  # the last message taken was not a retry: a due retry may go next
     while True:
-        if q0:
+        if due and fresh:
+            env = due.popleft()
+            fresh = False
+        elif q0:
             env = q0.popleft()
+            fresh = True
         elif q1:
             env = q1.popleft()
+            fresh = True
         elif q2:
             env = q2.popleft()
+            fresh = True
+        elif due:
+            env = due.popleft()
         else:
             batch = 0
             fut = loop.create_future()
@@ -224,8 +235,13 @@ async def _failed(
     breaker = sub.breaker
     while True:
         sub.failures += 1
-        breaker.record_failure(sub.delivered)
-        if done >= retry.attempts or breaker.state != CLOSED:
+        # The breaker hears of a message once, when it fails for good: attempts of several
+        # messages retried after their backoffs may run back to back, and counting each
+        # made a few poison messages look like "5 consecutive failures", opening the
+        # breaker for every message. A half-open probe's failure still counts at once.
+        last = done >= retry.attempts
+        if last or breaker.state is not CLOSED:
+            breaker.record_failure(sub.delivered)
             break
         if len(sub.attempts) < sub.max_queue:
             return "retrying"  # sub.retries counts it when it is tried again

@@ -367,3 +367,31 @@ async def test_closing_during_a_retry_backoff_dead_letters_the_waiting_message(
     s = b.stats().subscribers["p"]
     assert (s.published, s.dead_lettered, s.in_flight) == (1, 1, 0)
     assert [e.reason for e in b.dlq.entries()] == ["bus_closed"]
+
+
+async def test_retries_falling_due_together_do_not_open_the_default_breaker(
+    bus: Bus, clock: FakeClock, until
+) -> None:
+    """Retries of several messages may run back to back once their backoffs end; the
+    breaker hears of each message once, when it fails for good, so four poison messages
+    among good ones (3 attempts each: 8 failed calls in a row once due) leave it closed."""
+
+    async def handler(env: Envelope) -> None:
+        if env.payload.startswith("poison"):
+            raise ValueError(env.payload)
+
+    bus.on("t", handler, name="h", retry=Retry(attempts=3, backoff=1.0))
+    for i in range(4):
+        await bus.emit("t", f"poison{i}")
+        await bus.emit("t", f"ok{i}")
+    await until(lambda: clock.sleepers == 4)
+    await clock.advance(1.0)  # four second attempts fall due together
+    await until(lambda: clock.sleepers == 4)
+    await clock.advance(2.0)  # and four third attempts
+    await bus.drain()
+    assert bus.breakers() == {"h": "closed"}
+    s = bus.stats().subscribers["h"]
+    assert (s.delivered, s.dead_lettered, s.failures, s.retries) == (4, 4, 12, 8)
+    assert sorted((e.envelope.payload, e.reason, e.attempts) for e in bus.dlq.entries()) == [
+        (f"poison{i}", "failed", 3) for i in range(4)
+    ]
