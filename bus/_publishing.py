@@ -126,11 +126,17 @@ class Dispatcher:
             for observer in hooks.publish:
                 observer(env)
         full = None
-        for sub in route.subs if only is None else only:
-            if sub.offer(env, redrive) > DECLINED:
-                if full is None:
-                    full = []
-                full.append(sub)
+        single = route.single
+        if single is not None and only is None:
+            # A topic with one local subscription (each agent's own): no loop.
+            if single.offer(env, redrive) > DECLINED:
+                full = [single]
+        else:
+            for sub in route.subs if only is None else only:
+                if sub.offer(env, redrive) > DECLINED:
+                    if full is None:
+                        full = []
+                    full.append(sub)
         if route.remote and not redrive and not self.transport.try_send(env):
             if full is None:
                 full = []

@@ -41,6 +41,9 @@ TIME_ALL_UNTIL = 4096
 TIME_SAMPLE = 16
 
 _monotonic_ns = time.monotonic_ns
+#: The outcome of an attempt that failed and waits outside the mailbox for another (the
+#: worker tests it by identity; observers never see it, the tracer does).
+RETRYING = "retrying"
 
 
 class Running:
@@ -94,6 +97,7 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     batch = seen = 0
     start = 0
     fresh = True  # the last message taken was not a retry: a due retry may go next
+    timed: object  # take the clock for this message (a bool, or the observer tuple)
     while True:
         if due and fresh:
             env = due.popleft()
@@ -128,19 +132,19 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
         sampled = seen <= TIME_ALL_UNTIL or not seen % TIME_SAMPLE
         tracer = hooks.tracer
         span = error = None
-        retried = attempts.pop(id(env), None) if attempts else None
-        if retried is not None:
+        if attempts and id(env) in attempts:
             # Another attempt at a message that failed before: same span, same delivery.
-            done, first, span, error = retried
+            done, first, span, error = attempts.pop(id(env))
             sub.retries += 1
+            timed = True
             start = now()
             if span is not None and tracer is not None:
                 tracer.resume_process(span)
         else:
             done = 1
-            if sampled or delivery:
-                start = now()
-            first = start
+            timed = sampled or delivery
+            if timed:
+                start = first = now()
             if tracer is not None:
                 trace = env.trace
                 if trace is not UNSAMPLED and trace is not None and trace[-1] in SAMPLED_DIGITS:
@@ -177,20 +181,22 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
                         reply.settle(result, None)
                     elif result is not None and not reply.done():
                         reply.set_result(result)
-        if outcome == "retrying":
+        if outcome is RETRYING:
             # Out of the worker's hands until the retry is due: in flight still, unsettled.
             attempts[id(env)] = (done + 1, first, span, error)
             _retry_later(sub, env, clock, tracer)
             if span is not None and tracer is not None:
                 tracer.end_process(span, outcome, error)
         else:
-            if sampled or delivery or retried is not None:
+            if timed:
                 end = now()
                 if sampled:
                     _timed(sub, env, start, end - start)
                 if delivery:
+                    # Read again: an observer may have rebound its method while the handler
+                    # ran (a recorder swapping buffers), and the old one's list is gone.
                     d = Delivery(sub.name, env, first, end, outcome)
-                    for observer in delivery:
+                    for observer in hooks.delivery:
                         observer(d)
             if span is not None and tracer is not None:
                 tracer.end_process(span, outcome, error)
@@ -244,7 +250,7 @@ async def _failed(
             breaker.record_failure(sub.delivered)
             break
         if len(sub.attempts) < sub.max_queue:
-            return "retrying"  # sub.retries counts it when it is tried again
+            return RETRYING  # sub.retries counts it when it is tried again
         # Too many already wait outside: this one waits here, slowing only this mailbox.
         try:
             await clock.sleep(retry.delay(done))

@@ -40,15 +40,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bus import BreakerEvent, Bus, DeadLetter, Envelope, ObserverHandle
-from bus import Delivery as BusDelivery
+from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, RecordingEffects
 from pantheon.sessions._errors import RecordingError
 from pantheon.sessions._journal import (
     CHUNK_ROWS,
     ChunkEncoder,
-    Delivery,
     Materializer,
     insert_rows,
 )
@@ -422,17 +420,11 @@ class Recorder:
         self._waits = 0
         bufs = self._bufs = _Buffers()
 
-        def on_delivery(d: BusDelivery) -> None:
-            env = d.envelope
-            bufs.dels.append(
-                Delivery(d.subscriber, env.id, env.created, d.started, d.ended, d.outcome)
-            )
-
-        # What the bus calls: ``on_publish`` is the current buffer's own ``append`` (no
-        # Python frame per message), rebound at every swap (see _swap).
+        # What the bus calls: ``on_publish`` and ``on_delivery`` are the current buffers' own
+        # ``append`` (no Python frame per message), rebound at every swap (see _swap).
         self._tap = SimpleNamespace(
             on_publish=bufs.envs.append,
-            on_delivery=on_delivery,
+            on_delivery=bufs.dels.append,
             on_dead_letter=self._on_dead_letter,
             on_breaker=self._on_breaker,
         )
@@ -512,6 +504,7 @@ class Recorder:
         bufs.envs = []
         bufs.dels = []
         self._tap.on_publish = bufs.envs.append
+        self._tap.on_delivery = bufs.dels.append
         if self._handle is not None:
             self._handle.refresh()
         return self._writer.submit((envs, dels))
