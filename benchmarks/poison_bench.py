@@ -61,13 +61,15 @@ async def run(warmup: float, seconds: float, poison: bool) -> dict[str, Any]:
         measure_from = t0 + warmup
         end = measure_from + seconds
         start_clean = start_i = -1
+        cpu0 = 0.0
         while (now := time.monotonic()) < end:
             if start_clean < 0 and now >= measure_from:
-                start_clean, start_i, t0 = clean, i, now
+                start_clean, start_i, t0, cpu0 = clean, i, now, time.process_time()
             for _ in range(100):
                 await bus.emit("job", i)
                 i += 1
         elapsed = time.monotonic() - t0
+        cpu_share = (time.process_time() - cpu0) / elapsed
         handled = clean - start_clean
         i -= start_i
         stats = bus.stats().subscribers
@@ -77,6 +79,9 @@ async def run(warmup: float, seconds: float, poison: bool) -> dict[str, Any]:
         "published_per_s": i / elapsed,
         "dead_lettered": stats["poisoned"].dead_lettered,
         "retries": stats["poisoned"].retries,
+        # Of one core, over the measured window: the rest went to other processes (or
+        # the loop idled), so compare runs of a repeat only when their shares are close.
+        "cpu_share": cpu_share,
     }
 
 
@@ -104,6 +109,12 @@ def main() -> int:
     print(f"others' msg/s, no poison   {result['clean_per_s_no_poison']:10,.0f}")
     print(f"others' msg/s, 1% poison   {result['clean_per_s_1pct_poison']:10,.0f}")
     print(f"others lose                {result['loss_pct']:10.1f} %  (target < 10)")
+    for r in rows:
+        print(
+            f"  repeat: clean {r['clean']['clean_per_s']:9,.0f}/s at {r['clean']['cpu_share']:.2f}"
+            f" CPU, poisoned {r['poisoned']['clean_per_s']:9,.0f}/s"
+            f" at {r['poisoned']['cpu_share']:.2f} CPU"
+        )
     if a.json:
         a.json.write_text(json.dumps(result, indent=2))
     return 0
