@@ -101,7 +101,7 @@ class Dispatcher:
         sent to other buses and skips filters and sampling: the message was chosen once
         already, and declining it now would lose it (it left the DLQ as ``filtered``).
         ``_REMOTE`` in the result: the transport had no credit. A refusal with nothing to
-        wait for raises QueueFullError here. Messages from other buses take :meth:`_inbound`
+        wait for raises QueueFullError here. Messages from other buses take :meth:`inbound`
         instead."""
         topic = env.topic
         route = self.cache.get(topic)
