@@ -4,7 +4,8 @@
     .venv/bin/python benchmarks/obs_parts.py [--messages 200000] [--repeats 9]
 
 Part 1, the bus: ``await bus.emit`` x N -> one no-op subscriber, then ``drain``, in CPU ns
-per message (``time.process_time``, all threads), for
+per message (``time.process_time``, all threads; and the event loop's thread alone, which
+tells the loop's own cost from the span batcher's), for
 
 * ``off``: no tracer;
 * ``tracer-0%``: :class:`~pantheon.telemetry.BusTracer` at ratio 0 (every root declined:
@@ -45,8 +46,11 @@ async def _noop(env: Envelope) -> None:
     return None
 
 
-async def _run(n: int, make: Callable[[], tuple[BusTracer, SpanBatcher] | None]) -> float:
-    """CPU ns per message for one run; ``make()`` gives the tracer and its batcher, or None."""
+async def _run(
+    n: int, make: Callable[[], tuple[BusTracer, SpanBatcher] | None]
+) -> tuple[float, float]:
+    """CPU ns per message for one run, process and loop thread; ``make()`` gives the tracer
+    and its batcher, or None."""
     made = make()
     tracer = made[0] if made is not None else None
     async with Bus() as bus:
@@ -56,14 +60,14 @@ async def _run(n: int, make: Callable[[], tuple[BusTracer, SpanBatcher] | None])
         await asyncio.sleep(0)
         emit = bus.emit
         gc.collect()
-        c0 = time.process_time()
+        c0, t0 = time.process_time(), time.thread_time()
         for i in range(n):
             await emit("bench.a", i)
         await bus.drain()
-        cpu = time.process_time() - c0
+        cpu, loop = time.process_time() - c0, time.thread_time() - t0
     if made is not None:
         made[1].shutdown()
-    return cpu / n * 1e9
+    return cpu / n * 1e9, loop / n * 1e9
 
 
 def _tracer(ratio: float) -> Callable[[], tuple[BusTracer, SpanBatcher]]:
@@ -103,7 +107,7 @@ def tracer_parts(n: int = 2000, repeats: int = 20) -> dict[str, float]:
     return {"publish": publish * k, "process": process * k, "build": build * k}
 
 
-async def suite(n: int, repeats: int) -> dict[str, list[float]]:
+async def suite(n: int, repeats: int) -> dict[str, list[tuple[float, float]]]:
     configs: list[tuple[str, Callable[[], tuple[BusTracer, SpanBatcher] | None]]] = [
         ("off", lambda: None),
         ("tracer-0%", _tracer(0.0)),
@@ -112,7 +116,7 @@ async def suite(n: int, repeats: int) -> dict[str, list[float]]:
     ]
     for _, make in configs:  # warm-up
         await _run(n // 10, make)
-    raw: dict[str, list[float]] = {name: [] for name, _ in configs}
+    raw: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in configs}
     for _ in range(repeats):
         for name, make in configs:
             raw[name].append(await _run(n, make))
@@ -125,11 +129,15 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
     raw = asyncio.run(suite(args.messages, args.repeats))
-    base = statistics.median(raw["off"])
     print(f"bus, CPU ns per message ({args.messages:,} messages, median of {args.repeats}):")
-    for name, values in raw.items():
-        med = statistics.median(values)
-        print(f"  {name:<10} {med:7.0f} ns   {med - base:+5.0f} ns   {med / base - 1:+6.1%}")
+    for i, what in enumerate(("process", "loop thread")):
+        base = statistics.median(r[i] for r in raw["off"])
+        for name, values in raw.items():
+            med = statistics.median(r[i] for r in values)
+            print(
+                f"  {what:<11} {name:<10} {med:7.0f} ns   {med - base:+5.0f} ns"
+                f"   {med / base - 1:+6.1%}"
+            )
     parts = tracer_parts()
     print(
         "tracer alone, ns per sampled message: "
