@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
@@ -62,6 +62,9 @@ from pantheon._report import RunSummary, count_own_topics, local_report, summari
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
+
+if TYPE_CHECKING:
+    from pantheon.telemetry import Telemetry
 
 __all__ = [
     "ClusterError",
@@ -259,6 +262,10 @@ class NodeHost:
     is known to the broker (see :meth:`Placement.probes`). The agents are configured from
     ``scenario`` exactly as in-process, so moving an agent between processes changes
     nothing in it.
+
+    ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`, as ``pantheon node`` builds from
+    the scenario and the ``OTEL_*`` variables) traces this bus; :meth:`aclose` flushes and
+    shuts it down, so the spans of a node that leaves are exported before it exits.
     """
 
     def __init__(
@@ -275,6 +282,7 @@ class NodeHost:
         curve: Any = None,
         server_key: bytes | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        telemetry: Telemetry | None = None,
     ) -> None:
         placement = Placement.of(scenario)
         self.probes: list[str] = []
@@ -318,6 +326,9 @@ class NodeHost:
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)  # this bus also counts what reaches it from others
+        self.telemetry = telemetry
+        if telemetry is not None:
+            telemetry.instrument(self.bus)
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -345,8 +356,13 @@ class NodeHost:
     async def aclose(self, *, drain: bool = True) -> None:
         """Leave the broker; ``drain=False`` dead-letters what is still queued
         (``bus_closed``) instead of handling it."""
-        await self.bus.aclose(drain=drain)
-        await self.team.aclose()
+        try:
+            await self.bus.aclose(drain=drain)
+            await self.team.aclose()
+        finally:
+            if self.telemetry is not None:
+                # Blocking export (OTLP over HTTP): off the loop, after the last span ended.
+                await asyncio.to_thread(self.telemetry.shutdown)
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
