@@ -68,7 +68,8 @@ def shapes(spans: list[CollectedSpan]) -> Counter[str]:
     """Each trace as one canonical string: span names nested by parent, children sorted.
 
     Also checks the links: every parent id is a span of the same trace that was exported,
-    and every trace has one root."""
+    and every trace has one root. Traces the Monitor starts (a ``monitor.alert.*`` when a
+    loaded machine lets a mailbox fill) depend on timing, not on the emails: left out."""
     by_id = {s.span_id: s for s in spans}
     assert len(by_id) == len(spans), "duplicate span ids"
     children: dict[str, list[CollectedSpan]] = defaultdict(list)
@@ -88,7 +89,16 @@ def shapes(spans: list[CollectedSpan]) -> Counter[str]:
         inner = sorted(shape(c) for c in children[s.span_id])
         return f"{s.name}({','.join(inner)})" if inner else s.name
 
-    return Counter(shape(r[0]) for r in roots.values())
+    return Counter(
+        shape(r[0]) for r in roots.values() if not r[0].name.startswith("publish monitor.")
+    )
+
+
+def of_emails(spans: list[CollectedSpan]) -> list[CollectedSpan]:
+    """The spans of the emails' traces (see :func:`shapes` for what else there may be)."""
+    monitor = {s.trace_id for s in spans if s.name.startswith("publish monitor.")}
+    monitor -= {s.trace_id for s in spans if s.name == "publish observation.email.received"}
+    return [s for s in spans if s.trace_id not in monitor]
 
 
 @pytest.fixture(scope="module")
@@ -98,32 +108,26 @@ def in_process(workdir: Path, collector: OtlpCollector) -> list[CollectedSpan]:
     return spans
 
 
+NODES = {"driver", "perception", "cognition", "action"}
+
+
 @pytest.mark.parametrize(
-    ("scenario", "nodes"),
-    [
-        ("scenarios/support_email_3node.yaml", {"driver", "perception", "cognition", "action"}),
-        ("scenarios/support_email_nats.yaml", {"driver", "perception", "cognition", "action"}),
-    ],
+    "scenario",
+    ["scenarios/support_email_3node.yaml", "scenarios/support_email_nats.yaml"],
     ids=["zmq", "nats"],
 )
 def test_three_nodes_export_the_in_process_span_tree(
-    workdir: Path,
-    collector: OtlpCollector,
-    in_process: list[CollectedSpan],
-    scenario: str,
-    nodes: set[str],
+    workdir: Path, collector: OtlpCollector, in_process: list[CollectedSpan], scenario: str
 ) -> None:
     _, spans = traced_run(workdir, collector, scenario)
 
-    assert len(spans) == len(in_process)
-    assert Counter(s.name for s in spans) == Counter(s.name for s in in_process)
     # Every process exported, and each email's trace crosses them: the Sensor's process
     # span (perception) parents to the Observer's publish span (driver), and so on.
-    assert {s.node for s in spans} == nodes
+    assert {s.node for s in spans} == NODES
     by_id = {s.span_id: s for s in spans}
     crossing = Counter(
         (by_id[s.parent_id].node, s.node)
-        for s in spans
+        for s in of_emails(spans)
         if s.parent_id and by_id[s.parent_id].node != s.node
     )
     valid = EMAILS - 9
@@ -138,6 +142,10 @@ def test_three_nodes_export_the_in_process_span_tree(
     alone = shapes(in_process)
     assert shapes(spans) == alone
     assert sum(alone.values()) == EMAILS  # one trace per input email
+    # And so the same spans: 16,922 of them at sampling 1.0.
+    ours, reference = of_emails(spans), of_emails(in_process)
+    assert len(ours) == len(reference) > 15 * EMAILS
+    assert Counter(s.name for s in ours) == Counter(s.name for s in reference)
 
 
 def test_a_sampled_trace_is_whole_on_every_node(
@@ -158,7 +166,7 @@ def test_a_sampled_trace_is_whole_on_every_node(
     assert 60 <= sum(sampled.values()) <= 180, sampled
     whole = set(shapes(in_process))
     assert set(sampled) <= whole  # every sampled trace is one of the complete trees
-    assert {s.node for s in spans} == {"driver", "perception", "cognition", "action"}
+    assert {s.node for s in spans} == NODES
 
 
 def test_a_node_refuses_otel_settings_it_cannot_honour(workdir: Path) -> None:
