@@ -326,9 +326,9 @@ class NodeHost:
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)  # this bus also counts what reaches it from others
-        self.telemetry = telemetry
-        if telemetry is not None:
-            telemetry.instrument(self.bus)
+        self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
+        if self.telemetry is not None:
+            self.telemetry.instrument(self.bus)
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -353,6 +353,12 @@ class NodeHost:
         t = _transport_stats(self.bus)
         return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
 
+    async def close_telemetry(self) -> None:
+        """Export what is buffered (spans, a last metrics collection) and stop exporting."""
+        if self.telemetry is not None:
+            # Blocking export (OTLP over HTTP): off the loop.
+            await asyncio.to_thread(self.telemetry.shutdown)
+
     async def aclose(self, *, drain: bool = True) -> None:
         """Leave the broker; ``drain=False`` dead-letters what is still queued
         (``bus_closed``) instead of handling it."""
@@ -360,9 +366,7 @@ class NodeHost:
             await self.bus.aclose(drain=drain)
             await self.team.aclose()
         finally:
-            if self.telemetry is not None:
-                # Blocking export (OTLP over HTTP): off the loop, after the last span ended.
-                await asyncio.to_thread(self.telemetry.shutdown)
+            await self.close_telemetry()  # after the last span ended (a no-op if done)
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
@@ -509,6 +513,10 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 else:
                     _say(out, "stopped")
             elif command == "leave":
+                # Export before answering (the agents stopped, the bus is drained: no more
+                # spans): the driver gives a node that has reported only a short while to
+                # exit, and a slow collector must not make it look dead.
+                await host.close_telemetry()
                 _say(out, "report", report=host.report())
                 return
             else:

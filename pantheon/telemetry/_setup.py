@@ -186,6 +186,7 @@ class Telemetry:
         self.tracer_provider: TracerProvider | None = None
         self.metrics: BusMetrics | None = None
         self.meter_provider: MeterProvider | None = None
+        self._shut = False
         processors = list(span_processors)
         if not (span_exporters or processors or metric_readers):
             return
@@ -314,7 +315,11 @@ class Telemetry:
             self.meter_provider.force_flush()
 
     def shutdown(self) -> None:
-        """Export what is buffered (spans, a last metrics collection) and stop."""
+        """Export what is buffered (spans, a last metrics collection) and stop; once (a
+        node shuts down before its report and again on every way out)."""
+        if self._shut:
+            return
+        self._shut = True
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         if self.meter_provider is not None:

@@ -38,6 +38,11 @@ def collector() -> Iterator[OtlpCollector]:
         yield c
 
 
+def clean_env() -> dict[str, str]:
+    """The test's environment without the machine's own OTEL_/PANTHEON_ settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PANTHEON_"))}
+
+
 def traced_run(
     workdir: Path, collector: OtlpCollector, scenario: str, **env: str
 ) -> tuple[dict[str, Any], list[CollectedSpan]]:
@@ -50,7 +55,7 @@ def traced_run(
         capture_output=True,
         text=True,
         timeout=180,
-        env=os.environ
+        env=clean_env()
         | {
             "COLUMNS": "250",
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
@@ -179,7 +184,7 @@ def test_a_node_refuses_otel_settings_it_cannot_honour(workdir: Path) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env=os.environ | {"COLUMNS": "250", "OTEL_TRACES_EXPORTER": "jaeger"},
+        env=clean_env() | {"COLUMNS": "250", "OTEL_TRACES_EXPORTER": "jaeger"},
     )  # fmt: skip
     assert proc.returncode == 2
     assert (
