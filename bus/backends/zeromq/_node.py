@@ -36,12 +36,10 @@ bounded by the credit this node advertised.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 import os
 import secrets
 import socket
-import tempfile
 import time
 from collections import deque
 from collections.abc import Awaitable, Coroutine, Iterable
@@ -56,6 +54,7 @@ from bus._envelope import Envelope
 from bus._errors import BusClosedError, QueueFullError, TransportError
 from bus._topics import GlobIndex, matches
 from bus._transport import BusPort, Receipt, Transport
+from bus.backends.zeromq._addresses import default_data_bind, local_address
 from bus.backends.zeromq._errors import (
     AuthenticationFailed,
     ConnectError,
@@ -499,7 +498,7 @@ class ZmqTransport(Transport):
             server.curve_secretkey = self.curve.secret
             server.curve_publickey = self.curve.public
             server.curve_server = True
-        bind = self.data or _default_data_bind(self.endpoint, self._incarnation)
+        bind = self.data or default_data_bind(self.endpoint, self._incarnation)
         try:
             server.bind(bind)
         except zmq.ZMQError as exc:
@@ -510,7 +509,7 @@ class ZmqTransport(Transport):
         self._server = server
         endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
         if endpoint.startswith("tcp://0.0.0.0:"):
-            endpoint = f"tcp://{_local_address(self.endpoint)}:{endpoint.rsplit(':', 1)[1]}"
+            endpoint = f"tcp://{local_address(self.endpoint)}:{endpoint.rsplit(':', 1)[1]}"
         self.data_endpoint = endpoint
         self._server_fd = server.fileno()
         assert self._loop is not None
@@ -1747,39 +1746,6 @@ class _KeyGate:
 
     def callback(self, domain: str, key: bytes) -> bool:
         return self.transport._admit(key)
-
-
-def _default_data_bind(broker: str, incarnation: int) -> str:
-    """Where a node's data socket listens unless told: beside the broker's ipc socket, or
-    on a free port of the interface that reaches the broker."""
-    if broker.startswith("ipc://"):
-        path = f"{broker[len('ipc://') :]}.{os.getpid()}-{incarnation:08x}"
-        if len(path) > 100:  # the limit of a Unix socket path
-            path = os.path.join(tempfile.gettempdir(), f"pantheon-{os.getpid()}-{incarnation:x}")
-        return f"ipc://{path}"
-    if broker.startswith("tcp://"):
-        host = broker[len("tcp://") :].rsplit(":", 1)[0].strip("[]")
-        if _is_loopback(host):
-            return "tcp://127.0.0.1:0"
-        return "tcp://0.0.0.0:0"
-    return "tcp://127.0.0.1:0"
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _local_address(broker: str) -> str:
-    """The address of this machine's interface that routes to the broker (no packet sent)."""
-    host, port = broker[len("tcp://") :].rsplit(":", 1)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((host.strip("[]"), int(port)))
-        return str(probe.getsockname()[0])
 
 
 def _log_send_failure(fut: asyncio.Future[Any]) -> None:
