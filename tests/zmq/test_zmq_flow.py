@@ -267,5 +267,5 @@ async def test_relinks_leave_one_inbound_link_per_peer() -> None:
             await pub.drain(timeout=10)
         await eventually(lambda: len(got) == 6, what="every message delivered")
         assert sorted(got) == list(range(6))
-        assert len(sub.transport._links) == 1
+        assert len(sub.transport._inbox.links) == 1
         assert sub.transport.stats()["links_in"] == 1

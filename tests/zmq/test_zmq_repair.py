@@ -30,16 +30,17 @@ def lose_once(sub: Bus, what: str) -> dict[str, int]:
     transport = sub.transport
     assert isinstance(transport, ZmqTransport)
     dropped = {what: 0}
-    flush = transport._flush_links
+    inbox = transport._inbox
+    flush = inbox.flush
 
     def lossy() -> None:
-        for link in transport._dirty_links:
+        for link in inbox.dirty:
             if not dropped[what] and getattr(link, what):
                 dropped[what] += 1
                 setattr(link, what, [])
         flush()
 
-    transport._flush_links = lossy  # type: ignore[method-assign]
+    inbox.flush = lossy  # type: ignore[method-assign]
     return dropped
 
 

@@ -42,7 +42,7 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Coroutine, Iterable
+from collections.abc import Iterable
 from typing import Any, cast
 
 import msgspec
@@ -53,7 +53,7 @@ from zmq.utils.monitor import parse_monitor_message
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, QueueFullError, TransportError
 from bus._topics import GlobIndex, matches
-from bus._transport import BusPort, Receipt, Transport
+from bus._transport import BusPort, Transport
 from bus.backends.zeromq._addresses import default_data_bind, local_address
 from bus.backends.zeromq._errors import (
     AuthenticationFailed,
@@ -63,13 +63,14 @@ from bus.backends.zeromq._errors import (
     PeerLost,
     RemoteHandlerError,
 )
+from bus.backends.zeromq._inbound import Inbox
 from bus.backends.zeromq._keys import CurveKeys
+from bus.backends.zeromq._reactor import Reactor, wake
 from bus.backends.zeromq._wire import (
     DEFAULT_MAX_FRAME,
     MAX_CREDIT,
     PROTOCOL,
     Bye,
-    Data,
     Directory,
     DirectoryAck,
     Done,
@@ -109,7 +110,6 @@ DEFAULT_DEDUP_WINDOW = 65_536
 _DATA_HEAD = b"\x93\x05"
 _TURN = 256
 _NOBLOCK = int(zmq.NOBLOCK)
-_EVENTS = int(zmq.EVENTS)
 _CLOCK_SAMPLES = 8
 _RELINK_FIRST = 0.02  # seconds before linking again to a node that refused the handshake
 _AUTH_EVENTS = (
@@ -118,22 +118,6 @@ _AUTH_EVENTS = (
     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
 )
 _ITEMS = msgspec.msgpack.Decoder(list[Item])
-#: Frames a LINK_PING may have DONE said again for, at most (the window bounds them anyway).
-_REDONE_MAX = 4096
-
-
-class _Link:
-    """An inbound data link: one publisher's DEALER, as this node's ROUTER sees it."""
-
-    __slots__ = ("control", "done", "expected", "ident", "nacked", "open")
-
-    def __init__(self, ident: bytes) -> None:
-        self.ident = ident
-        self.expected = 0  # next data seq expected on the link
-        self.nacked: int | None = None
-        self.done: list[int] = []
-        self.control: list[bytes] = []  # replies, sent before the link's next DONE
-        self.open: set[int] = set()  # frames taken and not yet settled
 
 
 class _Peer:
@@ -215,54 +199,6 @@ class _Route:
                 self.single_names = None if per_peer[peers[0]] == 1 else [name]
 
 
-class _FrameReceipt(Receipt):
-    """Settled once per subscription that took one of the frame's messages."""
-
-    __slots__ = ("armed", "link", "pending", "seq", "transport")
-
-    def __init__(self, transport: ZmqTransport, link: _Link, seq: int) -> None:
-        self.transport = transport
-        self.link = link
-        self.seq = seq
-        self.pending = 0
-        self.armed = False
-
-    def expect(self, count: int) -> None:
-        self.pending += count
-
-    def settle(self, result: Any, error: BaseException | None) -> None:
-        self.pending -= 1
-        if not self.pending and self.armed:
-            self.transport._settled(self)
-
-    def arm(self) -> None:
-        """Every message of the frame was offered to the bus; settle when they are done."""
-        self.armed = True
-        if not self.pending:
-            self.transport._settled(self)
-
-
-class _RequestReceipt(Receipt):
-    """A request's receipt: the first answer (or failure) goes back on the link."""
-
-    __slots__ = ("answered", "env", "frame")
-
-    def __init__(self, frame: _FrameReceipt, env: Envelope) -> None:
-        self.frame = frame
-        self.env = env
-        self.answered = False
-
-    def expect(self, count: int) -> None:
-        self.frame.expect(count)
-
-    def settle(self, result: Any, error: BaseException | None) -> None:
-        # The frame first: when this settles it, its DONE goes in the answer's message.
-        self.frame.settle(result, error)
-        if not self.answered and (error is not None or result is not None):
-            self.answered = True
-            self.frame.transport._answer(self.frame.link, self.env, result, error)
-
-
 class ZmqTransport(Transport):
     """A :class:`~bus.Transport` over ZeroMQ: ``Bus(transport=ZmqTransport(endpoint))``.
 
@@ -340,13 +276,11 @@ class ZmqTransport(Transport):
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None  # control, to the broker
         self._sync: zmq.Socket[bytes] | None = None
-        self._server: zmq.Socket[bytes] | None = None  # data, from the other nodes
-        self._server_fd: int | None = None
         self._control_fd: int | None = None
         self._auth: Any = None
         self._port: BusPort | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._reactor = Reactor()
         self._closed = False
         self._connected = False
         self._incarnation = int.from_bytes(os.urandom(4), "big")
@@ -375,18 +309,6 @@ class ZmqTransport(Transport):
         self._idle_waiters: list[asyncio.Future[None]] = []
         self._requests: dict[int, tuple[asyncio.Future[Any], str]] = {}
         # inbound
-        self._links: dict[bytes, _Link] = {}
-        self._dirty_links: set[_Link] = set()
-        self._control_handle: asyncio.Handle | None = None
-        self._parked: deque[tuple[_FrameReceipt, list[Item], int]] = deque()
-        self._unparking = False
-        self._serving = False
-        self._drain_handles: dict[int, asyncio.Handle] = {}
-        # Two generations of seen ids: the newest ``dedup_window`` at least, with no
-        # per-message bookkeeping beyond one set add (the old generation is dropped whole).
-        self._seen: set[Any] = set()
-        self._seen_old: set[Any] = set()
-        self._dedup_window = dedup_window
         # clock
         self._last_heard = 0.0
         self._clock: deque[tuple[int, int]] = deque(maxlen=_CLOCK_SAMPLES)
@@ -420,6 +342,15 @@ class ZmqTransport(Transport):
             ),
             0,
         )
+        self._inbox = Inbox(
+            node=self.node,
+            reactor=self._reactor,
+            counts=self._counts,
+            max_frame=max_frame,
+            dedup_window=dedup_window,
+            flush_outbound=self._flush_all,
+            to_wire=self._wire_offset,
+        )
         # Messages each other node settled, by node name: a node killed without a word
         # took its own accounting with it, and what it had settled here (handled there)
         # may have caused work inside it that died too. The driver of a run says so instead
@@ -433,6 +364,8 @@ class ZmqTransport(Transport):
             raise TransportError(f"ZmqTransport {self.node!r} is already started")
         self._port = port
         self._loop = loop = asyncio.get_running_loop()
+        self._reactor.start(loop)
+        self._inbox.port = port
         self._ctx = zmq.asyncio.Context()
         try:
             self._bind_server()
@@ -478,42 +411,25 @@ class ZmqTransport(Transport):
         self._control_fd = fd
         loop.add_reader(fd, self._drain_control)
         loop.call_soon(self._drain_control)  # frames that came in behind the handshake's
-        self._tasks = [loop.create_task(self._beat(), name=f"zmq-node:{self.node}:heartbeat")]
+        self._reactor.tasks.append(
+            loop.create_task(self._beat(), name=f"zmq-node:{self.node}:heartbeat")
+        )
 
     def _bind_server(self) -> None:
         """Bind the data socket other nodes send to (a CURVE server with this node's keys,
         admitting only the keys the broker's directory lists)."""
         assert self._ctx is not None
-        server: zmq.Socket[bytes] = zmq.Context.shadow(self._ctx.underlying).socket(zmq.ROUTER)
-        server.setsockopt(zmq.SNDHWM, 0)  # replies and DONEs: bounded by the senders' windows
-        server.setsockopt(zmq.RCVHWM, 0)  # bounded by the credit we advertise
-        server.setsockopt(zmq.MAXMSGSIZE, 2 * self.max_frame)
-        server.setsockopt(zmq.LINGER, 1000)
         if self.curve is not None:
             from zmq.auth.asyncio import AsyncioAuthenticator
 
             self._auth = AsyncioAuthenticator(self._ctx)
             self._auth.start()
             self._auth.configure_curve_callback("*", credentials_provider=_KeyGate(self))
-            server.curve_secretkey = self.curve.secret
-            server.curve_publickey = self.curve.public
-            server.curve_server = True
         bind = self.data or default_data_bind(self.endpoint, self._incarnation)
-        try:
-            server.bind(bind)
-        except zmq.ZMQError as exc:
-            server.close(0)
-            raise ConnectError(
-                f"node {self.node!r} cannot bind its data socket {bind}: {exc}"
-            ) from exc
-        self._server = server
-        endpoint = server.getsockopt_string(zmq.LAST_ENDPOINT)
+        endpoint = self._inbox.bind(self._ctx, bind, self.curve, self._auth)
         if endpoint.startswith("tcp://0.0.0.0:"):
             endpoint = f"tcp://{local_address(self.endpoint)}:{endpoint.rsplit(':', 1)[1]}"
         self.data_endpoint = endpoint
-        self._server_fd = server.fileno()
-        assert self._loop is not None
-        self._loop.add_reader(self._server_fd, self._drain_server)
 
     def _admit(self, key: bytes) -> bool:
         """ZAP: admit a CURVE client key on the data socket iff the broker lists its node.
@@ -624,7 +540,7 @@ class ZmqTransport(Transport):
         if self._sock is None:
             return
         self._flush_all()
-        self._flush_links()
+        self._inbox.flush()
         if self._in_flight and self._connected:
             try:
                 async with asyncio.timeout(self.heartbeat * self.liveness):
@@ -633,37 +549,29 @@ class ZmqTransport(Transport):
                 pass
         for peer in list(self._peers.values()):
             self._dead_letter_all(peer, "bus_closed")
-        self._flush_links()
+        self._inbox.flush()
         if self._connected:
             self._send_control(self._enc.encode(Bye()))
         await self._teardown()
 
     async def _teardown(self, linger: int | None = None) -> None:
         loop = self._loop
-        for fd in (self._control_fd, self._server_fd):
-            if fd is not None and loop is not None:
-                loop.remove_reader(fd)
-        self._control_fd = self._server_fd = None
-        for handle in (self._flush_handle, self._control_handle, *self._drain_handles.values()):
-            if handle is not None:
-                handle.cancel()
-        self._drain_handles.clear()
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._control_fd is not None and loop is not None:
+            loop.remove_reader(self._control_fd)
+        self._control_fd = None
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+        self._inbox.close(linger)
+        await self._reactor.stop()
         for fut in self._credit_waiters:
             if not fut.done():
                 fut.set_exception(TransportError(f"transport {self.node!r} is closed"))
         self._credit_waiters.clear()
-        self._wake(self._idle_waiters)
-        self._wake(self._sync_waiters)
+        wake(self._idle_waiters)
+        wake(self._sync_waiters)
         for peer in self._peers.values():
             self._disconnect(peer)
         self._peers.clear()
-        if self._server is not None:
-            self._server.close(linger)
-            self._server = None
         if self._sock is not None:
             self._sock.close(linger)  # the default LINGER lets BYE go out
             self._sock = None
@@ -693,9 +601,7 @@ class ZmqTransport(Transport):
             await fut
         # The others sent what they routed by the old directory before acknowledging, but
         # on other sockets than the broker's: take in what has reached ours already.
-        server = self._server
-        # (pyzmq types getsockopt as int | bytes; ZMQ_EVENTS is an int.)
-        while server is not None and not self._closed and server.getsockopt(_EVENTS) & 1:  # type: ignore[operator]  # noqa: ASYNC110 - a socket state, no waiter
+        while not self._closed and self._inbox.waiting():  # noqa: ASYNC110 - a socket state
             await asyncio.sleep(0.001)
 
     def has_remote(self, topic: str) -> bool:
@@ -780,8 +686,8 @@ class ZmqTransport(Transport):
                 for p in self._peers.values()
             },
             "unsettled_frames": sum(len(p.unsettled) for p in self._peers.values()),
-            "parked_frames": len(self._parked),
-            "links_in": len(self._links),
+            "parked_frames": len(self._inbox.parked),
+            "links_in": len(self._inbox.links),
             "pending_requests": len(self._requests),
             "clock_offset_ns": self._offset,
             "rtt_ns": self._rtt,
@@ -962,7 +868,7 @@ class ZmqTransport(Transport):
             # Closing: the frame stays unsettled, and is resent or redelivered from there.
             _log.warning("send to node %s failed: %s", peer.name, exc)
             return
-        self._redrain(peer.fd, sock, self._drain_peer, peer)
+        self._reactor.redrain(peer.fd, sock, self._drain_peer, peer)
 
     def _refused(self, peer: _Peer) -> None:
         """A DEALER with no high-water mark refuses a send only when its one pipe is gone,
@@ -1002,20 +908,7 @@ class ZmqTransport(Transport):
         except zmq.ZMQError as exc:
             _log.warning("send to the broker failed: %s", exc)
             return
-        self._redrain(self._control_fd, sync, self._drain_control)
-
-    def _redrain(
-        self, fd: int | None, sock: zmq.Socket[bytes] | None, drain: Any, *args: Any
-    ) -> None:
-        """Run ``drain`` for ``fd`` soon, unless it is pending already. With ``sock``, only if
-        input waits: ZMQ_FD is edge-triggered, and a send or a drain can consume the edge of
-        input that arrived meanwhile, so nothing else would wake the reader for it."""
-        if fd is None or fd in self._drain_handles or self._loop is None:
-            return
-        # pyzmq types getsockopt as int | bytes; ZMQ_EVENTS is an int.
-        if sock is not None and not sock.getsockopt(_EVENTS) & 1:  # type: ignore[operator]
-            return
-        self._drain_handles[fd] = self._loop.call_soon(drain, *args)
+        self._reactor.redrain(self._control_fd, sync, self._drain_control)
 
     # -- outbound links ------------------------------------------------------------------------
 
@@ -1049,11 +942,7 @@ class ZmqTransport(Transport):
             peer.relink.cancel()
             peer.relink = None
         if peer.fd is not None:
-            if self._loop is not None:
-                self._loop.remove_reader(peer.fd)
-            handle = self._drain_handles.pop(peer.fd, None)
-            if handle is not None:
-                handle.cancel()
+            self._reactor.forget(peer.fd)
             peer.fd = None
         if peer.sock is not None:
             peer.sock.close(0)
@@ -1077,7 +966,7 @@ class ZmqTransport(Transport):
         fd = peer.fd
         if fd is None:
             return
-        self._drain_handles.pop(fd, None)
+        self._reactor.drained(fd)
         sock = peer.sock
         assert sock is not None
         for _ in range(_TURN):
@@ -1105,9 +994,9 @@ class ZmqTransport(Transport):
                 if peer.sock is None:
                     return  # dropped while handling (closing)
         else:
-            self._redrain(fd, None, self._drain_peer, peer)
+            self._reactor.redrain(fd, None, self._drain_peer, peer)
             return
-        self._redrain(fd, sock, self._drain_peer, peer)
+        self._reactor.redrain(fd, sock, self._drain_peer, peer)
 
     def _acked(self, peer: _Peer, seqs: list[int]) -> None:
         settled = 0
@@ -1139,7 +1028,7 @@ class ZmqTransport(Transport):
                     fut.set_result(None)
                     room -= 1
         if not self._in_flight and self._idle_waiters:
-            self._wake(self._idle_waiters)
+            wake(self._idle_waiters)
 
     def _reply(self, msg: Reply) -> None:
         entry = self._requests.get(msg.request_id)
@@ -1194,7 +1083,7 @@ class ZmqTransport(Transport):
                     # The group is served here now: deliver it locally (a request's answer
                     # then completes its future directly).
                     self._counts["redelivered"] += 1
-                    self._background(self._deliver_here(env, name, peer.name))
+                    self._reactor.background(self._deliver_here(env, name, peer.name))
                     continue
                 self._lost(env, name, "node_lost", peer.name)
 
@@ -1261,282 +1150,6 @@ class ZmqTransport(Transport):
             for name in names:
                 self._lost(item.env, name, reason, peer.name)
 
-    # -- inbound links -------------------------------------------------------------------------
-
-    def _drain_server(self) -> None:
-        """The data socket's reader: take every frame it has without waiting, then send the
-        DONEs handling them made, one message per link. Reschedules itself after ``_TURN``
-        messages so the loop stays fair."""
-        fd = self._server_fd
-        server = self._server
-        if fd is None or server is None:
-            return
-        self._drain_handles.pop(fd, None)
-        assert self._loop is not None
-        self._serving = True
-        try:
-            for _ in range(_TURN):
-                try:
-                    parts = server.recv_multipart(_NOBLOCK)
-                except zmq.Again:
-                    break
-                ident = parts[0]
-                link = self._links.get(ident)
-                if link is None:
-                    link = self._new_link(ident)
-                    if link is None:
-                        continue
-                for i in range(1, len(parts)):
-                    self._link_frame(link, parts[i])
-            else:
-                self._redrain(fd, None, self._drain_server)
-            self._flush_links()
-            self._redrain(fd, server, self._drain_server)
-        finally:
-            self._serving = False
-
-    def _new_link(self, ident: bytes) -> _Link | None:
-        """The first frame of a link not seen before. A publisher names each link it makes
-        ``node/incarnation/n``, ``n`` counting up (see ``_connect``), and relinks only after
-        closing the old one, resending on the new link whatever the old one had not
-        settled. So a higher ``n`` from the same node run replaces the links before it: they
-        are dropped here, or the receiver would keep one per relink for the node's whole
-        life. A frame that still arrives on a replaced link (``None``) is dropped too; its
-        messages come again on the new one."""
-        prefix, _, number = ident.rpartition(b"/")
-        if prefix and number.isdigit():
-            n = int(number)
-            for other in [i for i in self._links if i.rpartition(b"/")[0] == prefix]:
-                other_n = other.rpartition(b"/")[2]
-                if other_n.isdigit() and int(other_n) > n:
-                    self._counts["stale_frames"] += 1
-                    return None
-                self._dirty_links.discard(self._links.pop(other))
-        link = self._links[ident] = _Link(ident)
-        return link
-
-    def _link_frame(self, link: _Link, frame: bytes) -> None:
-        counts = self._counts
-        counts["frames_in"] += 1
-        if len(frame) > self.max_frame:
-            counts["oversized"] += 1
-            _log.warning(
-                "dropped an oversized frame (%d bytes > %d) from %r",
-                len(frame),
-                self.max_frame,
-                link.ident,
-            )
-            return
-        try:
-            msg = self._decode_in(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            counts["malformed"] += 1
-            n = counts["malformed"]
-            if n <= 10 or not n % 1000:
-                _log.warning("dropped malformed frame #%d from %r: %s", n, link.ident, exc)
-            return
-        try:
-            if type(msg) is Data:
-                self._data(link, msg)
-            else:
-                self._link_ping(link, msg)
-        except Exception:
-            _log.exception("node %s failed to handle a frame; dropped it", self.node)
-
-    def _link_ping(self, link: _Link, ping: LinkPing) -> None:
-        """The publisher still waits for frames from ``ping.first_unsettled`` on. Frames or
-        answers can be lost either way (a ROUTER drops what it sends to a peer whose pipe is
-        down, e.g. while it reconnects), so each ping repairs both: a gap is NACKed again,
-        and DONE is said again for every frame since then that is settled here."""
-        if ping.last_seq >= link.expected:
-            # Frames were sent that we never got (or our NACK was lost): ask again.
-            self._gap(link)
-        first = max(ping.first_unsettled, link.expected - _REDONE_MAX)
-        again = [seq for seq in range(first, link.expected) if seq not in link.open]
-        if again:
-            link.done += again
-            self._dirty_links.add(link)
-            self._schedule_links()
-
-    def _gap(self, link: _Link) -> None:
-        self._counts["gaps"] += 1
-        link.nacked = link.expected
-        link.control.append(self._enc.encode(Nack(link.expected)))
-        self._dirty_links.add(link)
-        self._schedule_links()
-
-    def _data(self, link: _Link, msg: Data) -> None:
-        seq = msg.seq
-        if seq != link.expected:
-            if seq < link.expected:
-                self._counts["duplicate_frames"] += 1
-                if seq not in link.open:
-                    # Settled already: a resend crossed our DONE; say it again.
-                    link.done.append(seq)
-                    self._dirty_links.add(link)
-            elif link.nacked != link.expected:
-                _log.warning(
-                    "gap on the link from %r: expected frame %d, got %d; asked to resend",
-                    link.ident,
-                    link.expected,
-                    seq,
-                )
-                self._gap(link)
-            else:
-                self._counts["gaps"] += 1
-            return
-        link.expected = seq + 1
-        link.nacked = None
-        self._counts["received"] += len(msg.items)
-        receipt = _FrameReceipt(self, link, seq)
-        link.open.add(seq)
-        if self._parked or self._unparking:
-            self._parked.append((receipt, msg.items, 0))
-            return
-        waiting = self._deliver(receipt, msg.items, 0)
-        if waiting is not None:
-            assert self._loop is not None
-            self._unparking = True
-            self._background(self._unpark(waiting))
-
-    def _deliver(
-        self, receipt: _FrameReceipt, items: list[Item], start: int
-    ) -> Awaitable[None] | None:
-        """Offer the frame's messages from ``start`` on; on a full ``block`` mailbox, park
-        the rest in front of the queue and return what to wait for."""
-        assert self._port is not None
-        deliver = self._port.deliver
-        seen, seen_old, window = self._seen, self._seen_old, self._dedup_window
-        to_wire = self._to_wire
-        for i in range(start, len(items)):
-            item = items[i]
-            env = item.env
-            if not 0 <= env.priority <= 2:
-                self._counts["malformed"] += 1
-                _log.warning("dropped message %d: priority %r out of range", env.id, env.priority)
-                continue
-            names = item.names
-            key = env.id if names is None else (env.id, *names)
-            if key in seen or key in seen_old:
-                self._counts["duplicates"] += 1
-                continue
-            seen.add(key)
-            if len(seen) >= window:
-                self._seen_old = seen_old = seen
-                self._seen = seen = set()
-            env.created -= to_wire  # decoded: context is None, reply is set here
-            env.reply = receipt if not item.request else _RequestReceipt(receipt, env)
-            try:
-                waiting = deliver(env, names)
-            except BusClosedError:
-                # The bus stopped taking messages: leave the frame unsettled; the publisher
-                # hands it to another member when this node leaves the directory.
-                return None
-            except QueueFullError:
-                self._counts["rejected"] += 1
-                continue
-            except Exception:
-                _log.exception("delivering message %d (%s) failed", env.id, env.topic)
-                env.reply.expect(0)
-                continue
-            if waiting is not None:
-                self._parked.appendleft((receipt, items, i + 1))
-                return waiting
-        receipt.arm()
-        return None
-
-    def _background(self, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` as a task that teardown cancels, forgotten once it is done."""
-        assert self._loop is not None
-        task = self._loop.create_task(work)
-        self._tasks.append(task)
-        task.add_done_callback(self._forget)
-
-    def _forget(self, task: asyncio.Task[None]) -> None:
-        if task in self._tasks:
-            self._tasks.remove(task)
-
-    async def _unpark(self, waiting: Awaitable[None]) -> None:
-        try:
-            while True:
-                try:
-                    await waiting
-                except QueueFullError:
-                    self._counts["rejected"] += 1
-                except BusClosedError:
-                    self._parked.clear()
-                    return
-                while True:
-                    if not self._parked:
-                        return
-                    receipt, items, start = self._parked.popleft()
-                    next_wait = self._deliver(receipt, items, start)
-                    if next_wait is not None:
-                        waiting = next_wait
-                        break
-        finally:
-            self._unparking = False
-
-    def _settled(self, receipt: _FrameReceipt) -> None:
-        link = receipt.link
-        link.open.discard(receipt.seq)
-        if self._links.get(link.ident) is link:
-            link.done.append(receipt.seq)
-            self._dirty_links.add(link)
-            self._schedule_links()
-
-    def _answer(self, link: _Link, env: Envelope, result: Any, error: BaseException | None) -> None:
-        if error is None:
-            try:
-                value = msgspec.Raw(self._enc.encode(result))
-            except Exception as exc:  # RecursionError too: a cyclic answer
-                error = EncodeError(f"reply to {env.topic!r} is not msgpack-encodable: {exc}")
-        reply: tuple[int, int, bool, msgspec.Raw | None, str | None, str | None]
-        if error is not None:
-            reply = (9, env.id, False, None, type(error).__name__, str(error))
-        else:
-            reply = (9, env.id, True, value, None, None)
-        self._counts["replies_sent"] += 1
-        link.control.append(self._enc.encode(reply))
-        self._dirty_links.add(link)
-        if not self._serving:
-            # The asker is waiting: answer now (with the DONEs this turn made so far), not
-            # at the end of the loop turn.
-            self._flush_links()
-
-    def _schedule_links(self) -> None:
-        if not self._serving and self._control_handle is None and self._loop is not None:
-            self._control_handle = self._loop.call_soon(self._flush_links)
-
-    def _flush_links(self) -> None:
-        """Replies, NACKs and DONEs made this loop turn: one message per link. What the
-        handlers emitted goes to libzmq first: a DONE settles its message for good, so the
-        messages that handling produced must not be left behind it in a batch."""
-        if self._dirty:
-            self._flush_all()
-        if self._control_handle is not None:
-            self._control_handle.cancel()
-            self._control_handle = None
-        server = self._server
-        dirty = self._dirty_links
-        while dirty:
-            link = dirty.pop()
-            frames = [link.ident]
-            if link.control:
-                frames += link.control
-                link.control = []
-            if link.done:
-                frames.append(self._enc.encode(Done(link.done)))
-                link.done = []
-            if server is None or len(frames) == 1:
-                continue
-            try:
-                server.send_multipart(frames, _NOBLOCK)
-            except zmq.ZMQError as exc:
-                _log.warning("answer to %r failed: %s", link.ident, exc)
-        if server is not None and not self._serving:
-            self._redrain(self._server_fd, server, self._drain_server)
-
     # -- control -------------------------------------------------------------------------------
 
     def _drain_control(self) -> None:
@@ -1544,7 +1157,7 @@ class ZmqTransport(Transport):
         sync = self._sync
         if fd is None or sync is None or self._loop is None:
             return
-        self._drain_handles.pop(fd, None)
+        self._reactor.drained(fd)
         for _ in range(_TURN):
             try:
                 frames = sync.recv_multipart(_NOBLOCK)
@@ -1566,9 +1179,9 @@ class ZmqTransport(Transport):
             if self._sync is None:
                 return
         else:
-            self._redrain(fd, None, self._drain_control)
+            self._reactor.redrain(fd, None, self._drain_control)
             return
-        self._redrain(fd, sync, self._drain_control)
+        self._reactor.redrain(fd, sync, self._drain_control)
 
     def _handle_control(self, msg: Any) -> None:
         kind = type(msg)
@@ -1582,7 +1195,7 @@ class ZmqTransport(Transport):
             self._pong(msg)
         elif kind is SubsAck:
             self._subs_acked = max(self._subs_acked, msg.version)
-            self._wake(self._sync_waiters)
+            wake(self._sync_waiters)
         elif kind is Reset:
             _log.warning("broker reset node %s (%s); re-joining", self.node, msg.reason)
             self._rejoin()
@@ -1665,11 +1278,7 @@ class ZmqTransport(Transport):
                     )
                     continue
                 self._peers[info.name] = peer
-        # Inbound links from nodes no longer listed (or listed with a new incarnation) are
-        # over: their senders redeliver whatever those links had not settled.
-        live = {f"{info.name}/{info.incarnation:x}".encode() for info in infos}
-        for ident in [i for i in self._links if i.rsplit(b"/", 1)[0] not in live]:
-            del self._links[ident]
+        self._inbox.forget_unlisted({f"{i.name}/{i.incarnation:x}".encode() for i in infos})
         self._reindex()
         for peer in lost:
             self._peer_lost(peer)
@@ -1710,16 +1319,12 @@ class ZmqTransport(Transport):
         self._rtt, self._offset = min(self._clock)
         self._to_wire = self._mono_to_wall + self._offset
 
+    def _wire_offset(self) -> int:
+        return self._to_wire
+
     def _rejoin(self) -> None:
         self._connected = False
         self._send_control(self._hello())
-
-    @staticmethod
-    def _wake(waiters: list[asyncio.Future[None]]) -> None:
-        while waiters:
-            fut = waiters.pop()
-            if not fut.done():
-                fut.set_result(None)
 
 
 def _wire_of(env: Envelope, to_wire: int) -> tuple[Any, ...]:
