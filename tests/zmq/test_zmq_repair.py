@@ -69,7 +69,8 @@ async def test_a_lost_frame_and_its_lost_nack_are_resent(pair: tuple[Broker, Bus
     dropped = lose_once(sub, "control")
     transport = pub.transport
     assert isinstance(transport, ZmqTransport)
-    send = transport._send_data
+    out = transport._out
+    send = out.send_data
     lost = []
 
     def lossy(peer: object, frame: bytes) -> None:
@@ -78,7 +79,7 @@ async def test_a_lost_frame_and_its_lost_nack_are_resent(pair: tuple[Broker, Bus
             return
         send(peer, frame)  # type: ignore[arg-type]
 
-    transport._send_data = lossy  # type: ignore[method-assign]
+    out.send_data = lossy  # type: ignore[method-assign]
     for i in range(6):
         await pub.emit("t", i)
         await asyncio.sleep(0.01)
