@@ -57,9 +57,17 @@ class InboundLink:
 
 
 class FrameReceipt(Receipt):
-    """Settled once per subscription that took one of the frame's messages."""
+    """Settled once per subscription that took one of the frame's messages.
 
-    __slots__ = ("armed", "inbox", "link", "pending", "seq")
+    A closing bus gives back what it will not handle (``release``, or a settle with
+    :class:`~bus.BusClosedError`, which a bus sends only while closing: ``off`` waits for
+    its backlog). Such a frame is never acknowledged: it stays open (a LINK_PING does not
+    say DONE for it either), and when this node's BYE takes it out of the directory the
+    publisher redelivers the frame to another member of the group, or dead-letters it as
+    ``node_lost`` there if there is none. Its other messages, if any were handled here,
+    come again to that member: at least once, never lost."""
+
+    __slots__ = ("armed", "inbox", "link", "pending", "released", "seq")
 
     def __init__(self, inbox: Inbox, link: InboundLink, seq: int) -> None:
         self.inbox = inbox
@@ -67,11 +75,20 @@ class FrameReceipt(Receipt):
         self.seq = seq
         self.pending = 0
         self.armed = False
+        self.released = False
 
     def expect(self, count: int) -> None:
         self.pending += count
 
     def settle(self, result: Any, error: BaseException | None) -> None:
+        if error is not None and isinstance(error, BusClosedError):
+            self.released = True
+        self.pending -= 1
+        if not self.pending and self.armed:
+            self.inbox.settled(self)
+
+    def release(self) -> None:
+        self.released = True
         self.pending -= 1
         if not self.pending and self.armed:
             self.inbox.settled(self)
@@ -96,7 +113,14 @@ class _RequestReceipt(Receipt):
     def expect(self, count: int) -> None:
         self.frame.expect(count)
 
+    def release(self) -> None:
+        self.answered = True  # given back: the member it is redelivered to answers
+        self.frame.release()
+
     def settle(self, result: Any, error: BaseException | None) -> None:
+        if error is not None and isinstance(error, BusClosedError):
+            self.release()
+            return
         # The frame first: when this settles it, its DONE goes in the answer's message.
         self.frame.settle(result, error)
         if not self.answered and (error is not None or result is not None):
@@ -397,6 +421,9 @@ class Inbox:
             self.unparking = False
 
     def settled(self, receipt: FrameReceipt) -> None:
+        if receipt.released:
+            self.counts["released"] += 1  # no DONE: see FrameReceipt
+            return
         link = receipt.link
         link.open.discard(receipt.seq)
         if self.links.get(link.ident) is link:

@@ -173,6 +173,7 @@ class ZmqTransport(Transport):
                 "rejoined",
                 "stale_frames",
                 "directory_dropped",
+                "released",
             ),
             0,
         )
@@ -278,7 +279,8 @@ class ZmqTransport(Transport):
     async def aclose(self) -> None:
         """Leave: send what is batched, wait (up to ``heartbeat * liveness``) for it to be
         settled, say BYE, close. Anything still unsettled then is dead-lettered here with
-        reason ``bus_closed``; the others redeliver what this node had not settled."""
+        reason ``bus_closed``; the others redeliver what this node had not settled, including
+        what its closing bus gave back (see ``FrameReceipt``)."""
         if self._closed:
             return
         self._closed = True
