@@ -27,9 +27,10 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from bus._transport import wake
 from bus.backends.zeromq._errors import AuthenticationFailed, ConnectError
 from bus.backends.zeromq._keys import CurveKeys
-from bus.backends.zeromq._reactor import Reactor, wake
+from bus.backends.zeromq._reactor import Reactor
 from bus.backends.zeromq._wire import (
     PROTOCOL,
     Directory,

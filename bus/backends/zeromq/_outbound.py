@@ -23,9 +23,10 @@ import msgspec
 import zmq
 
 from bus._errors import TransportError
+from bus._transport import wake
 from bus.backends.zeromq._errors import EncodeError, FrameTooLarge, RemoteHandlerError
 from bus.backends.zeromq._keys import CurveKeys
-from bus.backends.zeromq._reactor import Reactor, wake
+from bus.backends.zeromq._reactor import Reactor
 from bus.backends.zeromq._wire import (
     Done,
     Item,

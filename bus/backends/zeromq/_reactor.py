@@ -14,7 +14,7 @@ from typing import Any
 
 import zmq
 
-__all__ = ["Reactor", "wake"]
+__all__ = ["Reactor"]
 
 _EVENTS = int(zmq.EVENTS)
 
@@ -80,11 +80,3 @@ class Reactor:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def wake(waiters: list[asyncio.Future[None]]) -> None:
-    """Release every waiter (each waits for a condition it checks again itself)."""
-    while waiters:
-        fut = waiters.pop()
-        if not fut.done():
-            fut.set_result(None)
