@@ -6,15 +6,15 @@ each subscribes to, where its data socket listens) and the heartbeats; see ``_br
 
 Each node binds one ROUTER data socket that every other node's publisher connects a
 DEALER to. The publisher routes: it resolves a topic once against every node's
-subscriptions (token patterns, cached per topic), and for every consumer group (subscriptions
-of one name) that matches picks one member node, the one it has the least unsettled work
-with (round robin on ties). A group with a member on the publishing node itself is served
-there, locally, zero copy.
+subscriptions (token patterns, cached per topic), and for every consumer group
+(subscriptions of one name) that matches picks one member node, the one it has the least
+unsettled work with (round robin on ties). A group with a member on the publishing node
+itself is served there, locally, zero copy.
 
 Sending (``_outbound``): batched per peer, Nagle style, kept until the receiver settles it
 (DONE), within a window and each peer's credit; a gap costs a resend, not a loss. When the
 directory drops a peer, whatever it had not settled goes to another member of the same
-group, or into this bus's DLQ as ``node_lost`` (``_peer_lost`` here). Receiving
+group, or into this bus's DLQ as ``node_lost`` (``_handover``). Receiving
 (``_inbound``): one reader callback drains the data socket without waiting, one receipt per
 frame, DONE once every subscription that took one of its messages settled it.
 
@@ -22,9 +22,10 @@ The state lives in the parts, one per file, and this module composes them: ``_co
 (:class:`BrokerSession`: handshake, heartbeats, clock offset, rejoin), ``_routing``
 (:class:`Directory`: members, routes, round robin), ``_outbound`` (:class:`Outbound` and a
 :class:`PeerLink` per peer: batch, credit, window, unsettled frames, resend), ``_inbound``
-(:class:`Inbox`: links, receipts, dedup, DONE/NACK) and ``_addresses``. What crosses parts
-goes through here: a listing from the broker re-links peers and redelivers what a lost one
-held (``_peer_lost``), and the Inbox flushes the outbound batches before every DONE.
+(:class:`Inbox`: links, receipts, dedup, DONE/NACK), ``_handover`` (:class:`Handover`:
+what a lost peer held) and ``_addresses``; ``_reactor`` is the loop state they share. What
+crosses parts goes through here: a listing from the broker re-links peers and hands over
+what a lost one held, and the Inbox flushes the outbound batches before every DONE.
 """
 
 from __future__ import annotations
@@ -42,15 +43,14 @@ import zmq
 import zmq.asyncio
 
 from bus._envelope import Envelope
-from bus._errors import BusClosedError, QueueFullError, TransportError
-from bus._topics import matches
+from bus._errors import TransportError
 from bus._transport import BusPort, Transport
 from bus.backends.zeromq._addresses import default_data_bind, local_address
 from bus.backends.zeromq._control import BrokerSession
-from bus.backends.zeromq._errors import EncodeError, FrameTooLarge, PeerLost
+from bus.backends.zeromq._handover import Handover
 from bus.backends.zeromq._inbound import Inbox
 from bus.backends.zeromq._keys import CurveKeys
-from bus.backends.zeromq._outbound import Outbound, PeerLink
+from bus.backends.zeromq._outbound import Outbound, PeerLink, wire_of
 from bus.backends.zeromq._reactor import Reactor
 from bus.backends.zeromq._routing import Directory
 from bus.backends.zeromq._wire import (
@@ -71,6 +71,31 @@ DEFAULT_WINDOW = 8192
 DEFAULT_CREDIT = 4096
 #: Message ids remembered to drop duplicates (a resend after a gap or a re-link).
 DEFAULT_DEDUP_WINDOW = 65_536
+#: What ``stats()`` counts; every part adds to the one dict.
+_COUNTERS = (
+    "frames_out",
+    "acked",
+    "received",
+    "frames_in",
+    "duplicates",
+    "duplicate_frames",
+    "malformed",
+    "oversized",
+    "gaps",
+    "resent",
+    "relinked",
+    "rejected",
+    "redelivered",
+    "node_lost",
+    "peers_lost",
+    "replies_sent",
+    "replies_received",
+    "broker_lost",
+    "rejoined",
+    "stale_frames",
+    "directory_dropped",
+    "released",
+)
 
 
 class ZmqTransport(Transport):
@@ -105,33 +130,15 @@ class ZmqTransport(Transport):
         dedup_window: int = DEFAULT_DEDUP_WINDOW,
         connect_timeout: float = 5.0,
     ) -> None:
-        if (curve is None) != (server_key is None):
-            raise ValueError("ZmqTransport: CURVE needs both curve (node keys) and server_key")
-        if heartbeat <= 0 or liveness < 1:
-            raise ValueError(
-                f"ZmqTransport: heartbeat must be > 0 and liveness >= 1, "
-                f"got {heartbeat}, {liveness}"
-            )
-        for label, value in (
-            ("batch_max", batch_max),
-            ("window", window),
-            ("credit", credit),
-            ("dedup_window", dedup_window),
-        ):
-            if value < 1:
-                raise ValueError(f"ZmqTransport: {label} must be >= 1, got {value}")
-        if max_frame < 1024 or batch_delay < 0:
-            raise ValueError(
-                f"ZmqTransport: max_frame must be >= 1024 and batch_delay >= 0, "
-                f"got {max_frame}, {batch_delay}"
-            )
+        _check_options(
+            curve, server_key, heartbeat, liveness, max_frame, batch_max, batch_delay, window,
+            credit, dedup_window,
+        )  # fmt: skip
         self.endpoint = connect
         self.node = node or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         problem = node_name_problem(self.node)
         if problem is not None:
             raise ValueError(f"ZmqTransport: {problem}")
-        if credit > MAX_CREDIT:
-            raise ValueError(f"ZmqTransport: credit must be <= {MAX_CREDIT}, got {credit}")
         self.data = data
         self.data_endpoint: str | None = None
         self.curve = curve
@@ -150,33 +157,7 @@ class ZmqTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._incarnation = int.from_bytes(os.urandom(4), "big")
-        self._counts = dict.fromkeys(
-            (
-                "frames_out",
-                "acked",
-                "received",
-                "frames_in",
-                "duplicates",
-                "duplicate_frames",
-                "malformed",
-                "oversized",
-                "gaps",
-                "resent",
-                "relinked",
-                "rejected",
-                "redelivered",
-                "node_lost",
-                "peers_lost",
-                "replies_sent",
-                "replies_received",
-                "broker_lost",
-                "rejoined",
-                "stale_frames",
-                "directory_dropped",
-                "released",
-            ),
-            0,
-        )
+        self._counts = dict.fromkeys(_COUNTERS, 0)
         self._reactor = reactor = Reactor()
         self._directory = Directory(self.node, self._counts)
         self._routes = self._directory.routes  # one dict for life: the hot path holds it
@@ -210,6 +191,14 @@ class ZmqTransport(Transport):
             heartbeat=heartbeat,
             to_wire=self._wire_offset,
         )
+        self._handover = Handover(
+            node=self.node,
+            out=self._out,
+            directory=self._directory,
+            session=self._session,
+            reactor=reactor,
+            counts=self._counts,
+        )
         self._inbox = Inbox(
             node=self.node,
             reactor=reactor,
@@ -225,7 +214,7 @@ class ZmqTransport(Transport):
     async def start(self, port: BusPort) -> None:
         if self._ctx is not None:
             raise TransportError(f"ZmqTransport {self.node!r} is already started")
-        self._port = self._inbox.port = port
+        self._port = self._inbox.port = self._handover.port = port
         self._loop = loop = asyncio.get_running_loop()
         self._reactor.start(loop)
         self._ctx = self._out.ctx = zmq.asyncio.Context()
@@ -296,7 +285,7 @@ class ZmqTransport(Transport):
             except TimeoutError:
                 pass
         for peer in list(self._directory.peers.values()):
-            self._dead_letter_all(peer, "bus_closed")
+            self._handover.dead_letter_all(peer, "bus_closed")
         self._inbox.flush()
         if self._session.connected:
             self._session.send(msgspec.msgpack.encode(Bye()))
@@ -471,7 +460,7 @@ class ZmqTransport(Transport):
         self._inbox.forget_unlisted({f"{i.name}/{i.incarnation:x}".encode() for i in infos})
         self._reindex()
         for peer in lost:
-            self._peer_lost(peer)
+            self._handover.peer_lost(peer)
 
     async def _beat(self) -> None:
         assert self._loop is not None
@@ -485,95 +474,41 @@ class ZmqTransport(Transport):
             self._session.beat()
             self._out.ping(list(directory.peers.values()))
 
-    def _peer_lost(self, peer: PeerLink) -> None:
-        """The directory dropped ``peer``: everything it had not settled goes to another
-        member of the same group, or into this bus's DLQ as ``node_lost``."""
-        self._out.disconnect(peer)
-        self._counts["peers_lost"] += 1
-        items = self._out.take_unsettled(peer)
-        if not items:
-            return
-        _log.warning(
-            "node %s lost with %d unsettled messages from %s: redelivered or dead-lettered",
-            peer.name,
-            len(items),
-            self.node,
+
+def _check_options(
+    curve: CurveKeys | None,
+    server_key: bytes | None,
+    heartbeat: float,
+    liveness: int,
+    max_frame: int,
+    batch_max: int,
+    batch_delay: float,
+    window: int,
+    credit: int,
+    dedup_window: int,
+) -> None:
+    """A bad option is refused when the transport is made, naming it, not found later."""
+    if (curve is None) != (server_key is None):
+        raise ValueError("ZmqTransport: CURVE needs both curve (node keys) and server_key")
+    if heartbeat <= 0 or liveness < 1:
+        raise ValueError(
+            f"ZmqTransport: heartbeat must be > 0 and liveness >= 1, got {heartbeat}, {liveness}"
         )
-        assert self._port is not None
-        subs = {name for name, _ in self._session.subs}
-        for item in items:
-            env = item.env
-            names = item.names or [n for n, p in peer.subs if matches(p, env.topic)]
-            route = self._routes.get(env.topic) or self._directory.route(env.topic)
-            for name in names:
-                others = route.groups.get(name)
-                if others:
-                    target = min(others, key=PeerLink.load)
-                    try:
-                        self._out.encode(
-                            target, wire_of(env, self._session.to_wire), [name], item.request
-                        )
-                    except (EncodeError, FrameTooLarge) as exc:
-                        # Off the publisher's call: the DLQ is where it can see this.
-                        self._fail(env, name, "encode_error", exc)
-                        continue
-                    self._counts["redelivered"] += 1
-                    continue
-                if name in subs:
-                    # The group is served here now: deliver it locally (a request's answer
-                    # then completes its future directly).
-                    self._counts["redelivered"] += 1
-                    self._reactor.background(self._deliver_here(env, name, peer.name))
-                    continue
-                self._lost(env, name, "node_lost", peer.name)
-
-    async def _deliver_here(self, env: Envelope, name: str, where: str) -> None:
-        assert self._port is not None
-        request = self._out.requests.get(env.id)
-        env.reply = request[0] if request is not None else None
-        try:
-            waiting = self._port.deliver(env, [name])
-            if waiting is not None:
-                await waiting
-        except (BusClosedError, QueueFullError):
-            self._lost(env, name, "node_lost", where)
-
-    def _lost(self, env: Envelope, subscriber: str, reason: str, where: str) -> None:
-        assert self._port is not None
-        error = PeerLost(
-            f"node {where!r} holding {env.topic!r} for {subscriber!r} was lost and no other "
-            f"member of that group could take it"
-            if reason == "node_lost"
-            else f"node {self.node!r} closed before node {where!r} settled it"
+    for label, value in (
+        ("batch_max", batch_max),
+        ("window", window),
+        ("credit", credit),
+        ("dedup_window", dedup_window),
+    ):
+        if value < 1:
+            raise ValueError(f"ZmqTransport: {label} must be >= 1, got {value}")
+    if max_frame < 1024 or batch_delay < 0:
+        raise ValueError(
+            f"ZmqTransport: max_frame must be >= 1024 and batch_delay >= 0, "
+            f"got {max_frame}, {batch_delay}"
         )
-        request = self._out.requests.get(env.id)
-        if request is not None and not request[0].done():
-            request[0].set_exception(error)
-        if reason == "node_lost":
-            self._counts["node_lost"] += 1
-        self._port.dead_letter(env, subscriber, reason, error)
-
-    def _fail(self, env: Envelope, subscriber: str, reason: str, error: BaseException) -> None:
-        assert self._port is not None
-        request = self._out.requests.get(env.id)
-        if request is not None and not request[0].done():
-            request[0].set_exception(error)
-        self._port.dead_letter(env, subscriber, reason, error)
-
-    def _dead_letter_all(self, peer: PeerLink, reason: str) -> None:
-        for item in self._out.take_unsettled(peer):
-            names = item.names or ["<remote>"]
-            for name in names:
-                self._lost(item.env, name, reason, peer.name)
-
-
-def wire_of(env: Envelope, to_wire: int) -> tuple[Any, ...]:
-    """An envelope as it travels (see ``_wire``): its fields without ``context`` and
-    ``reply``, ``created`` moved to the broker's wall clock."""
-    return (
-        env.topic, env.payload, env.priority, env.id, env.session_id, env.correlation_id,
-        env.causation_id, env.trace, env.created + to_wire, env.hops, env.source,
-    )  # fmt: skip
+    if credit > MAX_CREDIT:
+        raise ValueError(f"ZmqTransport: credit must be <= {MAX_CREDIT}, got {credit}")
 
 
 class _KeyGate:

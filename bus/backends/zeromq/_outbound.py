@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from bus._envelope import Envelope
 from bus._errors import TransportError
 from bus._transport import wake
 from bus.backends.zeromq._errors import EncodeError, FrameTooLarge, RemoteHandlerError
@@ -38,7 +39,7 @@ from bus.backends.zeromq._wire import (
     link_back_decoder,
 )
 
-__all__ = ["DEFAULT_BATCH_BYTES", "Outbound", "PeerLink"]
+__all__ = ["DEFAULT_BATCH_BYTES", "Outbound", "PeerLink", "wire_of"]
 
 _log = logging.getLogger("bus.zeromq.node")
 
@@ -472,6 +473,15 @@ class Outbound:
             if self.credit_waiters or self.idle_waiters:
                 self._settle(0)
         return items
+
+
+def wire_of(env: Envelope, to_wire: int) -> tuple[Any, ...]:
+    """An envelope as it travels (see ``_wire``): its fields without ``context`` and
+    ``reply``, ``created`` moved to the broker's wall clock."""
+    return (
+        env.topic, env.payload, env.priority, env.id, env.session_id, env.correlation_id,
+        env.causation_id, env.trace, env.created + to_wire, env.hops, env.source,
+    )  # fmt: skip
 
 
 def not_encodable(topic: str, exc: BaseException) -> EncodeError:
