@@ -144,7 +144,7 @@ class _InputCounter:
         self.counts: Counter[str] = Counter()
         self.positions: OrderedDict[int, int] = OrderedDict()
 
-    def __call__(self, env: Envelope) -> None:
+    def on_publish(self, env: Envelope) -> None:
         if env.causation_id is not None or env.source is not None:
             return
         if env.topic.startswith("system."):
@@ -376,7 +376,7 @@ class Agent:
         self._timeline = fault_timeline.get() or FaultTimeline(time.time())
         if self.fault.windowed:
             self._inputs = _InputCounter(self._timeline.messages)
-            bus.publish_listeners.append(self._inputs)
+            bus.observe(self._inputs)
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(

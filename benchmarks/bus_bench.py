@@ -350,7 +350,7 @@ async def glob_suite(cfg: dict[str, Any], payloads: list[Any]) -> dict[str, Any]
         async def miss() -> dict[str, float]:
             topics = fresh_topics(cfg["n_c2"])
             route = bus._route
-            routes = bus._routes
+            routes = bus._routes.cache
             samples = []
             append = samples.append
             t_all = perf_ns()
@@ -390,7 +390,7 @@ async def glob_suite(cfg: dict[str, Any], payloads: list[Any]) -> dict[str, Any]
                 raise AssertionError("fresh-topic emits lost")
             return dt / len(topics) * 1e6
 
-        bus._routes_changed()  # start (c2) from an empty route cache
+        bus._routes.changed()  # start (c2) from an empty route cache
         out["c2_miss"] = await repeat(miss, repeats, warmup=False)
         out["c2_fresh_emit_us"] = await repeat(fresh_emit, repeats)
         for k, pattern in enumerate(EMPTY_PREFIX_PATTERNS):
@@ -535,7 +535,7 @@ async def subscription_memory_child(n: int) -> dict[str, Any]:
     for t in topics:
         await bus.emit(t, payload)
     await bus.drain()
-    bus._routes_changed()  # drop the routes the emits cached: count subscriptions only
+    bus._routes.changed()  # drop the routes the emits cached: count subscriptions only
     gc.collect()
     b2 = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()

@@ -4,17 +4,7 @@ Light on purpose: importing ``bus`` pulls in msgspec and the standard library, n
 """
 
 from bus._breaker import CircuitBreaker
-from bus._bus import (
-    UNSAMPLED,
-    Bus,
-    DeliveryListener,
-    Handler,
-    Subscription,
-    Tracer,
-    current_envelope,
-    current_subscription,
-    is_sampled,
-)
+from bus._bus import Bus
 from bus._clock import Clock, SystemClock
 from bus._config import (
     DEFAULT_BLOCK_TIMEOUT,
@@ -38,26 +28,39 @@ from bus._errors import (
     RequestTimeout,
     TransportError,
 )
+from bus._hooks import (
+    UNSAMPLED,
+    BreakerEvent,
+    BusObserver,
+    Delivery,
+    ObserverHandle,
+    Tracer,
+    is_sampled,
+)
 from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, TopicStats
+from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Transport
+from bus._worker import current_envelope, current_subscription
 
 __all__ = [
     "DEFAULT_BLOCK_TIMEOUT",
     "DEFAULT_BREAKER",
     "DEFAULT_MAX_QUEUE",
     "UNSAMPLED",
+    "BreakerEvent",
     "BreakerPolicy",
     "Bus",
     "BusClosedError",
     "BusError",
+    "BusObserver",
     "BusStats",
     "CircuitBreaker",
     "CircuitOpenError",
     "Clock",
     "DeadLetter",
     "DeadLetterQueue",
-    "DeliveryListener",
+    "Delivery",
     "EdgeStats",
     "EncodeError",
     "Envelope",
@@ -66,6 +69,7 @@ __all__ = [
     "InProcessTransport",
     "LatencySummary",
     "NoRouteError",
+    "ObserverHandle",
     "Overflow",
     "Priority",
     "PublishError",

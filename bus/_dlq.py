@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
@@ -16,6 +16,8 @@ __all__ = ["DEFAULT_DLQ_SIZE", "DeadLetter", "DeadLetterQueue"]
 #: a recording session has already persisted it, so eviction bounds memory, not the record,
 #: and ``totals`` still counts it.
 DEFAULT_DLQ_SIZE = 10_000
+
+_time = time.time
 
 REASONS = ("failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed")
 
@@ -39,12 +41,23 @@ class DeadLetter:
     time: float
 
 
+#: A shed message as the queue keeps it until someone reads it.
+_Shed = tuple[int, Envelope, str, float]  # entry_id, envelope, subscriber, time
+
+
 class DeadLetterQueue:
     """Bounded, ordered store of :class:`DeadLetter` entries; list them, redrive them.
 
     At most ``max_entries`` are kept: past that the oldest is evicted (``evicted`` counts
     them). ``totals`` counts every entry ever added, by reason, evicted or not, so a report
     of how many messages died does not stop at the cap.
+
+    Shed messages are the one kind that comes in floods (a runaway publisher against a
+    ``shed`` mailbox), and shedding must cost no more than delivering: :meth:`shed` appends
+    a bare tuple to a ring of its own (the newest ``max_entries`` sheds), and the
+    :class:`DeadLetter` is built only when the entry is read, or at once when an observer
+    wants every one. The record of sheds is thus a bounded sample, while ``totals["shed"]``
+    and the subscription's ``shed`` count stay exact. ``observers`` is set by the bus.
     """
 
     def __init__(
@@ -53,15 +66,36 @@ class DeadLetterQueue:
         max_entries: int = DEFAULT_DLQ_SIZE,
     ) -> None:
         self._entries: OrderedDict[int, DeadLetter] = OrderedDict()
-        self._ids = itertools.count(1)
+        self._shed: deque[_Shed] = deque(maxlen=max_entries)
+        self._shed_total = 0
+        self._shed_taken = 0  # sheds moved out of the ring (read, or cleared)
+        self._next_id = itertools.count(1).__next__
         self._redeliver = redeliver
         self.max_entries = max_entries
-        self.evicted = 0
-        self.totals: dict[str, int] = {}
-        self.listeners: list[Callable[[DeadLetter], None]] = []
+        self._evicted = 0
+        self._totals: dict[str, int] = {}
+        self.observers: tuple[Callable[[DeadLetter], None], ...] = ()
+
+    @property
+    def evicted(self) -> int:
+        """Entries dropped to keep the bound (sheds included), as if all were one store."""
+        pending = len(self._shed)
+        return (
+            self._evicted
+            + (self._shed_total - pending - self._shed_taken)  # fell off the ring
+            + max(0, len(self._entries) + pending - self.max_entries)  # merging will drop
+        )
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Entries ever added, by reason (a fresh dict)."""
+        totals = dict(self._totals)
+        if self._shed_total:
+            totals["shed"] = self._shed_total
+        return totals
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return min(len(self._entries) + len(self._shed), self.max_entries)
 
     def add(
         self,
@@ -73,7 +107,7 @@ class DeadLetterQueue:
         attempts: int = 0,
     ) -> DeadLetter:
         entry = DeadLetter(
-            entry_id=next(self._ids),
+            entry_id=self._next_id(),
             envelope=envelope,
             subscriber=subscriber,
             reason=reason,
@@ -84,18 +118,44 @@ class DeadLetterQueue:
             time=time.time(),
         )
         self._entries[entry.entry_id] = entry
-        self.totals[reason] = self.totals.get(reason, 0) + 1
+        self._totals[reason] = self._totals.get(reason, 0) + 1
         if len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)
-            self.evicted += 1
-        for listener in self.listeners:
-            listener(entry)
+            self._evicted += 1
+        for observer in self.observers:
+            observer(entry)
         return entry
+
+    def shed(self, envelope: Envelope, subscriber: str) -> None:
+        """List a shed message: what :meth:`add` does, minus building the record now."""
+        self._shed_total += 1
+        kept = (self._next_id(), envelope, subscriber, _time())
+        self._shed.append(kept)
+        if self.observers:
+            entry = _built(kept)
+            for observer in self.observers:
+                observer(entry)
+
+    def _materialize(self) -> None:
+        """Move the kept sheds into the ordered store, as records (reading needs them)."""
+        if not self._shed:
+            return
+        sheds = sorted(self._shed)
+        self._shed_taken += len(sheds)
+        self._shed.clear()
+        merged = [*self._entries.values(), *map(_built, sheds)]
+        merged.sort(key=_entry_id)
+        over = len(merged) - self.max_entries
+        if over > 0:
+            self._evicted += over
+            del merged[:over]
+        self._entries = OrderedDict((e.entry_id, e) for e in merged)
 
     def entries(
         self, *, subscriber: str | None = None, reason: str | None = None
     ) -> list[DeadLetter]:
         """Entries oldest first, optionally only one subscriber's or one reason's."""
+        self._materialize()
         return [
             e
             for e in self._entries.values()
@@ -104,6 +164,7 @@ class DeadLetterQueue:
         ]
 
     def get(self, entry_id: int) -> DeadLetter:
+        self._materialize()
         try:
             return self._entries[entry_id]
         except KeyError:
@@ -116,6 +177,7 @@ class DeadLetterQueue:
         subscription is gone stays listed. Redriven messages skip the subscription's filter
         and sampling (they were chosen once already) but not its overflow policy.
         """
+        self._materialize()
         ids = list(self._entries) if entry_ids is None else list(entry_ids)
         done = 0
         for entry_id in ids:
@@ -126,4 +188,15 @@ class DeadLetterQueue:
         return done
 
     def clear(self) -> None:
+        self._shed_taken += len(self._shed)
+        self._shed.clear()
         self._entries.clear()
+
+
+def _built(kept: _Shed) -> DeadLetter:
+    entry_id, envelope, subscriber, when = kept
+    return DeadLetter(entry_id, envelope, subscriber, "shed", None, None, None, 0, when)
+
+
+def _entry_id(entry: DeadLetter) -> int:
+    return entry.entry_id

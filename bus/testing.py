@@ -7,6 +7,7 @@ import heapq
 import itertools
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 from bus._bus import Bus
@@ -88,8 +89,5 @@ def capture_events(bus: Bus, pattern: str = ">") -> Iterator[list[Envelope]]:
         if matches(pattern, env.topic):
             seen.append(env)
 
-    bus.publish_listeners.append(listen)
-    try:
+    with bus.observe(SimpleNamespace(on_publish=listen)):
         yield seen
-    finally:
-        bus.publish_listeners.remove(listen)

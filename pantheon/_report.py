@@ -100,7 +100,7 @@ class _OwnTopics:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 
-    def __call__(self, env: Envelope) -> None:
+    def on_publish(self, env: Envelope) -> None:
         if isinstance(env.reply, Receipt):
             return
         counts = self.counts
@@ -125,7 +125,7 @@ def count_own_topics(bus: Bus) -> None:
     if bus not in _own_topics:
         counter = _OwnTopics()
         _own_topics[bus] = counter
-        bus.publish_listeners.append(counter)
+        bus.observe(counter)
 
 
 def local_report(bus: Bus, team: Team) -> dict[str, Any]:

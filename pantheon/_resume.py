@@ -36,6 +36,7 @@ import dataclasses
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from agents import Observer
@@ -291,7 +292,9 @@ async def _run(
         rec = Recording(bus, recorder, outbox_dir)
         async with live_run(rec, scenario.name) as live:
             live.watch(team)
-            bus.publish_listeners.append(follow.on_publish)  # before the recorder sees it
+            bus.observe(
+                SimpleNamespace(on_publish=follow.on_publish)
+            )  # before the recorder sees it
             if on_bus is not None:
                 on_bus(bus)
             try:

@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from bus import Bus, Envelope
@@ -306,7 +307,7 @@ async def whatif_replay(
     fed = 0
     try:
         async with Bus(session_id=recorder.session_id) as bus:
-            bus.publish_listeners.append(aligner.on_publish)
+            bus.observe(SimpleNamespace(on_publish=aligner.on_publish))
             recorder.attach(bus)
             await setup(bus)
             fed = await _feed(bus, aligner, lineage, timeout)

@@ -36,9 +36,11 @@ import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Literal
 
-from bus import Bus, DeadLetter, Envelope
+from bus import BreakerEvent as BusBreakerEvent
+from bus import Bus, DeadLetter, Delivery, Envelope, ObserverHandle
 from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
 from pantheon.live._snapshot import (
     BreakerEvent,
@@ -248,8 +250,7 @@ class LiveFeed:
         self._clients: set[_Client] = set()
         self._server: asyncio.base_events.Server | None = None
         self._ticker: asyncio.Task[None] | None = None
-        self._chained: Any = None
-        self._mine: Any = None
+        self._handle: ObserverHandle | None = None
         self._hello = encode(Hello(self.session_id, scenario))
         self._stats = bus.stats()
         self._handlers: set[asyncio.Task[Any]] = set()
@@ -279,26 +280,15 @@ class LiveFeed:
         """Hook the bus's listeners, open the socket (if any) and start ticking."""
         if self._ticker is not None or self._closed:
             raise RuntimeError(f"{self!r} was already started")
-        bus = self.bus
-        bus.dlq.listeners.append(self._on_dead_letter)
-        bus.breaker_listeners.append(self._on_breaker)
+        tap = SimpleNamespace(on_dead_letter=self._on_dead_letter, on_breaker=self._on_breaker)
         if self._trace_ring:
             append = self._ring.append
-            prev = bus.delivery_listener
-            self._chained = prev
-            if prev is None:
 
-                def mine(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-                    append((sub, env, start, end, outcome))
+            def on_delivery(d: Delivery) -> None:
+                append((d.subscriber, d.envelope, d.started, d.ended, d.outcome))
 
-            else:
-
-                def mine(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-                    prev(sub, env, start, end, outcome)
-                    append((sub, env, start, end, outcome))
-
-            self._mine = mine
-            bus.delivery_listener = mine
+            tap.on_delivery = on_delivery
+        self._handle = self.bus.observe(tap)
         if self.path is not None:
             await self._listen(self.path)
         self._sample()
@@ -327,15 +317,10 @@ class LiveFeed:
             self._ticker.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._ticker
-        bus = self.bus
-        with contextlib.suppress(ValueError):
-            bus.dlq.listeners.remove(self._on_dead_letter)
-        with contextlib.suppress(ValueError):
-            bus.breaker_listeners.remove(self._on_breaker)
+        if self._handle is not None:
+            self._handle.close()
         self._sample()
         self._publish(force=True)
-        if self._mine is not None and bus.delivery_listener is self._mine:
-            bus.delivery_listener = self._chained
         for stream in list(self._streams):
             stream.close()
         clients = list(self._clients)
@@ -451,9 +436,9 @@ class LiveFeed:
         self._dead.append(entry)
         self._dead_seen += 1
 
-    def _on_breaker(self, name: str, old: str, new: str, reason: str) -> None:
-        self._breaker_events.append((time.monotonic_ns(), name, old, new, reason))
-        self._breaker_reason[name] = reason
+    def _on_breaker(self, ev: BusBreakerEvent) -> None:
+        self._breaker_events.append((time.monotonic_ns(), ev.breaker, ev.old, ev.new, ev.reason))
+        self._breaker_reason[ev.breaker] = ev.reason
 
     # -- ticking -------------------------------------------------------------------------------
 

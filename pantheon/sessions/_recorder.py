@@ -37,16 +37,16 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
-from bus import Bus, DeadLetter, Envelope
+from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, RecordingEffects
 from pantheon.sessions._errors import RecordingError
 from pantheon.sessions._journal import (
     CHUNK_ROWS,
     ChunkEncoder,
-    Delivery,
     Materializer,
     insert_rows,
 )
@@ -87,7 +87,6 @@ _MAX_LAG = 1.0
 _MATERIALIZE_SLICE = 0.02
 _TICK = 0.01
 
-_SENTINEL_GONE = object()
 
 _Batch = tuple[list[Envelope], list[Delivery]]
 
@@ -418,16 +417,19 @@ class Recorder:
         self._ticker: asyncio.Task[None] | None = None
         self._finished = False
         self._prev_context: Any = None
-        self._prev_delivery: Any = _SENTINEL_GONE
+        self._handle: ObserverHandle | None = None
         self._last_swap = time.monotonic()
         self._waits = 0
         bufs = self._bufs = _Buffers()
 
-        def on_delivery(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-            bufs.dels.append(Delivery(sub, env.id, env.created, start, end, outcome))
-
-        self._on_delivery = on_delivery
-        self._on_publish = bufs.envs.append
+        # What the bus calls: ``on_publish`` and ``on_delivery`` are the current buffers' own
+        # ``append`` (no Python frame per message), rebound at every swap (see _swap).
+        self._tap = SimpleNamespace(
+            on_publish=bufs.envs.append,
+            on_delivery=bufs.dels.append,
+            on_dead_letter=self._on_dead_letter,
+            on_breaker=self._on_breaker,
+        )
         atexit.register(self._atexit)
 
     def __repr__(self) -> str:
@@ -477,22 +479,7 @@ class Recorder:
         bus.session_id = self.session_id
         self._prev_context = bus.context
         bus.context = self._effects
-        bus.publish_listeners.append(self._on_publish)
-        prev = bus.delivery_listener
-        self._prev_delivery = prev
-        if prev is None:
-            bus.delivery_listener = self._on_delivery
-        else:
-            # The slot is taken: call both (costs one more call per delivery).
-            mine = self._on_delivery
-
-            def both(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-                prev(sub, env, start, end, outcome)
-                mine(sub, env, start, end, outcome)
-
-            bus.delivery_listener = both
-        bus.dlq.listeners.append(self._on_dead_letter)
-        bus.breaker_listeners.append(self._on_breaker)
+        self._handle = bus.observe(self._tap)
         if hasattr(time, "pthread_getcpuclockid"):
             with contextlib.suppress(OSError):
                 self._writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -501,8 +488,8 @@ class Recorder:
     def _on_dead_letter(self, entry: DeadLetter) -> None:
         self._writer.events.append(("dlq", entry))
 
-    def _on_breaker(self, name: str, old: str, new: str, reason: str) -> None:
-        self._writer.events.append(("breaker", time.time(), name, old, new, reason))
+    def _on_breaker(self, ev: BreakerEvent) -> None:
+        self._writer.events.append(("breaker", ev.time, ev.breaker, ev.old, ev.new, ev.reason))
 
     def snapshot(self) -> None:
         """Queue a ``bus.stats()`` snapshot now (the ticker takes one every second)."""
@@ -518,15 +505,10 @@ class Recorder:
             return self._writer.submit(None)
         bufs.envs = []
         bufs.dels = []
-        new_append = bufs.envs.append
-        bus = self._bus
-        if bus is not None:
-            listeners = bus.publish_listeners
-            for i, listener in enumerate(listeners):
-                if listener == self._on_publish:
-                    listeners[i] = new_append
-                    break
-        self._on_publish = new_append
+        self._tap.on_publish = bufs.envs.append
+        self._tap.on_delivery = bufs.dels.append
+        if self._handle is not None:
+            self._handle.refresh()
         return self._writer.submit((envs, dels))
 
     def _release(self) -> None:
@@ -539,14 +521,9 @@ class Recorder:
         if bus is None:
             return
         self._bus = None
-        with contextlib.suppress(ValueError):
-            bus.publish_listeners.remove(self._on_publish)
-        with contextlib.suppress(ValueError):
-            bus.dlq.listeners.remove(self._on_dead_letter)
-        with contextlib.suppress(ValueError):
-            bus.breaker_listeners.remove(self._on_breaker)
-        if self._prev_delivery is not _SENTINEL_GONE:
-            bus.delivery_listener = self._prev_delivery
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
         if bus.context is self._effects:
             bus.context = self._prev_context
 

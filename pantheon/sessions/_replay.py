@@ -7,10 +7,11 @@ import contextlib
 from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from agents import FaultTimeline, fault_timeline
-from bus import Bus, Envelope
+from bus import Bus, Delivery, Envelope
 from pantheon.sessions._align import (
     FailureMatch,
     Lineage,
@@ -261,7 +262,7 @@ async def replay_session(
     try:
         async with Bus(session_id=recorder.session_id) as bus:
             # Ours first: the mapping must exist before the recorder or any handler sees it.
-            bus.publish_listeners.append(live.on_publish)
+            bus.observe(live)
             recorder.attach(bus)
             await setup(bus)
             await _feed(bus, live, lineage, inputs, published, timeout)
@@ -490,17 +491,10 @@ async def redrive(
             recorder.attach(bus)
             seen: dict[tuple[int, str], str] = {}
 
-            def watch(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-                seen[(env.id, sub)] = outcome
+            def watch(d: Delivery) -> None:
+                seen[(d.envelope.id, d.subscriber)] = d.outcome
 
-            chained = bus.delivery_listener
-
-            def both(sub: str, env: Envelope, start: int, end: int, outcome: str) -> None:
-                if chained is not None:
-                    chained(sub, env, start, end, outcome)
-                watch(sub, env, start, end, outcome)
-
-            bus.delivery_listener = both
+            watching = bus.observe(SimpleNamespace(on_delivery=watch))
             for entry_id, local_id in staged.items():
                 letter = bus.dlq.get(local_id)
                 await bus.dlq.redrive([local_id])
@@ -515,7 +509,7 @@ async def redrive(
                     if again:
                         outcome = f"{outcome}: {again[-1].error_type}: {again[-1].error}"
                 outcomes[entry_id] = outcome
-            bus.delivery_listener = chained
+            watching.close()
     except BaseException:
         with contextlib.suppress(Exception):
             await recorder.finish("failed", {"redrive_of": original.id})

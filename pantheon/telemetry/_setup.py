@@ -266,7 +266,7 @@ class Telemetry:
     def instrument(self, bus: Bus) -> Bus:
         """Trace ``bus`` and report its counters; returns it."""
         if self.tracer is not None:
-            bus.tracer = self.tracer
+            bus.observe(self.tracer)
         if self.metrics is not None:
             self.metrics.add(bus)
         return bus

@@ -192,9 +192,13 @@ class _Span:
             )
 
     def deactivate(self) -> None:
+        if self.token is None:  # a span closed while it waited for a retry is not active
+            return
         if self.otel_token is not None:
             otel_context.detach(self.otel_token)
+            self.otel_token = None
         _current.reset(self.token)
+        self.token = None
 
     def __enter__(self) -> _Span:
         self.activate()
@@ -329,9 +333,15 @@ class BusTracer:
         span.activate()
         return span
 
+    def resume_process(self, token: Any) -> None:
+        """Another attempt of the message ``token`` spans, after a retry's backoff."""
+        token.activate()
+
     def end_process(self, token: Any, outcome: str, error: BaseException | None) -> None:
         span: _Span = token
         span.deactivate()
+        if outcome == "retrying":  # the message waits for another attempt: span stays open
+            return
         span.attributes["pantheon.outcome"] = outcome
         if outcome != "delivered":
             span.fail(outcome if error is None else f"{outcome}: {error!r}", error)

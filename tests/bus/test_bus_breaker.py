@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -212,7 +213,7 @@ async def test_manual_force_open_and_reset(bus: Bus, clock: FakeClock) -> None:
 
 async def test_breaker_listeners_see_every_transition(bus: Bus, clock: FakeClock) -> None:
     seen: list[tuple[str, str, str]] = []
-    bus.breaker_listeners.append(lambda name, old, new, why: seen.append((name, old, new)))
+    bus.observe(SimpleNamespace(on_breaker=lambda ev: seen.append((ev.breaker, ev.old, ev.new))))
     h = Switch()
     bus.on("t", h, name="sub", breaker=POLICY)
     await _emit_all(bus, 1, 2, 3)
@@ -355,7 +356,7 @@ async def test_a_refused_breaker_report_does_not_feed_a_breaker_of_its_own(gate,
         g = gate()
         await _fill_catch_all(b, g, until)
         seen: list[tuple[str, str, str]] = []
-        b.breaker_listeners.append(lambda name, old, new, why: seen.append((name, old, new)))
+        b.observe(SimpleNamespace(on_breaker=lambda ev: seen.append((ev.breaker, ev.old, ev.new))))
         with pytest.raises(QueueFullError):
             await b.emit("t", "refused")
         assert seen == [("publish:t", "closed", "open")]
@@ -373,7 +374,7 @@ async def test_every_refused_breaker_report_is_counted_over_many_transitions(
     g = gate()
     await _fill_catch_all(bus, g, until)
     seen: list[tuple[str, str, str]] = []
-    bus.breaker_listeners.append(lambda name, old, new, why: seen.append((name, old, new)))
+    bus.observe(SimpleNamespace(on_breaker=lambda ev: seen.append((ev.breaker, ev.old, ev.new))))
     refused = 0
     for _ in range(3):  # three refusals open it ...
         with pytest.raises(QueueFullError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import pytest
@@ -383,3 +384,53 @@ async def test_a_blocking_subscriber_still_gets_the_message_when_space_frees(
     hold_reject.open()
     await bus.drain()
     assert got == {"blk": ["held", "queued", "late"], "rej": ["held", "queued"]}
+
+
+async def test_shedding_builds_no_record_until_one_is_read_and_keeps_a_bounded_sample(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A shed costs a count and a bare tuple: no DeadLetter and no QueueFullError per
+    message (they made shedding 8x dearer than delivering under a runaway publisher).
+    The record is the newest ``dlq_size``; the counters stay exact."""
+    import bus._dlq
+    import bus._errors
+
+    built = {"letters": 0, "errors": 0}
+
+    class CountedLetter(bus._dlq.DeadLetter):
+        __slots__ = ()
+
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            built["letters"] += 1
+            super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+    class CountedError(bus._errors.QueueFullError):
+        def __init__(self, *args: object) -> None:
+            built["errors"] += 1
+            super().__init__(*args)  # type: ignore[arg-type]
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("bus.") or module is bus:
+            for name, value in list(vars(module).items()):
+                if value is bus._dlq.DeadLetter:
+                    monkeypatch.setattr(module, name, CountedLetter)
+                elif value is bus._errors.QueueFullError:
+                    monkeypatch.setattr(module, name, CountedError)
+    async with Bus(dlq_size=50) as b:
+        gate = asyncio.Event()
+
+        @b.on("t", name="slow", max_queue=10, overflow="shed")
+        async def slow(env: Envelope) -> None:
+            await gate.wait()
+
+        for i in range(1000):
+            b.emit_nowait("t", i)
+        s = b.stats().subscribers["slow"]
+        assert (s.published, s.shed, s.queued, s.in_flight) == (1000, 990, 10, 0)
+        assert built == {"letters": 0, "errors": 0}
+        assert b.dlq.totals == {"shed": 990} and len(b.dlq) == 50 and b.dlq.evicted == 940
+        sample = b.dlq.entries(reason="shed")
+        assert [e.envelope.payload for e in sample] == list(range(940, 990))
+        assert built["letters"] == 50  # built once, when read
+        assert b.dlq.get(sample[0].entry_id) is sample[0]
+        gate.set()

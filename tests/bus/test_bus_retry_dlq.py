@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -207,7 +208,7 @@ async def test_bounded_dlq_evicts_oldest_and_counts() -> None:
 
 async def test_dlq_listeners_see_every_entry(bus: Bus) -> None:
     seen: list[DeadLetter] = []
-    bus.dlq.listeners.append(seen.append)
+    bus.observe(SimpleNamespace(on_dead_letter=seen.append))
 
     @bus.on("t", name="bad")
     async def bad(env: Envelope) -> None:
@@ -309,3 +310,88 @@ async def test_redrive_into_a_sampled_filtered_subscription_bypasses_sampling(
     assert stats.dead_lettered == 0 and stats.delivered == dead
     assert stats.published == stats.delivered + stats.dead_lettered + stats.shed
     assert stats.filtered == 40 - dead
+
+
+async def test_a_message_waiting_for_a_retry_holds_no_mailbox_slot_nor_worker(
+    bus: Bus, clock: FakeClock, until
+) -> None:
+    """Backoff happens outside the mailbox: while poison waits out its delay, the worker
+    goes on with the queue and a publisher finds the room the poison left."""
+    handled: list[object] = []
+    deliveries: list[tuple[object, str]] = []
+
+    async def handler(env: Envelope) -> None:
+        handled.append(env.payload)
+        if env.payload == "poison":
+            raise ValueError("poison")
+
+    bus.on("t", handler, name="h", max_queue=2, retry=Retry(attempts=3, backoff=10.0))
+    bus.observe(
+        SimpleNamespace(on_delivery=lambda d: deliveries.append((d.envelope.payload, d.outcome)))
+    )
+    await bus.emit("t", "poison")
+    await until(lambda: clock.sleepers == 1)
+    s = bus.stats().subscribers["h"]
+    assert (s.queued, s.in_flight) == (0, 1)  # waiting for its retry: in flight, not queued
+    bus.emit_nowait("t", "a")
+    bus.emit_nowait("t", "b")  # max_queue=2: both fit, the poison takes no slot
+    await until(lambda: handled == ["poison", "a", "b"])  # and no worker
+    assert bus.outstanding == 1
+    await clock.advance(10.0)
+    await until(lambda: clock.sleepers == 1)
+    await clock.advance(20.0)
+    await bus.drain()
+    assert handled == ["poison", "a", "b", "poison", "poison"]
+    s = bus.stats().subscribers["h"]
+    assert (s.published, s.delivered, s.dead_lettered, s.in_flight) == (3, 2, 1, 0)
+    assert (s.failures, s.retries) == (3, 2)
+    [entry] = bus.dlq.entries()
+    assert (entry.envelope.payload, entry.reason, entry.attempts) == ("poison", "failed", 3)
+    # One delivery per message, whatever its number of attempts.
+    assert sorted(deliveries) == [("a", "delivered"), ("b", "delivered"), ("poison", "failed")]
+
+
+async def test_closing_during_a_retry_backoff_dead_letters_the_waiting_message(
+    clock: FakeClock, until
+) -> None:
+    b = Bus(clock=clock)
+    await b.start()
+
+    async def poison(env: Envelope) -> None:
+        raise ValueError("poison")
+
+    b.on("t", poison, name="p", retry=Retry(attempts=5, backoff=60.0))
+    await b.emit("t", 1)
+    await until(lambda: clock.sleepers == 1)
+    await b.aclose(drain=False)
+    s = b.stats().subscribers["p"]
+    assert (s.published, s.dead_lettered, s.in_flight) == (1, 1, 0)
+    assert [e.reason for e in b.dlq.entries()] == ["bus_closed"]
+
+
+async def test_retries_falling_due_together_do_not_open_the_default_breaker(
+    bus: Bus, clock: FakeClock, until
+) -> None:
+    """Retries of several messages may run back to back once their backoffs end; the
+    breaker hears of each message once, when it fails for good, so four poison messages
+    among good ones (3 attempts each: 8 failed calls in a row once due) leave it closed."""
+
+    async def handler(env: Envelope) -> None:
+        if env.payload.startswith("poison"):
+            raise ValueError(env.payload)
+
+    bus.on("t", handler, name="h", retry=Retry(attempts=3, backoff=1.0))
+    for i in range(4):
+        await bus.emit("t", f"poison{i}")
+        await bus.emit("t", f"ok{i}")
+    await until(lambda: clock.sleepers == 4)
+    await clock.advance(1.0)  # four second attempts fall due together
+    await until(lambda: clock.sleepers == 4)
+    await clock.advance(2.0)  # and four third attempts
+    await bus.drain()
+    assert bus.breakers() == {"h": "closed"}
+    s = bus.stats().subscribers["h"]
+    assert (s.delivered, s.dead_lettered, s.failures, s.retries) == (4, 4, 12, 8)
+    assert sorted((e.envelope.payload, e.reason, e.attempts) for e in bus.dlq.entries()) == [
+        (f"poison{i}", "failed", 3) for i in range(4)
+    ]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 
 import pytest
 
@@ -350,7 +351,7 @@ async def test_an_out_of_range_priority_is_refused_before_anything_is_counted(
     seen: list[object] = []
     bus.on("t", seen.append, name="sub")
     published: list[Envelope] = []
-    bus.publish_listeners.append(published.append)
+    bus.observe(SimpleNamespace(on_publish=published.append))
     with pytest.raises(ValueError, match="priority"):
         await bus.emit("t", 1, priority)
     with pytest.raises(ValueError, match="priority"):

@@ -319,3 +319,36 @@ def test_all_is_exactly_the_public_names() -> None:
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert set(pantheon.live.__all__) == public
+
+
+async def test_a_detaching_recorder_leaves_a_feed_attached_after_it(tmp_path: Path) -> None:
+    """Observers detach one by one: a recorder finishing before the feed used to put back
+    the delivery slot it had found (empty), unhooking the feed's traces for good."""
+    from pantheon.sessions import Recorder
+
+    with SessionStore(tmp_path / "sessions.db") as store:
+        recorder = Recorder(store)
+        async with Bus() as bus:
+            recorder.attach(bus)
+            feed = LiveFeed(bus, interval=0.01)
+            await feed.start()
+
+            @bus.on("job", name="worker")
+            async def work(env: Envelope) -> None:
+                if env.payload == "bad":
+                    raise ValueError("bad job")
+
+            await bus.emit("job", "before")
+            await bus.drain()
+            await recorder.finish()
+            assert not recorder.attached
+            await bus.emit("job", "after")
+            await bus.emit("job", "bad")
+            await bus.drain()
+            snap = feed.snapshot()
+            await feed.aclose()
+        # The recorder saw only what happened while it was attached.
+        assert [e.payload for e in store.envelopes(recorder.session_id)] == ["before"]
+    hops = [h for t in snap.traces for h in t.hops]
+    assert sorted(h.outcome for h in hops) == ["delivered", "delivered", "failed"]
+    assert [(d.error_type, d.error) for d in snap.dead_letters] == [("ValueError", "bad job")]

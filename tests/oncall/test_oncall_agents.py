@@ -6,6 +6,7 @@ import json
 import textwrap
 from collections.abc import Iterable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -125,7 +126,7 @@ async def test_the_observer_publishes_alerts_without_their_ground_truth(tmp_path
     summary = await pantheon.run(
         tmp_path / "team.yaml",
         record=False,
-        on_bus=lambda bus: bus.publish_listeners.append(seen.append),
+        on_bus=lambda bus: bus.observe(SimpleNamespace(on_publish=seen.append)),
     )
     published = {e.topic: e.payload for e in seen}
     assert published["observation.alert.received"] == {

@@ -427,8 +427,8 @@ async def test_a_bus_of_a_cluster_counts_only_what_it_published() -> None:
         await bus.emit("a.b", {})
         remote = Envelope.new("a.b", {})
         remote.reply = Receipt()  # as a transport hands a remote envelope to _inbound
-        for listener in bus.publish_listeners:
-            listener(remote)
+        for observer in bus._hooks.publish:
+            observer(remote)
         await bus.drain()
         report = local_report(bus, Team({}, _outbox()))
     assert report["topics"] == {"a.b": 2}

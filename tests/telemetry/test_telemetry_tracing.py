@@ -212,7 +212,7 @@ async def run_chains(tracer: BusTracer, roots: int) -> list[Envelope]:
     """``roots`` outside messages, each causing two more; returns every envelope seen."""
     seen: list[Envelope] = []
     async with Bus() as bus:
-        bus.tracer = tracer
+        bus.observe(tracer)
 
         async def relay(env: Envelope) -> None:
             seen.append(env)
