@@ -200,7 +200,7 @@ class Outbound:
     def encode(self, peer: PeerLink, wire: Any, names: list[str] | None, request: bool) -> None:
         """Append one message for ``peer`` to its batch; Nagle: the first of a loop turn
         goes at once. Runs on the publisher's call (``try_send``), so an encoding failure
-        is raised to it as :class:`EncodeError`; ``_peer_lost`` catches it and
+        is raised to it as :class:`EncodeError`; ``Handover.peer_lost`` catches it and
         dead-letters that message instead."""
         buf = peer.buf
         mark = len(buf)
