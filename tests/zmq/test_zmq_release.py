@@ -44,6 +44,12 @@ async def test_a_closing_member_s_backlog_goes_to_another_member() -> None:
             assert sorted(got) == list(range(50))  # each once, none lost
             assert started  # the leaving member had taken them
             assert leaving.transport.stats()["released"] >= 1
+            # The closing member lists nothing as its own dead letter: what it held went back.
+            assert not leaving.dlq.entries()
+            work = leaving.stats().subscribers["work"]
+            assert work.dead_lettered == 0
+            assert work.released == 50 - work.delivered
+            assert work.published == work.delivered + work.released
             assert pub.transport.stats()["redelivered"] == 50
             assert not pub.dlq.entries()  # nothing dead-lettered at the publisher
             assert pub.transport.stats()["in_flight"] == 0
