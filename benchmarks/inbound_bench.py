@@ -9,8 +9,8 @@ with a :class:`~bus.Receipt` in ``env.reply``; the bus queues it, a worker runs 
 settles the receipt. This script times exactly that, without a socket or a codec: a
 :class:`CaptureTransport` keeps the port the bus gives it in ``start``, and the script delivers
 ``--n`` prebuilt envelopes through it the way the ZeroMQ node does, ``--frame`` messages per
-reader wake-up (one shared receipt per frame, as ``_FrameReceipt``), yielding to the loop
-between frames so the worker drains them, then ``await bus.drain()``.
+reader wake-up (one shared receipt per frame, as the node's ``FrameReceipt``), yielding to the
+loop between frames so the worker drains them, then ``await bus.drain()``.
 
 Cases, each a fresh bus per repeat:
 

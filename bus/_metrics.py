@@ -123,13 +123,16 @@ class EdgeStats:
 @dataclass(frozen=True, slots=True)
 class SubscriberStats:
     """One subscription's accounting. Once drained, ``published == delivered + dead_lettered +
-    shed``; ``queued + in_flight`` covers the difference while it runs."""
+    shed + released``; ``queued + in_flight`` covers the difference while it runs.
+    ``released`` counts messages from other buses this one gave back unhandled when it
+    closed, for another member of their group: they are settled elsewhere, not here."""
 
     pattern: str
     published: int
     delivered: int
     dead_lettered: int
     shed: int
+    released: int
     rejected: int
     filtered: int
     failures: int

@@ -5,8 +5,11 @@ mailbox through :meth:`Subscription.offer` (a retry, which is no new publish, th
 :meth:`Subscription.requeue`), so the accounting below holds whatever the path.
 
 Accounting invariant, per subscription: every message accepted into a mailbox
-(``published``) ends as exactly one of ``delivered``, ``dead_lettered`` or ``shed``, and the
-last two are listed in the DLQ with their reason (the newest ``dlq_size`` of them). Until
+(``published``) ends as exactly one of ``delivered``, ``dead_lettered``, ``shed`` or
+``released``; dead-lettered and shed ones are listed in the DLQ with their reason (the newest
+``dlq_size`` of them). ``released`` is a message from another bus that this one, closing,
+gave back to its transport unhandled, so another member of its group takes it instead of it
+being dead-lettered on a bus that is going away. Until
 then it is ``queued`` (``size``) or ``in_flight`` (being handled, or waiting outside the
 mailbox for a retry). Messages a filter or sample declines are counted in ``filtered`` and
 were never published to that subscription; a ``reject`` or a ``block`` that timed out raises
@@ -68,6 +71,17 @@ class Ledger:
                 fut.set_result(None)
 
 
+def give_back(env: Envelope) -> bool:
+    """On a closing bus: hand a message from another bus back to its transport for another
+    member of its group (``Receipt.release``) rather than dead-letter it here. ``False`` for
+    a local message, which has nowhere else to go."""
+    reply = env.reply
+    if reply is not None and isinstance(reply, Receipt):
+        reply.release()
+        return True
+    return False
+
+
 def release(env: Envelope, exc: BaseException) -> None:
     """Dead-lettered without a handler run (shed, filter error, closing): a remote
     message's receipt must still be settled, or its sender waits for it forever."""
@@ -106,6 +120,7 @@ class Subscription:
         "putters",
         "queues",
         "rejected",
+        "released",
         "retries",
         "retry",
         "sample_acc",
@@ -176,7 +191,7 @@ class Subscription:
         self.attempts: dict[int, tuple[int, int, Any, BaseException | None]] = {}
         #: The tasks that hold those messages outside the mailbox until their retry is due.
         self.waiting: set[asyncio.Task[None]] = set()
-        self.published = self.delivered = self.dead_lettered = self.shed = 0
+        self.published = self.delivered = self.dead_lettered = self.shed = self.released = 0
         self.rejected = self.filtered = self.failures = self.retries = 0
         self.handling = Histogram()
         self.edges: dict[str | None, Histogram] = {}
@@ -278,9 +293,11 @@ class Subscription:
                 env = q.popleft()
                 self.size -= 1
                 self.ledger.outstanding -= 1
-                self.dead_lettered += 1
-                self.dlq.add(env, self.name, reason)
-                release(env, closed)
+                if give_back(env):
+                    self.released += 1
+                else:
+                    self.dead_lettered += 1
+                    self.dlq.add(env, self.name, reason)
         for fut in self.putters:
             if not fut.done():
                 fut.set_exception(closed)
@@ -305,6 +322,7 @@ class Subscription:
             delivered=self.delivered,
             dead_lettered=self.dead_lettered,
             shed=self.shed,
+            released=self.released,
             rejected=self.rejected,
             filtered=self.filtered,
             failures=self.failures,

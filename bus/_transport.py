@@ -47,6 +47,7 @@ transport against.
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -73,6 +74,15 @@ class BusPort:
 
     deliver: Deliver
     dead_letter: DeadLetter
+
+
+def wake(waiters: list[asyncio.Future[None]]) -> None:
+    """Release every waiter. A transport's waiters (for idle, for a sync, for room) each
+    check their own condition again when woken, so waking all of them is always safe."""
+    while waiters:
+        fut = waiters.pop()
+        if not fut.done():
+            fut.set_result(None)
 
 
 class Receipt:

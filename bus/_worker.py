@@ -27,7 +27,7 @@ from bus._envelope import Envelope
 from bus._errors import BusClosedError, CircuitOpenError
 from bus._hooks import SAMPLED_DIGITS, UNSAMPLED, Delivery, Hooks, Tracer
 from bus._metrics import Histogram
-from bus._subscription import Subscription
+from bus._subscription import Subscription, give_back
 from bus._transport import Receipt
 
 __all__ = ["current_envelope", "current_subscription", "work"]
@@ -305,14 +305,18 @@ def _retry_later(sub: Subscription, env: Envelope, clock: Clock, tracer: Tracer 
 
 def abandon(sub: Subscription, env: Envelope, *, probe: bool = True) -> None:
     """The worker handling ``env`` (or the task holding it for a retry, ``probe=False``)
-    was cancelled because the bus is closing: dead-letter it with reason ``bus_closed`` so
-    closing never loses an in-flight message silently."""
+    was cancelled because the bus is closing: give a remote message back for another member
+    of its group (at least once: its handler may have begun), dead-letter a local one with
+    reason ``bus_closed``, so closing never loses an in-flight message silently."""
     sub.in_flight -= 1
-    sub.dead_lettered += 1
     if probe and sub.breaker.state is HALF_OPEN:
         sub.breaker.release()  # a cancelled probe has no outcome: free its slot
-    sub.dlq.add(env, sub.name, "bus_closed")
-    fail_request(env, BusClosedError(f"subscription {sub.name!r} closed"))
+    if give_back(env):
+        sub.released += 1
+    else:
+        sub.dead_lettered += 1
+        sub.dlq.add(env, sub.name, "bus_closed")
+        fail_request(env, BusClosedError(f"subscription {sub.name!r} closed"))
     sub.ledger.settled()
 
 

@@ -299,6 +299,7 @@ def node(
     keys = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
     server = _load_public(server_key, "--server-key")[0] if server_key else None
     try:
+        telemetry = _node_telemetry(loaded, node_name)
         host = NodeHost(
             loaded,
             wanted,
@@ -311,6 +312,7 @@ def node(
             curve=keys,
             server_key=server,
             connect_timeout=timeout,
+            telemetry=telemetry,
         )
     except ClusterError as exc:
         if control:
@@ -355,6 +357,21 @@ def node(
         _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
 
     _run(serve())
+
+
+def _node_telemetry(scenario: Any, node: str) -> Any:
+    """Logging, and the exporters the scenario and the ``OTEL_*`` variables ask for, as
+    ``pantheon run`` sets them up in its own process (a driven node inherits its
+    environment): so a message's trace goes on in this process. A setting that cannot be
+    honoured is a ClusterError, reported like any other start-up failure."""
+    from pantheon._cluster import ClusterError
+    from pantheon.telemetry import Telemetry, TelemetryConfigError, configure_logging
+
+    try:
+        configure_logging()
+        return Telemetry.for_scenario(scenario, node=node)
+    except (TelemetryConfigError, ValueError, ImportError) as exc:
+        raise ClusterError(f"observability: {exc}") from None
 
 
 def _node_line(name: str, status: dict[str, Any], host: Any) -> str:

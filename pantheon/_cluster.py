@@ -52,7 +52,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
@@ -62,6 +62,9 @@ from pantheon._report import RunSummary, count_own_topics, local_report, summari
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
+
+if TYPE_CHECKING:
+    from pantheon.telemetry import Telemetry
 
 __all__ = [
     "ClusterError",
@@ -259,6 +262,10 @@ class NodeHost:
     is known to the broker (see :meth:`Placement.probes`). The agents are configured from
     ``scenario`` exactly as in-process, so moving an agent between processes changes
     nothing in it.
+
+    ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`, as ``pantheon node`` builds from
+    the scenario and the ``OTEL_*`` variables) traces this bus; :meth:`aclose` flushes and
+    shuts it down, so the spans of a node that leaves are exported before it exits.
     """
 
     def __init__(
@@ -275,6 +282,7 @@ class NodeHost:
         curve: Any = None,
         server_key: bytes | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        telemetry: Telemetry | None = None,
     ) -> None:
         placement = Placement.of(scenario)
         self.probes: list[str] = []
@@ -318,6 +326,9 @@ class NodeHost:
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)  # this bus also counts what reaches it from others
+        self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
+        if self.telemetry is not None:
+            self.telemetry.instrument(self.bus)
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -342,11 +353,20 @@ class NodeHost:
         t = _transport_stats(self.bus)
         return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
 
+    async def close_telemetry(self) -> None:
+        """Export what is buffered (spans, a last metrics collection) and stop exporting."""
+        if self.telemetry is not None:
+            # Blocking export (OTLP over HTTP): off the loop.
+            await asyncio.to_thread(self.telemetry.shutdown)
+
     async def aclose(self, *, drain: bool = True) -> None:
         """Leave the broker; ``drain=False`` dead-letters what is still queued
         (``bus_closed``) instead of handling it."""
-        await self.bus.aclose(drain=drain)
-        await self.team.aclose()
+        try:
+            await self.bus.aclose(drain=drain)
+            await self.team.aclose()
+        finally:
+            await self.close_telemetry()  # after the last span ended (a no-op if done)
 
 
 def _check_agents(scenario: Scenario, agents: Sequence[str], team: Team) -> None:
@@ -493,6 +513,10 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 else:
                     _say(out, "stopped")
             elif command == "leave":
+                # Export before answering (the agents stopped, the bus is drained: no more
+                # spans): the driver gives a node that has reported only a short while to
+                # exit, and a slow collector must not make it look dead.
+                await host.close_telemetry()
                 _say(out, "report", report=host.report())
                 return
             else:

@@ -147,7 +147,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
             "handle_p99_ms": s.handling.p99_us / 1000,
             "breaker_trips": s.breaker_trips,
         }
-        if s.published != s.delivered + s.dead_lettered + s.shed or s.rejected:
+        if s.published != s.delivered + s.dead_lettered + s.shed + s.released or s.rejected:
             accounting_ok = False
     entries = bus.dlq.entries()
     learners = team.of_role(Learner)

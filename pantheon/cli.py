@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import sys
 from collections import Counter
@@ -133,24 +134,15 @@ def run(
         from pantheon._cli_monitor import run_tui
 
         raise typer.Exit(run_tui(file, seed=seed, store=store, record=record, as_json=as_json))
-    if scenario.transport.kind == "zmq":
-        try:
-            import zmq  # noqa: F401 - checked before anything starts, not mid-run
-        except ImportError:
-            console.print(
-                f"[red]{file}: transport.kind: zmq needs pyzmq[/red]: "
-                + escape("pip install 'pantheon[zmq]'")
-            )
-            raise typer.Exit(2) from None
-    if scenario.transport.kind == "nats":
-        try:
-            import nats  # noqa: F401 - checked before anything starts, not mid-run
-        except ImportError:
-            console.print(
-                f"[red]{file}: transport.kind: nats needs nats-py[/red]: "
-                + escape("pip install 'pantheon[nats]'")
-            )
-            raise typer.Exit(2) from None
+    # The transport's client library is checked before anything starts, not mid-run.
+    client = {"zmq": ("zmq", "pyzmq"), "nats": ("nats", "nats-py")}.get(scenario.transport.kind)
+    if client is not None and importlib.util.find_spec(client[0]) is None:
+        kind = scenario.transport.kind
+        console.print(
+            f"[red]{file}: transport.kind: {kind} needs {client[1]}[/red]: "
+            + escape(f"pip install 'pantheon[{kind}]'")
+        )
+        raise typer.Exit(2) from None
     gateway_errors: tuple[type[Exception], ...] = ()
     if scenario.gateway is not None:
         try:

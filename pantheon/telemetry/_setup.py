@@ -147,12 +147,15 @@ def _metric_reader(name: str, environ: Mapping[str, str]) -> MetricReader:
     return PeriodicExportingMetricReader(exporter)
 
 
-def _resource() -> Resource:
+def _resource(node: str | None = None) -> Resource:
     from opentelemetry.sdk.resources import Resource
 
     resource = Resource.create()  # reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": "pantheon"}))
+    if node is not None:
+        # One trace spans the run's processes: this says which process made a span.
+        resource = resource.merge(Resource({"pantheon.node": node}))
     return resource
 
 
@@ -183,6 +186,7 @@ class Telemetry:
         self.tracer_provider: TracerProvider | None = None
         self.metrics: BusMetrics | None = None
         self.meter_provider: MeterProvider | None = None
+        self._shut = False
         processors = list(span_processors)
         if not (span_exporters or processors or metric_readers):
             return
@@ -234,10 +238,13 @@ class Telemetry:
         sampling: float | None = None,
         metrics: bool = True,
         environ: Mapping[str, str] | None = None,
+        node: str | None = None,
     ) -> Telemetry:
         """Exporters chosen by the ``OTEL_*`` variables (see the module docstring).
 
-        ``sampling`` and ``metrics`` are the scenario's defaults; the variables win."""
+        ``sampling`` and ``metrics`` are the scenario's defaults; the variables win.
+        ``node`` names this process of a multi-process run (the ``pantheon.node``
+        resource attribute of everything it exports)."""
         env = os.environ if environ is None else environ
         if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
             return cls()
@@ -251,6 +258,7 @@ class Telemetry:
             span_exporters=[_span_exporter(n, env) for n in traces],
             metric_readers=[_metric_reader(n, env) for n in readers],
             sampling=ratio,
+            resource=_resource(node),
         )
 
     @property
@@ -258,10 +266,25 @@ class Telemetry:
         return self.tracer is not None or self.metrics is not None
 
     @classmethod
-    def for_scenario(cls, scenario: Any, *, environ: Mapping[str, str] | None = None) -> Telemetry:
-        """:meth:`from_env` with a scenario's ``observability`` section as the defaults."""
+    def for_scenario(
+        cls,
+        scenario: Any,
+        *,
+        environ: Mapping[str, str] | None = None,
+        node: str | None = None,
+    ) -> Telemetry:
+        """:meth:`from_env` with a scenario's ``observability`` section as the defaults.
+
+        Every process of a multi-process run calls this with the same scenario and
+        (inherited) environment, so they sample at one ratio; a message's decision is made
+        once, where its root is published, and travels in its envelope's ``trace``. ``node``
+        defaults to ``driver`` for a scenario whose transport spans processes."""
+        from pantheon.scenario import DRIVER_NODE
+
         obs = scenario.observability
-        return cls.from_env(sampling=obs.sampling, metrics=obs.metrics, environ=environ)
+        if node is None and scenario.transport.kind != "inprocess":
+            node = DRIVER_NODE
+        return cls.from_env(sampling=obs.sampling, metrics=obs.metrics, environ=environ, node=node)
 
     def instrument(self, bus: Bus) -> Bus:
         """Trace ``bus`` and report its counters; returns it."""
@@ -292,7 +315,11 @@ class Telemetry:
             self.meter_provider.force_flush()
 
     def shutdown(self) -> None:
-        """Export what is buffered (spans, a last metrics collection) and stop."""
+        """Export what is buffered (spans, a last metrics collection) and stop; once (a
+        node shuts down before its report and again on every way out)."""
+        if self._shut:
+            return
+        self._shut = True
         if self.tracer_provider is not None:
             self.tracer_provider.shutdown()
         if self.meter_provider is not None:

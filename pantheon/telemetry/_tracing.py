@@ -47,7 +47,7 @@ from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.environment_variables import OTEL_PYTHON_TRACER_PROVIDER
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-from opentelemetry.sdk.trace.export import SpanExporter
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, TraceFlags
@@ -480,7 +480,7 @@ class SpanBatcher(SpanProcessor):
     def add(self, record: Any) -> None:
         """Queue an ended span (a bus tracer's record, or an SDK span) for the thread."""
         if self._stopped:  # after shutdown: nobody would export it later
-            self._export([_built(record)])
+            self._export([_built(record)], {})
             return
         queue = self._queue
         queue.append(record)
@@ -491,7 +491,8 @@ class SpanBatcher(SpanProcessor):
         if span.context is not None and span.context.trace_flags.sampled:
             self.add(span)
 
-    def _export(self, batch: list[ReadableSpan]) -> None:
+    def _export(self, batch: list[ReadableSpan], failed: dict[int, int]) -> None:
+        """Export one batch to every exporter not in ``failed`` (id -> spans dropped)."""
         for processor in self._processors:
             for span in batch:
                 processor.on_end(span)
@@ -500,19 +501,40 @@ class SpanBatcher(SpanProcessor):
         token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
         try:
             for exporter in self._exporters:
+                key = id(exporter)
+                if key in failed:
+                    failed[key] += len(batch)
+                    continue
                 try:
-                    exporter.export(batch)
+                    ok = exporter.export(batch) is not SpanExportResult.FAILURE
                 except Exception:
                     _log.exception("span exporter %r failed", exporter)
+                    ok = False
+                if not ok:
+                    failed[key] = 0
         finally:
             otel_context.detach(token)
 
     def _drain(self) -> None:
+        """Export everything queued. An exporter that fails a batch (OTLP: after retrying for
+        its whole timeout) gets no more batches of this drain: they are dropped and counted
+        in one log line. Otherwise an unreachable collector would hold a flush, and so a
+        process's exit, for one timeout per 512 spans (minutes for one run); the next
+        drain, a second later, tries it again."""
+        failed: dict[int, int] = {}
         with self._lock:
             queue = self._queue
             while queue:
                 pop = queue.popleft
-                self._export([_built(pop()) for _ in range(min(len(queue), _BATCH))])
+                self._export([_built(pop()) for _ in range(min(len(queue), _BATCH))], failed)
+        for exporter in self._exporters:
+            dropped = failed.get(id(exporter))
+            if dropped:
+                _log.error(
+                    "span exporter %r failed: dropped %d more spans without trying it again",
+                    exporter,
+                    dropped,
+                )
 
     def _run(self) -> None:
         while not self._stopped:

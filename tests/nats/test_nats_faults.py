@@ -287,6 +287,11 @@ async def test_a_closing_member_gives_its_backlog_back(server: NatsServer) -> No
         await eventually(lambda: set(by_stays) | set(by_leaving) == set(range(40)), 10)
         assert by_leaving == []  # it never got past the first message
         assert len(pub.dlq) == 0
+        # Nor does the closing member list what it gave back as its own dead letters.
+        assert len(leaving.dlq) == 0
+        workers = leaving.stats().subscribers["workers"]
+        assert workers.dead_lettered == 0
+        assert workers.released == workers.published >= 5
 
 
 async def test_a_client_without_the_nkey_is_refused(tmp_path: Path) -> None:

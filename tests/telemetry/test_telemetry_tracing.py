@@ -365,3 +365,58 @@ async def test_batched_spans_reach_exporters_and_processors_on_flush_and_shutdow
         await bus.emit("late.x", None)
     telemetry.shutdown()
     assert [s.name for s in exporter.get_finished_spans()][-1] == "publish late.x"
+
+
+def test_a_failing_exporter_is_tried_once_per_flush_not_once_per_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A collector that is down costs a flush one failed export (OTLP: its whole timeout,
+    retries included), not one per 512 spans: otherwise a run's last flush, and so a node's
+    exit, waited minutes. The rest is dropped and counted; the next flush tries again, and
+    the other exporters get every span."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from pantheon.telemetry._tracing import SpanBatcher
+
+    class Collector(SpanExporter):
+        """Counts what it is asked to export; refuses while ``up`` is False."""
+
+        def __init__(self) -> None:
+            self.up = False
+            self.calls: list[int] = []
+
+        def export(self, spans: Any) -> SpanExportResult:
+            self.calls.append(len(spans))
+            return SpanExportResult.SUCCESS if self.up else SpanExportResult.FAILURE
+
+    def ended(n: int) -> list[ReadableSpan]:
+        tracer = TracerProvider().get_tracer("t")
+        spans = [tracer.start_span(f"s{i}") for i in range(n)]
+        for span in spans:
+            span.end()
+        return spans  # type: ignore[return-value]  # SDK spans are ReadableSpans
+
+    collector, memory = Collector(), InMemorySpanExporter()
+    batcher = SpanBatcher([collector, memory])
+    try:
+        # Queued under the batcher's lock, so one drain (its thread's or the flush's)
+        # sees all of them.
+        with batcher._lock:
+            for span in ended(1200):
+                batcher.add(span)
+        with caplog.at_level("ERROR", logger="pantheon.telemetry._tracing"):
+            batcher.force_flush()
+        assert collector.calls == [512]
+        assert [r.getMessage().split(": ", 1)[1] for r in caplog.records] == [
+            "dropped 688 more spans without trying it again"
+        ]
+        collector.up = True
+        for span in ended(10):
+            batcher.add(span)
+        batcher.force_flush()
+        assert collector.calls == [512, 10]
+        assert len(memory.get_finished_spans()) == 1210
+    finally:
+        batcher.shutdown()

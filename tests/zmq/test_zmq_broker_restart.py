@@ -35,13 +35,14 @@ async def test_a_restarted_broker_loses_and_repeats_nothing() -> None:
     # The old broker is gone, with sub holding 20 messages pub has not seen settled. sub
     # stays silent until pub has joined the new broker and heard its directory (listing
     # nobody else), the case where a publisher must not take sub for lost.
-    quiet = sub.transport._send_control
-    sub.transport._send_control = lambda frame: None  # type: ignore[method-assign]
+    session = sub.transport._session
+    quiet = session.send
+    session.send = lambda frame: None  # type: ignore[method-assign]
     try:
         async with Broker(endpoint, heartbeat=0.1, liveness=3) as second:
             await eventually(lambda: len(second._nodes) == 1, what="pub re-joined")
             await eventually(lambda: pub.transport.stats()["connected"])
-            sub.transport._send_control = quiet  # type: ignore[method-assign]
+            session.send = quiet  # type: ignore[method-assign]
             await eventually(lambda: len(second._nodes) == 2, what="sub re-joined")
             await eventually(
                 lambda: all(t.stats()["connected"] for t in (pub.transport, sub.transport))

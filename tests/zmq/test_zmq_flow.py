@@ -260,12 +260,12 @@ async def test_relinks_leave_one_inbound_link_per_peer() -> None:
         await sub.transport.sync()
         await pub.emit("x", 0)
         await pub.drain(timeout=10)
-        peer = pub.transport._peers["sub"]
+        peer = pub.transport._directory.peers["sub"]
         for i in range(1, 6):
-            pub.transport._relink(peer)
+            pub.transport._out.relink(peer)
             await pub.emit("x", i)
             await pub.drain(timeout=10)
         await eventually(lambda: len(got) == 6, what="every message delivered")
         assert sorted(got) == list(range(6))
-        assert len(sub.transport._links) == 1
+        assert len(sub.transport._inbox.links) == 1
         assert sub.transport.stats()["links_in"] == 1

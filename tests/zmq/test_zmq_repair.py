@@ -30,16 +30,17 @@ def lose_once(sub: Bus, what: str) -> dict[str, int]:
     transport = sub.transport
     assert isinstance(transport, ZmqTransport)
     dropped = {what: 0}
-    flush = transport._flush_links
+    inbox = transport._inbox
+    flush = inbox.flush
 
     def lossy() -> None:
-        for link in transport._dirty_links:
+        for link in inbox.dirty:
             if not dropped[what] and getattr(link, what):
                 dropped[what] += 1
                 setattr(link, what, [])
         flush()
 
-    transport._flush_links = lossy  # type: ignore[method-assign]
+    inbox.flush = lossy  # type: ignore[method-assign]
     return dropped
 
 
@@ -68,7 +69,8 @@ async def test_a_lost_frame_and_its_lost_nack_are_resent(pair: tuple[Broker, Bus
     dropped = lose_once(sub, "control")
     transport = pub.transport
     assert isinstance(transport, ZmqTransport)
-    send = transport._send_data
+    out = transport._out
+    send = out.send_data
     lost = []
 
     def lossy(peer: object, frame: bytes) -> None:
@@ -77,7 +79,7 @@ async def test_a_lost_frame_and_its_lost_nack_are_resent(pair: tuple[Broker, Bus
             return
         send(peer, frame)  # type: ignore[arg-type]
 
-    transport._send_data = lossy  # type: ignore[method-assign]
+    out.send_data = lossy  # type: ignore[method-assign]
     for i in range(6):
         await pub.emit("t", i)
         await asyncio.sleep(0.01)

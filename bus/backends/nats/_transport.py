@@ -73,7 +73,7 @@ from nats.js.api import (
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, EncodeError, QueueFullError, TransportError
 from bus._topics import GlobIndex
-from bus._transport import BusPort, Receipt, Transport
+from bus._transport import BusPort, Receipt, Transport, wake
 from bus.backends.nats._errors import AuthorizationError, ConnectError, RemoteHandlerError
 from bus.backends.nats._subjects import (
     DLQ_STREAM,
@@ -687,8 +687,8 @@ class NatsTransport(Transport):
         for fut in self._credit_waiters:
             if not fut.done():
                 fut.set_exception(TransportError(f"transport {self.node!r} is closed"))
-        self._wake(self._idle_waiters)
-        self._wake(self._sync_waiters)
+        wake(self._idle_waiters)
+        wake(self._sync_waiters)
         with contextlib.suppress(Exception):
             await self._nc.flush(timeout=1)
         with contextlib.suppress(Exception):
@@ -734,7 +734,7 @@ class NatsTransport(Transport):
                 continue
             if version == self._wanted_version:
                 self._applied.set()
-                self._wake(self._sync_waiters)
+                wake(self._sync_waiters)
                 return
 
     async def _open_group(self, name: str, pattern: str) -> _Group:
@@ -996,7 +996,7 @@ class NatsTransport(Transport):
         if self._credit_waiters and len(self._pending) < self.window:
             self._wake_one(self._credit_waiters)
         if self._idle_waiters and not self._pending:
-            self._wake(self._idle_waiters)
+            wake(self._idle_waiters)
 
     async def _track(self) -> None:
         """Follow the ack floor of each remote group this node published to, so ``flush``
@@ -1023,12 +1023,12 @@ class NatsTransport(Transport):
                     while dq and dq[0] <= floor:
                         dq.popleft()
                 if self._idle_waiters and not any(self._tracked.values()):
-                    self._wake(self._idle_waiters)
+                    wake(self._idle_waiters)
                 # Often while a flush waits on it; otherwise only to keep ``in_flight`` fresh
                 # (each look is a JetStream API call per consumer).
                 await asyncio.sleep(_TRACK_EVERY if self._idle_waiters else _TRACK_IDLE)
             if self._idle_waiters and not self._pending:
-                self._wake(self._idle_waiters)
+                wake(self._idle_waiters)
 
     def _live_consumers(self) -> set[str]:
         return {
@@ -1486,7 +1486,7 @@ class NatsTransport(Transport):
             index.add(pair[1], (pair[0], pair[1]))
         self._remote_index = index
         self._routes.clear()
-        self._wake(self._sync_waiters)
+        wake(self._sync_waiters)
         if self.on_change is not None:
             self.on_change()
 
@@ -1498,7 +1498,7 @@ class NatsTransport(Transport):
             return
         if ack.version > self._synced.get(ack.node, 0):
             self._synced[ack.node] = ack.version
-        self._wake(self._sync_waiters)
+        wake(self._sync_waiters)
 
     def _route(self, topic: str) -> _Route:
         local = set(self._local_index.resolve(topic))
@@ -1522,13 +1522,6 @@ class NatsTransport(Transport):
         fut = self._loop.create_future()
         waiters.append(fut)
         await fut
-
-    @staticmethod
-    def _wake(waiters: list[asyncio.Future[None]]) -> None:
-        while waiters:
-            fut = waiters.pop()
-            if not fut.done():
-                fut.set_result(None)
 
     @staticmethod
     def _wake_one(waiters: deque[asyncio.Future[None]]) -> None:
