@@ -150,6 +150,8 @@ class _Served:
         await self.gateway.start()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
+            # Not on Windows, nor off the main thread (a test's loop): Ctrl-C then interrupts
+            # as usual instead of finishing the run, which is all this handler adds.
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
                 loop.add_signal_handler(sig, self._stopping, sig)
                 self._signals.append(sig)
