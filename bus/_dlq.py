@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import time
+import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -18,6 +19,23 @@ __all__ = ["DEFAULT_DLQ_SIZE", "DeadLetter", "DeadLetterQueue"]
 DEFAULT_DLQ_SIZE = 10_000
 
 _time = time.time
+
+
+def traceback_text(exc: BaseException) -> str:
+    """``exc``'s traceback as text for a dead letter: every frame, source line and chained
+    exception, without CPython 3.11's ``^^^^`` markers. Placing those parses each frame's
+    line (an ``ast`` compile per frame): 70 of the ~95 µs a dead letter's traceback cost,
+    which alone made 1% poison messages take ~7% of the other subscribers' throughput."""
+    te = traceback.TracebackException.from_exception(exc)
+    todo = [te]
+    while todo:
+        one = todo.pop()
+        for frame in one.stack:
+            frame.colno = frame.end_colno = None
+        todo.extend(c for c in (one.__cause__, one.__context__) if c is not None)
+        todo.extend(one.exceptions or ())
+    return "".join(te.format())
+
 
 REASONS = ("failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed")
 

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import traceback
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bus._breaker import CircuitBreaker
 from bus._config import Overflow, Retry
-from bus._dlq import DeadLetterQueue
+from bus._dlq import DeadLetterQueue, traceback_text
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, QueueFullError
 from bus._metrics import Histogram, SubscriberStats
@@ -212,7 +211,7 @@ class Subscription:
                 except Exception as exc:
                     self.published += 1
                     self.dead_lettered += 1
-                    self.dlq.add(env, self.name, "filter_error", exc, traceback.format_exc())
+                    self.dlq.add(env, self.name, "filter_error", exc, traceback_text(exc))
                     release(env, exc)
                     return TAKEN
                 if not keep:

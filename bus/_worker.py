@@ -18,11 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-import traceback
 from typing import Any
 
 from bus._breaker import CLOSED, HALF_OPEN
 from bus._clock import Clock
+from bus._dlq import traceback_text
 from bus._envelope import Envelope
 from bus._errors import BusClosedError, CircuitOpenError
 from bus._hooks import SAMPLED_DIGITS, UNSAMPLED, Delivery, Hooks, Tracer
@@ -277,7 +277,7 @@ async def _failed(
             answer(env, result)
         return "delivered"
     sub.dead_lettered += 1
-    sub.dlq.add(env, sub.name, "failed", exc, "".join(traceback.format_exception(exc)), done)
+    sub.dlq.add(env, sub.name, "failed", exc, traceback_text(exc), done)
     fail_request(env, exc)
     return "failed"
 

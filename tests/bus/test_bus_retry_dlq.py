@@ -395,3 +395,30 @@ async def test_retries_falling_due_together_do_not_open_the_default_breaker(
     assert sorted((e.envelope.payload, e.reason, e.attempts) for e in bus.dlq.entries()) == [
         (f"poison{i}", "failed", 3) for i in range(4)
     ]
+
+
+async def test_a_dead_letter_traceback_keeps_chained_causes_and_source_lines(bus: Bus) -> None:
+    """The DLQ's traceback is built without CPython's ``^^^`` markers (they cost most of a
+    dead letter's time), but nothing a reader needs may go with them."""
+
+    def lookup(key: str) -> int:
+        return {"a": 1}[key]
+
+    @bus.on("orders.new", name="orders", breaker=None)
+    async def handle(env: Envelope) -> None:
+        try:
+            lookup(env.payload)
+        except KeyError as exc:
+            raise RuntimeError(f"no price for {env.payload!r}") from exc
+
+    await bus.emit("orders.new", "b")
+    await bus.drain()
+    (entry,) = bus.dlq.entries()
+    text = entry.traceback
+    assert text is not None
+    assert 'return {"a": 1}[key]' in text  # the cause's own source line
+    assert "KeyError: 'b'" in text
+    assert "The above exception was the direct cause of the following exception:" in text
+    assert 'raise RuntimeError(f"no price for {env.payload!r}") from exc' in text
+    assert text.rstrip().endswith("RuntimeError: no price for 'b'")
+    assert "^^^" not in text
