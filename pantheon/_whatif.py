@@ -207,12 +207,7 @@ class _Aligner:
         self.progress = asyncio.Event()
 
     def on_publish(self, env: Envelope) -> None:
-        parent = env.causation_id
-        if parent is not None and (
-            parent in self.mapper.skip or (parent, env.source) in self.active
-        ):
-            # Published by a live effect (a Memory lookup's request): the effect's own.
-            self.mapper.skip.add(env.id)
+        if self.mapper.effect_own(env, self.active):
             return
         orig = self.mapper.feed(env)
         if orig is None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,17 @@ class Mapper:
     _n_inputs: int = 0
     _seen: set[int] = field(default_factory=set)
     _system: set[int] = field(default_factory=set)
+
+    def effect_own(self, env: Any, active: Mapping[tuple[int, str | None], Any]) -> bool:
+        """True (and ``env`` left out from now on) when ``env`` was published by a live
+        effect (a Memory lookup's request) rather than by a handler: such messages belong to
+        the effect, have no original to align with, and neither do the messages they cause.
+        ``active`` is the effects runner's map of the (cause, agent) pairs it is running."""
+        parent = env.causation_id
+        if parent is not None and (parent in self.skip or (parent, env.source) in active):
+            self.skip.add(env.id)
+            return True
+        return False
 
     def __post_init__(self) -> None:
         if self.inputs is None:

@@ -152,11 +152,7 @@ class _Live:
         self.progress = asyncio.Event()
 
     def on_publish(self, env: Envelope) -> None:
-        parent = env.causation_id
-        if parent is not None and (
-            parent in self.mapper.skip or (parent, env.source) in self.active
-        ):
-            self.mapper.skip.add(env.id)
+        if self.mapper.effect_own(env, self.active):
             return
         extras = len(self.mapper.extras)
         orig = self.mapper.feed(env)
