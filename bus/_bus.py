@@ -100,6 +100,8 @@ class Bus:
         self._routes = Routes(route_cache, self.transport.has_remote)
         self._cache = self._routes.cache  # the hot path's one dict lookup
         self._subs: dict[str, Subscription] = {}
+        self._gone_unlisted = 0  # unlisted sheds of subscriptions since removed
+        self.dlq.unlisted_sheds = self._unlisted_sheds
         self._ledger = Ledger()
         self._hooks = Hooks(self._hooks_changed)
         # Workers of subscriptions their own handler removed, by the task that stops them.
@@ -140,6 +142,13 @@ class Bus:
 
     def _hooks_changed(self, hooks: Hooks) -> None:
         self.dlq.observers = hooks.dead_letter
+        if hooks.dead_letter:
+            for sub in self._subs.values():
+                sub.list_at = 0  # an observer gets every shed from now on
+
+    def _unlisted_sheds(self) -> int:
+        """Sheds counted but not listed in the DLQ, for its ``totals`` and ``evicted``."""
+        return self._gone_unlisted + sum(s.shed - s.listed_sheds for s in self._subs.values())
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -307,6 +316,7 @@ class Bus:
         await asyncio.gather(*others, return_exceptions=True)
         sub.workers.clear()
         del self._subs[name]
+        self._gone_unlisted += sub.shed - sub.listed_sheds
         if own is not None:
             self._retire(sub, cast("asyncio.Task[None]", own))
 
@@ -532,9 +542,15 @@ class Bus:
         blocked = self._dispatch(entry.envelope, (sub,), redrive=True)
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
-        sub.dead_lettered -= entry.reason != "shed"
-        sub.shed -= entry.reason == "shed"
-        sub.published -= 1
+        if entry.reason == "shed":
+            # It was listed (or it could not be redriven): the shed count's sampling
+            # position moves back with it, so the next shed is listed as it would have been.
+            sub.shed -= 1  # and so ``published``
+            sub.listed_sheds -= 1
+            sub.list_at -= 1
+        else:
+            sub.dead_lettered -= 1
+            sub.accepted -= 1
         return True
 
     def breaker(self, name: str) -> CircuitBreaker:

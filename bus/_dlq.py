@@ -143,8 +143,10 @@ class DeadLetterQueue:
     ``shed`` mailbox), and shedding must cost no more than delivering: :meth:`shed` appends
     a bare tuple to a ring of its own (the newest ``max_entries`` sheds), and the
     :class:`DeadLetter` is built only when the entry is read, or at once when an observer
-    wants every one. The record of sheds is thus a bounded sample, while ``totals["shed"]``
-    and the subscription's ``shed`` count stay exact. ``observers`` is set by the bus.
+    wants every one. A subscription shedding a flood lists only a sample of it (see
+    ``bus._subscription.SHED_SAMPLE``) and counts the rest in ``unlisted_sheds``. The record
+    of sheds is thus a bounded sample, while ``totals["shed"]`` and the subscription's
+    ``shed`` count stay exact. ``observers`` is set by the bus.
     """
 
     def __init__(
@@ -156,6 +158,9 @@ class DeadLetterQueue:
         self._shed: deque[_Shed] = deque(maxlen=max_entries)
         self._shed_total = 0
         self._shed_taken = 0  # sheds moved out of the ring (read, or cleared)
+        #: How many sheds were counted but not listed (a subscription lists a sample of a
+        #: flood of them); the bus sets this to sum its subscriptions' counts.
+        self.unlisted_sheds: Callable[[], int] = _none
         self._next_id = itertools.count(1).__next__
         self._redeliver = redeliver
         self.max_entries = max_entries
@@ -169,6 +174,7 @@ class DeadLetterQueue:
         pending = len(self._shed)
         return (
             self._evicted
+            + self.unlisted_sheds()
             + (self._shed_total - pending - self._shed_taken)  # fell off the ring
             + max(0, len(self._entries) + pending - self.max_entries)  # merging will drop
         )
@@ -177,8 +183,9 @@ class DeadLetterQueue:
     def totals(self) -> dict[str, int]:
         """Entries ever added, by reason (a fresh dict)."""
         totals = dict(self._totals)
-        if self._shed_total:
-            totals["shed"] = self._shed_total
+        shed = self._shed_total + self.unlisted_sheds()
+        if shed:
+            totals["shed"] = shed
         return totals
 
     def __len__(self) -> int:
@@ -278,6 +285,10 @@ class DeadLetterQueue:
         self._shed_taken += len(self._shed)
         self._shed.clear()
         self._entries.clear()
+
+
+def _none() -> int:
+    return 0
 
 
 def _built(kept: _Shed) -> DeadLetter:

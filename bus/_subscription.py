@@ -45,6 +45,11 @@ TAKEN = 0
 DECLINED = 1
 BLOCK = 2
 REJECT = 3
+#: A subscription's first sheds are all listed in the DLQ; past these, one in SHED_SAMPLE
+#: (the rest are counted: ``shed`` and the DLQ's ``totals`` stay exact). Every one is
+#: listed while the DLQ has an observer (a session recorder records each).
+SHED_LIST_ALL = 1024
+SHED_SAMPLE = 16
 
 
 class Ledger:
@@ -93,6 +98,7 @@ class Subscription:
     """One handler on one pattern, with its own bounded mailbox, workers, breaker and stats."""
 
     __slots__ = (
+        "accepted",
         "attempts",
         "block_timeout",
         "breaker",
@@ -110,12 +116,13 @@ class Subscription:
         "idle",
         "in_flight",
         "ledger",
+        "list_at",
+        "listed_sheds",
         "max_queue",
         "name",
         "overflow",
         "pattern",
         "plain",
-        "published",
         "putters",
         "queues",
         "rejected",
@@ -190,11 +197,21 @@ class Subscription:
         self.attempts: dict[int, tuple[int, int, Any, BaseException | None]] = {}
         #: The tasks that hold those messages outside the mailbox until their retry is due.
         self.waiting: set[asyncio.Task[None]] = set()
-        self.published = self.delivered = self.dead_lettered = self.shed = self.released = 0
+        self.accepted = self.delivered = self.dead_lettered = self.shed = self.released = 0
         self.rejected = self.filtered = self.failures = self.retries = 0
+        #: Sheds listed in the DLQ, and the ``shed`` count at which the next one is listed
+        #: (0: every one, while the first SHED_LIST_ALL or while a DLQ observer listens).
+        self.listed_sheds = self.list_at = 0
         self.handling = Histogram()
         self.edges: dict[str | None, Histogram] = {}
         self.workers: list[asyncio.Task[None]] = []
+
+    @property
+    def published(self) -> int:
+        """Messages this subscription answers for: those its mailbox took (``accepted``,
+        counted by the enqueue) and those it shed (counted once, in ``shed``, so a shed
+        costs one increment)."""
+        return self.accepted + self.shed
 
     # -- the way in ------------------------------------------------------------------------
 
@@ -209,7 +226,7 @@ class Subscription:
                 try:
                     keep = self.filter(env.payload)
                 except Exception as exc:
-                    self.published += 1
+                    self.accepted += 1
                     self.dead_lettered += 1
                     self.dlq.add(env, self.name, "filter_error", exc, traceback_text(exc))
                     release(env, exc)
@@ -229,14 +246,52 @@ class Subscription:
         if self.size < self.max_queue:
             self.queues[env.priority].append(env)
             self.size += 1
-            self.published += 1
+            self.accepted += 1
             self.ledger.outstanding += 1
             if self.idle:
                 self.wake_worker()
             return TAKEN
-        if self.overflow == "shed" and self._shed(env):
-            return TAKEN
-        return REJECT if self.overflow == "reject" else BLOCK
+        if self.overflow != "shed":
+            return REJECT if self.overflow == "reject" else BLOCK
+        # Shed: make room by dropping the oldest message of the lowest waiting priority, or
+        # the new one if it is lower still; CRITICAL is never shed (only CRITICAL waiting:
+        # block instead). Written out here, not called, because a flood of sheds must cost
+        # no more than the enqueues it replaces: a count, and past the first SHED_LIST_ALL
+        # one shed in SHED_SAMPLE listed in the DLQ (every one while an observer, such as a
+        # session recorder, wants each). The victim's place goes to ``env``, so ``size``
+        # and the ledger's ``outstanding`` stay as they are.
+        queues = self.queues
+        priority = env.priority
+        if priority == 2:  # NORMAL, nothing is lower: the oldest NORMAL goes, or this one
+            normal = queues[2]
+            if normal:
+                victim = normal.popleft()
+                normal.append(env)
+            else:
+                victim = env
+        else:
+            lowest = 2 if queues[2] else 1 if queues[1] else 0
+            if priority > lowest:
+                victim = env
+            elif lowest:
+                victim = queues[lowest].popleft()
+                queues[priority].append(env)
+            else:
+                return BLOCK
+        shed = self.shed = self.shed + 1  # ``published`` too: it counts ``shed`` in
+        if shed >= self.list_at:
+            self._list_shed(victim, shed)
+        if victim.reply is not None:
+            # A remote message's sender must hear of it: settle its receipt.
+            release(victim, QueueFullError(victim.topic, [self.name]))
+        return TAKEN
+
+    def _list_shed(self, victim: Envelope, shed: int) -> None:
+        """List shed number ``shed`` in the DLQ and say when to list the next one."""
+        self.listed_sheds += 1
+        dlq = self.dlq
+        dlq.shed(victim, self.name)
+        self.list_at = shed + (1 if shed < SHED_LIST_ALL or dlq.observers else SHED_SAMPLE)
 
     def wake_worker(self) -> None:
         fut = self.idle.pop()
@@ -254,35 +309,6 @@ class Subscription:
         self.in_flight -= 1
         if self.idle:
             self.wake_worker()
-
-    def _shed(self, env: Envelope) -> bool:
-        """Make room by dropping the oldest message of the lowest waiting priority, or the new
-        one if it is lower still. CRITICAL is never shed: returns False (block instead) when
-        only CRITICAL messages compete for the room.
-
-        Costs about what an enqueue does: a count and a bare tuple in the DLQ (see
-        :meth:`DeadLetterQueue.shed`); an exception is built only for a remote message's
-        receipt, whose sender must hear of it."""
-        queues = self.queues
-        lowest = 2 if queues[2] else 1 if queues[1] else 0
-        if env.priority > lowest:
-            self.published += 1
-            self.shed += 1
-            self.dlq.shed(env, self.name)
-            if env.reply is not None:
-                release(env, QueueFullError(env.topic, [self.name]))
-            return True
-        if not lowest:
-            return False
-        victim = queues[lowest].popleft()
-        self.shed += 1
-        self.dlq.shed(victim, self.name)
-        if victim.reply is not None:
-            release(victim, QueueFullError(victim.topic, [self.name]))
-        # The victim's place goes to env: size and the ledger's outstanding stay as they are.
-        queues[env.priority].append(env)
-        self.published += 1
-        return True
 
     def flush(self, reason: str) -> None:
         """Dead-letter everything queued (the bus is closing) and fail waiting publishers."""

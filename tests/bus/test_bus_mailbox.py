@@ -434,3 +434,43 @@ async def test_shedding_builds_no_record_until_one_is_read_and_keeps_a_bounded_s
         assert built["letters"] == 50  # built once, when read
         assert b.dlq.get(sample[0].entry_id) is sample[0]
         gate.set()
+
+
+async def test_a_flood_of_sheds_is_listed_as_a_sample_and_counted_exactly() -> None:
+    """Past the first SHED_LIST_ALL sheds a subscription lists one in SHED_SAMPLE (listing
+    every one cost more than the enqueue it replaces); ``shed``, the DLQ's ``totals`` and
+    ``evicted`` still count every one. An observer attached mid-flood (a session recorder)
+    gets every shed from then on."""
+    from bus._subscription import SHED_LIST_ALL, SHED_SAMPLE
+
+    async with Bus(dlq_size=100_000) as b:
+        gate = asyncio.Event()
+
+        @b.on("t", name="slow", max_queue=10, overflow="shed")
+        async def slow(env: Envelope) -> None:
+            await gate.wait()
+
+        flood = SHED_LIST_ALL + 100 * SHED_SAMPLE
+        for i in range(10 + flood):
+            b.emit_nowait("t", i)
+        listed = b.dlq.entries(reason="shed")
+        assert b.stats().subscribers["slow"].shed == flood
+        assert len(listed) == SHED_LIST_ALL + 100
+        assert b.dlq.totals == {"shed": flood}
+        assert len(b.dlq) + b.dlq.evicted == flood
+        # The sample is spread over the flood: one in SHED_SAMPLE of the sheds after the first.
+        tail = [e.envelope.payload for e in listed[SHED_LIST_ALL:]]
+        assert tail == list(range(SHED_LIST_ALL + SHED_SAMPLE - 1, flood, SHED_SAMPLE))
+
+        seen: list[int] = []
+
+        class Watch:
+            def on_dead_letter(self, dl: object) -> None:
+                seen.append(dl.envelope.payload)  # type: ignore[attr-defined]
+
+        b.observe(Watch())
+        for i in range(10 + flood, 10 + flood + 50):
+            b.emit_nowait("t", i)
+        assert seen == list(range(flood, flood + 50))
+        assert b.dlq.totals == {"shed": flood + 50}
+        gate.set()
