@@ -32,9 +32,14 @@ from bus._transport import Receipt
 
 __all__ = ["current_envelope", "current_subscription", "work"]
 
-#: A worker yields to the loop after this many back-to-back messages, so a subscriber whose
-#: handler never suspends cannot starve the others.
-FAIRNESS_BATCH = 128
+#: A worker that has held the loop this long without suspending yields to it, so a
+#: subscriber whose handler never suspends cannot starve the others. A time budget rather
+#: than a message count: yielding every 128 messages cost cheap handlers a loop pass (a
+#: selector poll) every ~100 µs and kept a fast publisher's mailbox full, while a 100 µs
+#: handler still held the loop for 12.8 ms at a time.
+FAIRNESS_NS = 1_000_000
+#: The clock is read for that every this many back-to-back messages (a power of two).
+FAIRNESS_CHECK = 16
 #: Each worker times every message it handles up to this many, then one in TIME_SAMPLE
 #: (always every message while a delivery observer listens). Counters are exact either way.
 TIME_ALL_UNTIL = 4096
@@ -94,8 +99,9 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     now = _monotonic_ns
     loop = asyncio.get_running_loop()
     due = sub.due
-    batch = seen = 0
+    seen = 0
     start = 0
+    turn = now()  # when this worker last got the loop back
     fresh = True  # the last message taken was not a retry: a due retry may go next
     timed: object  # take the clock for this message (a bool, or the observer tuple)
     while True:
@@ -114,10 +120,10 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
         elif due:
             env = due.popleft()
         else:
-            batch = 0
             fut = loop.create_future()
             idle.append(fut)
             await fut
+            turn = now()
             continue
         sub.size -= 1
         if sub.putters:
@@ -204,10 +210,9 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
             ledger.outstanding -= 1
             if not ledger.outstanding and ledger.drain_waiters:
                 ledger.wake()
-        batch += 1
-        if batch == FAIRNESS_BATCH:
-            batch = 0
+        if not seen % FAIRNESS_CHECK and now() - turn >= FAIRNESS_NS:
             await asyncio.sleep(0)
+            turn = now()
 
 
 def _timed(sub: Subscription, env: Envelope, start: int, took: int) -> None:
