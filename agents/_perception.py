@@ -284,6 +284,8 @@ _AMOUNT = re.compile(
     r"(?:[$€£]\s?(\d{1,3}(?:,\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?))"
     r"|(?:\b(\d{1,3}(?:,\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?)\s?(?:USD|EUR|GBP|dollars|euros)\b)"
 )
+#: What every match of _AMOUNT contains: a currency sign or a currency word.
+_AMOUNT_MARKS = ("$", "€", "£", "USD", "EUR", "GBP", "dollars", "euros")
 _EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
 _CARD = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
 _IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b")
@@ -319,6 +321,8 @@ def find_pii(text: str) -> list[dict[str, Any]]:
         if 13 <= len(digits) <= 19 and _luhn(digits):
             spans.append({"kind": "card", "start": m.start(), "end": m.end()})
     for kind, pattern in (("iban", _IBAN), ("email", _EMAIL), ("phone", _PHONE)):
+        if pattern is _EMAIL and "@" not in text:
+            continue  # a substring test in C skips a regex scan of the whole body
         for m in pattern.finditer(text):
             if kind == "phone" and not 7 <= sum(c.isdigit() for c in m.group()) <= 15:
                 continue  # E.164 numbers have at most 15 digits; longer runs are not phones
@@ -332,13 +336,16 @@ def extract_features(email: dict[str, Any]) -> dict[str, Any]:
     """Order ids, money amounts, PII spans and attachment facts of one email."""
     text = f"{email.get('subject', '')}\n{email.get('body', '')}"
     amounts = []
-    for m in _AMOUNT.finditer(text):
-        raw = m.group(1) or m.group(2)
-        amounts.append(float(raw.replace(",", "")))
+    # Each regex scans the whole text; most emails have no amount and no order id, and a
+    # substring test (in C) says so for a fraction of a scan: a fifth of the Sensor's cost.
+    if any(mark in text for mark in _AMOUNT_MARKS):
+        for m in _AMOUNT.finditer(text):
+            raw = m.group(1) or m.group(2)
+            amounts.append(float(raw.replace(",", "")))
     attachments = email.get("attachments") or []
     names = [str(a.get("name", "")) for a in attachments if isinstance(a, dict)]
     return {
-        "order_ids": sorted(set(_ORDER.findall(text))),
+        "order_ids": sorted(set(_ORDER.findall(text))) if "ORD-" in text else [],
         "amounts": amounts,
         "amount": max(amounts) if amounts else None,
         "pii": find_pii(str(email.get("body", ""))),

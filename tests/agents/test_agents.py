@@ -34,6 +34,8 @@ from agents import (
 from bus import BreakerPolicy, Bus, Retry
 from bus.testing import capture_events
 
+ROOT = Path(__file__).resolve().parents[2]
+
 RULES = {
     "refund": [r"(?i)\brefund"],
     "spam": [r"(?i)\bwinner\b|\blottery\b"],
@@ -74,6 +76,48 @@ def test_sensor_finds_orders_amounts_and_pii() -> None:
     kinds = [s["kind"] for s in f["pii"]]
     assert kinds == ["card", "phone", "email", "iban"]
     assert f["has_invoice"] is True
+
+
+@pytest.mark.parametrize(
+    ("text", "amounts"),
+    [
+        ("Refund 42 euros please", [42.0]),
+        ("it was £5.50", [5.5]),
+        ("charged 1,200 USD twice", [1200.0]),
+        ("€ 30 and 12 GBP", [30.0, 12.0]),
+        ("no money here, just 300 items", []),
+    ],
+)
+def test_amounts_are_found_in_every_currency_spelling(text: str, amounts: list[float]) -> None:
+    """extract_features skips the amount scan when no currency sign or word occurs: every
+    spelling the pattern knows must still be seen."""
+    assert extract_features({"subject": "", "body": text})["amounts"] == amounts
+
+
+def test_the_sensors_prefilters_change_no_feature_of_the_shipped_inbox() -> None:
+    """The substring tests in front of the amount, order-id and email scans only skip scans
+    that would find nothing: every shipped email gets what the plain scans give."""
+    from agents._perception import _AMOUNT, _EMAIL, _ORDER
+
+    emails = []
+    for line in (ROOT / "scenarios" / "data" / "support_emails.jsonl").read_text().splitlines():
+        try:
+            email = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # the inbox carries malformed lines on purpose
+        if isinstance(email, dict):
+            emails.append(email)
+    assert len(emails) > 500
+    for email in emails:
+        text = f"{email.get('subject', '')}\n{email.get('body', '')}"
+        body = str(email.get("body", ""))
+        got = extract_features(email)
+        assert got["order_ids"] == sorted(set(_ORDER.findall(text)))
+        assert got["amounts"] == [
+            float((m.group(1) or m.group(2)).replace(",", "")) for m in _AMOUNT.finditer(text)
+        ]
+        emails_found = [(s["start"], s["end"]) for s in got["pii"] if s["kind"] == "email"]
+        assert emails_found == [m.span() for m in _EMAIL.finditer(body)]
 
 
 def test_pii_ignores_numbers_that_fail_luhn_and_order_ids() -> None:
