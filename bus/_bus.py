@@ -45,7 +45,7 @@ from bus._hooks import (
     ObserverHandle,
     Tracer,
 )
-from bus._metrics import BusStats, EdgeStats, TopicStats
+from bus._metrics import BusStats, bus_stats
 from bus._publishing import SYSTEM_BREAKER_TOPIC, Dispatcher
 from bus._routing import DEFAULT_ROUTE_CACHE, Route, Routes
 from bus._subscription import Ledger, Subscription, as_async
@@ -542,15 +542,7 @@ class Bus:
         blocked = self._dispatch(entry.envelope, (sub,), redrive=True)
         if blocked:
             await self._wait_blocked(entry.envelope, blocked)
-        if entry.reason == "shed":
-            # It was listed (or it could not be redriven): the shed count's sampling
-            # position moves back with it, so the next shed is listed as it would have been.
-            sub.shed -= 1  # and so ``published``
-            sub.listed_sheds -= 1
-            sub.list_at -= 1
-        else:
-            sub.dead_lettered -= 1
-            sub.accepted -= 1
+        sub.taken_back(entry.reason)
         return True
 
     def breaker(self, name: str) -> CircuitBreaker:
@@ -589,41 +581,14 @@ class Bus:
             # A full system subscriber refuses per its own policy, and that is counted there
             # (``rejected``). No publisher breaker guards these topics (see Dispatcher.failed),
             # so a report is never failed fast nor feeds another report.
+            own = self._subs.get(breaker.name)
+            env = self._envelope(SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH, None)
             with contextlib.suppress(QueueFullError):
-                self._report(SYSTEM_BREAKER_TOPIC + breaker.name, payload, breaker)
-
-    def _report(self, topic: str, payload: dict[str, Any], breaker: CircuitBreaker) -> None:
-        """Publish a breaker's report, as ``emit_nowait`` would, to every subscriber but the
-        one whose breaker it is. A failing catch-all handler (``*``) fed its own reports
-        would make each one a failing call, or a failing half-open probe: trip, report,
-        trip, thousands of times a second, and a drain that never ends."""
-        env = self._envelope(topic, payload, Priority.HIGH, None)
-        route = self._cache.get(topic) or self._route(topic)
-        own = self._subs.get(breaker.name)
-        only = None
-        if own is not None and own.breaker is breaker and own in route.subs:
-            only = tuple(sub for sub in route.subs if sub is not own)
-        blocked = self._dispatch(env, only)
-        if blocked:
-            self._out.not_waiting(env, blocked)
+                self._out.report(env, own if own is not None and own.breaker is breaker else None)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""
-        topics = self._routes.counts()
-        edges = [
-            EdgeStats(source=src or "<outside>", target=sub.name, queue_wait=h.summary())
-            for sub in self._subs.values()
-            for src, h in sub.edges.items()
-        ]
-        return BusStats(
-            published=sum(topics.values()),
-            topics={t: TopicStats(published=n) for t, n in topics.items()},
-            subscribers={name: sub.stats() for name, sub in self._subs.items()},
-            edges=edges,
-            dlq_size=len(self.dlq),
-            dlq_evicted=self.dlq.evicted,
-            breakers=self.breakers(),
-        )
+        return bus_stats(self._routes.counts(), self._subs, self.dlq, self.breakers())
 
     @property
     def outstanding(self) -> int:

@@ -8,8 +8,13 @@ loop; everything else here runs only when someone asks for a snapshot.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bus._dlq import DeadLetterQueue
+    from bus._subscription import Subscription
 
 __all__ = [
     "BusStats",
@@ -19,6 +24,7 @@ __all__ = [
     "SubscriberStats",
     "TopicStats",
     "bucket",
+    "bus_stats",
 ]
 
 _SLOTS = 512
@@ -160,3 +166,26 @@ class BusStats:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def bus_stats(
+    topics: dict[str, int],
+    subs: Mapping[str, Subscription],
+    dlq: DeadLetterQueue,
+    breakers: dict[str, str],
+) -> BusStats:
+    """A bus's :class:`BusStats` from its parts, read at one instant (``Bus.stats``)."""
+    edges = [
+        EdgeStats(source=src or "<outside>", target=sub.name, queue_wait=h.summary())
+        for sub in subs.values()
+        for src, h in sub.edges.items()
+    ]
+    return BusStats(
+        published=sum(topics.values()),
+        topics={t: TopicStats(published=n) for t, n in topics.items()},
+        subscribers={name: sub.stats() for name, sub in subs.items()},
+        edges=edges,
+        dlq_size=len(dlq),
+        dlq_evicted=dlq.evicted,
+        breakers=breakers,
+    )

@@ -151,6 +151,21 @@ class Dispatcher:
         # silently: _wait_blocked refuses the ``reject`` ones after it, with any that time out.
         return full
 
+    def report(self, env: Envelope, own: Subscription | None) -> None:
+        """Publish a breaker's report, as ``emit_nowait`` would, to every subscriber but
+        ``own``, the one whose breaker it is. A failing catch-all handler (``*``) fed its
+        own reports would make each one a failing call, or a failing half-open probe: trip,
+        report, trip, thousands of times a second, and a drain that never ends. A full
+        system subscriber refuses per its own policy (QueueFullError, counted there); no
+        publisher breaker guards these topics (see :meth:`failed`)."""
+        route = self.cache.get(env.topic) or self.route(env.topic)
+        only = None
+        if own is not None and own in route.subs:
+            only = tuple(sub for sub in route.subs if sub is not own)
+        blocked = self.dispatch(env, only)
+        if blocked:
+            self.not_waiting(env, blocked)
+
     def refuse(self, env: Envelope, subs: list[Subscription]) -> NoReturn:
         for sub in subs:
             sub.rejected += 1

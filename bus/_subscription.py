@@ -293,6 +293,19 @@ class Subscription:
         dlq.shed(victim, self.name)
         self.list_at = shed + (1 if shed < SHED_LIST_ALL or dlq.observers else SHED_SAMPLE)
 
+    def taken_back(self, reason: str) -> None:
+        """A dead letter of this subscription (``reason``) was redriven and its mailbox took
+        it: that was counted as a new publish, so uncount the dead letter. A listed shed's
+        sampling position moves back with its count, so the next shed is listed as it would
+        have been."""
+        if reason == "shed":
+            self.shed -= 1  # and so ``published``
+            self.listed_sheds -= 1
+            self.list_at -= 1
+        else:
+            self.dead_lettered -= 1
+            self.accepted -= 1
+
     def wake_worker(self) -> None:
         fut = self.idle.pop()
         if not fut.done():
