@@ -56,12 +56,11 @@ class Directory:
     ``routes`` and ``local_names`` are one dict each for the node's life (cleared, never
     replaced): the transport's publish path and the consumers' take path hold them.
     ``groups`` is the consumers' table of hosted groups: its keys are this node's entry.
-    ``send`` queues a plain message for the write-out; ``changed`` runs after every change
+    ``send`` queues a plain message for the write-out; ``on_change`` runs after every change
     of the others' subscriptions.
     """
 
     __slots__ = (
-        "changed",
         "counts",
         "groups",
         "kv",
@@ -69,6 +68,7 @@ class Directory:
         "local_index",
         "local_names",
         "node",
+        "on_change",
         "others",
         "remote_index",
         "routes",
@@ -89,7 +89,7 @@ class Directory:
         counts: dict[str, int],
         groups: dict[tuple[str, str], Any],
         send: Callable[[str, bytes], None],
-        changed: Callable[[], None],
+        on_change: Callable[[], None],
     ) -> None:
         self.node = node
         self.team = team
@@ -97,7 +97,7 @@ class Directory:
         self.counts = counts
         self.groups = groups
         self.send = send
-        self.changed = changed
+        self.on_change = on_change
         self.kv: Any = None  # set by the transport's start
         self.local_index: GlobIndex[str] = GlobIndex()
         self.local_names: dict[str, frozenset[str]] = {}
@@ -199,7 +199,7 @@ class Directory:
         self.remote_index = index
         self.routes.clear()
         wake(self.sync_waiters)
-        self.changed()
+        self.on_change()
 
     async def on_sync(self, msg: Msg) -> None:
         try:

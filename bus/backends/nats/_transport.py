@@ -10,33 +10,20 @@ Each subscription name is a consumer group: one durable pull consumer per priori
 pattern)``) is a JetStream key-value bucket, ``pantheon_nodes_T``; dead letters of every team
 go to the ``PANTHEON_DLQ`` stream (subjects ``pantheon.dlq.T.<publishing node>``).
 
-Publishing: ``try_send`` encodes the envelope and queues a PUB whose reply subject is this
-node's ack inbox; one task per loop turn writes what was queued. At most ``window`` publishes
-wait for their stream ack; past that ``try_send`` says "wait" and the bus awaits ``send``.
-A publish not acknowledged within ``ack_timeout`` (the server restarted, a route moved) is
-sent again with the same ``Nats-Msg-Id``, so the stream dedups it. Groups hosted on this
-node were served locally by the bus; the envelope names them (``skip``) and their consumers
-acknowledge it without delivering.
-
-Receiving: for each group it hosts, the node keeps pull requests (``batch`` messages, long
-poll) outstanding on each lane, requesting CRITICAL's first, never more than ``credit`` held
-at once (requested + parked + in the bus). A pulled message becomes an envelope with a
-:class:`StreamReceipt` and goes to ``BusPort.deliver`` for that group's subscription only. When a
-``block`` mailbox is full, deliver returns an awaitable: the group stops pulling and what
-its outstanding requests still bring is parked (bounded by ``credit``) until the mailbox has
-room. The receipt, once the subscription is done, acknowledges (handled), naks with an
-exponential delay (failed, to be redelivered), naks without delay (the bus closed:
-:meth:`StreamReceipt.release`), or, after ``max_deliver`` deliveries, publishes the message to the
-DLQ stream with its delivery count and last error, then terminates it. Each failed delivery
-is also in the receiving bus's own DLQ, with its traceback, as a failure is on any transport;
-the stream holds the message once, for every publisher to list and redrive
-(:meth:`NatsTransport.dead_letters`, :meth:`NatsTransport.redrive`). A message held longer
-than half of ``ack_wait`` is kept alive with ``+WPI``; a node that dies holds nothing: after
-``ack_wait`` the server gives its messages to another member.
-
-``flush`` waits for the stream acks and then until every remote group's consumer has
-acknowledged past the last message this node published to it (its ack floor), so
-``Bus.drain`` covers remote work as it does on ZeroMQ.
+Publishing (``_publisher``): ``try_send`` encodes the envelope and queues a PUB asking for
+its stream ack; at most ``window`` wait for one, past that the bus awaits ``send``; an
+unacknowledged one goes again under the same ``Nats-Msg-Id``. Groups hosted on this node were
+served locally by the bus; the envelope names them (``skip``) and their consumers acknowledge
+it without delivering. Receiving (``_consumers``): each hosted group pulls on its lanes within
+``credit`` and hands each message to its own subscription with a :class:`StreamReceipt`, which
+acks, naks with backoff, gives it back (the bus closed) or dead-letters it to the DLQ stream
+after ``max_deliver`` deliveries. Each failed delivery is also in the receiving bus's own DLQ,
+with its traceback, as on any transport; the stream holds the message once, for every
+publisher to list and redrive (:meth:`NatsTransport.dead_letters`,
+:meth:`NatsTransport.redrive`). A node that dies holds nothing: after ``ack_wait`` the server
+gives its messages to another member. ``flush`` waits for the stream acks and then until every
+remote group's consumer has acknowledged past the last message this node published to it (its
+ack floor), so ``Bus.drain`` covers remote work as it does on ZeroMQ.
 
 The state lives in the parts, one per file, and this module composes them: ``_publisher``
 (:class:`Outbox`: the one write-out queue; :class:`Publisher`: the window, stream acks,
@@ -71,6 +58,7 @@ from bus.backends.nats._consumers import Consumers, Group
 from bus.backends.nats._directory import Directory
 from bus.backends.nats._dlq import DeadLetterEntry
 from bus.backends.nats._errors import ConnectError
+from bus.backends.nats._options import check_options, credentials
 from bus.backends.nats._publisher import Outbox, Publisher
 from bus.backends.nats._replies import Replies
 from bus.backends.nats._subjects import (
@@ -156,25 +144,11 @@ class NatsTransport(Transport):
             raise ValueError("NatsTransport: team 'dlq' is reserved for the dead letter stream")
         default = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         self.node = check_token(node or default.replace(".", "-"), "node")
-        if storage not in ("file", "memory"):
-            raise ValueError(f"NatsTransport: storage must be 'file' or 'memory', got {storage!r}")
-        if (user is None) != (password is None):
-            raise ValueError("NatsTransport: user and password go together")
-        _check_options(
-            replicas, credit, batch, window, max_deliver, liveness, dedup_window, max_age,
-            ack_wait, ack_timeout, heartbeat, connect_timeout, backoff,
+        check_options(
+            storage, user, password, replicas, credit, batch, window, max_deliver, liveness,
+            dedup_window, max_age, ack_wait, ack_timeout, heartbeat, connect_timeout, backoff,
         )  # fmt: skip
-        self.credentials: dict[str, Any] = {
-            k: v
-            for k, v in (
-                ("user", user),
-                ("password", password),
-                ("nkeys_seed", nkey_seed),
-                ("user_credentials", creds),
-                ("token", token),
-            )
-            if v is not None
-        }
+        self.credentials = credentials(user, password, nkey_seed, creds, token)
         self.storage = storage
         self.replicas = replicas
         self.dedup_window = dedup_window
@@ -215,7 +189,7 @@ class NatsTransport(Transport):
             counts=counts,
             groups=groups,
             send=outbox.send,
-            changed=self._directory_changed,
+            on_change=self._directory_changed,
         )
         self._publisher = publisher = Publisher(
             node=self.node,
@@ -547,44 +521,3 @@ class NatsTransport(Transport):
         fut = self._loop.create_future()
         waiters.append(fut)
         await fut
-
-
-def _check_options(
-    replicas: int,
-    credit: int,
-    batch: int,
-    window: int,
-    max_deliver: int,
-    liveness: int,
-    dedup_window: float,
-    max_age: float,
-    ack_wait: float,
-    ack_timeout: float,
-    heartbeat: float,
-    connect_timeout: float,
-    backoff: tuple[float, float],
-) -> None:
-    """A bad option is refused when the transport is made, naming it, not found later."""
-    for label, value in (
-        ("replicas", replicas),
-        ("credit", credit),
-        ("batch", batch),
-        ("window", window),
-        ("max_deliver", max_deliver),
-        ("liveness", liveness),
-    ):
-        if value < 1:
-            raise ValueError(f"NatsTransport: {label} must be >= 1, got {value}")
-    for label, seconds in (
-        ("dedup_window", dedup_window),
-        ("max_age", max_age),
-        ("ack_wait", ack_wait),
-        ("ack_timeout", ack_timeout),
-        ("heartbeat", heartbeat),
-        ("connect_timeout", connect_timeout),
-        ("backoff[1]", backoff[1]),
-    ):
-        if seconds <= 0:
-            raise ValueError(f"NatsTransport: {label} must be > 0, got {seconds}")
-    if backoff[0] < 0 or backoff[0] > backoff[1]:
-        raise ValueError(f"NatsTransport: backoff must be (base >= 0, max >= base), got {backoff}")
