@@ -18,6 +18,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "bus.backends.nats needs nats-py: install the 'nats' extra (pip install 'pantheon[nats]')"
     ) from exc
 
+from bus.backends.nats._dlq import DeadLetterEntry
 from bus.backends.nats._errors import AuthorizationError, ConnectError, RemoteHandlerError
 from bus.backends.nats._server import (
     NatsServer,
@@ -28,7 +29,7 @@ from bus.backends.nats._server import (
     start_cluster,
     stop_cluster,
 )
-from bus.backends.nats._transport import DeadLetterEntry, NatsTransport
+from bus.backends.nats._transport import NatsTransport
 
 __all__ = [
     "AuthorizationError",

@@ -1,0 +1,237 @@
+"""Who hosts which subscriptions, and where a topic's messages go from this node.
+
+Every node keeps its entry (its ``(name, pattern)`` pairs and a version) in the team's
+key-value bucket, refreshed each heartbeat, and watches the bucket's subject for the
+others'. A node not heard from for ``heartbeat * liveness`` seconds leaves this node's view.
+On every new version it sees, a node tells its owner so on the owner's sync subject: that is
+how ``sync`` knows everyone routes by this node's latest subscriptions. Routes are resolved
+once per topic against this node's subscriptions and the others', and cached until either
+changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import nats.js.errors
+from nats.aio.msg import Msg
+
+from bus._topics import GlobIndex
+from bus._transport import wake
+from bus.backends.nats._subjects import LANES, consumer_name, subject_of, sync_subject
+from bus.backends.nats._wire import NodeEntry, SyncAck, decode_node, decode_sync, encode
+
+__all__ = ["Directory", "Route"]
+
+
+class Route:
+    """Where a topic's messages go from here: whether any remote group takes them, the
+    local groups the publisher served (``skip``), the subject per lane and the remote
+    consumers per lane whose ack floor ``flush`` follows."""
+
+    __slots__ = ("remote", "skip", "subjects", "tracked")
+
+    def __init__(
+        self,
+        remote: bool,
+        skip: list[str] | None,
+        subjects: tuple[str, ...],
+        tracked: list[list[str]],
+    ) -> None:
+        self.remote = remote
+        self.skip = skip
+        self.subjects = subjects
+        self.tracked = tracked
+
+
+class Directory:
+    """The other nodes' entries, this node's own, and the routes and local names derived.
+
+    ``routes`` and ``local_names`` are one dict each for the node's life (cleared, never
+    replaced): the transport's publish path and the consumers' take path hold them.
+    ``groups`` is the consumers' table of hosted groups: its keys are this node's entry.
+    ``send`` queues a plain message for the write-out; ``on_change`` runs after every change
+    of the others' subscriptions.
+    """
+
+    __slots__ = (
+        "counts",
+        "groups",
+        "kv",
+        "kv_prefix",
+        "local_index",
+        "local_names",
+        "node",
+        "on_change",
+        "others",
+        "remote_index",
+        "routes",
+        "seen_at",
+        "send",
+        "sync_waiters",
+        "synced",
+        "team",
+        "version",
+    )
+
+    def __init__(
+        self,
+        *,
+        node: str,
+        team: str,
+        kv_prefix: str,
+        counts: dict[str, int],
+        groups: dict[tuple[str, str], Any],
+        send: Callable[[str, bytes], None],
+        on_change: Callable[[], None],
+    ) -> None:
+        self.node = node
+        self.team = team
+        self.kv_prefix = kv_prefix
+        self.counts = counts
+        self.groups = groups
+        self.send = send
+        self.on_change = on_change
+        self.kv: Any = None  # set by the transport's start
+        self.local_index: GlobIndex[str] = GlobIndex()
+        self.local_names: dict[str, frozenset[str]] = {}
+        self.others: dict[str, NodeEntry] = {}
+        self.seen_at: dict[str, float] = {}
+        self.remote_index: GlobIndex[tuple[str, str]] = GlobIndex()
+        self.routes: dict[str, Route] = {}
+        self.synced: dict[str, int] = {}
+        self.sync_waiters: list[asyncio.Future[None]] = []
+        self.version = 0  # published in the directory
+
+    def set_local(self, subscriptions: list[tuple[str, str]]) -> None:
+        """This node's subscriptions changed: local names and routes are resolved anew."""
+        index: GlobIndex[str] = GlobIndex()
+        for name, pattern in subscriptions:
+            index.add(pattern, name)
+        self.local_index = index
+        self.local_names.clear()
+        self.routes.clear()
+
+    def local_names_of(self, topic: str) -> frozenset[str]:
+        names = self.local_names[topic] = frozenset(self.local_index.resolve(topic))
+        return names
+
+    async def put_entry(self) -> None:
+        entry = NodeEntry(
+            self.node,
+            self.version,
+            sorted(self.groups),
+            socket.gethostname(),
+            os.getpid(),
+        )
+        await self.kv.put(self.node, encode(entry))
+
+    async def load(self) -> None:
+        try:
+            keys = await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return
+        now = time.monotonic()
+        for key in keys:
+            if key == self.node:
+                continue
+            try:
+                entry = await self.kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if entry.value:
+                node = decode_node(entry.value)
+                self.others[key] = node
+                self.seen_at[key] = now
+                self.send(sync_subject(self.team, key), encode(SyncAck(self.node, node.version)))
+        self._changed()
+
+    async def on_entry(self, msg: Msg) -> None:
+        key = msg.subject[len(self.kv_prefix) :]
+        if key == self.node:
+            return
+        op = (msg.headers or {}).get("KV-Operation")
+        if op in ("DEL", "PURGE"):
+            if key in self.others:
+                self._forget(key)
+                self._changed()
+            return
+        try:
+            entry = decode_node(msg.data)
+        except msgspec.DecodeError:
+            self.counts["malformed"] += 1
+            return
+        self.seen_at[key] = time.monotonic()
+        old = self.others.get(key)
+        self.others[key] = entry
+        if old is None or old.version != entry.version or old.subs != entry.subs:
+            self._changed()
+            self.send(sync_subject(self.team, key), encode(SyncAck(self.node, entry.version)))
+
+    def expire(self, now: float, silence: float) -> None:
+        """Forget the nodes not heard from for ``silence`` seconds."""
+        lost = [n for n, t in self.seen_at.items() if now - t > silence]
+        for node in lost:
+            self._forget(node)
+        if lost:
+            self._changed()
+
+    def reconnected(self) -> None:
+        now = time.monotonic()
+        for node in self.seen_at:
+            self.seen_at[node] = now  # heard again from the next heartbeat on
+
+    def _forget(self, node: str) -> None:
+        self.others.pop(node, None)
+        self.seen_at.pop(node, None)
+        self.synced.pop(node, None)
+
+    def _changed(self) -> None:
+        index: GlobIndex[tuple[str, str]] = GlobIndex()
+        for pair in {tuple(p) for e in self.others.values() for p in e.subs}:
+            index.add(pair[1], (pair[0], pair[1]))
+        self.remote_index = index
+        self.routes.clear()
+        wake(self.sync_waiters)
+        self.on_change()
+
+    async def on_sync(self, msg: Msg) -> None:
+        try:
+            ack = decode_sync(msg.data)
+        except msgspec.DecodeError:
+            self.counts["malformed"] += 1
+            return
+        if ack.version > self.synced.get(ack.node, 0):
+            self.synced[ack.node] = ack.version
+        wake(self.sync_waiters)
+
+    def unsynced(self) -> list[str]:
+        """The live nodes that have not confirmed this node's latest entry yet."""
+        return [n for n in self.others if self.synced.get(n, 0) < self.version]
+
+    def live_consumers(self) -> set[str]:
+        return {
+            consumer_name(name, pattern, lane)
+            for entry in self.others.values()
+            for name, pattern in entry.subs
+            for lane in range(len(LANES))
+        }
+
+    def route(self, topic: str) -> Route:
+        local = set(self.local_index.resolve(topic))
+        groups = sorted({g for g in self.remote_index.resolve(topic) if g[0] not in local})
+        if groups:
+            subjects = tuple(subject_of(self.team, lane, topic) for lane in range(len(LANES)))
+            tracked = [[consumer_name(n, p, lane) for n, p in groups] for lane in range(len(LANES))]
+        else:
+            subjects = ("", "", "")
+            tracked = [[], [], []]
+        route = Route(bool(groups), sorted(local) or None, subjects, tracked)
+        self.routes[topic] = route
+        return route

@@ -1,0 +1,89 @@
+"""The ``PANTHEON_DLQ`` stream as the operator sees it: list a team's dead letters, redrive.
+
+Nothing here is kept on the node: the stream is the one copy every publisher shares, and a
+redrive goes back through the team's stream to the one subscription that failed it (``only``),
+under a fresh ``Nats-Msg-Id`` so the stream does not take it for the original.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import nats.js.errors
+
+from bus._envelope import Envelope
+from bus.backends.nats._subjects import DLQ_STREAM
+from bus.backends.nats._wire import decode_wire, encode, envelope_of
+
+__all__ = ["DeadLetterEntry", "dead_letters", "redrive"]
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetterEntry:
+    """One message in the DLQ stream: what failed, where, how often, and why."""
+
+    seq: int
+    envelope: Envelope
+    subscriber: str
+    deliveries: int
+    error_type: str
+    error: str
+    node: str
+    subject: str
+
+
+async def dead_letters(js: Any, team: str, mono_to_wall: int) -> list[DeadLetterEntry]:
+    """Every message of ``team`` in the DLQ stream, oldest first."""
+    prefix = f"pantheon.dlq.{team}."
+    info = await js.stream_info(DLQ_STREAM)
+    entries = []
+    if not info.state.messages:
+        return []
+    for seq in range(max(1, info.state.first_seq), info.state.last_seq + 1):
+        try:
+            raw = await js.get_msg(DLQ_STREAM, seq)
+        except nats.js.errors.NotFoundError:
+            continue
+        if not raw.subject.startswith(prefix):
+            continue
+        headers = raw.headers or {}
+        wire = decode_wire(raw.data)
+        entries.append(
+            DeadLetterEntry(
+                seq=seq,
+                envelope=envelope_of(wire, mono_to_wall),
+                subscriber=headers.get("Pantheon-Subscriber", "?"),
+                deliveries=int(headers.get("Pantheon-Deliveries", "0")),
+                error_type=headers.get("Pantheon-Error-Type", ""),
+                error=headers.get("Pantheon-Error", ""),
+                node=headers.get("Pantheon-Node", ""),
+                subject=headers.get("Pantheon-Subject", ""),
+            )
+        )
+    return entries
+
+
+async def redrive(
+    js: Any, team: str, node: str, mono_to_wall: int, seqs: Iterable[int] | None
+) -> int:
+    """Republish ``team``'s dead letters (all, or those ``seqs``) from ``node``, then remove
+    them from the DLQ stream; returns how many went."""
+    chosen = None if seqs is None else set(seqs)
+    done = 0
+    for entry in await dead_letters(js, team, mono_to_wall):
+        if chosen is not None and entry.seq not in chosen:
+            continue
+        raw = await js.get_msg(DLQ_STREAM, entry.seq)
+        wire = decode_wire(raw.data)
+        wire.only = [entry.subscriber]
+        wire.skip = None
+        wire.origin = node
+        wire.reply = None
+        await js.publish(
+            entry.subject, encode(wire), headers={"Nats-Msg-Id": f"{wire.id}.r{entry.seq}"}
+        )
+        await js.delete_msg(DLQ_STREAM, entry.seq)
+        done += 1
+    return done
