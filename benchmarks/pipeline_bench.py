@@ -1,6 +1,7 @@
 """End-to-end throughput and per-hop latency of the nine-agent support pipeline.
 
     python benchmarks/pipeline_bench.py [--emails 2000] [--latency-ms 0 1] [--loop uvloop]
+        [--modes off,recording,telemetry]
 
 Feeds the shipped support inbox (repeated to ``--emails``) through Observer -> Sensor ->
 Reasoner (+ Memory lookup) -> Planner -> Guardian -> Actor -> Learner/Memory, with Monitor
@@ -9,6 +10,15 @@ watching, on the in-process bus. The model call is simulated: the rule provider 
 Reasoner runs with ``--reasoner-concurrency`` workers (default 64) so model latency overlaps,
 as it would against any real model server. Requests/s counts emails that reached
 ``action.executed`` (or were rejected as malformed) per second of wall time.
+
+``--modes`` runs the same pipeline, alternating within each repeat, with nothing attached
+(``off``), with a session :class:`~pantheon.sessions.Recorder` on a fresh SQLite store
+(``recording``: every envelope, delivery and model call journaled, as ``pantheon run`` does;
+the clock stops at ``drain``, and the time the recorder then takes to commit what is left is
+reported beside it), and with :class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at
+1% into an exporter that counts spans, every bus metric collected every 100 ms, as
+benchmarks/obs_bench.py; its clock stops once the spans are built and exported). Each mode's
+overhead is the median of per-repeat ratios to ``off``.
 """
 
 from __future__ import annotations
@@ -41,6 +51,10 @@ from agents import (
 from bus import Bus
 from pantheon._inputs import open_input
 from pantheon.scenario import load_scenario
+from pantheon.sessions import Recorder, SessionStore
+from pantheon.telemetry import Telemetry
+
+MODES = ("off", "recording", "telemetry")
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOG_PIPELINE_RPS = 4237
@@ -86,14 +100,37 @@ def make_inbox(n: int, directory: Path) -> Path:
     return path
 
 
-async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> dict[str, Any]:
+async def one_run(
+    inbox: Path, latency_ms: float, reasoner_concurrency: int, mode: str = "off"
+) -> dict[str, Any]:
     scenario = load_scenario(ROOT / "scenarios/support_email.yaml")
     provider = SimulatedModel(
         RuleProvider(scenario.provider.rules, scenario.provider.default_intent), latency_ms / 1000
     )
     done = 0
 
+    recorder = store = telemetry = None
+    spans = None
+    if mode == "telemetry":
+        from obs_bench import CountingMetricExporter, CountingSpanExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        spans = CountingSpanExporter()
+        telemetry = Telemetry(
+            span_exporters=[spans],
+            metric_readers=[
+                PeriodicExportingMetricReader(CountingMetricExporter(), export_interval_millis=100)
+            ],
+            sampling=0.01,
+        )
+    finish_s = 0.0
     async with Bus() as bus:
+        if mode == "recording":
+            store = SessionStore(inbox.parent / f"pipeline-{time.monotonic_ns()}.db")
+            recorder = Recorder(store, scenario="pipeline_bench")
+            recorder.attach(bus)
+        elif telemetry is not None:
+            telemetry.instrument(bus)
         inp = scenario.input.model_copy(update={"path": inbox})
         observer = Observer(source=open_input(scenario.model_copy(update={"input": inp})))
         team = [
@@ -120,8 +157,18 @@ async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> 
         await observer.start()
         await observer.done.wait()
         await bus.drain()
+        if telemetry is not None and telemetry.tracer_provider is not None:
+            telemetry.tracer_provider.force_flush()  # spans built off the loop count too
         elapsed = time.perf_counter() - started
         stats = bus.stats()
+        if recorder is not None:
+            t0 = time.perf_counter()
+            await recorder.finish("completed", {})
+            finish_s = time.perf_counter() - t0
+    if store is not None:
+        store.close()
+    if telemetry is not None:
+        telemetry.shutdown()
     hops = {
         name: {
             "wait_p50_us": s.queue_wait.p50_us,
@@ -138,6 +185,9 @@ async def one_run(inbox: Path, latency_ms: float, reasoner_concurrency: int) -> 
         "rps": done / elapsed,
         "messages": stats.published,
         "hops": hops,
+        "mode": mode,
+        "finish_s": finish_s,
+        "spans": spans.spans if spans is not None else 0,
     }
 
 
@@ -151,9 +201,17 @@ def main() -> None:
     parser.add_argument("--reasoner-concurrency", type=int, default=64)
     parser.add_argument("--loop", choices=["asyncio", "uvloop"], default="uvloop")
     parser.add_argument(
+        "--modes",
+        default="off",
+        help=f"comma-separated, alternating within each repeat: {', '.join(MODES)}",
+    )
+    parser.add_argument(
         "--json", type=Path, default=ROOT / "benchmarks/results/pipeline_bench.json"
     )
     args = parser.parse_args()
+    modes = args.modes.split(",")
+    if "off" not in modes or not set(modes) <= set(MODES):
+        parser.error(f"--modes must include off and only {', '.join(MODES)}: got {args.modes}")
 
     runner = asyncio.run
     if args.loop == "uvloop":
@@ -173,31 +231,49 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         inbox = make_inbox(args.emails, Path(tmp))
         for latency in args.latency_ms:
-            runs = [
-                runner(one_run(inbox, latency, args.reasoner_concurrency))
-                for _ in range(args.repeats)
-            ]
-            best = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
-            rps = statistics.median(r["rps"] for r in runs)
-            results["runs"][f"{latency:g}ms"] = {
-                "median_rps": rps,
-                "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
-                "median_run": best,
-            }
-            print(
-                f"model latency {latency:g} ms: {rps:,.0f} requests/s "
-                f"({rps / BLOG_PIPELINE_RPS:.1f}x the blog's {BLOG_PIPELINE_RPS:,}), "
-                f"{best['messages'] / best['elapsed_s']:,.0f} bus msg/s"
-            )
-            print(
-                f"  {'hop (µs)':<34}{'wait p50':>10}{'wait p99':>10}"
-                f"{'handle p50':>12}{'handle p99':>12}"
-            )
-            for name, h in best["hops"].items():
-                print(
-                    f"  {name:<34}{h['wait_p50_us']:>10.1f}{h['wait_p99_us']:>10.1f}"
-                    f"{h['handle_p50_us']:>12.1f}{h['handle_p99_us']:>12.1f}"
+            by_mode: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+            for rep in range(args.repeats):
+                for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+                    by_mode[mode].append(
+                        runner(one_run(inbox, latency, args.reasoner_concurrency, mode))
+                    )
+            for mode in modes:
+                runs = by_mode[mode]
+                best = sorted(runs, key=lambda r: r["rps"])[len(runs) // 2]
+                rps = statistics.median(r["rps"] for r in runs)
+                key = f"{latency:g}ms" if mode == "off" else f"{latency:g}ms/{mode}"
+                results["runs"][key] = {
+                    "median_rps": rps,
+                    "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
+                    "median_run": best,
+                    "runs": [{k: r[k] for k in ("rps", "finish_s", "spans")} for r in runs],
+                }
+                line = (
+                    f"model latency {latency:g} ms, {mode}: {rps:,.0f} requests/s "
+                    f"({rps / BLOG_PIPELINE_RPS:.1f}x the blog's {BLOG_PIPELINE_RPS:,}), "
+                    f"{best['messages'] / best['elapsed_s']:,.0f} bus msg/s"
                 )
+                if mode != "off":
+                    loss = 1 - statistics.median(
+                        r["rps"] / off["rps"] for r, off in zip(runs, by_mode["off"], strict=True)
+                    )
+                    results["runs"][key]["overhead"] = loss
+                    line += f"; overhead {loss:.1%} (median of per-repeat ratios to off)"
+                    if mode == "recording":
+                        finish = statistics.median(r["finish_s"] for r in runs)
+                        line += f"; then {finish * 1000:,.0f} ms to commit the rest"
+                print(line)
+                if mode != "off":
+                    continue
+                print(
+                    f"  {'hop (µs)':<34}{'wait p50':>10}{'wait p99':>10}"
+                    f"{'handle p50':>12}{'handle p99':>12}"
+                )
+                for name, h in best["hops"].items():
+                    print(
+                        f"  {name:<34}{h['wait_p50_us']:>10.1f}{h['wait_p99_us']:>10.1f}"
+                        f"{h['handle_p50_us']:>12.1f}{h['handle_p99_us']:>12.1f}"
+                    )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")

@@ -37,16 +37,15 @@ from bus._config import (
 )
 from bus._dlq import DEFAULT_DLQ_SIZE, DeadLetter, DeadLetterQueue
 from bus._envelope import Envelope, next_id
-from bus._errors import BusClosedError, NoRouteError, QueueFullError, RequestTimeout
+from bus._errors import BusClosedError, NoRouteError, RequestTimeout
 from bus._hooks import (
-    BreakerEvent,
     BusObserver,
     Hooks,
     ObserverHandle,
     Tracer,
 )
 from bus._metrics import BusStats, bus_stats
-from bus._publishing import SYSTEM_BREAKER_TOPIC, Dispatcher
+from bus._publishing import Dispatcher
 from bus._routing import DEFAULT_ROUTE_CACHE, Route, Routes
 from bus._subscription import Ledger, Subscription, as_async
 from bus._topics import validate_pattern
@@ -116,6 +115,7 @@ class Bus:
             clock=self.clock,
             policy=publisher_breaker,
             on_change=self._breaker_changed,
+            envelope=self._envelope,
         )
         # The hot path's calls, bound once.
         self._open = self._out.open
@@ -560,31 +560,10 @@ class Bus:
         return states
 
     def _breaker_changed(self, breaker: CircuitBreaker, old: str, new: str, why: str) -> None:
-        if breaker.name.startswith("publish:"):
-            topic = breaker.name.removeprefix("publish:")
-            self._out.breaker_changed(breaker, topic, new)
-        if self._hooks.breaker:
-            event = BreakerEvent(
-                breaker.name, old, new, why, breaker.trips, breaker.retry_after(), time.time()
-            )
-            for observer in self._hooks.breaker:
-                observer(event)
-        if self._running:
-            payload = {
-                "breaker": breaker.name,
-                "from": old,
-                "to": new,
-                "reason": why,
-                "trips": breaker.trips,
-                "retry_after": breaker.retry_after(),
-            }
-            # A full system subscriber refuses per its own policy, and that is counted there
-            # (``rejected``). No publisher breaker guards these topics (see Dispatcher.failed),
-            # so a report is never failed fast nor feeds another report.
-            own = self._subs.get(breaker.name)
-            env = self._envelope(SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH, None)
-            with contextlib.suppress(QueueFullError):
-                self._out.report(env, own if own is not None and own.breaker is breaker else None)
+        own = self._subs.get(breaker.name)
+        if own is not None and own.breaker is not breaker:
+            own = None  # a publisher breaker named like a subscription
+        self._out.breaker_changed(breaker, old, new, why, own, self._running)
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""

@@ -11,17 +11,19 @@ offers minus the sending on.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 import traceback
 from collections.abc import Awaitable, Callable, Collection
-from typing import NoReturn, cast
+from typing import Any, NoReturn, cast
 
 from bus._breaker import CircuitBreaker
 from bus._clock import Clock
-from bus._config import BreakerPolicy
+from bus._config import BreakerPolicy, Priority
 from bus._dlq import DeadLetterQueue
 from bus._envelope import Envelope
 from bus._errors import EncodeError, QueueFullError
-from bus._hooks import SAMPLED_DIGITS, UNSAMPLED, Hooks
+from bus._hooks import SAMPLED_DIGITS, UNSAMPLED, BreakerEvent, Hooks
 from bus._routing import MAX_TOPIC_STATS, Route
 from bus._subscription import DECLINED, TAKEN, Ledger, Subscription
 from bus._transport import Receipt, Transport
@@ -55,6 +57,7 @@ class Dispatcher:
         clock: Clock,
         policy: BreakerPolicy | None,
         on_change: Callable[[CircuitBreaker, str, str, str], None],
+        envelope: Callable[[str, Any, int, Envelope | None], Envelope],
     ) -> None:
         self.cache = cache
         self.route = route
@@ -65,18 +68,53 @@ class Dispatcher:
         self.clock = clock
         self.policy = policy
         self.on_change = on_change
+        self.envelope = envelope
         #: Publisher breakers by topic, and those of them not closed (emit checks these).
         self.breakers: dict[str, CircuitBreaker] = {}
         self.open: dict[str, CircuitBreaker] = {}
         self.sending = 0
         self.send_tasks: set[asyncio.Task[None]] = set()
 
-    def breaker_changed(self, breaker: CircuitBreaker, topic: str, new: str) -> None:
-        """A publisher breaker changed state: emits check only the ones not closed."""
-        if new == "closed":
-            self.open.pop(topic, None)
-        else:
-            self.open[topic] = breaker
+    def breaker_changed(
+        self,
+        breaker: CircuitBreaker,
+        old: str,
+        new: str,
+        why: str,
+        own: Subscription | None,
+        running: bool,
+    ) -> None:
+        """A breaker changed state: emits check only the publisher breakers not closed,
+        observers get a :class:`BreakerEvent`, and while the bus runs the change is
+        published as ``system.breaker.<name>`` to every subscriber but ``own``, the
+        subscription whose breaker it is (see :meth:`report`)."""
+        if breaker.name.startswith("publish:"):
+            topic = breaker.name.removeprefix("publish:")
+            if new == "closed":
+                self.open.pop(topic, None)
+            else:
+                self.open[topic] = breaker
+        if self.hooks.breaker:
+            event = BreakerEvent(
+                breaker.name, old, new, why, breaker.trips, breaker.retry_after(), time.time()
+            )
+            for observer in self.hooks.breaker:
+                observer(event)
+        if running:
+            payload = {
+                "breaker": breaker.name,
+                "from": old,
+                "to": new,
+                "reason": why,
+                "trips": breaker.trips,
+                "retry_after": breaker.retry_after(),
+            }
+            env = self.envelope(SYSTEM_BREAKER_TOPIC + breaker.name, payload, Priority.HIGH, None)
+            # A full system subscriber refuses per its own policy, and that is counted there
+            # (``rejected``). No publisher breaker guards these topics (see :meth:`failed`),
+            # so a report is never failed fast nor feeds another report.
+            with contextlib.suppress(QueueFullError):
+                self.report(env, own)
 
     def not_waiting(self, env: Envelope, blocked: list[Subscription]) -> None:
         """What ``emit_nowait`` does with mailboxes that would make it wait: a remote send
