@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import gc
 import json
 import threading
 import time
@@ -86,6 +87,44 @@ _MAX_LAG = 1.0
 #: Longest stretch (s) the writer materializes before looking at the loop and its queue again.
 _MATERIALIZE_SLICE = 0.02
 _TICK = 0.01
+#: While any recorder is attached, the cycle collector's youngest generation runs after this
+#: many net allocations of tracked objects instead of CPython's 700. A recording keeps every
+#: message's payload alive until its batch is committed (~50-70 ms), so allocations outrun
+#: frees and the default made the collector run ten times as often and promote what it
+#: found to older generations: 18% of a recorded nine-agent pipeline's time (122 ms of GC in
+#: a 3,000-email run against 11 ms unrecorded; 27 ms at this threshold).
+_GC_GEN0 = 10_000
+
+
+class _GcTuning:
+    """Raises the gen0 threshold while recorders are attached, and puts back what it found
+    when the last one detaches (unless someone changed it meanwhile)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._attached = 0
+        self._before: tuple[int, int, int] | None = None
+
+    def attach(self) -> None:
+        with self._lock:
+            self._attached += 1
+            if self._attached == 1:
+                before = gc.get_threshold()
+                if before[0] and before[0] < _GC_GEN0:  # 0: collection is disabled
+                    self._before = before
+                    gc.set_threshold(_GC_GEN0, before[1], before[2])
+
+    def detach(self) -> None:
+        with self._lock:
+            self._attached -= 1
+            before = self._before
+            if self._attached == 0 and before is not None:
+                self._before = None
+                if gc.get_threshold()[0] == _GC_GEN0:
+                    gc.set_threshold(*before)
+
+
+_gc_tuning = _GcTuning()
 
 
 _Batch = tuple[list[Envelope], list[Delivery]]
@@ -480,6 +519,7 @@ class Recorder:
         self._prev_context = bus.context
         bus.context = self._effects
         self._handle = bus.observe(self._tap)
+        _gc_tuning.attach()
         if hasattr(time, "pthread_getcpuclockid"):
             with contextlib.suppress(OSError):
                 self._writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -521,6 +561,7 @@ class Recorder:
         if bus is None:
             return
         self._bus = None
+        _gc_tuning.detach()
         if self._handle is not None:
             self._handle.close()
             self._handle = None

@@ -449,3 +449,37 @@ async def test_recorded_effects_count_towards_backpressure(store: SessionStore) 
         assert stats["pending"] <= max_pending
     await recorder.finish()
     assert store.counts(recorder.session_id)["effects"] == 100
+
+
+async def test_recording_raises_the_collectors_gen0_threshold_and_puts_it_back(
+    store: SessionStore,
+) -> None:
+    """A recording keeps payloads alive until their batch is committed; at CPython's
+    default gen0 threshold that made the cycle collector run ten times as often. While any
+    recorder is attached the threshold is 10,000; the last to finish restores what it found,
+    unless someone changed it meanwhile."""
+    import gc
+
+    from pantheon.sessions._recorder import _GC_GEN0
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, before[1], before[2])
+    try:
+        first, second = Recorder(store, scenario="a"), Recorder(store, scenario="b")
+        async with Bus() as bus_a, Bus() as bus_b:
+            first.attach(bus_a)
+            assert gc.get_threshold()[0] == _GC_GEN0
+            second.attach(bus_b)
+            await first.finish("completed", {})
+            assert gc.get_threshold()[0] == _GC_GEN0  # the second still records
+            await second.finish("completed", {})
+        assert gc.get_threshold() == (700, before[1], before[2])
+
+        third = Recorder(store, scenario="c")
+        async with Bus() as bus:
+            third.attach(bus)
+            gc.set_threshold(5000, before[1], before[2])  # the application's own choice
+            await third.finish("completed", {})
+        assert gc.get_threshold()[0] == 5000
+    finally:
+        gc.set_threshold(*before)
