@@ -33,25 +33,50 @@ def traceback_text(exc: BaseException) -> str:
     line, finding a frame's position scans its code object's position table up to the
     failing instruction (long for the worker loop), and ``linecache.checkcache`` stats
     every file. Here a frame is its ``tb_lineno`` and the line comes from linecache's
-    cache, as a traceback printed at the time would show it."""
-    out: list[str] = []
-    _chain(exc, out, set())
-    return "".join(out)
+    cache, as a traceback printed at the time would show it. This runs where a message is
+    being dead-lettered, so it never raises: should formatting fail, the standard text, or
+    at least the exception's name, is what the dead letter keeps."""
+    try:
+        return _text(exc)
+    except Exception:
+        try:
+            return "".join(traceback.format_exception(exc))
+        except Exception:
+            return f"{type(exc).__qualname__} (its traceback could not be formatted)\n"
 
 
 _CAUSE = "\nThe above exception was the direct cause of the following exception:\n\n"
 _CONTEXT = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
-def _chain(exc: BaseException, out: list[str], seen: set[int]) -> None:
-    seen.add(id(exc))
-    cause, context = exc.__cause__, exc.__context__
-    if cause is not None and id(cause) not in seen:
-        _chain(cause, out, seen)
-        out.append(_CAUSE)
-    elif context is not None and not exc.__suppress_context__ and id(context) not in seen:
-        _chain(context, out, seen)
-        out.append(_CONTEXT)
+def _text(exc: BaseException) -> str:
+    # The chain is walked, not recursed: a client that re-raises ``from`` its last error
+    # on every retry builds chains a thousand long.
+    chain: list[tuple[BaseException, str]] = []  # newest first, with what links it back
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None:
+        seen.add(id(link))
+        cause, context = link.__cause__, link.__context__
+        if cause is not None and id(cause) not in seen:
+            chain.append((link, _CAUSE))
+            link = cause
+        elif context is not None and not link.__suppress_context__ and id(context) not in seen:
+            chain.append((link, _CONTEXT))
+            link = context
+        else:
+            chain.append((link, ""))
+            link = None
+    out: list[str] = []
+    for one, joined in reversed(chain):  # oldest first, each link before the newer one
+        if joined:
+            out.append(joined)
+        _one(one, out)
+    return "".join(out)
+
+
+def _one(exc: BaseException, out: list[str]) -> None:
+    """One exception of a chain: its frames and its last line."""
     if isinstance(exc, BaseExceptionGroup):
         # Rare in a handler, and its nested tracebacks need the standard layout.
         out.extend(traceback.format_exception(exc, chain=False))
@@ -65,8 +90,11 @@ def _chain(exc: BaseException, out: list[str], seen: set[int]) -> None:
         return
     kind = type(exc)
     name = kind.__qualname__
-    if kind.__module__ not in ("__main__", "builtins"):
-        name = f"{kind.__module__}.{name}"
+    module = kind.__module__
+    if not isinstance(module, str):
+        name = f"<unknown>.{name}"
+    elif module not in ("__main__", "builtins"):
+        name = f"{module}.{name}"
     try:
         value = str(exc)
     except Exception:
@@ -94,6 +122,9 @@ def _frames(tb: TracebackType, out: list[str]) -> None:
                 out.append(_repeats(repeated))
             last, repeated = here, 0
         out.append(f'  File "{here[0]}", line {lineno}, in {here[2]}\n')
+        if here[0] not in linecache.cache:
+            # A module from a zip or another loader: its source comes from the loader.
+            linecache.lazycache(here[0], frame.f_globals)
         line = linecache.getline(here[0], lineno).strip()
         if line:
             out.append(f"    {line}\n")

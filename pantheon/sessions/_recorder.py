@@ -120,7 +120,7 @@ class _GcTuning:
             before = self._before
             if self._attached == 0 and before is not None:
                 self._before = None
-                if gc.get_threshold()[0] == _GC_GEN0:
+                if gc.get_threshold() == (_GC_GEN0, before[1], before[2]):
                     gc.set_threshold(*before)
 
 
@@ -457,6 +457,7 @@ class Recorder:
         self._finished = False
         self._prev_context: Any = None
         self._handle: ObserverHandle | None = None
+        self._gc_tuned = False  # this recording holds the collector's raised threshold
         self._last_swap = time.monotonic()
         self._waits = 0
         bufs = self._bufs = _Buffers()
@@ -520,6 +521,7 @@ class Recorder:
         bus.context = self._effects
         self._handle = bus.observe(self._tap)
         _gc_tuning.attach()
+        self._gc_tuned = True
         if hasattr(time, "pthread_getcpuclockid"):
             with contextlib.suppress(OSError):
                 self._writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -561,7 +563,7 @@ class Recorder:
         if bus is None:
             return
         self._bus = None
-        _gc_tuning.detach()
+        self._untune_gc()
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -574,7 +576,13 @@ class Recorder:
         bufs = self._bufs
         next_metrics = loop.time() + self.metrics_interval
         while True:
-            await asyncio.sleep(_TICK)
+            try:
+                await asyncio.sleep(_TICK)
+            except asyncio.CancelledError:
+                # finish() stops the ticker, and so does a loop shutting down without
+                # finish(): then nothing more is recorded, so the collector is given back.
+                self._untune_gc()
+                raise
             if writer.error is not None or not writer.is_alive():
                 # The run goes on unrecorded; finish() reports why.
                 self._detach()
@@ -643,9 +651,16 @@ class Recorder:
         await asyncio.to_thread(self.store.end_session, self.session_id, status, summary)
         self._raise_if_failed()
 
+    def _untune_gc(self) -> None:
+        """Give back this recording's hold on the collector's threshold, once."""
+        if self._gc_tuned:
+            self._gc_tuned = False
+            _gc_tuning.detach()
+
     def _atexit(self) -> None:
         # Interpreter exit without finish(): commit what is buffered; the session stays
         # 'running' and the next open of the store marks it aborted.
+        self._untune_gc()
         with contextlib.suppress(Exception):
             self._swap()
         self._writer.close(timeout=10.0)

@@ -88,3 +88,37 @@ def test_recursion_is_summarized_not_listed_frame_by_frame() -> None:
         sys.setrecursionlimit(limit)
     assert text.count("return _recurse(n + 1)") == 3
     assert re.search(r"\[Previous line repeated \d+ more times\]", text)
+
+
+def test_a_chain_a_thousand_causes_long_is_formatted_not_recursed() -> None:
+    """A client that re-raises ``from`` its last error on every retry builds long chains;
+    formatting one must not hit the recursion limit where a message is being dead-lettered."""
+    error: BaseException = ValueError("attempt 0")
+    for attempt in range(1, 2000):
+        try:
+            raise ValueError(f"attempt {attempt}") from error
+        except ValueError as exc:
+            error = exc
+    text = traceback_text(error)
+    assert text == "".join(traceback.format_exception(error))
+    assert text.count("The above exception was the direct cause") == 1999
+    assert text.rstrip().endswith("ValueError: attempt 1999")
+
+
+def test_source_lines_of_a_module_imported_from_a_zip_are_shown(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A zipapp or egg module's source comes from its loader, as the standard traceback
+    finds it."""
+    import importlib
+    import zipfile
+
+    archive = tmp_path / "lib.zip"
+    with zipfile.ZipFile(archive, "w") as zf:
+        zf.writestr("zipped_mod.py", "def boom():\n    raise KeyError('zipped')\n")
+    monkeypatch.syspath_prepend(str(archive))
+    module = importlib.import_module("zipped_mod")
+    try:
+        module.boom()
+    except KeyError as exc:
+        text = traceback_text(exc)
+    assert "raise KeyError('zipped')" in text
+    assert "zipped_mod.py" in text

@@ -483,3 +483,29 @@ async def test_recording_raises_the_collectors_gen0_threshold_and_puts_it_back(
         assert gc.get_threshold()[0] == 5000
     finally:
         gc.set_threshold(*before)
+
+
+def test_a_recording_whose_loop_ends_without_finish_gives_the_threshold_back(
+    store: SessionStore,
+) -> None:
+    import gc
+
+    from pantheon.sessions._recorder import _GC_GEN0
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, before[1], before[2])
+    recorder = Recorder(store, scenario="abandoned")
+
+    async def run() -> None:
+        bus = Bus()
+        await bus.start()
+        recorder.attach(bus)
+        assert gc.get_threshold()[0] == _GC_GEN0
+        # No finish(): asyncio.run cancels the recorder's ticker as the loop shuts down.
+
+    try:
+        asyncio.run(run())
+        assert gc.get_threshold() == (700, before[1], before[2])
+    finally:
+        recorder._atexit()  # what interpreter exit would do: commit, leave it 'running'
+        gc.set_threshold(*before)
