@@ -38,7 +38,10 @@ __all__ = ["current_envelope", "current_subscription", "work"]
 #: selector poll) every ~100 µs and kept a fast publisher's mailbox full, while a 100 µs
 #: handler still held the loop for 12.8 ms at a time.
 FAIRNESS_NS = 1_000_000
-#: The clock is read for that every this many back-to-back messages (a power of two).
+#: The clock is read for that at most every this many back-to-back messages. A worker whose
+#: handlers turn out slow (the budget overshot by 2x) looks twice as often, down to every
+#: message, so a 5 ms handler holds the loop for one or two handlings, not sixteen; cheap
+#: handlers take it back to this.
 FAIRNESS_CHECK = 16
 #: Each worker times every message it handles up to this many, then one in TIME_SAMPLE
 #: (always every message while a delivery observer listens). Counters are exact either way.
@@ -102,6 +105,7 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     seen = 0
     start = 0
     turn = now()  # when this worker last got the loop back
+    every = countdown = FAIRNESS_CHECK  # messages between looks at the clock
     fresh = True  # the last message taken was not a retry: a due retry may go next
     timed: object  # take the clock for this message (a bool, or the observer tuple)
     while True:
@@ -210,9 +214,17 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
             ledger.outstanding -= 1
             if not ledger.outstanding and ledger.drain_waiters:
                 ledger.wake()
-        if not seen % FAIRNESS_CHECK and now() - turn >= FAIRNESS_NS:
-            await asyncio.sleep(0)
-            turn = now()
+        countdown -= 1
+        if not countdown:
+            held = now() - turn
+            if held >= FAIRNESS_NS:
+                if held >= 2 * FAIRNESS_NS and every > 1:
+                    every //= 2
+                await asyncio.sleep(0)
+                turn = now()
+            elif held < FAIRNESS_NS // 2 and every < FAIRNESS_CHECK:
+                every *= 2
+            countdown = every
 
 
 def _timed(sub: Subscription, env: Envelope, start: int, took: int) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import time
 
@@ -483,3 +484,38 @@ async def test_a_flood_of_sheds_is_listed_as_a_sample_and_counted_exactly() -> N
         assert seen == list(range(flood, flood + 50))
         assert b.dlq.totals == {"shed": flood + 50}
         gate.set()
+
+
+async def test_a_worker_with_slow_handlers_looks_at_the_clock_sooner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clock is read every 16 messages while handlers are cheap; a handler that takes
+    5 ms without suspending would then hold the loop 80 ms before the worker yields. The
+    worker halves the stretch each time it overshoots the 1 ms budget twice over, down to
+    one handling. The clock here is the worker's own, moved 5 ms by each handling."""
+    import bus._worker
+
+    clock = [0]
+    monkeypatch.setattr(bus._worker, "_monotonic_ns", lambda: clock[0])
+    done: list[int] = []
+
+    def slow(env: Envelope) -> None:
+        clock[0] += 5_000_000
+        done.append(env.payload)
+
+    async with Bus() as b:
+        b.on("slow", slow, name="slow", max_queue=1000)
+        for i in range(60):
+            await b.emit("slow", i)
+        seen: list[int] = []
+
+        async def probe() -> None:  # runs once per loop pass: between the worker's turns
+            while len(done) < 60:
+                seen.append(len(done))
+                await asyncio.sleep(0)
+
+        await asyncio.gather(probe(), b.drain())
+    seen = [0, *seen, len(done)]  # the worker may have had its first turn before the probe
+    per_turn = [after - before for before, after in itertools.pairwise(seen) if after > before]
+    assert per_turn[:5] == [16, 8, 4, 2, 1]
+    assert set(per_turn[5:]) == {1}
