@@ -4,7 +4,6 @@ driven by selenium, from the sessions list to a failed session to its replay's r
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
@@ -22,22 +21,14 @@ from conftest import Recorded
 from pantheon import readmodel as rm
 from pantheon.sessions import SessionStore
 
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.common.exceptions import StaleElementReferenceException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+pytest.importorskip("selenium.webdriver")
+from browser import chromium, needs_browser
+from selenium.common.exceptions import StaleElementReferenceException
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-_HAVE_BROWSER = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
-if not _HAVE_BROWSER and os.environ.get("CI") == "1":
-    # CI installs them (.ci/run): a browser test that quietly skips there proves nothing.
-    raise RuntimeError(f"CI=1 but {CHROMIUM} or {CHROMEDRIVER} is missing")
-pytestmark = pytest.mark.skipif(
-    not _HAVE_BROWSER, reason="needs Debian's chromium and chromium-driver"
-)
+pytestmark = needs_browser
 DEADLINE_S = 60.0
 
 
@@ -101,26 +92,8 @@ def model_dashboard(model_session: Any, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-component-update",
-        "--disable-sync",
-        "--window-size=1400,1100",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
+    with chromium(tmp_path / "chromium-profile", width=1400, height=1100) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _body(driver: WebDriver) -> str:

@@ -11,20 +11,13 @@ import httpx
 import pytest
 from gateway_server import ROOT, Server, start_server
 
-webdriver = pytest.importorskip("selenium.webdriver")
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+pytest.importorskip("selenium.webdriver")
+from browser import chromium, needs_browser
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-_HAVE_BROWSER = os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)
-if not _HAVE_BROWSER and os.environ.get("CI") == "1":
-    raise RuntimeError(f"CI=1 but {CHROMIUM} or {CHROMEDRIVER} is missing")
-pytestmark = pytest.mark.skipif(
-    not _HAVE_BROWSER, reason="needs Debian's chromium and chromium-driver"
-)
+pytestmark = needs_browser
 EXAMPLE = ROOT / "scenarios" / "support_gateway.yaml"
 
 
@@ -39,24 +32,8 @@ def example(tmp_path: Path) -> Iterator[Server]:
 
 @pytest.fixture
 def browser(tmp_path: Path) -> Iterator[WebDriver]:
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in (
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--no-first-run",
-        "--disable-sync",
-        "--window-size=1200,800",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
+    with chromium(tmp_path / "chromium-profile", width=1200, height=800) as driver:
         yield driver
-    finally:
-        driver.quit()
 
 
 def _rows(driver: WebDriver) -> str:
