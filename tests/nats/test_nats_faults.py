@@ -42,6 +42,20 @@ async def _spawn(
     return proc
 
 
+async def _two_members_talk(url: str, login: dict[str, str], payload: str) -> None:
+    """Two buses that log in with ``login`` pass ``payload`` from one to the other."""
+    async with (
+        Bus(transport=NatsTransport(url, **login)) as a,
+        Bus(transport=NatsTransport(url, **login)) as b,
+    ):
+        got: list[object] = []
+        b.on("hello", lambda env: got.append(env.payload), name="greeter")
+        await b.transport.sync()
+        await eventually(lambda: a.transport.has_remote("hello"))
+        await a.emit("hello", payload)
+        await eventually(lambda: got == [payload])
+
+
 def _handled(*files: Path) -> list[int]:
     out: list[int] = []
     for f in files:
@@ -240,17 +254,9 @@ async def test_a_client_without_the_credentials_is_refused(tmp_path: Path) -> No
                 f"NATS at {server.url} refused node {bus.transport.node!r}: authorization "  # type: ignore[attr-defined]
                 "violation (check transport.credentials: user/password, nkey or creds)"
             )
-        good = {"team": "auth", "user": "alice", "password": "s3cret"}
-        async with (
-            Bus(transport=NatsTransport(server.url, **good)) as a,
-            Bus(transport=NatsTransport(server.url, **good)) as b,
-        ):
-            got: list[object] = []
-            b.on("hello", lambda env: got.append(env.payload), name="greeter")
-            await b.transport.sync()
-            await eventually(lambda: a.transport.has_remote("hello"))
-            await a.emit("hello", "world")
-            await eventually(lambda: got == ["world"])
+        await _two_members_talk(
+            server.url, {"team": "auth", "user": "alice", "password": "s3cret"}, "world"
+        )
     finally:
         await asyncio.to_thread(server.stop)
 
@@ -306,16 +312,6 @@ async def test_a_client_without_the_nkey_is_refused(tmp_path: Path) -> None:
         anonymous = Bus(transport=NatsTransport(server.url, team="nk", connect_timeout=5))
         with pytest.raises(AuthorizationError, match="authorization violation"):
             await anonymous.start()
-        good = {"team": "nk", "nkey_seed": str(seed_file)}
-        async with (
-            Bus(transport=NatsTransport(server.url, **good)) as a,
-            Bus(transport=NatsTransport(server.url, **good)) as b,
-        ):
-            got: list[object] = []
-            b.on("hello", lambda env: got.append(env.payload), name="greeter")
-            await b.transport.sync()
-            await eventually(lambda: a.transport.has_remote("hello"))
-            await a.emit("hello", "signed")
-            await eventually(lambda: got == ["signed"])
+        await _two_members_talk(server.url, {"team": "nk", "nkey_seed": str(seed_file)}, "signed")
     finally:
         await asyncio.to_thread(server.stop)
