@@ -47,6 +47,7 @@ from bus.backends.zeromq._wire import (
     SubsAck,
     Welcome,
     control_up_decoder,
+    oversized,
     peer_problem,
 )
 
@@ -309,15 +310,7 @@ class Broker:
 
     def _frame(self, ident: bytes, frame: bytes) -> None:
         counts = self._counts
-        counts["frames_in"] += 1
-        if len(frame) > self.max_frame:
-            counts["oversized"] += 1
-            _log.warning(
-                "dropped an oversized frame (%d bytes > %d) from %r",
-                len(frame),
-                self.max_frame,
-                ident,
-            )
+        if oversized(frame, self.max_frame, counts, ident, _log):
             return
         try:
             msg = self._decode(frame)

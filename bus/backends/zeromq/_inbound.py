@@ -29,7 +29,7 @@ from bus._transport import BusPort, Receipt
 from bus.backends.zeromq._errors import ConnectError, EncodeError
 from bus.backends.zeromq._keys import CurveKeys
 from bus.backends.zeromq._reactor import Reactor
-from bus.backends.zeromq._wire import Data, Done, Item, LinkPing, Nack, link_in_decoder
+from bus.backends.zeromq._wire import Data, Done, Item, LinkPing, Nack, link_in_decoder, oversized
 
 __all__ = ["FrameReceipt", "InboundLink", "Inbox"]
 
@@ -272,15 +272,7 @@ class Inbox:
 
     def _frame(self, link: InboundLink, frame: bytes) -> None:
         counts = self.counts
-        counts["frames_in"] += 1
-        if len(frame) > self.max_frame:
-            counts["oversized"] += 1
-            _log.warning(
-                "dropped an oversized frame (%d bytes > %d) from %r",
-                len(frame),
-                self.max_frame,
-                link.ident,
-            )
+        if oversized(frame, self.max_frame, counts, link.ident, _log):
             return
         try:
             msg = self._decode(frame)

@@ -32,6 +32,7 @@ monotonic clock to the broker's wall clock, and back on arrival.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import re
 from typing import Any, final
 
@@ -66,6 +67,7 @@ __all__ = [
     "link_back_decoder",
     "link_in_decoder",
     "node_name_problem",
+    "oversized",
     "peer_problem",
 ]
 
@@ -311,6 +313,20 @@ def link_in_decoder() -> msgspec.msgpack.Decoder[LinkIn]:
 
 def link_back_decoder() -> msgspec.msgpack.Decoder[LinkBack]:
     return msgspec.msgpack.Decoder(LinkBack)
+
+
+def oversized(
+    frame: bytes, limit: int, counts: dict[str, int], source: object, log: logging.Logger
+) -> bool:
+    """Count a received frame; one over ``limit`` bytes is also counted as ``oversized``,
+    logged with where it came from and to be dropped (True) before it is decoded: a peer
+    must not make a receiver allocate what it likes."""
+    counts["frames_in"] += 1
+    if len(frame) <= limit:
+        return False
+    counts["oversized"] += 1
+    log.warning("dropped an oversized frame (%d bytes > %d) from %r", len(frame), limit, source)
+    return True
 
 
 def array_header(n: int) -> bytes:
