@@ -53,7 +53,12 @@ from pantheon.sessions import (
 from pantheon.sessions._align import Lineage, Mapper, same_payload
 from pantheon.sessions._codec import decode, encode, normalize
 from pantheon.sessions._effects import EffectSink, rebuild_error
-from pantheon.sessions._replay import DEFAULT_REPLAY_TIMEOUT, _effect_index, incomplete_reason
+from pantheon.sessions._replay import (
+    DEFAULT_REPLAY_TIMEOUT,
+    _effect_index,
+    incomplete_reason,
+    progress_or_quiet,
+)
 from pantheon.sessions._store import EFFECT_ERROR, EFFECT_OK, EFFECT_REPR
 
 __all__ = ["WhatIfEffects", "WhatIfReport", "whatif_replay"]
@@ -377,11 +382,4 @@ async def _feed(bus: Bus, aligner: _Aligner, lineage: Lineage, timeout: float | 
 
 async def _settle(bus: Bus, aligner: _Aligner, timeout: float | None) -> None:
     aligner.progress.clear()
-    progressed = asyncio.ensure_future(aligner.progress.wait())
-    drained = asyncio.ensure_future(bus.drain(timeout=timeout))
-    try:
-        await asyncio.wait({progressed, drained}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in (progressed, drained):
-            task.cancel()
-        await asyncio.gather(progressed, drained, return_exceptions=True)
+    await progress_or_quiet(bus, aligner.progress, timeout)

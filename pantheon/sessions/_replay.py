@@ -344,7 +344,13 @@ async def _wait_for(bus: Bus, live: _Live, timeout: float | None) -> None:
     live.progress.clear()
     if not live.waiting or live.stopped:
         return
-    progressed = asyncio.ensure_future(live.progress.wait())
+    await progress_or_quiet(bus, live.progress, timeout)
+
+
+async def progress_or_quiet(bus: Bus, progress: asyncio.Event, timeout: float | None) -> None:
+    """Until ``progress`` is set or ``bus`` has drained (within ``timeout``), whichever is
+    first: a replay waits for the next recorded message this way, without polling."""
+    progressed = asyncio.ensure_future(progress.wait())
     drained = asyncio.ensure_future(bus.drain(timeout=timeout))
     try:
         await asyncio.wait({progressed, drained}, return_when=asyncio.FIRST_COMPLETED)
