@@ -241,7 +241,7 @@ def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
         # Large pages make journal blobs cheap to write (fewer overflow pages: ~3x less CPU
         # per byte than 4 KiB pages). Only takes effect on a new, empty file.
         conn.execute("PRAGMA page_size=65536")
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = _to_wal(conn)
         if str(mode).lower() != "wal":
             raise StoreError(f"{path}: could not switch the store to WAL mode (got {mode!r})")
         conn.execute(f"PRAGMA synchronous={synchronous}")
@@ -249,6 +249,25 @@ def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
         conn.close()
         raise StoreError(f"{path} is not a usable session store: {exc}") from exc
     return conn
+
+
+def _to_wal(conn: sqlite3.Connection) -> str:
+    """Put the store in WAL mode (a new file) or see that it is. SQLite answers a journal
+    mode change with "database is locked" at once, without waiting out the busy timeout,
+    while another process is still creating the file (a ``pantheon approvals`` or a
+    dashboard opening the store of a run that is just starting): that is retried here for
+    up to BUSY_TIMEOUT."""
+    deadline = time.monotonic() + BUSY_TIMEOUT
+    while True:
+        try:
+            mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0])
+            if mode.lower() == "wal":
+                return mode
+            return str(conn.execute("PRAGMA journal_mode=WAL").fetchone()[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 def _readable(path: Path) -> bool:

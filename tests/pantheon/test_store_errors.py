@@ -143,3 +143,36 @@ def test_an_error_on_line_100_prints_as_text_not_an_emoji(tmp_path: Path) -> Non
     assert proc.returncode == 2
     assert "far.yaml:100:1: rules: unknown key 'rules'" in proc.stderr
     assert "\U0001f4af" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_store_another_process_is_still_creating_opens_once_it_is_done(
+    tmp_path: Path,
+) -> None:
+    """SQLite refuses a journal-mode change with "database is locked" at once, busy timeout
+    or not, while another connection is creating the file: ``pantheon approvals`` or the
+    dashboard opening the store of a run that was just starting failed that way. Opening
+    waits for the creator instead."""
+    import sqlite3
+    import threading
+    import time
+
+    path = tmp_path / "new.db"
+    creator = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    creator.execute("PRAGMA page_size=65536")
+    creator.execute("BEGIN IMMEDIATE")
+    creator.execute("CREATE TABLE half_made (x)")
+
+    def finish_creating() -> None:
+        time.sleep(0.3)
+        creator.execute("COMMIT")
+        creator.execute("PRAGMA journal_mode=WAL")
+
+    done = threading.Thread(target=finish_creating)
+    done.start()
+    try:
+        conn = _store.connect(path)
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        conn.close()
+    finally:
+        done.join()
+        creator.close()
