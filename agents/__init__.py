@@ -26,6 +26,7 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
+from agents._outcomes import Outcomes, OutcomeScore, OutcomeSpec, score_decisions
 from agents._perception import (
     DEFAULT_MAX_LABELS,
     InputItem,
@@ -91,6 +92,9 @@ __all__ = [
     "Observer",
     "OpenAIProvider",
     "Outbox",
+    "OutcomeScore",
+    "OutcomeSpec",
+    "Outcomes",
     "Planner",
     "Prices",
     "ProviderError",
@@ -111,5 +115,6 @@ __all__ = [
     "handler_arity",
     "read_emails",
     "redact",
+    "score_decisions",
     "total_usage",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,11 +13,12 @@ from pydantic import Field, ImportString, PrivateAttr, model_validator
 
 from agents._base import Agent, AgentSettings, Fault
 from agents._effects import call_maybe_async
+from agents._outcomes import Outcomes, OutcomeSpec
 from agents._perception import Labels, find_pii
 from agents._providers import INTENTS
 from bus import Envelope
 
-__all__ = ["Actor", "Guardian", "Learner", "Outbox", "redact"]
+__all__ = ["SUPPORT_OUTCOME", "Actor", "Guardian", "Learner", "Outbox", "redact"]
 
 
 def redact(text: str, spans: list[dict[str, Any]]) -> str:
@@ -337,19 +338,37 @@ class Actor(Agent):
         return {**done, "result": result}
 
 
+#: The support desk's outcome: what the built-in team's Actor reports on ``action.executed``,
+#: named by ``email_id``, decided by ``action``; a :class:`Learner` built without an outcome
+#: (in Python, as the agents' own tests do) scores this one. A scenario always gives its own.
+SUPPORT_OUTCOME = OutcomeSpec(
+    topics=("action.executed",),
+    key="email_id",
+    fields=("action",),
+    malformed_topic="observation.email.malformed",
+)
+
+
 class Learner(Agent):
-    """Scores outcomes against the dataset's labels and tunes the Reasoner's thresholds.
+    """Scores each item's outcome against its label, and learns from the misses.
 
-    When ``window`` (setting, default 5) consecutive outcomes of one predicted intent are
-    wrong, that intent's threshold goes up by ``step`` (default 0.05): be less sure of it.
-    When ``window`` consecutive low-confidence escalations of one intent were right about the
-    intent but escalated needlessly, its threshold goes down. Each change is published as
-    ``learner.threshold.updated`` for the Reasoner.
+    What an outcome is comes from the team (``outcome``: a scenario's ``outcome:`` section,
+    given by the runtime): the Learner subscribes to its topics and the input's malformed
+    topic (unless the scenario says ``subscribe:``), and scores every decision field of the
+    last outcome per item against the label the Observer filed for it (``labels``, from the
+    input's ``label`` field; see :class:`~agents.Labels` and :func:`agents.score_decisions`).
+    ``report()`` is the run summary's ``accuracy`` block for a team without its own scorer.
 
-    ``labels`` maps an email id to its expected ``intent`` and ``action``: the scenario
-    input's ``label`` field, filed by the Observer (see :class:`~agents.Labels`). A malformed
-    input is looked up by the ``key`` its payload carries and scores right when its label
-    says ``reject``.
+    To learn something of your own, subclass it and override :meth:`learn`, which sees each
+    scored outcome and returns the updates to publish on ``learner.threshold.updated`` (the
+    scoring stays as it is); override :meth:`observe` only to score differently.
+
+    What the built-in one learns is the support desk's: when outcomes carry the Reasoner's
+    predicted ``intent`` and labels the true one, ``window`` (setting, default 5)
+    consecutive wrong outcomes of one predicted intent raise that intent's threshold by
+    ``step`` (default 0.05): be less sure of it; ``window`` consecutive low-confidence
+    escalations that were right about the intent but needless lower it. For any other
+    team (no ``intent`` in its outcomes) it only scores.
     """
 
     role = "learner"
@@ -368,17 +387,26 @@ class Learner(Agent):
         name: str | None = None,
         *,
         labels: Mapping[str, Mapping[str, Any]] | None = None,
+        outcome: OutcomeSpec | None = None,
+        subscribe: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(name, **kwargs)
+        self.outcome = SUPPORT_OUTCOME if outcome is None else outcome
+        if subscribe is None and outcome is not None:
+            topics = list(self.outcome.topics)
+            if self.outcome.malformed_topic is not None:
+                topics.append(self.outcome.malformed_topic)
+            subscribe = topics
+        super().__init__(name, subscribe=subscribe, **kwargs)
         # Kept by reference, not copied: the team's Observer files labels into the same
         # mapping as it reads the input (a generator's exist only then).
         self.labels: Mapping[str, Mapping[str, Any]] = labels if labels is not None else Labels()
+        self.outcomes = Outcomes(self.outcome, self.labels)
         self.window = self.settings.window
         self.step = self.settings.step
         self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
         self.thresholds.update(self.settings.thresholds)
-        self.scored = self.intent_correct = self.action_correct = 0
+        self.scored = self.intent_correct = 0
         self.unlabelled = 0
         self.confusion: Counter[tuple[str, str]] = Counter()
         self._wrong: dict[str, deque[bool]] = {}
@@ -392,24 +420,37 @@ class Learner(Agent):
             await self.emit("learner.threshold.updated", update)
 
     def observe(self, topic: str, outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
-        """Score one outcome; return the threshold changes it triggers."""
-        # An outcome names its email; a malformed input names the record by its ``key``.
-        key = outcome["email_id"] if "email_id" in outcome else outcome.get("key")
-        label = self.labels.get(str(key))
+        """Score one outcome; return what :meth:`learn` makes of it."""
+        spec = self.outcome
+        malformed = topic == spec.malformed_topic
+        key = outcome.get("key") if malformed else outcome.get(spec.key)
+        self.outcomes.see(topic, outcome, 0, None, None)
+        label = None if key is None else self.labels.get(str(key))
         if label is None:
             self.unlabelled += 1
             return []
         self.scored += 1
-        if topic == "observation.email.malformed":
-            ok = label.get("action") == "reject"
+        return self.learn(None if malformed else outcome, label)
+
+    def learn(
+        self, outcome: Mapping[str, Any] | None, label: Mapping[str, Any]
+    ) -> list[dict[str, Any]]:
+        """What to publish on ``learner.threshold.updated`` after one labelled outcome
+        (``None``: a record the input refused). The support desk's threshold tuning; it
+        does nothing for outcomes without a predicted ``intent``."""
+        if not isinstance(label, Mapping):
+            return []
+        if outcome is None:
+            ok = label.get("action") == self.outcome.rejected
             self.intent_correct += ok
-            self.action_correct += ok
             self.confusion[(str(label.get("intent")), "malformed")] += 1
             return []
-        expected_intent, expected_action = label.get("intent"), label.get("action")
-        intent, action = outcome["intent"], outcome["action"]
+        intent, expected_intent = outcome.get("intent"), label.get("intent")
+        if intent is None or expected_intent is None:
+            return []
+        intent = str(intent)
+        action, expected_action = outcome.get("action"), label.get("action")
         self.intent_correct += intent == expected_intent
-        self.action_correct += action == expected_action
         self.confusion[(str(expected_intent), intent)] += 1
         updates = []
         wrong = self._wrong.setdefault(intent, deque(maxlen=self.window))
@@ -436,11 +477,11 @@ class Learner(Agent):
         return {"intent": intent, "old": old, "new": new, "reason": reason}
 
     def report(self) -> dict[str, Any]:
-        n = self.scored
-        return {
-            "scored": n,
-            "unlabelled": self.unlabelled,
-            "intent_accuracy": self.intent_correct / n if n else None,
-            "action_accuracy": self.action_correct / n if n else None,
-            "thresholds": dict(self.thresholds),
-        }
+        """The score of every item's last outcome (:meth:`agents.OutcomeScore.as_report`),
+        with the support desk's intent accuracy and thresholds where it learned them."""
+        out = self.outcomes.score().as_report()
+        if self.confusion:
+            n = sum(self.confusion.values())
+            out["intent_accuracy"] = self.intent_correct / n if n else None
+            out["thresholds"] = dict(self.thresholds)
+        return out

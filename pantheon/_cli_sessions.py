@@ -397,11 +397,11 @@ def register(app: typer.Typer) -> None:
         (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
         answered differently (timing: what other messages had got there first)."""
         from pantheon._cli_whatif import decision_lines
-        from pantheon._decisions import diff_decisions
+        from pantheon.rerun import diff_outcomes
 
         with _open(store) as st:
             result = diff_sessions(st, a, b)
-            decisions = diff_decisions(st, a, b)
+            decisions = diff_outcomes(st, a, b)
         if as_json:
             _dump(result.to_dict() | {"decisions": decisions.to_dict()})
         else:

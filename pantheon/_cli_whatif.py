@@ -15,9 +15,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pantheon._decisions import DecisionDiff
 from pantheon._overlay import apply_overlay, read_overlay
 from pantheon._whatif import WhatIfReport, whatif_replay
+from pantheon.rerun import OutcomeDiff
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 
@@ -27,7 +27,7 @@ __all__ = ["decision_lines", "whatif_command"]
 SHOWN_ITEMS = 40
 
 
-def decision_lines(diff: DecisionDiff) -> list[str]:
+def decision_lines(diff: OutcomeDiff) -> list[str]:
     """The decisions that changed, as markup-safe lines: the headline, one line per
     ``before→after`` group naming its items, and the accuracy before and after."""
     lines = [escape(diff.headline())]
@@ -81,10 +81,10 @@ def whatif_command(
     for line in decision_lines(report.decisions):
         con.print(line)
     if report.passed is not None:
-        colour, word = ("green", "PASS") if report.passed else ("red", "FAIL")
-        con.print(
-            f"[{colour}]{word}[/{colour}] accuracy >= {report.min_accuracy} "
-            f"(actual {report.decisions.b.accuracy})"
-        )
+        acc = report.accuracy
+        for name, key, bound in report.accuracy_bounds:
+            ok = acc.get(key) is not None and acc[key] >= bound
+            colour, word = ("green", "PASS") if ok else ("red", "FAIL")
+            con.print(f"[{colour}]{word}[/{colour}] {escape(name)} (actual {acc.get(key)})")
     con.print(f"pantheon diff {report.original_session_id} {report.new_session_id}")
     return report

@@ -27,6 +27,7 @@ from agents import (
     Observer,
     OpenAIProvider,
     Outbox,
+    Outcomes,
     RuleProvider,
     total_usage,
 )
@@ -49,11 +50,16 @@ class Team:
     outbox: Outbox
     #: The model provider every agent of the team shares; closed by :meth:`aclose`.
     provider: ModelProvider | None = None
+    #: Each item's decision, followed on the bus the team is attached to, for the summary's
+    #: accuracy and ``min_accuracy``; None for a team whose input has no labels to score by.
+    outcomes: Outcomes | None = None
 
     def of_role(self, cls: type[Agent]) -> list[Any]:
         return [a for a in self.agents.values() if isinstance(a, cls)]
 
     async def attach(self, bus: Bus) -> None:
+        if self.outcomes is not None:
+            bus.observe(self.outcomes)
         for agent in self.agents.values():
             await agent.attach(bus)
 
@@ -153,6 +159,7 @@ def build_team(
     labels = Labels(
         jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else None
     )
+    spec = scenario.outcome_spec()
     provider = _provider(scenario)
     prices = {model: (p.input, p.output) for model, p in scenario.prices.items()}
     outbox = Outbox(outbox_path)
@@ -193,6 +200,7 @@ def build_team(
             settings = scenario.policy.model_dump() | settings
         elif issubclass(cls, Learner):
             kwargs["labels"] = labels
+            kwargs["outcome"] = spec
         elif issubclass(cls, Actor):
             kwargs["outbox"] = outbox
         elif issubclass(cls, Monitor):
@@ -207,7 +215,8 @@ def build_team(
             prices=prices,
             **kwargs,
         )
-    return Team(agents, outbox, provider)
+    scored = inp.label is not None or scenario.outcome is not None
+    return Team(agents, outbox, provider, Outcomes(spec, labels) if scored else None)
 
 
 def team_setup(scenario_text: str, *, base_dir: Path | None = None, replay: bool = True) -> Setup:

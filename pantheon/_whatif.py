@@ -39,8 +39,9 @@ from types import SimpleNamespace
 from typing import Any
 
 from bus import Bus, Envelope
-from pantheon._decisions import DecisionDiff, diff_decisions
 from pantheon._overlay import Overlay, agent_fingerprints, apply_overlay
+from pantheon._report import accuracy_bounds
+from pantheon.rerun import OutcomeDiff, diff_outcomes
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import (
     EffectsContext,
@@ -174,17 +175,25 @@ class WhatIfReport:
     inputs_replayed: int
     effects_served: int
     effects_called: int
-    decisions: DecisionDiff
-    min_accuracy: float | None = None
+    decisions: OutcomeDiff
+    #: The scenario's ``min_accuracy`` as checks: (name, accuracy key, bound).
+    accuracy_bounds: tuple[tuple[str, str, float], ...] = ()
+
+    @property
+    def accuracy(self) -> dict[str, Any]:
+        """The changed team's ``accuracy`` block, as a run's summary has it."""
+        return self.decisions.b.score.as_report()
 
     @property
     def passed(self) -> bool | None:
         """Whether the changed team meets the scenario's ``min_accuracy`` (None: no bound
         or no labels)."""
-        acc = self.decisions.b.accuracy
-        if self.min_accuracy is None or acc is None:
+        acc = self.accuracy
+        if not self.accuracy_bounds or not acc["scored"]:
             return None
-        return acc >= self.min_accuracy
+        return all(
+            acc.get(key) is not None and acc[key] >= bound for _, key, bound in self.accuracy_bounds
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -194,7 +203,7 @@ class WhatIfReport:
             "inputs_replayed": self.inputs_replayed,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
-            "min_accuracy": self.min_accuracy,
+            "min_accuracy": {name: bound for name, _, bound in self.accuracy_bounds},
             "passed": self.passed,
             "decisions": self.decisions.to_dict(),
         }
@@ -317,7 +326,7 @@ async def whatif_replay(
         with contextlib.suppress(Exception):
             await recorder.finish("failed", {"forked_from": original.id, "error": "raised"})
         raise
-    decisions = diff_decisions(store, original.id, recorder.session_id)
+    decisions = diff_outcomes(store, original.id, recorder.session_id)
     report = WhatIfReport(
         new_session_id=recorder.session_id,
         original_session_id=original.id,
@@ -326,7 +335,7 @@ async def whatif_replay(
         effects_served=runner.served,
         effects_called=runner.calls,
         decisions=decisions,
-        min_accuracy=overlay.scenario.expect.min_accuracy,
+        accuracy_bounds=tuple(accuracy_bounds(overlay.scenario)),
     )
     await recorder.finish("completed", _summary(report, overlay))
     return report
@@ -335,23 +344,24 @@ async def whatif_replay(
 def _summary(report: WhatIfReport, overlay: Overlay) -> dict[str, Any]:
     """The new session's summary: the what-if, its overlay and accuracy, and the one
     expectation a replay can judge anew (accuracy; timings of a replay mean nothing)."""
-    acc = report.decisions.b.accuracy
+    acc = report.accuracy
     summary: dict[str, Any] = {
         # The overlay's text inside the what-if record: `sessions show` prints it as one
         # JSON line rather than spilling its lines into the summary.
         "whatif": {k: v for k, v in report.to_dict().items() if k != "decisions"}
         | {"overlay": overlay.text},
         "decisions": report.decisions.headline(),
-        "accuracy": {"action_accuracy": acc, "scored": report.decisions.b.scored},
+        "accuracy": acc,
     }
-    if report.min_accuracy is not None:
+    if report.accuracy_bounds:
         summary["expectations"] = [
             {
-                "name": f"accuracy >= {report.min_accuracy}",
-                "passed": bool(report.passed),
-                "expected": report.min_accuracy,
-                "actual": acc,
+                "name": name,
+                "passed": acc.get(key) is not None and acc[key] >= bound,
+                "expected": bound,
+                "actual": acc.get(key),
             }
+            for name, key, bound in report.accuracy_bounds
         ]
     return summary
 

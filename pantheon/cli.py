@@ -356,13 +356,13 @@ def _print_summary(s: Any) -> None:
         _inputs_line(s),
     ]
     if acc.get("scored"):
-        # Action first (what `min_accuracy` judges), then every other `*_accuracy` the
-        # team's learner reports (the support desk's intent, another team's own).
-        rates = [("action", acc.get("action_accuracy"))] + [
+        # Every `*_accuracy` in the report's order: the team's decision fields first (what
+        # `min_accuracy` judges), then whatever else its Learner scores.
+        rates = [
             (key.removesuffix("_accuracy"), value)
             for key, value in acc.items()
-            if key.endswith("_accuracy") and key != "action_accuracy"
-        ]
+            if key.endswith("_accuracy")
+        ] or [("all fields", acc.get("accuracy"))]
         lines.append(
             "accuracy vs ground truth: "
             + ", ".join(f"{name} {pct(value)}" for name, value in rates)

@@ -21,8 +21,8 @@ import yaml
 
 from dashboard.web._app import open_session, store
 from dashboard.web._jobs import cli_command
-from pantheon._decisions import diff_decisions
 from pantheon._overlay import apply_overlay
+from pantheon.rerun import diff_outcomes
 from pantheon.scenario import ScenarioError
 from pantheon.sessions import SessionInfo
 
@@ -125,7 +125,7 @@ def _show(result: dict[str, Any]) -> None:
     passed = report.get("passed")
     verdict = "" if passed is None else (" · meets" if passed else " · misses")
     if passed is not None:
-        verdict += f" accuracy ≥ {report['min_accuracy']}"
+        verdict += " " + ", ".join(report["min_accuracy"]).replace(">=", "≥")
     message = f"What-if recorded as {new}: {decisions['headline']}{verdict}"
     (st.success if passed is not False else st.warning)(message)
     c = st.columns(4)
@@ -166,7 +166,7 @@ def _groups(decisions: dict[str, Any]) -> None:
 def _forked(path: Path, info: SessionInfo) -> None:
     assert info.forked_from is not None
     with store(path) as s:
-        decisions = diff_decisions(s, info.forked_from, info.id).to_dict()
+        decisions = diff_outcomes(s, info.forked_from, info.id).to_dict()
     overlay = (info.summary.get("whatif") or {}).get("overlay")
     with st.container(border=True):
         st.subheader(f"What-if of {info.forked_from}")

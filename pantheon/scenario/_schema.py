@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 import bus
-from agents import Observer
+from agents import Actor, Learner, Observer, OutcomeSpec
 from bus import validate_pattern
 from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems
@@ -1008,8 +1008,10 @@ class ExpectConfig(_Model):
     """Dead letters by reason: ``{failed: {max: 0}, shed: {max: 100}}``."""
     topics: dict[_TopicPattern, CountBound] = Field(default_factory=dict)
     """Messages published per topic or glob (summed over matching topics)."""
-    min_accuracy: _Fraction | None = None
-    """The Learner's action accuracy against the input's labels."""
+    min_accuracy: _Fraction | dict[str, _Fraction] | None = None
+    """The share of decisions that match the input's labels, per decision field of the
+    team's ``outcome``: one bound every field must reach, or a bound per field
+    (``{action: 0.8}``)."""
     max_breaker_trips: Annotated[int, Field(ge=0)] | None = None
     min_throughput: Annotated[float, Field(ge=0)] | None = None
     """Messages per second over the run."""
@@ -1021,6 +1023,29 @@ class ExpectConfig(_Model):
     """``module:function`` checks, each called with the run summary: ``True``/``None``
     pass, ``False`` fails, a string fails with that message, ``(passed, message)`` says
     both; an exception fails with its message."""
+
+
+class OutcomeConfig(_Model):
+    """What an item's outcome is, in the team's own terms (``agents.OutcomeSpec``).
+
+    The run summary, ``min_accuracy``, the Learner, ``pantheon diff`` and what-if read every
+    decision through it. Without this section an item's outcome is the last message of its
+    causal tree on a topic no agent subscribes to, and its decision the fields that message
+    adds to or changes from the input record."""
+
+    topics: Annotated[tuple[_TopicPattern, ...], Field(min_length=1)]
+    """The topics (or globs) of the messages that carry an item's outcome; the last one
+    naming an item is its outcome."""
+    key: str | None = None
+    """The payload field naming the item; default: the input's ``key`` field."""
+    fields: tuple[str, ...] = ()
+    """The payload fields that are the decision (``[action]``): what accuracy scores and
+    what-if groups by. Empty: every field but the key."""
+    label: str | None = None
+    """The input's label field (its ground truth); when given it must be ``input.label``."""
+    rejected: str = "reject"
+    """The decision of a record the input refused (published on its ``malformed_topic``),
+    in every field: what labels say of a record the team should refuse."""
 
 
 class ObservabilityConfig(_Model):
@@ -1059,6 +1084,8 @@ class Scenario(_Model):
     agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict, validate_default=True)
     """The team, in the file's order: only the agents listed here run."""
     faults: FaultsConfig = FaultsConfig()
+    outcome: OutcomeConfig | None = None
+    """What the team decides per item (see :class:`OutcomeConfig`)."""
     expect: ExpectConfig = ExpectConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     gateway: GatewayConfig | None = None
@@ -1122,6 +1149,43 @@ class Scenario(_Model):
         """Where the text came from: the path as given to :func:`load_scenario`, or a label."""
         return self._source
 
+    def outcome_spec(self) -> OutcomeSpec:
+        """The team's outcome for :class:`agents.Outcomes`: its ``outcome:`` section; else,
+        for a team with a Learner, the one the Learner has always scored (the Actor's
+        ``action.executed`` by its ``key`` setting, deciding ``action``), so sessions
+        recorded before ``outcome:`` existed read as they did; else the default (the last
+        message of each item's tree on a leaf topic)."""
+        inp = self.input
+        malformed = getattr(inp, "malformed_topic", None)
+        o = self.outcome
+        if o is not None:
+            return OutcomeSpec(
+                topics=o.topics,
+                key=o.key or inp.key,
+                fields=o.fields,
+                input_key=inp.key,
+                malformed_topic=malformed,
+                rejected=o.rejected,
+            )
+        classes = {n: agent_class(n, c) for n, c in self.agents.items() if c.enabled}
+        if any(issubclass(c, Learner) for c in classes.values()):
+            key = next(
+                (
+                    str(self.agents[n].settings.get("key", "email_id"))
+                    for n, c in classes.items()
+                    if issubclass(c, Actor)
+                ),
+                "email_id",
+            )
+            return OutcomeSpec(
+                topics=("action.executed",),
+                key=key,
+                fields=("action",),
+                input_key=inp.key,
+                malformed_topic=malformed,
+            )
+        return OutcomeSpec(key=inp.key, input_key=inp.key, malformed_topic=malformed)
+
     def agent(self, name: str) -> AgentConfig:
         """The configuration of agent ``name`` (``KeyError`` naming the scenario if the team
         has no such agent)."""
@@ -1151,6 +1215,49 @@ def _import_roots(data: Any, base_dir: Path | None) -> None:
     if isinstance(extra, list | tuple):
         roots += [(roots[0] / str(p)).resolve() for p in extra if isinstance(p, str)]
     add_import_roots(reversed(roots))  # each goes first: the scenario's folder ends first
+
+
+def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
+    """``outcome.label`` names the input's label field; ``min_accuracy`` bounds per field
+    name decision fields the outcome declares."""
+    out: list[tuple[tuple[Any, ...], str]] = []
+    outcome = data.get("outcome")
+    outcome = outcome if isinstance(outcome, Mapping) else {}
+    inp = data.get("input")
+    inp = inp if isinstance(inp, Mapping) else {}
+    label = outcome.get("label")
+    if label is not None and label != inp.get("label"):
+        given = inp.get("label")
+        out.append(
+            (
+                ("outcome", "label"),
+                f"names label field {label!r}, but the input's label is "
+                + (f"{given!r}" if given is not None else "not set (set input.label)"),
+            )
+        )
+    expect = data.get("expect")
+    bounds = expect.get("min_accuracy") if isinstance(expect, Mapping) else None
+    fields = outcome.get("fields")
+    if isinstance(bounds, Mapping):
+        if not isinstance(fields, list | tuple) or not fields:
+            out.append(
+                (
+                    ("expect", "min_accuracy"),
+                    "a bound per field needs outcome.fields to say which fields are decisions",
+                )
+            )
+        else:
+            out.extend(
+                (
+                    ("expect", "min_accuracy", name),
+                    f"{name!r} is not a decision field of the outcome "
+                    f"(outcome.fields: {', '.join(map(str, fields))})"
+                    f"{_suggest(str(name), [str(f) for f in fields])}",
+                )
+                for name in bounds
+                if name not in fields
+            )
+    return out
 
 
 def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
@@ -1200,6 +1307,7 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
     if isinstance(expect, Mapping):
         for bound in ("max_p99_ms", "p99_handling_ms", "p99_queue_wait_ms"):
             check_names(("expect", bound), expect.get(bound), "a latency bound")
+    out.extend(_outcome_problems(data))
 
     transport = data.get("transport")
     transport = transport if isinstance(transport, Mapping) else {}

@@ -167,7 +167,7 @@ def test_an_overlay_that_changes_nothing_makes_no_live_call(
     assert report.decisions.changes == []
     assert report.decisions.headline() == "no email changed action"
     assert report.decisions.a.accuracy == report.decisions.b.accuracy
-    assert len(report.decisions.b.actions) == 598  # 591 outcomes and 7 labelled rejects
+    assert len(report.decisions.b.decisions) == 598  # 591 outcomes and 7 labelled rejects
 
 
 def test_a_rules_change_calls_the_model_live_and_serves_the_rest(

@@ -1,0 +1,254 @@
+"""What a recorded session decided, item by item, and how two sessions' decisions differ.
+
+A hop-by-hop diff says where two runs first part ways; after a what-if the question is
+rather *which items* ended differently, and whether that was better. The answer is read
+from the record through the team's own outcome (:meth:`Scenario.outcome_spec`: its
+``outcome:`` section, see :mod:`agents._outcomes`), the same reading a run makes live, so a
+run's summary, ``pantheon diff``, a what-if and both dashboards agree on every count.
+Accuracy is measured against the labels of the input the recorded scenario names, read
+again from its file (a replay that served the Learner's effects is scored all the same).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agents import Outcomes, OutcomeScore, OutcomeSpec, score_decisions
+from agents._outcomes import decision_text
+from pantheon.sessions import SessionInfo, SessionStore
+
+__all__ = [
+    "OutcomeChange",
+    "OutcomeDiff",
+    "SessionOutcomes",
+    "diff_outcomes",
+    "session_outcomes",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOutcomes:
+    """One session's decisions (item -> field -> value, the last outcome of an item decided
+    twice), the team's outcome they were read by, and the labels to score them against."""
+
+    session: str
+    spec: OutcomeSpec
+    decisions: dict[str, dict[str, str]]
+    labels: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> OutcomeScore:
+        return score_decisions(self.decisions, self.labels, self.spec.fields)
+
+    @property
+    def scored(self) -> int:
+        return self.score.scored
+
+    @property
+    def accuracy(self) -> float | None:
+        """The share right of the one decision field when the team declares one, else of
+        items right in every field; None without labels."""
+        score = self.score
+        if len(self.spec.fields) == 1:
+            return score.field_accuracy(self.spec.fields[0])
+        return score.accuracy
+
+    def expected(self, item: str) -> dict[str, str] | None:
+        """The item's label as a decision (only the fields it scores), or None."""
+        one = score_decisions({item: {}}, {item: self.labels[item]}, self.spec.fields)
+        if not one.by_field:
+            return None
+        label = self.labels[item]
+        if isinstance(label, Mapping):
+            return {f: str(label[f]) for f in one.by_field}
+        return {next(iter(one.by_field)): str(label)}
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeChange:
+    """One item decided differently: ``before`` in A, ``after`` in B (``None`` where that
+    session did not decide it), ``expected`` its label (or None)."""
+
+    item: str
+    before: dict[str, str] | None
+    after: dict[str, str] | None
+    expected: dict[str, str] | None
+
+    def moved(self) -> tuple[str, ...]:
+        """The decision fields whose value changed, in order of appearance."""
+        a, b = self.before or {}, self.after or {}
+        return tuple(f for f in {**a, **b} if a.get(f) != b.get(f))
+
+    @property
+    def fixed(self) -> bool:
+        e = self.expected
+        return e is not None and all((self.after or {}).get(f) == v for f, v in e.items())
+
+    @property
+    def broken(self) -> bool:
+        e = self.expected
+        return e is not None and all((self.before or {}).get(f) == v for f, v in e.items())
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeDiff:
+    """Session B's decisions against A's: every item that changed, grouped by
+    ``before→after``, and each session's accuracy, worded in the team's own terms."""
+
+    a: SessionOutcomes
+    b: SessionOutcomes
+    changes: list[OutcomeChange] = field(default_factory=list)
+
+    @property
+    def spec(self) -> OutcomeSpec:
+        return self.a.spec
+
+    def _label(self, change: OutcomeChange) -> tuple[str, str]:
+        """``(before, after)`` as a group shows them: the whole decision for a team with one
+        decision field, else only the fields that moved, each named."""
+        fields = self.spec.fields
+        if len(fields) == 1 or change.before is None or change.after is None:
+            return decision_text(change.before, fields), decision_text(change.after, fields)
+        moved = change.moved()
+        pick = {f: (change.before.get(f, "-"), change.after.get(f, "-")) for f in moved}
+        return (
+            ", ".join(f"{f}={b}" for f, (b, _) in pick.items()),
+            ", ".join(f"{f}={a}" for f, (_, a) in pick.items()),
+        )
+
+    @property
+    def groups(self) -> list[tuple[str, str, list[str]]]:
+        """(before, after, items), largest group first; ``-`` for not decided."""
+        by: dict[tuple[str, str], list[str]] = {}
+        for c in self.changes:
+            by.setdefault(self._label(c), []).append(c.item)
+        return sorted(((b, a, items) for (b, a), items in by.items()), key=lambda g: -len(g[2]))
+
+    @property
+    def fixed(self) -> list[str]:
+        """Items wrong in A and right in B."""
+        return [c.item for c in self.changes if c.fixed]
+
+    @property
+    def broken(self) -> list[str]:
+        """Items right in A and wrong in B."""
+        return [c.item for c in self.changes if c.broken]
+
+    def headline(self) -> str:
+        """``22 invoices changed decision: 22 approve→hold``, in the team's words (its
+        item key and decision fields)."""
+        n = len(self.changes)
+        spec = self.spec
+        what = spec.what_changed()
+        if not n:
+            return f"no {spec.noun} changed {what}"
+        noun = spec.noun + ("" if n == 1 else "s")
+        parts = ", ".join(f"{len(items)} {b}→{a}" for b, a, items in self.groups)
+        return f"{n} {noun} changed {what}: {parts}"
+
+    def accuracy_line(self) -> str:
+        """``accuracy 0.774 -> 0.816 (27 fixed, 2 broken)``, or why there is none."""
+        acc_a, acc_b = self.a.accuracy, self.b.accuracy
+        if acc_a is None and acc_b is None:
+            return "accuracy: no labels to score against"
+        return (
+            f"accuracy {_pct(acc_a)} -> {_pct(acc_b)} "
+            f"({len(self.fixed)} fixed, {len(self.broken)} broken)"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        fields = self.spec.fields
+        return {
+            "a": self.a.session,
+            "b": self.b.session,
+            "key": self.spec.key,
+            "noun": self.spec.noun,
+            "fields": list(fields),
+            "changed": len(self.changes),
+            "headline": self.headline(),
+            "groups": [{"before": b, "after": a, "items": items} for b, a, items in self.groups],
+            "changes": [
+                {
+                    "item": c.item,
+                    "before": decision_text(c.before, fields) if c.before else None,
+                    "after": decision_text(c.after, fields) if c.after else None,
+                    "expected": decision_text(c.expected, fields) if c.expected else None,
+                    "fields": list(c.moved()),
+                }
+                for c in self.changes
+            ],
+            "fixed": self.fixed,
+            "broken": self.broken,
+            "accuracy_a": self.a.accuracy,
+            "accuracy_b": self.b.accuracy,
+            "decided_a": len(self.a.decisions),
+            "decided_b": len(self.b.decisions),
+        }
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _team(info: SessionInfo) -> tuple[OutcomeSpec, dict[str, Any]]:
+    """The recorded team's outcome and its input's labels (the default outcome and no
+    labels when the recorded scenario cannot be read any more)."""
+    from pantheon._inputs import jsonl_labels
+    from pantheon.scenario import FileInputConfig, JsonlInputConfig, ScenarioError, parse_scenario
+
+    if not info.scenario_text:
+        return OutcomeSpec(), {}
+    base = None if info.scenario_dir is None else Path(info.scenario_dir)
+    try:
+        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
+    except ScenarioError:
+        return OutcomeSpec(), {}
+    inp = scenario.input
+    labels = jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else {}
+    return scenario.outcome_spec(), labels
+
+
+def session_outcomes(
+    store: SessionStore, session: str, *, like: SessionOutcomes | None = None
+) -> SessionOutcomes:
+    """Every item ``session`` (an id or unique prefix) decided, read by its team's outcome,
+    with the labels to score them by; or read by ``like``'s outcome and labels, so that two
+    sessions compare in the same terms (a what-if that removed the Learner, or changed the
+    outcome section, is still judged as the original was)."""
+    info = store.session(session)
+    spec, labels = (like.spec, like.labels) if like is not None else _team(info)
+    outcomes = Outcomes(spec, labels)
+    envelopes = store.envelopes(info.id)
+    for env in envelopes:
+        outcomes.see(env.topic, env.payload, env.id, env.causation_id, env.correlation_id)
+    if spec.declared:
+        return SessionOutcomes(info.id, spec, outcomes.decisions(), labels)
+    # Where the team's work ends: topics whose messages no subscriber ever handled.
+    topic_of = {env.id: env.topic for env in envelopes}
+    handled = {topic_of.get(d.envelope_id) for d in store.deliveries(info.id)}
+
+    def leaf(topic: str) -> bool:
+        return topic not in handled
+
+    return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels)
+
+
+def diff_outcomes(store: SessionStore, a: str, b: str) -> OutcomeDiff:
+    """Session ``b``'s decisions against ``a``'s (ids or unique prefixes), in A's terms."""
+    da = session_outcomes(store, a)
+    db = session_outcomes(store, b, like=da)
+    scorer = da
+    changes = [
+        OutcomeChange(
+            item,
+            da.decisions.get(item),
+            db.decisions.get(item),
+            scorer.expected(item) if item in scorer.labels else None,
+        )
+        for item in sorted(set(da.decisions) | set(db.decisions))
+        if da.decisions.get(item) != db.decisions.get(item)
+    ]
+    return OutcomeDiff(da, db, changes)
