@@ -123,10 +123,13 @@ class OutcomeScore:
     scored: int
     correct: int
     by_field: dict[str, tuple[int, int]] = field(default_factory=dict)
+    unnamed: int = 0
+    """Outcomes that named no item (a refused record with no key): never scored."""
 
     @property
     def unlabelled(self) -> int:
-        return self.decided - self.scored
+        """Outcomes with nothing to score them against: no label, or no item named."""
+        return self.decided - self.scored + self.unnamed
 
     @property
     def accuracy(self) -> float | None:
@@ -155,6 +158,8 @@ def score_decisions(
     decisions: Mapping[str, Mapping[str, str]],
     labels: Mapping[str, Any],
     fields: Iterable[str] = (),
+    *,
+    unnamed: int = 0,
 ) -> OutcomeScore:
     """Score ``decisions`` (item -> field -> value) against ``labels`` (item -> label).
 
@@ -189,6 +194,7 @@ def score_decisions(
         scored=scored,
         correct=correct,
         by_field={f: (c[0], c[1]) for f, c in by_field.items() if c[1]},
+        unnamed=unnamed,
     )
 
 
@@ -200,7 +206,17 @@ class Outcomes:
     recorded one, so a run and its record are read the same way. Bounded by ``max_items``.
     """
 
-    __slots__ = ("_inputs", "_kinds", "_last", "_trail", "dropped", "labels", "max_items", "spec")
+    __slots__ = (
+        "_inputs",
+        "_kinds",
+        "_last",
+        "_trail",
+        "dropped",
+        "labels",
+        "max_items",
+        "spec",
+        "unnamed",
+    )
 
     def __init__(
         self,
@@ -214,6 +230,8 @@ class Outcomes:
         self.max_items = max_items
         #: Items dropped once ``max_items`` were followed.
         self.dropped = 0
+        #: Outcomes (and refused records) that named no item.
+        self.unnamed = 0
         self._kinds: dict[str, int] = {}
         #: Declared: item -> its decision so far.
         self._last: dict[str, Decision] = {}
@@ -254,13 +272,17 @@ class Outcomes:
         spec = self.spec
         if kind == 2:
             key = payload.get("key")
-            if key is not None:
+            if key is None:
+                self.unnamed += 1
+            else:
                 self._decide(str(key), None)
             return
         if spec.declared:
             if kind == 1:
                 key = payload.get(spec.key)
-                if key is not None:
+                if key is None:
+                    self.unnamed += 1
+                else:
                     self._decide(str(key), payload)
             return
         if causation_id is None:
@@ -315,4 +337,6 @@ class Outcomes:
 
     def score(self, leaf: Callable[[str], bool] | None = None) -> OutcomeScore:
         """This run's decisions against its labels."""
-        return score_decisions(self.decisions(leaf), self.labels, self.spec.fields)
+        return score_decisions(
+            self.decisions(leaf), self.labels, self.spec.fields, unnamed=self.unnamed
+        )

@@ -179,7 +179,8 @@ class GuardianDecision:
 
     envelope_id: int
     correlation_id: int | None
-    email_id: str | None
+    item: str | None
+    """The item decided on, by the team's outcome key (``email_id``, ``invoice_id``)."""
     verdict: str
     action: str
     reasons: tuple[str, ...]
@@ -197,6 +198,8 @@ class Outcomes:
     expectations: tuple[dict[str, Any], ...]
     decisions: dict[str, int]
     guardian: tuple[GuardianDecision, ...]
+    noun: str = "item"
+    """What the team calls an item (``email``, ``invoice``), from its outcome key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -531,8 +534,12 @@ def dead_letters(store: SessionStore, sid: str) -> list[DeadLetterView]:
 
 
 def outcomes(store: SessionStore, sid: str) -> Outcomes:
-    """Accuracy and expectations from the run's summary; Guardian decisions as recorded."""
+    """Accuracy and expectations from the run's summary; Guardian decisions as recorded,
+    each naming its item by the team's outcome key."""
+    from pantheon.rerun import outcome_spec
+
     info = store.session(sid)
+    spec = outcome_spec(info)
     guardian = []
     for e in store.envelopes(info.id):
         p = e.payload
@@ -543,7 +550,7 @@ def outcomes(store: SessionStore, sid: str) -> Outcomes:
             GuardianDecision(
                 envelope_id=e.id,
                 correlation_id=e.correlation_id,
-                email_id=None if p.get("email_id") is None else str(p["email_id"]),
+                item=_item(p, spec.key, spec.input_key),
                 verdict=str(p["verdict"]),
                 action=str(p.get("action", "")),
                 reasons=tuple(str(r) for r in p.get("reasons") or ()),
@@ -558,7 +565,17 @@ def outcomes(store: SessionStore, sid: str) -> Outcomes:
         expectations=tuple(dict(e) for e in expectations if isinstance(e, Mapping)),
         decisions=dict(Counter(g.verdict for g in guardian)),
         guardian=tuple(guardian),
+        noun=spec.noun,
     )
+
+
+def _item(payload: Mapping[str, Any], *keys: str) -> str | None:
+    """The item a payload names: by the outcome's keys, else by its first ``*_id`` field (a
+    session whose scenario cannot be read any more still shows its items)."""
+    for k in (*keys, *(f for f in payload if isinstance(f, str) and f.endswith("_id"))):
+        if payload.get(k) is not None:
+            return str(payload[k])
+    return None
 
 
 def _label(payload: Any) -> str:

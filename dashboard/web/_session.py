@@ -505,12 +505,12 @@ def _outcomes(path: Path, info: SessionInfo) -> None:
     out: readmodel.Outcomes = _model(path, info, "outcomes")
     acc = out.accuracy
     c = st.columns(4)
-    for col, key, label in (
-        (c[0], "action_accuracy", "action accuracy"),
-        (c[1], "intent_accuracy", "intent accuracy"),
-    ):
-        value = acc.get(key)
-        col.metric(label, "-" if value is None else f"{value:.1%}")
+    # The team's own decision fields first (the summary's order), then what its Learner
+    # adds: two of them fit beside the counts.
+    rates = [(k.removesuffix("_accuracy"), v) for k, v in acc.items() if k.endswith("_accuracy")]
+    shown = (rates or [("all fields", acc.get("accuracy"))])[:2]
+    for col, (name, value) in zip(c[:2], shown, strict=False):
+        col.metric(f"{name} accuracy", "-" if value is None else f"{value:.1%}")
     c[2].metric("labelled outcomes", acc.get("scored", "-"))
     c[3].metric("guardian decisions", len(out.guardian))
     if out.expectations:
@@ -550,7 +550,7 @@ def _outcomes(path: Path, info: SessionInfo) -> None:
             pd.DataFrame(
                 [
                     {
-                        "email": g.email_id,
+                        out.noun: g.item,
                         "verdict": g.verdict,
                         "action": g.action,
                         "intent": g.intent,

@@ -6,6 +6,7 @@ from pantheon.rerun._outcomes import (
     OutcomeDiff,
     SessionOutcomes,
     diff_outcomes,
+    outcome_spec,
     session_outcomes,
 )
 
@@ -14,5 +15,6 @@ __all__ = [
     "OutcomeDiff",
     "SessionOutcomes",
     "diff_outcomes",
+    "outcome_spec",
     "session_outcomes",
 ]

@@ -25,6 +25,7 @@ __all__ = [
     "OutcomeDiff",
     "SessionOutcomes",
     "diff_outcomes",
+    "outcome_spec",
     "session_outcomes",
 ]
 
@@ -193,7 +194,12 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def _team(info: SessionInfo) -> tuple[OutcomeSpec, dict[str, Any]]:
+def outcome_spec(info: SessionInfo) -> OutcomeSpec:
+    """The recorded team's outcome (the default when its scenario cannot be read)."""
+    return _team(info, labels=False)[0]
+
+
+def _team(info: SessionInfo, *, labels: bool = True) -> tuple[OutcomeSpec, dict[str, Any]]:
     """The recorded team's outcome and its input's labels (the default outcome and no
     labels when the recorded scenario cannot be read any more)."""
     from pantheon._inputs import jsonl_labels
@@ -207,8 +213,9 @@ def _team(info: SessionInfo) -> tuple[OutcomeSpec, dict[str, Any]]:
     except ScenarioError:
         return OutcomeSpec(), {}
     inp = scenario.input
-    labels = jsonl_labels(inp) if isinstance(inp, JsonlInputConfig | FileInputConfig) else {}
-    return scenario.outcome_spec(), labels
+    if not labels or not isinstance(inp, JsonlInputConfig | FileInputConfig):
+        return scenario.outcome_spec(), {}
+    return scenario.outcome_spec(), jsonl_labels(inp)
 
 
 def session_outcomes(

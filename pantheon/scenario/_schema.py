@@ -584,9 +584,12 @@ class _InputBase(_Model):
 
 def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     context = info.context or {}
-    path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
-    if context.get("check_files", True) and not path.is_file():
-        raise ValueError(f"input file not found: {path}")
+    try:
+        path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+        if context.get("check_files", True) and not path.is_file():
+            raise ValueError(f"input file not found: {path}")
+    except OSError as exc:  # a name too long, a loop of links: the path is the problem
+        raise ValueError(f"input path cannot be used: {exc.strerror or exc}") from None
     return path
 
 
@@ -949,6 +952,12 @@ _LatencyBound = Annotated[
     Discriminator(_p99_kind),
 ]
 
+#: One accuracy bound for every decision field, or a bound per field name.
+_AccuracyBound = Annotated[
+    Annotated[_Fraction, Tag("@all")] | Annotated[dict[str, _Fraction], Tag("@per_agent")],
+    Discriminator(_p99_kind),
+]
+
 #: Why a message is dead-lettered: the bus's reasons (``bus._dlq.REASONS``) and the
 #: ZeroMQ transport's ``node_lost``.
 DeadLetterReason = Literal[
@@ -1008,7 +1017,7 @@ class ExpectConfig(_Model):
     """Dead letters by reason: ``{failed: {max: 0}, shed: {max: 100}}``."""
     topics: dict[_TopicPattern, CountBound] = Field(default_factory=dict)
     """Messages published per topic or glob (summed over matching topics)."""
-    min_accuracy: _Fraction | dict[str, _Fraction] | None = None
+    min_accuracy: _AccuracyBound | None = None
     """The share of decisions that match the input's labels, per decision field of the
     team's ``outcome``: one bound every field must reach, or a bound per field
     (``{action: 0.8}``)."""
@@ -1042,7 +1051,8 @@ class OutcomeConfig(_Model):
     """The payload fields that are the decision (``[action]``): what accuracy scores and
     what-if groups by. Empty: every field but the key."""
     label: str | None = None
-    """The input's label field (its ground truth); when given it must be ``input.label``."""
+    """The input's label field (its ground truth), said again for the reader; when the
+    input names one it must be the same (an input without ``label`` scores nothing)."""
     rejected: str = "reject"
     """The decision of a record the input refused (published on its ``malformed_topic``),
     in every field: what labels say of a record the team should refuse."""
@@ -1218,21 +1228,19 @@ def _import_roots(data: Any, base_dir: Path | None) -> None:
 
 
 def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], str]]:
-    """``outcome.label`` names the input's label field; ``min_accuracy`` bounds per field
+    """``outcome.label`` is the input's label field; ``min_accuracy`` bounds per field
     name decision fields the outcome declares."""
     out: list[tuple[tuple[Any, ...], str]] = []
     outcome = data.get("outcome")
     outcome = outcome if isinstance(outcome, Mapping) else {}
     inp = data.get("input")
     inp = inp if isinstance(inp, Mapping) else {}
-    label = outcome.get("label")
-    if label is not None and label != inp.get("label"):
-        given = inp.get("label")
+    label, given = outcome.get("label"), inp.get("label")
+    if label is not None and given is not None and label != given:
         out.append(
             (
                 ("outcome", "label"),
-                f"names label field {label!r}, but the input's label is "
-                + (f"{given!r}" if given is not None else "not set (set input.label)"),
+                f"names label field {label!r}, but the input's label is {given!r}",
             )
         )
     expect = data.get("expect")

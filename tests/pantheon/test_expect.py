@@ -54,7 +54,7 @@ def summary(**over: Any) -> RunSummary:
         "dlq": {},
         "dead_letters": [],
         "breaker_trips": 0,
-        "accuracy": {"action_accuracy": 0.8},
+        "accuracy": {"accuracy": 0.8, "action_accuracy": 0.8},
         "decisions": {},
         "outbox": {},
         "alerts": 0,

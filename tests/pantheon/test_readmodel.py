@@ -227,7 +227,7 @@ def test_outcomes(recorded: tuple[SessionStore, str]) -> None:
     assert out.expectations == tuple(SUMMARY["expectations"])  # type: ignore[arg-type]
     assert out.decisions == {"escalated": 1}
     (g,) = out.guardian
-    assert (g.email_id, g.verdict, g.action) == ("e000", "escalated", "escalate")
+    assert (g.item, g.verdict, g.action) == ("e000", "escalated", "escalate")
     assert g.reasons == ("refund over limit", "second reason")
     assert (g.intent, g.confidence) == ("refund", 0.5)
 
