@@ -81,7 +81,9 @@ class OutcomeSpec:
 
     ``topics`` empty means the default described in the module docstring. ``key`` names
     the item in an outcome's payload (default: the input's key field, ``input_key``);
-    ``fields`` are the decision (empty in a declared spec: the whole payload but the key).
+    ``fields`` are the decision (empty in a declared spec: the whole payload but the key);
+    ``topic`` among them is the outcome message's topic (unless the payload has a field of
+    that name), for a team that decides by where it sends an item.
     ``malformed_topic`` is where the input publishes records it refused, each decided
     ``rejected``."""
 
@@ -283,7 +285,7 @@ class Outcomes:
                 if key is None:
                     self.unnamed += 1
                 else:
-                    self._decide(str(key), payload)
+                    self._decide(str(key), payload, topic)
             return
         if causation_id is None:
             key = payload.get(spec.input_key)
@@ -300,7 +302,7 @@ class Outcomes:
         self.dropped += 1
         return False
 
-    def _decide(self, item: str, payload: Mapping[str, Any] | None) -> None:
+    def _decide(self, item: str, payload: Mapping[str, Any] | None, topic: str = "") -> None:
         last = self._last
         if item not in last and len(last) >= self.max_items:
             self.dropped += 1
@@ -311,7 +313,13 @@ class Outcomes:
             last[item] = dict.fromkeys(fields, spec.rejected)
             return
         if spec.fields:
-            last[item] = {f: _text(payload[f]) for f in spec.fields if f in payload}
+            # ``topic`` is the outcome's own topic unless the payload has such a field: a
+            # team that decides by where it sends an item (ticket.urgent, ticket.normal).
+            last[item] = {
+                f: _text(payload[f]) if f in payload else topic
+                for f in spec.fields
+                if f in payload or f == "topic"
+            }
         else:
             last[item] = {f: _text(v) for f, v in payload.items() if f != spec.key}
 

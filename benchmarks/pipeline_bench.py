@@ -1,7 +1,7 @@
 """End-to-end throughput and per-hop latency of the nine-agent support pipeline.
 
     python benchmarks/pipeline_bench.py [--emails 2000] [--latency-ms 0 1] [--loop uvloop]
-        [--modes off,recording,telemetry]
+        [--modes off,recording,telemetry,outcomes]
 
 Feeds the shipped support inbox (repeated to ``--emails``) through Observer -> Sensor ->
 Reasoner (+ Memory lookup) -> Planner -> Guardian -> Actor -> Learner/Memory, with Monitor
@@ -17,7 +17,9 @@ as it would against any real model server. Requests/s counts emails that reached
 the clock stops at ``drain``, and the time the recorder then takes to commit what is left is
 reported beside it), and with :class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at
 1% into an exporter that counts spans, every bus metric collected every 100 ms, as
-benchmarks/obs_bench.py; its clock stops once the spans are built and exported). Each mode's
+benchmarks/obs_bench.py; its clock stops once the spans are built and exported), and with the
+run's :class:`~agents.Outcomes` (``outcomes``: every message seen, each item's decision kept,
+as every labelled ``pantheon run`` does for its accuracy). Each mode's
 overhead is the median of per-repeat ratios to ``off``.
 """
 
@@ -43,18 +45,19 @@ from agents import (
     Monitor,
     Observer,
     Outbox,
+    Outcomes,
     Planner,
     Reasoner,
     RuleProvider,
     Sensor,
 )
 from bus import Bus
-from pantheon._inputs import open_input
+from pantheon._inputs import jsonl_labels, open_input
 from pantheon.scenario import load_scenario
 from pantheon.sessions import Recorder, SessionStore
 from pantheon.telemetry import Telemetry
 
-MODES = ("off", "recording", "telemetry")
+MODES = ("off", "recording", "telemetry", "outcomes")
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOG_PIPELINE_RPS = 4237
@@ -131,6 +134,9 @@ async def one_run(
             recorder.attach(bus)
         elif telemetry is not None:
             telemetry.instrument(bus)
+        elif mode == "outcomes":
+            # What every labelled `pantheon run` attaches: each item's decision, followed.
+            bus.observe(Outcomes(scenario.outcome_spec(), jsonl_labels(scenario.input)))
         inp = scenario.input.model_copy(update={"path": inbox})
         observer = Observer(source=open_input(scenario.model_copy(update={"input": inp})))
         team = [

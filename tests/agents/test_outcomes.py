@@ -148,3 +148,12 @@ def test_a_learner_subclass_learns_through_learn() -> None:
         {"item": "I-1"}
     ]
     assert learner.observe("invoice.decided", {"invoice_id": "I-7", "decision": "x"}) == []
+
+
+def test_a_team_that_decides_by_topic_names_topic_as_a_field() -> None:
+    spec = OutcomeSpec(topics=("ticket.*",), key="id", fields=("topic",))
+    o = Outcomes(spec, {"T1": {"topic": "ticket.urgent"}, "T2": {"topic": "ticket.urgent"}})
+    o.see("ticket.urgent", {"id": "T1", "body": "down"}, 1, 0, 1)
+    o.see("ticket.normal", {"id": "T2", "body": "hi"}, 2, 0, 2)
+    assert o.decisions() == {"T1": {"topic": "ticket.urgent"}, "T2": {"topic": "ticket.normal"}}
+    assert o.score().field_accuracy("topic") == 0.5
