@@ -121,7 +121,7 @@ class WhatIfReport:
         }
 
 
-def judged_scenario(scenario: Scenario) -> tuple[Scenario, tuple[str, ...]]:
+def _judged_scenario(scenario: Scenario) -> tuple[Scenario, tuple[str, ...]]:
     """The scenario whose expectations a what-if judges, and the timing bounds it left out
     (see the module docstring)."""
     expect = scenario.expect
@@ -180,18 +180,7 @@ async def whatif_replay(
         a, b = old.get(agent), new.get(agent)
         return a is not None and b is not None and a[model_call] == b[model_call]
 
-    run = Rerun(
-        store,
-        original,
-        WhatIf(same_agent),
-        kind="whatif",
-        forked=True,
-        scenario=scenario.name,
-        scenario_text=overlay.merged_text,
-        approvals=scenario.approvals,
-    )
     team = build_team(scenario, replay=True)
-    run.serve_desk(team.agents.values())
     # A re-asked approval may wait for a person: the drain waits out its timeout too.
     drain = None if timeout is None else timeout + scenario.approvals.timeout
     reports: list[dict[str, Any]] = []
@@ -209,16 +198,27 @@ async def whatif_replay(
 
     started = time.perf_counter()
     try:
+        run = Rerun(
+            store,
+            original,
+            WhatIf(same_agent),
+            kind="whatif",
+            forked=True,
+            scenario=scenario.name,
+            scenario_text=overlay.merged_text,
+            approvals=scenario.approvals,
+        )
+        run.serve_desk(team.agents.values())
         try:
             await run.play(setup, timeout=drain, after=after)
-        finally:
-            await team.aclose()
-    except BaseException as exc:
-        await run.fail({"forked_from": original.id, "error": repr(exc)})
-        raise
+        except BaseException as exc:
+            await run.fail({"forked_from": original.id, "error": repr(exc)})
+            raise
+    finally:
+        await team.aclose()
     elapsed = time.perf_counter() - started
     decisions = diff_decisions(store, original.id, run.session_id)
-    judged, left_out = judged_scenario(scenario)
+    judged, left_out = _judged_scenario(scenario)
     # Summarized with no expectation (custom checks run once, below), then scored as the
     # decision diff scores both runs: from the record, not the Learner's served counters.
     summary = summarize(

@@ -50,7 +50,7 @@ from pantheon.sessions import (
 from pantheon.sessions._align import Lineage, Mapper, same_payload
 from pantheon.sessions._codec import decode, normalize
 from pantheon.sessions._effects import EffectSink, rebuild_error
-from pantheon.sessions._store import EFFECT_DIVERGED, EFFECT_ERROR
+from pantheon.sessions._store import EFFECT_DIVERGED, EFFECT_ERROR, Status
 
 __all__ = [
     "DEFAULT_REPLAY_TIMEOUT",
@@ -415,10 +415,10 @@ class Rerun:
                 await after(bus)
         await self.recorder.flush()
 
-    async def finish(self, status: str, summary: dict[str, Any]) -> None:
+    async def finish(self, status: Status, summary: dict[str, Any]) -> None:
         """Close the new session with ``status`` and ``summary``, and its desk."""
         try:
-            await self.recorder.finish(status, summary)  # type: ignore[arg-type]
+            await self.recorder.finish(status, summary)
         finally:
             await self.aclose()
 
@@ -426,7 +426,7 @@ class Rerun:
         """Close the new session as ``failed`` after the re-run raised (never raising
         itself: the caller re-raises the original error)."""
         with contextlib.suppress(Exception):
-            await self.finish("failed", {"replay_of": self.original.id} | summary)
+            await self.finish("failed", summary)
 
     async def aclose(self) -> None:
         if self.desk is not None:
@@ -452,7 +452,7 @@ async def rerun(
     try:
         await run.play(setup, timeout=timeout, after=after)
     except BaseException as exc:
-        await run.fail({"error": repr(exc)})
+        await run.fail({"replay_of": original.id, "error": repr(exc)})
         raise
     return run
 

@@ -136,7 +136,7 @@ async def replay_session(
             roots={e.id for e in run.published},
         )
     except BaseException as exc:
-        await run.fail({"error": repr(exc)})
+        await run.fail({"replay_of": original.id, "error": repr(exc)})
         raise
     divergence = comparison.divergence
     if incomplete is not None:

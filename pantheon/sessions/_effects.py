@@ -1,4 +1,4 @@
-"""The recording and replaying :class:`agents.Effects` runners.
+"""The recording :class:`agents.Effects` runner (a re-run's, ``pantheon.rerun``, builds on it).
 
 An effect is keyed by (session, causing envelope id, subscriber, ordinal): the causing
 envelope is ``bus.current_envelope()`` (id 0 outside handlers), the subscriber is the bus
