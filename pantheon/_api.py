@@ -247,7 +247,7 @@ async def replay(
     with_: str | Path | None = None,
 ) -> Any:
     """Re-run a recorded session on a fresh bus, effects served from the record, and compare
-    it hop by hop with the original; returns a :class:`pantheon.sessions.ReplayReport`
+    it hop by hop with the original; returns a :class:`pantheon.rerun.ReplayReport`
     (``report.matched``, ``report.divergence``). The replay is recorded as a new session.
 
     ``with_`` makes it a what-if replay (``pantheon replay --with``): the recorded inputs
@@ -257,7 +257,8 @@ async def replay(
     decided differently); an invalid overlay raises :class:`ScenarioError` before anything
     runs."""
     from pantheon._team import team_setup
-    from pantheon.sessions import SessionStore, replay_session
+    from pantheon.rerun import replay_session
+    from pantheon.sessions import SessionStore
 
     ref = session.id if isinstance(session, Session) else session
     path = session.store if isinstance(session, Session) else store

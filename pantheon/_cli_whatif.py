@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -21,7 +22,7 @@ from pantheon.rerun import OutcomeDiff
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 
-__all__ = ["decision_lines", "whatif_command"]
+__all__ = ["decision_lines", "verdict_lines", "whatif_command"]
 
 #: Items named per group in the terminal (``--json`` has them all).
 SHOWN_ITEMS = 40
@@ -43,7 +44,8 @@ def whatif_command(
     store: SessionStore, info: SessionInfo, overlay_path: Path, *, as_json: bool
 ) -> WhatIfReport:
     """Validate the overlay (exit 2 naming ``file:line:column`` before anything runs), run
-    the what-if replay and print what changed. Returns the report for the exit code."""
+    the what-if replay and print what changed and how the changed team meets the
+    scenario's expectations. Returns the report for the exit code."""
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     if not info.scenario_text:
         err.print(f"[red]error:[/red] session {info.id} has no scenario text to change")
@@ -80,11 +82,33 @@ def whatif_command(
     )
     for line in decision_lines(report.decisions):
         con.print(line)
-    if report.passed is not None:
-        acc = report.accuracy
-        for name, key, bound in report.accuracy_bounds:
-            ok = acc.get(key) is not None and acc[key] >= bound
-            colour, word = ("green", "PASS") if ok else ("red", "FAIL")
-            con.print(f"[{colour}]{word}[/{colour}] {escape(name)} (actual {acc.get(key)})")
+    for line in verdict_lines(report):
+        con.print(line)
     con.print(f"pantheon diff {report.original_session_id} {report.new_session_id}")
     return report
+
+
+def verdict_lines(report: WhatIfReport) -> list[str]:
+    """The changed team's dead letters (by reason, and why, per subscriber) and every
+    expectation judged, as ``pantheon run`` prints them, then the timing bounds left out."""
+    s = report.summary
+    total = sum(s.dlq.values())
+    reasons = ", ".join(f"{n:,} {escape(r)}" for r, n in sorted(s.dlq.items(), key=lambda r: -r[1]))
+    lines = [f"dead letters {total:,}" + (f" ({reasons})" if reasons else "")]
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    for (sub, reason), n in why.most_common(3):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    for e in s.expectations:
+        mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
+        lines.append(f"{mark} {escape(e['name'])} (actual {escape(str(e['actual']))})")
+    if report.not_judged:
+        lines.append(
+            f"not judged: {', '.join(report.not_judged)} (a what-if's timings are the "
+            "replay's, not the team's)"
+        )
+    lines.append(
+        "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
+    )
+    return lines

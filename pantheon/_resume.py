@@ -31,90 +31,25 @@ Actor's tools must be idempotent per key for that to be harmless (``Outbox`` is)
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from agents import Observer
-from agents._approvals import APPROVAL_EFFECT
 from agents._perception import InputItem
 from bus import Bus
-from pantheon._approvals import StoreDesk
 from pantheon._report import RunSummary, local_report, summarize
 from pantheon._session_run import Recording
 from pantheon._team import build_team
 from pantheon.live import live_run
+from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore
-from pantheon.sessions._align import Lineage
 from pantheon.sessions._approvals import origin_of
-from pantheon.sessions._codec import decode
-from pantheon.sessions._effects import EffectsContext, ReplayEffects, rebuild_error
-from pantheon.sessions._recorder import Recorder
-from pantheon.sessions._replay import _effect_index, _feed, _Live
-from pantheon.sessions._store import EFFECT_ERROR, EFFECT_REPR, StoredEffect, StoredEnvelope
 
-__all__ = ["ResumeEffects", "ResumeResult", "resumable", "resume"]
-
-
-class ResumeEffects(ReplayEffects):
-    """Serves each effect the original recorded at this position; runs (and records) the
-    ones it did not. A recorded effect of another name at the position is a sign the
-    resumed team took another path there: the call runs live and is counted in
-    ``mismatched`` rather than failing the run, whose point is to finish."""
-
-    __slots__ = ("_on_served", "mismatched")
-
-    def __init__(
-        self,
-        sink: Callable[[tuple[Any, ...]], None],
-        recorded: Mapping[tuple[int, str | None], Sequence[StoredEffect]],
-        to_original: Callable[[int], int | None],
-        *,
-        seed: int | None,
-        on_served: Callable[[str, Callable[..., Any], tuple[Any, ...]], None] | None = None,
-    ) -> None:
-        super().__init__(sink, recorded, to_original, seed=seed)
-        self._on_served = on_served
-        self.mismatched = 0
-
-    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        env_id, sub, n = self._key()
-        orig_id = 0 if env_id == 0 else self._to_original(env_id)
-        records = self._recorded.get((orig_id, sub), ()) if orig_id is not None else ()
-        rec = records[n] if n < len(records) else None
-        if rec is None or rec.name != name or rec.flag == EFFECT_REPR:
-            self.mismatched += rec is not None
-            return await self._run(env_id, sub, n, name, fn, args, kwargs)
-        self.served += 1
-        if self._on_served is not None:
-            self._on_served(name, fn, args)
-        now_ns = time.monotonic_ns()
-        self._sink(
-            ("effect", env_id, sub, n, name, rec.flag, rec.result, rec.error_type, rec.error,
-             time.time(), now_ns, now_ns)
-        )  # fmt: skip
-        if rec.flag == EFFECT_ERROR:
-            raise rebuild_error(rec.error_type or "Exception", rec.error or "")
-        return decode(rec.result)
-
-
-class _Follow(_Live):
-    """The replay's aligner, minus stopping: a resume goes on whatever it finds, and only
-    notes where the resumed team's messages differ from the recording's."""
-
-    def __init__(self, lineage: Lineage, inputs: list[StoredEnvelope]) -> None:
-        super().__init__(lineage, inputs, truncated=True)
-        self.differences: list[str] = []
-
-    def stop(self, why: str) -> None:
-        if len(self.differences) < 100:
-            self.differences.append(why)
-        self.progress.set()
+__all__ = ["ResumeResult", "resumable", "resume"]
 
 
 def resumable(info: SessionInfo) -> str | None:
@@ -198,84 +133,49 @@ async def resume(
         )
         if scenario.transport.kind == "zmq":
             raise SessionError(f"session {original.id} is a ZeroMQ run; resume runs one process")
-        envelopes = st.envelopes(original.id)
-        effects = st.effects(original.id)
-        lineage = Lineage(envelopes, effects)
-        inputs = lineage.inputs
-        origin = origin_of(st, original)
-        recorder = Recorder(
+        policy = Resume()
+        run = Rerun(
             st,
-            scenario=original.scenario,
-            scenario_text=original.scenario_text,
-            scenario_dir=original.scenario_dir,
-            seed=original.seed,
-            replay_of=original.id,
+            original,
+            policy,
             kind="resume",
+            truncated=True,
+            approvals=scenario.approvals,
+            origin=origin_of(st, original),
         )
-        desk = StoreDesk(st.path, recorder.session_id, scenario.approvals, origin=origin)
-
-        def served(name: str, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
-            agent = getattr(fn, "__self__", None)
-            if name == APPROVAL_EFFECT and agent is not None and args:
-                desk.count(agent.name, args[0])
-
-        follow = _Follow(lineage, inputs)
-        runner = ResumeEffects(
-            recorder._writer.events.append,
-            _effect_index(effects),
-            follow.mapper.to_original.get,
-            seed=original.seed,
-            on_served=served,
-        )
-        follow.active = runner.active
-        recorder._effects = EffectsContext.wrap(runner)
         try:
             summary = await _run(
-                scenario,
-                original,
-                recorder,
-                desk,
-                follow,
-                lineage,
-                inputs,
-                on_bus,
-                drain_timeout + scenario.approvals.timeout,
+                scenario, original, run, on_bus, drain_timeout + scenario.approvals.timeout
             )
         except BaseException as exc:
-            with contextlib.suppress(Exception):
-                await recorder.finish("failed", {"resume_of": original.id, "error": repr(exc)})
+            await run.fail({"resume_of": original.id, "error": repr(exc)})
             raise
-        finally:
-            await desk.aclose()
         result = ResumeResult(
             summary,
             original.id,
-            len(inputs),
-            runner.served,
-            runner.calls,
-            runner.mismatched,
-            tuple(follow.differences),
+            len(run.inputs),
+            run.runner.served,
+            run.runner.calls,
+            policy.mismatched,
+            tuple(run.tracker.differences),
         )
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
-        await recorder.finish("completed" if summary.passed else "failed", data)
+        await run.finish("completed" if summary.passed else "failed", data)
         return result
 
 
 async def _run(
     scenario: Scenario,
     original: SessionInfo,
-    recorder: Recorder,
-    desk: StoreDesk,
-    follow: _Follow,
-    lineage: Lineage,
-    inputs: list[StoredEnvelope],
+    run: Rerun,
     on_bus: Callable[[Bus], None] | None,
     drain_timeout: float,
 ) -> RunSummary:
     seed = original.seed if original.seed is not None else scenario.seed
+    recorder = run.recorder
     outbox_dir = recorder.store.path.parent / "outbox"
     team = build_team(scenario, seed=seed, outbox_path=outbox_dir / f"{recorder.session_id}.jsonl")
-    desk.serve(team)
+    run.serve_desk(team.agents.values())
     observers: list[Observer] = team.of_role(Observer)
     if sum(o.source is not None for o in observers) > 1:
         # Which recorded input came from which source is not recorded.
@@ -287,14 +187,13 @@ async def _run(
     sources = [(o, o.source) for o in observers]
     for o, _ in sources:
         o.source = None
+    inputs = run.inputs
     started = time.perf_counter()
     async with Bus(session_id=recorder.session_id) as bus:
         rec = Recording(bus, recorder, outbox_dir)
         async with live_run(rec, scenario.name) as live:
             live.watch(team)
-            bus.observe(
-                SimpleNamespace(on_publish=follow.on_publish)
-            )  # before the recorder sees it
+            run.track(bus)  # before the recorder sees it
             if on_bus is not None:
                 on_bus(bus)
             try:
@@ -302,14 +201,10 @@ async def _run(
                 await live.attach(bus)
                 await team.check_model()
                 await team.start()
-                await _feed(bus, follow, lineage, inputs, [], drain_timeout)
-                if observers:
-                    # The recorded inputs count as the Observer's: the summary's inputs are
-                    # the whole run's, as the original's would have been.
-                    bad = getattr(scenario.input, "malformed_topic", None)
-                    malformed = sum(e.topic == bad for e in inputs)
-                    observers[0].malformed += malformed
-                    observers[0].emitted += len(inputs) - malformed
+                await run.feed(bus, drain_timeout)
+                # The recorded inputs count as the Observer's: the summary's inputs are the
+                # whole run's, as the original's would have been.
+                credit_inputs(observers, inputs, getattr(scenario.input, "malformed_topic", None))
                 for observer, source in sources:
                     count = observer.settings.count
                     left = None if count is None else count - len(inputs)

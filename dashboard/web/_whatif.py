@@ -104,7 +104,7 @@ def _run(path: Path, info: SessionInfo, text: str) -> dict[str, Any]:
             )
     except subprocess.TimeoutExpired:
         return {"error": f"the what-if replay took over {WHATIF_TIMEOUT:.0f} s"}
-    # 0: the changed team meets the accuracy bound, 1: it does not; both print the report.
+    # 0: the changed team meets its expectations, 1: it does not; both print the report.
     if done.returncode in (0, 1):
         try:
             return {"report": json.loads(done.stdout)}
@@ -122,12 +122,15 @@ def _show(result: dict[str, Any]) -> None:
     report = result["report"]
     new = report["new_session_id"]
     decisions = report["decisions"]
-    passed = report.get("passed")
-    verdict = "" if passed is None else (" · meets" if passed else " · misses")
-    if passed is not None:
+    accurate = report.get("accuracy_passed")
+    verdict = "" if accurate is None else (" · meets" if accurate else " · misses")
+    if accurate is not None:
         verdict += " " + ", ".join(report["min_accuracy"]).replace(">=", "≥")
+    failed = [e["name"] for e in report.get("expectations", ()) if not e["passed"]]
+    if failed:
+        verdict += f" · expectations failed: {', '.join(failed)}"
     message = f"What-if recorded as {new}: {decisions['headline']}{verdict}"
-    (st.success if passed is not False else st.warning)(message)
+    (st.success if report.get("passed") else st.warning)(message)
     c = st.columns(4)
     c[0].metric("changed", decisions["changed"])
     _accuracy(c[1], c[2], decisions)

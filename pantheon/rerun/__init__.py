@@ -1,6 +1,30 @@
-"""Re-reading a recorded session: what its team decided per item, in the team's own terms,
-and how two sessions' decisions differ (``pantheon diff``, what-if, both dashboards)."""
+"""Re-running recorded sessions, and reading what they decided.
 
+:func:`rerun` re-publishes a session's recorded inputs through a team on a fresh bus and
+asks a :class:`Policy`, for every effect call, to serve the recorded answer, run it live or
+call it a divergence. The modes are policies over that one loop:
+
+* :class:`ExactReplay`: the same team must take the same path (:func:`replay_session`,
+  ``pantheon replay``);
+* :class:`WhatIf`: a changed team, served where a call is the recorded one
+  (``pantheon replay --with``, :mod:`pantheon._whatif`);
+* :class:`Resume`: a dead run's recording served, then on live (``pantheon resume``).
+
+What a session decided per item, in the team's own terms, and how two sessions' decisions
+differ (``pantheon diff``, what-if, both dashboards): :func:`session_outcomes`,
+:func:`diff_outcomes`.
+"""
+
+from pantheon.rerun._engine import (
+    DEFAULT_REPLAY_TIMEOUT,
+    Rerun,
+    RerunEffects,
+    Setup,
+    credit_inputs,
+    incomplete_reason,
+    rerun,
+)
+from pantheon.rerun._exact import ReplayReport, nondeterminism_hint, replay_session
 from pantheon.rerun._outcomes import (
     OutcomeChange,
     OutcomeDiff,
@@ -9,12 +33,29 @@ from pantheon.rerun._outcomes import (
     outcome_spec,
     session_outcomes,
 )
+from pantheon.rerun._policies import EffectCall, ExactReplay, Policy, Resume, Verdict, WhatIf
 
 __all__ = [
+    "DEFAULT_REPLAY_TIMEOUT",
+    "EffectCall",
+    "ExactReplay",
     "OutcomeChange",
     "OutcomeDiff",
+    "Policy",
+    "ReplayReport",
+    "Rerun",
+    "RerunEffects",
+    "Resume",
     "SessionOutcomes",
+    "Setup",
+    "Verdict",
+    "WhatIf",
+    "credit_inputs",
     "diff_outcomes",
+    "incomplete_reason",
+    "nondeterminism_hint",
     "outcome_spec",
+    "replay_session",
+    "rerun",
     "session_outcomes",
 ]

@@ -1,9 +1,9 @@
 """Sessions: every run recorded, listable, diffable and replayable exactly.
 
 A :class:`Recorder` attached to a bus writes the run into a :class:`SessionStore` (one
-SQLite file, WAL). :func:`replay_session` re-runs a recorded session on a fresh bus with
-every effect served from the record and reports the first hop where it diverges;
-:func:`diff_sessions` aligns two recorded sessions the same way; :func:`redrive`
+SQLite file, WAL). ``pantheon.rerun.replay_session`` re-runs a recorded session on a
+fresh bus with every effect served from the record and reports the first hop where it
+diverges; :func:`diff_sessions` aligns two recorded sessions the same way; :func:`redrive`
 re-delivers a finished session's dead letters to a (fixed) team.
 
 Errors::
@@ -28,7 +28,7 @@ from pantheon.sessions._approvals import (
     ApprovalNotFound,
 )
 from pantheon.sessions._diff import LatencyDelta, LatencyStats, SessionDiff, diff_sessions
-from pantheon.sessions._effects import EffectsContext, RecordingEffects, ReplayEffects
+from pantheon.sessions._effects import EffectsContext, RecordingEffects
 from pantheon.sessions._errors import (
     RecordedError,
     RecordingError,
@@ -46,13 +46,7 @@ from pantheon.sessions._recorder import (
     DEFAULT_METRICS_INTERVAL,
     Recorder,
 )
-from pantheon.sessions._replay import (
-    RedriveReport,
-    ReplayReport,
-    Setup,
-    redrive,
-    replay_session,
-)
+from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
 from pantheon.sessions._store import (
     DEFAULT_STORE_PATH,
     SCHEMA_VERSION,
@@ -74,6 +68,7 @@ __all__ = [
     "DEFAULT_COMMIT_ROWS",
     "DEFAULT_MAX_PENDING",
     "DEFAULT_METRICS_INTERVAL",
+    "DEFAULT_REPLAY_TIMEOUT",
     "DEFAULT_STORE_PATH",
     "SCHEMA_VERSION",
     "STORE_ENV",
@@ -95,8 +90,6 @@ __all__ = [
     "RecordingError",
     "RedriveReport",
     "ReplayDivergence",
-    "ReplayEffects",
-    "ReplayReport",
     "SchemaVersionError",
     "SessionDiff",
     "SessionError",
@@ -113,6 +106,5 @@ __all__ = [
     "export_jsonl",
     "new_session_id",
     "redrive",
-    "replay_session",
     "resolve_store_path",
 ]

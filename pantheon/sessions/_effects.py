@@ -1,4 +1,4 @@
-"""The recording and replaying :class:`agents.Effects` runners.
+"""The recording :class:`agents.Effects` runner (a re-run's, ``pantheon.rerun``, builds on it).
 
 An effect is keyed by (session, causing envelope id, subscriber, ordinal): the causing
 envelope is ``bus.current_envelope()`` (id 0 outside handlers), the subscriber is the bus
@@ -12,27 +12,24 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from agents._effects import call_maybe_async
 from bus import current_envelope, current_subscription
-from pantheon.sessions._codec import decode, encode
-from pantheon.sessions._errors import RecordedError, ReplayDivergence
+from pantheon.sessions._codec import encode
+from pantheon.sessions._errors import RecordedError
 from pantheon.sessions._store import (
-    EFFECT_DIVERGED,
     EFFECT_ERROR,
     EFFECT_OK,
     EFFECT_REPR,
-    StoredEffect,
 )
 
 __all__ = [
     "EffectsContext",
     "RecordingEffects",
-    "ReplayEffects",
     "rebuild_error",
     "type_name",
 ]
@@ -208,77 +205,3 @@ class RecordingEffects:
 
     async def random(self) -> float:
         return float(await self.effect("random.random", self._random.random))
-
-
-class ReplayEffects(RecordingEffects):
-    """Serves each effect from the original session instead of calling it, and records what
-    it served into the replay's session.
-
-    ``recorded`` maps (original envelope id, subscriber) to that pair's effects in ordinal
-    order; ``to_original`` maps a replay envelope id to the original's (see
-    :func:`~pantheon.sessions.replay_session`). A call whose name differs from the recorded
-    one at that position, or that has no recorded counterpart, is a divergence: it is
-    reported to ``on_divergence`` and raises :class:`ReplayDivergence` in the handler
-    without calling anything. With ``live=True`` every effect is called for real (and still
-    checked by name and order).
-    """
-
-    __slots__ = ("_live", "_on_divergence", "_recorded", "_to_original", "served")
-
-    def __init__(
-        self,
-        sink: EffectSink,
-        recorded: Mapping[tuple[int, str | None], Sequence[StoredEffect]],
-        to_original: Callable[[int], int | None],
-        *,
-        live: bool = False,
-        seed: int | None = None,
-        on_divergence: Callable[[ReplayDivergence], None] | None = None,
-    ) -> None:
-        super().__init__(sink, seed)
-        self._recorded = recorded
-        self._to_original = to_original
-        self._live = live
-        self._on_divergence = on_divergence
-        #: Effects served from the record.
-        self.served = 0
-
-    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        env_id, sub, n = self._key()
-        orig_id = 0 if env_id == 0 else self._to_original(env_id)
-        records = self._recorded.get((orig_id, sub), ()) if orig_id is not None else ()
-        rec = records[n] if n < len(records) else None
-        problem = None
-        if rec is None or rec.name != name:
-            problem = "no recorded effect at this position" if rec is None else None
-        elif rec.flag == EFFECT_REPR and not self._live:
-            problem = "the original result could not be stored (not msgpack-encodable)"
-        if rec is None or rec.name != name or problem:
-            div = ReplayDivergence(
-                "effect",
-                original_id=orig_id,
-                replay_id=env_id,
-                agent=sub,
-                expected=None if rec is None else rec.name,
-                actual=name,
-                detail=f"effect #{n}" + (f": {problem}" if problem else ""),
-            )
-            now_ns = time.monotonic_ns()
-            self._sink(
-                ("effect", env_id, sub, n, name, EFFECT_DIVERGED, None, None, str(div),
-                 time.time(), now_ns, now_ns)
-            )  # fmt: skip
-            if self._on_divergence is not None:
-                self._on_divergence(div)
-            raise div
-        if self._live:
-            return await self._run(env_id, sub, n, name, fn, args, kwargs)
-        self.served += 1
-        now_ns = time.monotonic_ns()
-        self._sink(
-            ("effect", env_id, sub, n, name, rec.flag, rec.result, rec.error_type, rec.error,
-             time.time(), now_ns, now_ns)
-        )  # fmt: skip
-        if rec.flag == EFFECT_ERROR:
-            raise rebuild_error(rec.error_type or "Exception", rec.error or "")
-        return decode(rec.result)

@@ -103,6 +103,8 @@ class ReplayDivergence(SessionError):
     the envelope ids on each side (``None`` where there is none), ``agent`` the subscriber
     that emitted the message (or ran the effect / handled the delivery), ``expected`` the
     original's value and ``actual`` the replay's. ``diff`` holds a readable payload diff.
+    ``hint`` names the likely cause when the replay can tell (a handler that drew
+    randomness or read the clock outside an effect).
     """
 
     def __init__(
@@ -117,6 +119,7 @@ class ReplayDivergence(SessionError):
         topic: str | None = None,
         diff: list[str] | None = None,
         detail: str | None = None,
+        hint: str | None = None,
     ) -> None:
         self.field = field
         self.original_id = original_id
@@ -127,30 +130,41 @@ class ReplayDivergence(SessionError):
         self.topic = topic
         self.diff = diff or []
         self.detail = detail
+        self.hint = hint
         super().__init__(self.describe())
 
     def describe(self, a: str | None = None, b: str | None = None) -> str:
         """The message, for a replay (the default) or for two runs named ``a`` and ``b``
         (``pantheon diff``: neither is a replay, so neither is "expected")."""
         on = f" on {self.topic!r}" if self.topic else ""
-        where = f"({self.field}) at"
+        at = f"({self.field}) at {self._where(a or 'original', b or 'replay')}{on}"
         if a is None or b is None:
             msg = (
-                f"replay diverged {where} original message {self.original_id} / replay message "
-                f"{self.replay_id}{on} from agent {self.agent!r}: expected "
+                f"replay diverged {at} from agent {self.agent!r}: expected "
                 f"{_short(self.expected)}, got {_short(self.actual)}"
             )
         else:
             msg = (
-                f"runs differ {where} {a} message {self.original_id} / {b} message "
-                f"{self.replay_id}{on} from agent {self.agent!r}: {a} has "
+                f"runs differ {at} from agent {self.agent!r}: {a} has "
                 f"{_short(self.expected)}, {b} has {_short(self.actual)}"
             )
         if self.detail:
             msg += f" ({self.detail})"
+        if self.hint:
+            msg += f"; {self.hint}"
         if self.diff:
             msg += "\n" + "\n".join("  " + line for line in self.diff)
         return msg
+
+    def _where(self, a: str, b: str) -> str:
+        """Both sides' message ids, or the one side that has the message."""
+        if self.original_id is None and self.replay_id is None:
+            return "no message"
+        if self.original_id is None:
+            return f"{b} message {self.replay_id} (none in the {a})"
+        if self.replay_id is None:
+            return f"{a} message {self.original_id} (none in the {b})"
+        return f"{a} message {self.original_id} / {b} message {self.replay_id}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,6 +177,7 @@ class ReplayDivergence(SessionError):
             "actual": self.actual,
             "diff": self.diff,
             "detail": self.detail,
+            "hint": self.hint,
             "message": str(self).split("\n", 1)[0],
         }
 

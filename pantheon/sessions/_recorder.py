@@ -39,11 +39,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
 from pantheon.sessions._codec import safe_repr
-from pantheon.sessions._effects import EffectsContext, RecordingEffects
+from pantheon.sessions._effects import EffectsContext, EffectSink, RecordingEffects
 from pantheon.sessions._errors import RecordingError
 from pantheon.sessions._journal import (
     CHUNK_ROWS,
@@ -58,6 +58,8 @@ from pantheon.sessions._store import (
     to_db,
 )
 from pantheon.telemetry import get_logger
+
+R = TypeVar("R", bound=RecordingEffects)
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
@@ -487,6 +489,17 @@ class Recorder:
         """The :class:`agents.Effects` of this session, also ``bus.context`` once attached;
         ``.runner`` is the recording (or replaying) runner behind it."""
         return self._effects
+
+    def use_effects(self, make: Callable[[EffectSink], R]) -> R:
+        """Put the runner ``make(sink)`` builds behind :attr:`effects`, in place of the
+        recording one: a re-run (``pantheon.rerun``) serves effects from another session.
+        ``sink`` is where the runner writes its effect rows (this session's journal).
+        Before :meth:`attach` only: the bus carries the runner from then on."""
+        if self._bus is not None:
+            raise RuntimeError(f"{self!r} is attached already: choose its effects before")
+        runner = make(self._writer.events.append)
+        self._effects = EffectsContext.wrap(runner)
+        return runner
 
     @property
     def attached(self) -> bool:

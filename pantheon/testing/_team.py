@@ -27,7 +27,7 @@ from pantheon._report import RunSummary
 from pantheon.scenario import Scenario
 
 if TYPE_CHECKING:
-    from pantheon.sessions import ReplayReport
+    from pantheon.rerun import ReplayReport
 
 __all__ = [
     "assert_passed",
@@ -144,7 +144,7 @@ def assert_replays(
 ) -> ReplayReport:
     """Replay a recorded run with every effect served from its record and fail
     (``AssertionError``) at the first message, effect or outcome that differs, saying where
-    and how; returns the :class:`pantheon.sessions.ReplayReport` when it matched.
+    and how; returns the :class:`pantheon.rerun.ReplayReport` when it matched.
 
     A team that reaches outside its effects (reads the clock, draws a random number or
     calls a service directly in a handler) is what this catches."""

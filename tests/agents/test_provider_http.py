@@ -27,7 +27,8 @@ from agents import (
 )
 from bus import Bus, Envelope
 from bus.testing import capture_events
-from pantheon.sessions import Recorder, SessionStore, replay_session
+from pantheon.rerun import replay_session
+from pantheon.sessions import Recorder, SessionStore
 from pantheon.testing import ModelServer, Reply, classify_reply
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]

@@ -13,6 +13,7 @@ from sessions_team import CALLS, email, make_setup
 
 import pantheon.sessions as sessions
 from bus import Bus, Envelope
+from pantheon.rerun import replay_session
 from pantheon.sessions import (
     RecordedError,
     Recorder,
@@ -24,7 +25,6 @@ from pantheon.sessions import (
     diff_sessions,
     export_jsonl,
     redrive,
-    replay_session,
 )
 
 

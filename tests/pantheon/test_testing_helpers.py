@@ -18,7 +18,8 @@ from agents import Agent, AgentSettings, ChatResult, FunctionAgent, OpenAIProvid
 from bus import Bus, Envelope
 from bus.testing import FakeClock
 from pantheon import RunSummary
-from pantheon.sessions import ReplayReport, SessionNotFound, SessionStore
+from pantheon.rerun import ReplayReport
+from pantheon.sessions import SessionNotFound, SessionStore
 from pantheon.testing import (
     AgentFailed,
     EffectCall,

@@ -11,8 +11,9 @@ from bus import Bus
 from pantheon._runtime import run_scenario
 from pantheon._session_run import recording
 from pantheon._team import team_setup
+from pantheon.rerun import replay_session
 from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
-from pantheon.sessions import SessionStore, replay_session
+from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, classify_reply
 
 ROOT = Path(__file__).resolve().parents[2]

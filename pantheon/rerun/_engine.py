@@ -1,0 +1,482 @@
+"""The one re-run loop: a recorded session's inputs through a team on a fresh bus, every
+effect call looked up in the record and decided by a :class:`~pantheon.rerun.Policy`.
+
+Exact replay, what-if and resume are this loop with another policy (and their own report):
+
+* the original's outside inputs (no cause, no source, not ``system.*``) are re-published in
+  recorded order, each once what the original had published before it, under inputs
+  already fed, has been published again (or the bus went quiet): that keeps inputs
+  interleaved with the work they caused as they were, which agent state (a Memory's
+  history) depends on;
+* every message the new run publishes is aligned onto the original as it is published
+  (:class:`~pantheon.sessions._align.Mapper`; publish listeners run before routing, so a
+  handler's effects find their original message);
+* every effect call is keyed (original message, subscriber, ordinal), looked up once in
+  the index of the original's effects, and served, run live or diverged as the policy says;
+  served answers and live ones alike are recorded in the new session;
+* an approval (``human.approval``) is an effect like any other: served when the policy
+  serves it, otherwise asked through the new session's approval desk
+  (:class:`~pantheon._approvals.StoreDesk`, when the caller gives an ``approvals`` config),
+  where the scripted person, the timeout or ``pantheon approve`` decides it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agents import Observer
+from agents._approvals import APPROVAL_EFFECT
+from bus import Bus, Envelope
+from pantheon._approvals import StoreDesk
+from pantheon.rerun._policies import EffectCall, Policy
+from pantheon.scenario import ApprovalsConfig
+from pantheon.sessions import (
+    DEFAULT_REPLAY_TIMEOUT,
+    Recorder,
+    RecordingEffects,
+    ReplayDivergence,
+    SessionInfo,
+    SessionStore,
+    Setup,
+    StoredEffect,
+    StoredEnvelope,
+)
+from pantheon.sessions._align import Lineage, Mapper, same_payload
+from pantheon.sessions._codec import decode, normalize
+from pantheon.sessions._effects import EffectSink, rebuild_error
+from pantheon.sessions._store import EFFECT_DIVERGED, EFFECT_ERROR, Status
+
+__all__ = [
+    "DEFAULT_REPLAY_TIMEOUT",
+    "MAX_DIFFERENCES",
+    "Rerun",
+    "RerunEffects",
+    "Setup",
+    "Tracker",
+    "credit_inputs",
+    "incomplete_reason",
+    "past_the_record",
+    "progress_or_quiet",
+    "rerun",
+]
+
+#: Differences from the record a re-run that goes on past them (what-if, resume) keeps.
+MAX_DIFFERENCES = 100
+
+EffectIndex = Mapping[tuple[int, str | None], Sequence[StoredEffect]]
+
+
+def incomplete_reason(info: SessionInfo) -> str | None:
+    """Why a session's record stops short of the end of its run, or None when it does not.
+
+    A record is complete once the run closed it (``completed`` or ``failed``); ``aborted``
+    means the recording process died (the store marks it so when it finds the process
+    gone) and ``running`` that it is still being written."""
+    if info.status == "aborted":
+        return "aborted: its recording process died"
+    if info.status == "running":
+        return f"still being recorded (pid {info.pid} on {info.host})"
+    return None
+
+
+def past_the_record(div: ReplayDivergence) -> bool:
+    """A difference an incomplete record explains: the re-run has something (a message, an
+    effect call, a delivery) where the record simply stops."""
+    if div.field == "extra":
+        return True
+    if div.field == "effect":
+        return div.expected is None
+    return div.field == "outcome" and div.expected == "not delivered"
+
+
+def _effect_index(
+    effects: Iterable[StoredEffect],
+) -> dict[tuple[int, str | None], list[StoredEffect]]:
+    """The original's effects by (envelope, subscriber), in ordinal order; calls that
+    diverged in it (it was itself a replay) answered nothing and are left out."""
+    index: dict[tuple[int, str | None], list[StoredEffect]] = defaultdict(list)
+    for e in effects:
+        if e.flag != EFFECT_DIVERGED:
+            index[(e.envelope_id, e.subscriber)].append(e)
+    for records in index.values():
+        records.sort(key=lambda e: e.ordinal)
+    return index
+
+
+class Tracker:
+    """The re-run's view of itself while it runs: aligns each envelope as it is published,
+    notes which are equal to their original (``identical``: their handlers' effects may be
+    served) and the differences from the record. With ``halts`` the first difference stops
+    the feed (``stopped`` says why); ``truncated``: the record stops short, so messages
+    past its end are expected, not a difference."""
+
+    def __init__(
+        self,
+        lineage: Lineage,
+        inputs: Sequence[StoredEnvelope],
+        *,
+        halts: bool,
+        truncated: bool = False,
+    ) -> None:
+        self.mapper = Mapper(lineage, inputs)
+        self.halts = halts
+        self.truncated = truncated
+        #: The effects runner's live calls: messages published while one of them runs
+        #: belong to the effect and are not aligned (served effects publish nothing).
+        self.active: Mapping[tuple[int, str | None], int] = {}
+        self.identical: set[int] = set()
+        self.differences: list[str] = []
+        self.stopped: str | None = None
+        self.waiting: set[int] = set()
+        self.progress = asyncio.Event()
+
+    def on_publish(self, env: Envelope) -> None:
+        mapper = self.mapper
+        if mapper.effect_own(env, self.active):
+            return
+        extras = len(mapper.extras)
+        orig = mapper.feed(env)
+        if orig is None:
+            if len(mapper.extras) > extras and not self.truncated:
+                self.differ("extra message")
+            return
+        if self.waiting:
+            self.waiting.discard(orig.id)
+            if not self.waiting:
+                self.progress.set()
+        if orig.topic != env.topic:
+            self.differ("topic")
+            return
+        payload, as_repr = normalize(env.payload)
+        probe = StoredEnvelope(
+            0, env.id, env.topic, 0, None, None, None, 0, 0, 0.0, payload, as_repr
+        )
+        if same_payload(orig, probe):
+            self.identical.add(env.id)
+        else:
+            self.differ("payload")
+
+    def differ(self, why: str) -> None:
+        if len(self.differences) < MAX_DIFFERENCES:
+            self.differences.append(why)
+        if self.halts:
+            # Only a halting re-run wakes the feed: one that goes on keeps its pacing.
+            if self.stopped is None:
+                self.stopped = why
+            self.progress.set()
+
+
+class RerunEffects(RecordingEffects):
+    """The re-run's effects runner: looks each call up in the original's ``index`` at its
+    position (its message aligned by ``tracker``), asks ``policy``, and serves the recorded
+    answer, runs the call live, or raises the :class:`ReplayDivergence` (also given to
+    ``on_divergence``). Every call is recorded in the new session; a served approval is
+    counted on ``desk``, so the requests asked after it keep their keys."""
+
+    __slots__ = (
+        "_desk",
+        "_index",
+        "_on_divergence",
+        "_policy",
+        "_tracker",
+        "served",
+        "unserved",
+    )
+
+    def __init__(
+        self,
+        sink: EffectSink,
+        index: EffectIndex,
+        tracker: Tracker,
+        policy: Policy,
+        *,
+        seed: int | None = None,
+        desk: StoreDesk | None = None,
+        on_divergence: Callable[[ReplayDivergence], None] | None = None,
+    ) -> None:
+        super().__init__(sink, seed)
+        self._index = index
+        self._tracker = tracker
+        self._policy = policy
+        self._desk = desk
+        self._on_divergence = on_divergence
+        #: Effects served from the record (``calls`` counts the ones that ran).
+        self.served = 0
+        #: Handlings (new envelope, subscriber) with a call not served: what they did
+        #: next may differ from the record for that reason. At most one per live call.
+        self.unserved: set[tuple[int, str | None]] = set()
+
+    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        env_id, sub, n = self._key()
+        tracker = self._tracker
+        orig_id = 0 if env_id == 0 else tracker.mapper.to_original.get(env_id)
+        records = self._index.get((orig_id, sub), ()) if orig_id is not None else ()
+        rec = records[n] if n < len(records) else None
+        same = env_id == 0 or env_id in tracker.identical
+        call = EffectCall(env_id, sub, n, name, orig_id, rec, same)
+        verdict = self._policy.decide(call)
+        if verdict.action == "serve" and call.record is not None:
+            return self._serve(call, fn, args)
+        self.unserved.add(call.handling)
+        if verdict.action == "diverge":
+            raise self._diverge(call, verdict.problem)
+        try:
+            result = await self._run(env_id, sub, n, name, fn, args, kwargs)
+        except Exception:
+            self._policy.ran(call, None, True)
+            raise
+        self._policy.ran(call, result, False)
+        return result
+
+    def _serve(self, call: EffectCall, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        rec = call.record
+        assert rec is not None
+        self.served += 1
+        agent = getattr(fn, "__self__", None)
+        if self._desk is not None and call.name == APPROVAL_EFFECT and agent is not None and args:
+            self._desk.count(agent.name, args[0])
+        now_ns = time.monotonic_ns()
+        self._sink(
+            ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name, rec.flag,
+             rec.result, rec.error_type, rec.error, time.time(), now_ns, now_ns)
+        )  # fmt: skip
+        if rec.flag == EFFECT_ERROR:
+            raise rebuild_error(rec.error_type or "Exception", rec.error or "")
+        return decode(rec.result)
+
+    def _diverge(self, call: EffectCall, problem: str | None) -> ReplayDivergence:
+        rec = call.record
+        div = ReplayDivergence(
+            "effect",
+            original_id=call.original_id,
+            replay_id=call.envelope_id,
+            agent=call.subscriber,
+            expected=None if rec is None else rec.name,
+            actual=call.name,
+            detail=f"effect #{call.ordinal}" + (f": {problem}" if problem else ""),
+        )
+        now_ns = time.monotonic_ns()
+        self._sink(
+            ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name,
+             EFFECT_DIVERGED, None, None, str(div), time.time(), now_ns, now_ns)
+        )  # fmt: skip
+        if self._on_divergence is not None:
+            self._on_divergence(div)
+        return div
+
+
+class Rerun:
+    """One re-run of session ``original`` under ``policy``, recorded as a new session of
+    ``kind``: a ``replay_of`` the original, or ``forked_from`` it (``forked``, a what-if,
+    whose scenario is ``scenario``/``scenario_text``, the changed one).
+
+    ``from_ts`` (seconds since the original started) starts at the first input published
+    at or after it. ``truncated``: the record stops short (its process died), so what the
+    team does past its end is not a difference. ``approvals``: the new session gets an
+    approval desk with this config (:attr:`desk`; ``origin`` numbers its requests, a
+    resumed run's under the run it resumes); :meth:`serve_desk` hands it to a team.
+
+    Use :func:`rerun` for the whole loop; a caller that runs the bus itself (resume, inside
+    a live feed) calls :meth:`track`, :meth:`feed` and :meth:`finish` in that order."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        original: SessionInfo,
+        policy: Policy,
+        *,
+        kind: str,
+        forked: bool = False,
+        scenario: str | None = None,
+        scenario_text: str | None = None,
+        from_ts: float | None = None,
+        truncated: bool = False,
+        approvals: ApprovalsConfig | None = None,
+        origin: str | None = None,
+    ) -> None:
+        self.store = store
+        self.original = original
+        self.policy = policy
+        self.envelopes = store.envelopes(original.id)
+        self.effects = store.effects(original.id)
+        self.lineage = Lineage(self.envelopes, self.effects)
+        inputs = self.lineage.inputs
+        if from_ts is not None:
+            inputs = [e for e in inputs if e.wall - original.started >= from_ts]
+        self.inputs: list[StoredEnvelope] = inputs
+        self.skipped = len(self.lineage.inputs) - len(inputs)
+        self.truncated = truncated
+        self.recorder = Recorder(
+            store,
+            scenario=scenario if scenario is not None else original.scenario,
+            scenario_text=scenario_text if scenario_text is not None else original.scenario_text,
+            scenario_dir=original.scenario_dir,
+            seed=original.seed,
+            replay_of=None if forked else original.id,
+            forked_from=original.id if forked else None,
+            kind=kind,
+        )
+        self.desk = (
+            None
+            if approvals is None
+            else StoreDesk(Path(store.path), self.recorder.session_id, approvals, origin=origin)
+        )
+        self.tracker = Tracker(self.lineage, inputs, halts=policy.halts, truncated=truncated)
+        index = _effect_index(self.effects)
+        self.runner = self.recorder.use_effects(
+            lambda sink: RerunEffects(
+                sink,
+                index,
+                self.tracker,
+                policy,
+                seed=original.seed,
+                desk=self.desk,
+                on_divergence=self._effect_diverged,
+            )
+        )
+        self.tracker.active = self.runner.active
+        #: The original inputs fed so far, in order.
+        self.published: list[StoredEnvelope] = []
+
+    @property
+    def session_id(self) -> str:
+        return self.recorder.session_id
+
+    def _effect_diverged(self, div: ReplayDivergence) -> None:
+        if not (self.truncated and past_the_record(div)):
+            self.tracker.differ("effect")
+
+    def serve_desk(self, agents: Iterable[Any]) -> None:
+        """Give ``agents`` the new session's approval desk (none without ``approvals``)."""
+        if self.desk is not None:
+            for agent in agents:
+                agent.desk = self.desk
+
+    def track(self, bus: Bus) -> None:
+        """Align ``bus``'s messages onto the original: before the recorder or any handler
+        sees them, so the mapping exists when a handler's first effect looks it up."""
+        bus.observe(self.tracker)
+
+    async def feed(self, bus: Bus, timeout: float | None) -> None:
+        """Publish the inputs, paced as the module docstring says; a halting policy stops
+        at the first difference, another notes it (``tracker.differences``) and goes on."""
+        tracker = self.tracker
+        lineage = self.lineage
+        roots: set[int] = set()
+        originals = lineage.envelopes
+        cursor = 0
+        for inp in self.inputs:
+            if tracker.stopped:
+                return
+            while cursor < len(originals) and originals[cursor].seq < inp.seq:
+                o = originals[cursor]
+                cursor += 1
+                if lineage.root.get(o.id) in roots and o.id not in tracker.mapper.to_new:
+                    tracker.waiting.add(o.id)
+            if tracker.waiting:
+                tracker.progress.clear()
+                await progress_or_quiet(bus, tracker.progress, timeout)
+                if tracker.stopped:
+                    return
+                if tracker.waiting:
+                    # Quiet, and still not all there: the team did not publish them.
+                    tracker.differ("missing")
+                    if tracker.stopped:
+                        return
+                    tracker.waiting.clear()
+            env = Envelope.new(inp.topic, inp.payload, inp.priority, session_id=bus.session_id)
+            env.context = bus.context
+            roots.add(inp.id)
+            self.published.append(inp)
+            await bus.publish(env)
+
+    async def play(
+        self,
+        setup: Setup,
+        *,
+        timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
+        after: Callable[[Bus], Awaitable[None]] | None = None,
+    ) -> None:
+        """The whole loop on a fresh bus: track, record, ``setup(bus)``, feed, drain, then
+        ``after(bus)`` (a report read off the bus), and commit the record."""
+        async with Bus(session_id=self.session_id) as bus:
+            self.track(bus)
+            self.recorder.attach(bus)
+            await setup(bus)
+            await self.feed(bus, timeout)
+            await bus.drain(timeout=timeout)
+            if after is not None:
+                await after(bus)
+        await self.recorder.flush()
+
+    async def finish(self, status: Status, summary: dict[str, Any]) -> None:
+        """Close the new session with ``status`` and ``summary``, and its desk."""
+        try:
+            await self.recorder.finish(status, summary)
+        finally:
+            await self.aclose()
+
+    async def fail(self, summary: dict[str, Any]) -> None:
+        """Close the new session as ``failed`` after the re-run raised (never raising
+        itself: the caller re-raises the original error)."""
+        with contextlib.suppress(Exception):
+            await self.finish("failed", summary)
+
+    async def aclose(self) -> None:
+        if self.desk is not None:
+            await self.desk.aclose()
+
+
+async def rerun(
+    store: SessionStore,
+    original: SessionInfo,
+    policy: Policy,
+    setup: Setup,
+    *,
+    kind: str,
+    timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
+    after: Callable[[Bus], Awaitable[None]] | None = None,
+    **options: Any,
+) -> Rerun:
+    """Re-run ``original`` under ``policy`` with the team ``setup`` attaches (see
+    :class:`Rerun` for ``options``). Returns the :class:`Rerun`, committed but not closed:
+    the caller finishes it with its report (:meth:`Rerun.finish`). If the loop raises, the
+    new session is closed as failed and the error propagates."""
+    run = Rerun(store, original, policy, kind=kind, **options)
+    try:
+        await run.play(setup, timeout=timeout, after=after)
+    except BaseException as exc:
+        await run.fail({"replay_of": original.id, "error": repr(exc)})
+        raise
+    return run
+
+
+async def progress_or_quiet(bus: Bus, progress: asyncio.Event, timeout: float | None) -> None:
+    """Until ``progress`` is set or ``bus`` has drained (within ``timeout``), whichever is
+    first: a re-run waits for the next recorded message this way, without polling."""
+    progressed = asyncio.ensure_future(progress.wait())
+    drained = asyncio.ensure_future(bus.drain(timeout=timeout))
+    try:
+        await asyncio.wait({progressed, drained}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (progressed, drained):
+            task.cancel()
+        await asyncio.gather(progressed, drained, return_exceptions=True)
+
+
+def credit_inputs(
+    observers: Sequence[Observer], inputs: Sequence[StoredEnvelope], malformed_topic: str | None
+) -> None:
+    """Count the re-published inputs as the first Observer's: a team built for a re-run
+    ingests nothing itself, and its summary's inputs are still the run's."""
+    if not observers:
+        return
+    malformed = sum(e.topic == malformed_topic for e in inputs) if malformed_topic else 0
+    observers[0].malformed += malformed
+    observers[0].emitted += len(inputs) - malformed

@@ -1,0 +1,203 @@
+"""Exact replay: the same team, every effect served from the record, checked hop by hop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pantheon.rerun._engine import (
+    DEFAULT_REPLAY_TIMEOUT,
+    Rerun,
+    Setup,
+    incomplete_reason,
+    past_the_record,
+    rerun,
+)
+from pantheon.rerun._policies import ExactReplay
+from pantheon.sessions import FailureMatch, ReplayDivergence, SessionStore
+from pantheon.sessions._align import compare_runs, same_payload
+
+__all__ = ["ReplayReport", "nondeterminism_hint", "replay_session"]
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayReport:
+    """What :func:`replay_session` found.
+
+    ``matched`` is True when no divergence was found; ``hops_compared`` counts the message
+    pairs aligned and compared; ``failures`` lists the deliveries that failed in the
+    original and failed the same way (subscriber, outcome, error type) in the replay;
+    ``divergence`` is the first :class:`ReplayDivergence`, or None.
+
+    ``incomplete`` says why the original's record stops short (its recording process
+    died, or it is still being recorded), else None: the replay then goes up to the last
+    committed message, and what the record lacks past that point (messages, deliveries and
+    effects the team went on to produce) is not a divergence. ``recorded_messages`` is
+    how many messages the record holds, ``reproduced_messages`` how many of them the
+    replay produced again."""
+
+    new_session_id: str
+    original_session_id: str
+    matched: bool
+    hops_compared: int
+    failures: list[FailureMatch]
+    divergence: ReplayDivergence | None
+    inputs_replayed: int = 0
+    inputs_skipped: int = 0
+    effects_served: int = 0
+    effects_called: int = 0
+    live_effects: bool = False
+    incomplete: str | None = None
+    recorded_messages: int = 0
+    reproduced_messages: int = 0
+
+    def raise_for_divergence(self) -> None:
+        """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
+        if self.divergence is not None:
+            raise self.divergence
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "new_session_id": self.new_session_id,
+            "original_session_id": self.original_session_id,
+            "matched": self.matched,
+            "hops_compared": self.hops_compared,
+            "failures": [f.to_dict() for f in self.failures],
+            "divergence": None if self.divergence is None else self.divergence.to_dict(),
+            "inputs_replayed": self.inputs_replayed,
+            "inputs_skipped": self.inputs_skipped,
+            "effects_served": self.effects_served,
+            "effects_called": self.effects_called,
+            "live_effects": self.live_effects,
+            "incomplete": self.incomplete,
+            "recorded_messages": self.recorded_messages,
+            "reproduced_messages": self.reproduced_messages,
+        }
+
+
+async def replay_session(
+    store: SessionStore,
+    session_id: str,
+    setup: Setup,
+    *,
+    live_effects: bool = False,
+    from_ts: float | None = None,
+    raise_on_divergence: bool = False,
+    timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
+) -> ReplayReport:
+    """Re-run a recorded session on a fresh bus and check it takes the same path.
+
+    ``setup(bus)`` subscribes the team. The replay is recorded as a new session
+    (``kind='replay'``, ``replay_of`` = the original). The original's outside inputs
+    (envelopes with no cause and no source, ``system.*`` excluded) are re-published in
+    recorded order, paced as :mod:`pantheon.rerun._engine` says. Effects are served from
+    the record (no real call) unless ``live_effects`` is set.
+
+    Then the two runs are aligned hop by hop (see ``pantheon.sessions._align``) and
+    compared: topic and payload of every message, missing and extra messages, effect names
+    and order, and every delivery's outcome (a handler that failed in the original must fail
+    at the same hop, for the same subscriber, with the same error type). At the first
+    divergence noticed while running, no further input is fed; the run drains and the
+    comparison reports the earliest divergence in the original's order. A message that
+    differs although its handler got the same message and the same effect answers says so
+    (:func:`nondeterminism_hint`).
+
+    ``from_ts`` (seconds since the original started) starts the replay at the first input
+    published at or after it. "Restored" means exactly this: earlier inputs are not
+    re-published, and neither they nor anything they caused is compared; effects are still
+    served from the record for everything that is replayed. Agent state that earlier inputs
+    built up is *not* restored (the team starts fresh), so a team whose later handling
+    depends on that state diverges, and the report says where.
+
+    Returns a :class:`ReplayReport`; with ``raise_on_divergence`` a divergence is raised
+    instead (after the replay session is closed).
+    """
+    original = store.session(session_id)
+    incomplete = incomplete_reason(original)
+    run = await rerun(
+        store,
+        original,
+        ExactReplay(live=live_effects),
+        setup,
+        kind="replay",
+        timeout=timeout,
+        from_ts=from_ts,
+        truncated=incomplete is not None,
+    )
+    try:
+        comparison = compare_runs(
+            run.lineage,
+            store.envelopes(run.session_id),
+            original_deliveries=store.deliveries(original.id),
+            new_deliveries=store.deliveries(run.session_id),
+            original_effects=run.effects,
+            new_effects=store.effects(run.session_id),
+            inputs=run.inputs,
+            roots={e.id for e in run.published},
+        )
+    except BaseException as exc:
+        await run.fail({"replay_of": original.id, "error": repr(exc)})
+        raise
+    divergence = comparison.divergence
+    if incomplete is not None:
+        divergence = next((d for d in comparison.divergences if not past_the_record(d)), None)
+    if divergence is not None and not live_effects:
+        divergence = nondeterminism_hint(run, divergence)
+    report = ReplayReport(
+        new_session_id=run.session_id,
+        original_session_id=original.id,
+        matched=divergence is None,
+        hops_compared=len(comparison.pairs),
+        failures=comparison.failures,
+        divergence=divergence,
+        inputs_replayed=len(run.published),
+        inputs_skipped=run.skipped,
+        effects_served=run.runner.served,
+        effects_called=run.runner.calls,
+        live_effects=live_effects,
+        incomplete=incomplete,
+        recorded_messages=len(run.envelopes),
+        reproduced_messages=len(comparison.pairs),
+    )
+    await run.finish("completed", {"replay": report.to_dict()})
+    if raise_on_divergence:
+        report.raise_for_divergence()
+    return report
+
+
+def nondeterminism_hint(run: Rerun, div: ReplayDivergence) -> ReplayDivergence:
+    """``div`` with a hint when it can only come from the handler itself: a message that
+    differs (or is extra) although the handling that published it got the message the
+    original got and every one of its effects was served from the record. Such a handler
+    read something outside an effect (randomness, the clock) that changed between runs."""
+    if div.field not in ("extra", "payload", "topic") or div.replay_id is None or not div.agent:
+        return div
+    new = {e.id: e for e in run.store.envelopes(run.session_id)}
+    env = new.get(div.replay_id)
+    if env is None or env.causation_id is None:
+        return div
+    parent_new = new.get(env.causation_id)
+    parent_id = run.tracker.mapper.to_original.get(env.causation_id)
+    parent = None if parent_id is None else run.lineage.by_id.get(parent_id)
+    if parent_new is None or parent is None or not same_payload(parent, parent_new):
+        return div
+    if (env.causation_id, div.agent) in run.runner.unserved:
+        return div
+    agent = div.agent.partition(":")[0]
+    hint = (
+        f"agent {agent!r} published a different message from the same input and the same "
+        "effect answers: it reads randomness or the clock outside an effect; draw them with "
+        "`await self.random()` / `await self.now()`, or wrap the call in `self.effect(...)`"
+    )
+    return ReplayDivergence(
+        div.field,
+        original_id=div.original_id,
+        replay_id=div.replay_id,
+        agent=div.agent,
+        expected=div.expected,
+        actual=div.actual,
+        topic=div.topic,
+        diff=div.diff,
+        detail=div.detail,
+        hint=hint,
+    )

@@ -1,0 +1,150 @@
+"""What a re-run does with each effect call: serve the recorded answer, run it live, or
+call it a divergence. One policy per mode; the engine (:mod:`pantheon.rerun._engine`) asks
+it for every call and does the rest (the lookup, the serving, the recording).
+
+Why policies and not three runners: the three modes differ only in this one decision (and
+in what they learn from a live answer); the key, the lookup and what is written to the new
+session are the same, so they live once, in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pantheon.sessions import StoredEffect
+from pantheon.sessions._codec import encode
+from pantheon.sessions._store import EFFECT_OK, EFFECT_REPR
+
+__all__ = ["EffectCall", "ExactReplay", "Policy", "Resume", "Verdict", "WhatIf"]
+
+
+@dataclass(frozen=True, slots=True)
+class EffectCall:
+    """One effect call of the re-run, and what the record holds at its position.
+
+    ``envelope_id``/``subscriber``/``ordinal`` key it in the new run (envelope 0: outside
+    any handler); ``original_id`` is the aligned original envelope (0 outside a handler,
+    None when the message has no original); ``record`` is the original's effect at the
+    same (message, subscriber, ordinal), whatever its name, or None. ``same_message``:
+    the message being handled is equal to its original (topic and payload; always true
+    outside a handler)."""
+
+    envelope_id: int
+    subscriber: str | None
+    ordinal: int
+    name: str
+    original_id: int | None
+    record: StoredEffect | None
+    same_message: bool = True
+
+    @property
+    def agent(self) -> str | None:
+        """The agent behind the subscriber (``reasoner:memory.*`` is ``reasoner``)."""
+        return None if self.subscriber is None else self.subscriber.partition(":")[0]
+
+    @property
+    def handling(self) -> tuple[int, str | None]:
+        return (self.envelope_id, self.subscriber)
+
+    def matches_record(self) -> bool:
+        """The record at this position is this call (same name) and can be served."""
+        rec = self.record
+        return rec is not None and rec.name == self.name and rec.flag != EFFECT_REPR
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A policy's answer for one call; ``problem`` says why a call diverges."""
+
+    action: Literal["serve", "live", "diverge"]
+    problem: str | None = None
+
+
+SERVE = Verdict("serve")
+LIVE = Verdict("live")
+
+
+class Policy:
+    """The decision per effect call. ``halts``: whether a difference from the record
+    (a changed, extra or missing message, a diverged effect) stops feeding inputs."""
+
+    halts = False
+
+    def decide(self, call: EffectCall) -> Verdict:
+        raise NotImplementedError
+
+    def ran(self, call: EffectCall, result: Any, failed: bool) -> None:
+        """A live call's answer (``failed``: it raised): what a policy learns from it."""
+
+
+class ExactReplay(Policy):
+    """Serve every call the record holds at its position, under its name; anything else
+    diverges. ``live``: call every effect for real (still checked by name and order)."""
+
+    halts = True
+
+    def __init__(self, *, live: bool = False) -> None:
+        self.live = live
+
+    def decide(self, call: EffectCall) -> Verdict:
+        rec = call.record
+        if rec is None:
+            return Verdict("diverge", "no recorded effect at this position")
+        if rec.name != call.name:
+            return Verdict("diverge")
+        if self.live:
+            return LIVE
+        if rec.flag == EFFECT_REPR:
+            return Verdict(
+                "diverge", "the original result could not be stored (not msgpack-encodable)"
+            )
+        return SERVE
+
+
+class WhatIf(Policy):
+    """Serve a call when it is the one the original made: the same agent with the same
+    configuration (``same_agent(agent, model_call)``), handling a message equal to the
+    original's (:attr:`EffectCall.same_message`), at the same position and under the same
+    name, with every earlier effect of that handling answered as recorded. Live otherwise.
+
+    An agent is deterministic given its message and its effects' answers, so such a call
+    has the same arguments as the recorded one; a live call that answers what the record
+    says keeps the handling servable (a changed rule set that still classifies the email
+    the same way leaves its threshold read served)."""
+
+    def __init__(self, same_agent: Callable[[str | None, bool], bool]) -> None:
+        self._same_agent = same_agent
+        #: Handlings (envelope, subscriber) whose effects left the recorded path.
+        self._tainted: set[tuple[int, str | None]] = set()
+
+    def decide(self, call: EffectCall) -> Verdict:
+        if call.handling in self._tainted:
+            return LIVE
+        if call.original_id is None or not call.same_message:
+            return LIVE
+        if not self._same_agent(call.agent, call.name.startswith("model.")):
+            return LIVE
+        return SERVE if call.matches_record() else LIVE
+
+    def ran(self, call: EffectCall, result: Any, failed: bool) -> None:
+        rec = call.record
+        answered = None if rec is None or rec.name != call.name or rec.flag != EFFECT_OK else rec
+        if failed or answered is None or encode(result)[0] != answered.result:
+            self._tainted.add(call.handling)
+
+
+class Resume(Policy):
+    """Serve what the dead run recorded at the position; run the rest live. A record of
+    another name there means the resumed team took another path: the call runs live and is
+    counted in ``mismatched`` rather than failing a run whose point is to finish."""
+
+    def __init__(self) -> None:
+        self.mismatched = 0
+
+    def decide(self, call: EffectCall) -> Verdict:
+        if call.matches_record():
+            return SERVE
+        self.mismatched += call.record is not None
+        return LIVE

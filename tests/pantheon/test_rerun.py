@@ -1,0 +1,156 @@
+"""The re-run engine: its public face, each mode's policy call by call, and the replay's hint
+when a handler reads randomness (or keeps state) outside an effect."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+import pantheon
+import pantheon.rerun
+from pantheon.rerun import EffectCall, ExactReplay, Resume, Verdict, WhatIf
+from pantheon.sessions import StoredEffect
+from pantheon.sessions._codec import encode
+from pantheon.sessions._store import EFFECT_OK, EFFECT_REPR
+
+
+def test_public_names_are_exactly_the_engine_and_its_policies() -> None:
+    public = {n for n in dir(pantheon.rerun) if not n.startswith("_")}
+    modules = {n for n in public if type(getattr(pantheon.rerun, n)).__name__ == "module"}
+    assert public - modules == set(pantheon.rerun.__all__)
+    # The subpackage does not shadow the user API's replay() once imported.
+    assert callable(pantheon.replay)
+
+
+def effect(name: str, value: object = "v", flag: int = EFFECT_OK) -> StoredEffect:
+    return StoredEffect(1, 7, "agent", 0, name, flag, encode(value)[0], None, None, 0.0)
+
+
+def call(name: str, record: StoredEffect | None, *, same: bool = True) -> EffectCall:
+    return EffectCall(70, "agent", 0, name, 7, record, same)
+
+
+def test_exact_replay_serves_the_recorded_call_and_diverges_on_anything_else() -> None:
+    exact = ExactReplay()
+    assert exact.halts
+    assert exact.decide(call("tool.x", effect("tool.x"))) == Verdict("serve")
+    assert exact.decide(call("tool.x", None)) == Verdict(
+        "diverge", "no recorded effect at this position"
+    )
+    assert exact.decide(call("tool.y", effect("tool.x"))) == Verdict("diverge")
+    unstored = effect("tool.x", flag=EFFECT_REPR)
+    assert exact.decide(call("tool.x", unstored)).action == "diverge"
+    live = ExactReplay(live=True)
+    assert live.decide(call("tool.x", unstored)) == Verdict("live")
+    assert live.decide(call("tool.y", effect("tool.x"))) == Verdict("diverge")
+
+
+def test_what_if_serves_only_the_unchanged_call_of_an_unchanged_handling() -> None:
+    changed: set[str] = set()
+    policy = WhatIf(lambda agent, model_call: agent not in changed)
+    assert not policy.halts
+    rec = effect("tool.x", "answer")
+    assert policy.decide(call("tool.x", rec)).action == "serve"
+    assert policy.decide(call("tool.x", rec, same=False)).action == "live"
+    assert policy.decide(call("tool.y", rec)).action == "live"
+    assert policy.decide(EffectCall(70, "agent", 0, "tool.x", None, None, True)).action == "live"
+    changed.add("agent")
+    assert policy.decide(call("tool.x", rec)).action == "live"
+    changed.clear()
+    # A live call that answers as recorded keeps the handling on the recorded path ...
+    policy.ran(call("tool.x", rec), "answer", False)
+    assert policy.decide(call("tool.x", rec)).action == "serve"
+    # ... one that answers otherwise (or raises) takes the rest of the handling live.
+    policy.ran(call("tool.x", rec), "another answer", False)
+    assert policy.decide(call("tool.x", rec)).action == "live"
+    other = WhatIf(lambda agent, model_call: True)
+    other.ran(call("tool.x", rec), None, True)
+    assert other.decide(call("tool.x", rec)).action == "live"
+
+
+def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> None:
+    policy = Resume()
+    assert policy.decide(call("tool.x", effect("tool.x"))).action == "serve"
+    assert policy.decide(call("tool.x", None)).action == "live"
+    assert policy.mismatched == 0
+    assert policy.decide(call("tool.y", effect("tool.x"))).action == "live"
+    assert policy.decide(call("tool.x", effect("tool.x", flag=EFFECT_REPR))).action == "live"
+    assert policy.mismatched == 2
+
+
+MODULE = """
+import random
+
+SEEN = []
+
+
+async def route(env, agent):
+    lane = await agent.effect("tool.lane", lambda: "fast")
+    await agent.emit("ticket.routed", {"id": env.payload["id"], "lane": lane,
+                                       "score": random.random()})
+
+
+async def echo(env, agent):
+    SEEN.append(env.payload["id"])
+    for _ in range(SEEN.count(env.payload["id"])):
+        await agent.emit("ticket.echoed", {"id": env.payload["id"]})
+"""
+
+SCENARIO = """\
+version: 1
+name: {name}
+input:
+  kind: jsonl
+  path: tickets.jsonl
+  topic: ticket.new
+agents:
+  router:
+    handler: "rerun_mod:{handler}"
+    subscribe: [ticket.new]
+"""
+
+
+def team(tmp_path: Path, handler: str) -> Path:
+    (tmp_path / "rerun_mod.py").write_text(MODULE, encoding="utf-8")
+    (tmp_path / "tickets.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}"}) + "\n" for i in range(3)), encoding="utf-8"
+    )
+    path = tmp_path / f"{handler}.yaml"
+    path.write_text(SCENARIO.format(name=handler, handler=handler), encoding="utf-8")
+    return path
+
+
+HINT = (
+    "agent 'router' published a different message from the same input and the same effect "
+    "answers: it reads randomness or the clock outside an effect"
+)
+
+
+@pytest.mark.parametrize(("handler", "field"), [("route", "payload"), ("echo", "extra")])
+def test_a_divergence_from_a_handler_outside_its_effects_says_so(
+    tmp_path: Path, handler: str, field: str
+) -> None:
+    store = tmp_path / "s.db"
+    summary = asyncio.run(pantheon.run(team(tmp_path, handler), store=store))
+    report = asyncio.run(pantheon.replay(summary.session_id or "", store=store))
+    div = report.divergence
+    assert div is not None and div.field == field and div.agent == "router"
+    assert div.hint is not None and div.hint.startswith(HINT)
+    assert "self.effect(...)" in div.hint
+    message = str(div)
+    assert HINT in message and "original message None" not in message
+    if field == "extra":
+        assert f"replay message {div.replay_id} (none in the original)" in message
+    assert report.to_dict()["divergence"]["hint"] == div.hint
+
+
+def test_no_hint_when_the_handlers_effects_ran_live(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    summary = asyncio.run(pantheon.run(team(tmp_path, "route"), store=store))
+    report = asyncio.run(pantheon.replay(summary.session_id or "", store=store, live_effects=True))
+    # The handler's effect ran for real: its answer, not the handler, may be the cause.
+    assert report.divergence is not None and report.divergence.field == "payload"
+    assert report.divergence.hint is None
