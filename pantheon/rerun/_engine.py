@@ -33,11 +33,12 @@ from typing import Any
 from agents import Observer
 from agents._approvals import APPROVAL_EFFECT
 from bus import Bus, Envelope
-from pantheon._approvals import StoreDesk
+from pantheon._approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import ApprovalsConfig
 from pantheon.sessions import (
     DEFAULT_REPLAY_TIMEOUT,
+    ApprovalBook,
     Recorder,
     RecordingEffects,
     ReplayDivergence,
@@ -172,18 +173,31 @@ class Tracker:
             self.progress.set()
 
 
+def _requests(store: SessionStore, session: str) -> dict[int, str]:
+    """The keys of the approvals ``session`` asked (under its origin: a resumed run's are
+    numbered under the run it resumed), by number."""
+    book = ApprovalBook(store)
+    return {a.id: a.key for a in book.entries(book.origin(session))}
+
+
 class RerunEffects(RecordingEffects):
     """The re-run's effects runner: looks each call up in the original's ``index`` at its
     position (its message aligned by ``tracker``), asks ``policy``, and serves the recorded
     answer, runs the call live, or raises the :class:`ReplayDivergence` (also given to
     ``on_divergence``). Every call is recorded in the new session; a served approval is
-    counted on ``desk``, so the requests asked after it keep their keys."""
+    counted on ``desk``, so the requests asked after it keep their keys.
+
+    An approval the policy would ask again is still served when its request is the one the
+    record's decision answered (``requests``: the original's request keys by number) and
+    someone made that decision: a person (or the scripted one) decided exactly that request
+    already, whatever else changed in the agent. One the timeout decided is asked again."""
 
     __slots__ = (
         "_desk",
         "_index",
         "_on_divergence",
         "_policy",
+        "_requests",
         "_tracker",
         "served",
         "unserved",
@@ -199,9 +213,11 @@ class RerunEffects(RecordingEffects):
         seed: int | None = None,
         desk: StoreDesk | None = None,
         on_divergence: Callable[[ReplayDivergence], None] | None = None,
+        requests: Mapping[int, str] | None = None,
     ) -> None:
         super().__init__(sink, seed)
         self._index = index
+        self._requests = requests or {}
         self._tracker = tracker
         self._policy = policy
         self._desk = desk
@@ -223,6 +239,8 @@ class RerunEffects(RecordingEffects):
         verdict = self._policy.decide(call)
         if verdict.action == "serve" and call.record is not None:
             return self._serve(call, fn, args)
+        if verdict.action == "live" and self._same_request(call, fn, args):
+            return self._serve(call, fn, args)
         self.unserved.add(call.handling)
         if verdict.action == "diverge":
             raise self._diverge(call, verdict.problem)
@@ -233,6 +251,23 @@ class RerunEffects(RecordingEffects):
             raise
         self._policy.ran(call, result, False)
         return result
+
+    def _same_request(
+        self, call: EffectCall, fn: Callable[..., Any], args: tuple[Any, ...]
+    ) -> bool:
+        """Whether an approval call asks what the recorded decision at its position answered."""
+        rec = call.record
+        if call.name != APPROVAL_EFFECT or not call.matches_record() or rec is None or not args:
+            return False
+        agent = getattr(fn, "__self__", None)
+        decided = decode(rec.result)
+        if agent is None or not isinstance(decided, Mapping) or not isinstance(args[0], Mapping):
+            return False
+        if decided.get("by") == "timeout":
+            return False
+        key = self._requests.get(decided.get("id"))  # type: ignore[arg-type]
+        asked = request_key(agent.name, args[0], 0)
+        return key is not None and key.partition("#")[0] == asked.partition("#")[0]
 
     def _serve(self, call: EffectCall, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         rec = call.record
@@ -338,6 +373,7 @@ class Rerun:
                 seed=original.seed,
                 desk=self.desk,
                 on_divergence=self._effect_diverged,
+                requests=_requests(store, original.id),
             )
         )
         self.tracker.active = self.runner.active
