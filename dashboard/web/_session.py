@@ -309,8 +309,8 @@ def _comparison(path: Path, original: str, replay: str) -> None:
         )
         st.markdown(
             f"**First divergence**: agent `{div.agent}`, topic `{div.topic}`, field "
-            f"`{div.field}` (original message {div.original_id}, replay message "
-            f"{div.replay_id}); highlighted in both columns below."
+            f"`{div.field}` ({div.where()}); highlighted in both columns below."
+            + (f"\n\n{div.hint}" if div.hint else "")
         )
         if div.diff:
             st.code(div.diff, language="diff")

@@ -137,7 +137,7 @@ class ReplayDivergence(SessionError):
         """The message, for a replay (the default) or for two runs named ``a`` and ``b``
         (``pantheon diff``: neither is a replay, so neither is "expected")."""
         on = f" on {self.topic!r}" if self.topic else ""
-        at = f"({self.field}) at {self._where(a or 'original', b or 'replay')}{on}"
+        at = f"({self.field}) at {self.where(a or 'original', b or 'replay')}{on}"
         if a is None or b is None:
             msg = (
                 f"replay diverged {at} from agent {self.agent!r}: expected "
@@ -156,7 +156,7 @@ class ReplayDivergence(SessionError):
             msg += "\n" + "\n".join("  " + line for line in self.diff)
         return msg
 
-    def _where(self, a: str, b: str) -> str:
+    def where(self, a: str = "original", b: str = "replay") -> str:
         """Both sides' message ids, or the one side that has the message."""
         if self.original_id is None and self.replay_id is None:
             return "no message"
