@@ -403,8 +403,11 @@ class RuleProvider(_Provider):
         spec = response_format.get("json_schema")
         spec = spec if isinstance(spec, Mapping) else {}
         schema = spec.get("schema")
-        required = schema.get("required", ()) if isinstance(schema, Mapping) else ()
-        missing = [str(f) for f in required if f not in _RULES_ANSWER]
+        schema = schema if isinstance(schema, Mapping) else {}
+        # The fields it requires or describes: an answer without a described field would
+        # fail the caller just the same, at the first read of it.
+        fields = dict.fromkeys([*schema.get("required", ()), *schema.get("properties", {})])
+        missing = [str(f) for f in fields if f not in _RULES_ANSWER]
         if not missing:
             return None
         return (

@@ -13,6 +13,7 @@ import ast
 import inspect
 import textwrap
 from collections.abc import Callable, Mapping
+from types import CodeType
 from typing import Any
 
 from pydantic import ValidationError
@@ -145,23 +146,46 @@ def uses_model(cls: type[Agent], handler: Callable[..., Any] | None = None) -> b
         if declared is not None:
             return bool(declared)
     if handler is not None:
-        params = list(inspect.signature(handler).parameters)
-        return len(params) > 1 and _calls_chat_on(handler, params[1])
-    return any(_calls_chat_on(k, "self") for k in cls.__mro__ if k not in (Agent, object))
+        return _calls_chat(handler, 1)
+    return any(
+        _calls_chat(fn, 0)
+        for klass in cls.__mro__
+        if klass not in (Agent, object)
+        for fn in vars(klass).values()
+        if inspect.isfunction(fn)
+    )
 
 
-def _calls_chat_on(obj: Any, name: str) -> bool:
+def _calls_chat(fn: Callable[..., Any], arg: int) -> bool:
+    """Whether ``fn`` calls ``.chat(...)`` on its positional argument number ``arg``.
+
+    The compiled code says cheaply whether the name ``chat`` is used at all (most agents
+    never do, and reading source costs a file read and a parse); only then is the source
+    read to see on what. Without source (a function built in a REPL), the name is all there
+    is to go on."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, CodeType) or not _names_chat(code):
+        return False
+    params = code.co_varnames[: code.co_argcount]
+    if len(params) <= arg:
+        return False
     try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError):
-        return False  # no source to read (built in a REPL, a C extension): declare it
+        return True
     return any(
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == "chat"
         and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == name
+        and node.func.value.id == params[arg]
         for node in ast.walk(tree)
+    )
+
+
+def _names_chat(code: CodeType) -> bool:
+    return "chat" in code.co_names or any(
+        _names_chat(const) for const in code.co_consts if isinstance(const, CodeType)
     )
 
 

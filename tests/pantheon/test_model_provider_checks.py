@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agents import INTENTS, Agent, ProviderError, RuleProvider
+from agents import INTENTS, Agent, FunctionAgent, ProviderError, RuleProvider
 from bus import Envelope
 from pantheon.scenario import ScenarioError, load_scenario
+from pantheon.scenario._agents import uses_model
 from pantheon.testing import agent_harness
 
 MODULE = '''
@@ -152,5 +153,25 @@ async def test_the_rules_provider_refuses_tools_and_answers_its_own_question() -
     tool = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
     with pytest.raises(ProviderError, match=r"cannot call tools \('lookup'\)"):
         await rules.chat(user, tools=[tool])
+    described = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {"intent": {}, "severity": {}}}}}  # fmt: skip
+    assert RuleProvider.refusal(described) == (
+        "the offline rules provider cannot answer JSON schema 's': it gives only intent, "
+        "confidence, scores, not severity"
+    )
     answer = await rules.classify("Checkout is down", "Help")
     assert answer["intent"] == "outage" and answer["intent"] in INTENTS
+
+
+def test_code_without_source_is_judged_by_the_names_it_uses() -> None:
+    namespace: dict[str, object] = {}
+    exec(
+        "async def ask(env, agent):\n    await agent.chat([])\n\n"
+        "async def quiet(env, agent):\n    await agent.emit('x', chat)\n",
+        namespace,
+    )
+    assert uses_model(FunctionAgent, namespace["ask"]) is True  # type: ignore[arg-type]
+    # `chat` here is a global, not a call on the agent; the code scan cannot read the source
+    # to tell, and only the name says so: a declaration settles such cases.
+    assert uses_model(FunctionAgent, namespace["quiet"]) is True  # type: ignore[arg-type]
+    assert uses_model(Summarizer) is True and uses_model(Agent) is False
