@@ -134,7 +134,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         watch,
     ) = _blocks("sh")
     agent_py = _blocks("python")
-    put_on_team, provider, fault, router = _blocks("yaml")[1:]
+    excerpt, put_on_team, provider, fault, router = _blocks("yaml")
     assert "pip install -e '.[tui,web]'" in venv  # this test runs in such an environment
 
     # 1. A team that works, its settings checked.
@@ -142,6 +142,14 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     assert "all expectations passed" in out and re.search(r"\b7 passed in ", out), out
     desk = tmp_path / "desk"
     scenario = desk / "scenario.yaml"
+
+    # The excerpt of the scenario `pantheon new` wrote is one: its lines are there, in order.
+    def code(line: str) -> str:
+        return re.sub(r"\s*#.*$", "", line)
+
+    written = iter(code(line) for line in scenario.read_text().splitlines())
+    for line in excerpt.splitlines():
+        assert any(have == code(line) for have in written), f"{line!r} is not in the scenario"
     listed = _sh("pantheon sessions list", desk)
     assert re.search(rf"{_session(out)} .* completed ", listed), listed
     out = _sh(misspelt, desk)
