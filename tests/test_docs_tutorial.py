@@ -25,9 +25,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from streamlit.testing.v1 import AppTest
 
+from dashboard.web import APP
 from pantheon import readmodel as rm
-from pantheon.sessions import SessionStore
+from pantheon.sessions import STORE_ENV, SessionStore
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "tutorial.md"
@@ -120,7 +122,7 @@ def _session(output: str) -> str:
     return found.group(1)
 
 
-def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+def test_the_tutorial_runs_as_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (
         venv,
         new,
@@ -211,7 +213,7 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
     # 6. The terminal monitor and the web dashboard on the failed session.
     monitor, dashboard = _commands(watch).splitlines()
     _check_monitor(monitor.split("#")[0].replace("SESSION", failed), desk, failed)
-    _check_dashboard(dashboard.split("#")[0], desk, failed)
+    _check_dashboard(dashboard.split("#")[0], desk, failed, monkeypatch)
 
 
 def _check_monitor(command: str, cwd: Path, session: str) -> None:
@@ -254,10 +256,13 @@ def _check_monitor(command: str, cwd: Path, session: str) -> None:
         subprocess.run([*tmux, "kill-server"], check=False, env=env, capture_output=True)
 
 
-def _check_dashboard(command: str, cwd: Path, session: str) -> None:
-    """``pantheon dashboard`` serves (on a free port here), over the store whose failed
-    session has what the tutorial says its page shows: the breaker opening, the dead
-    letters with their tracebacks, and the model usage per agent."""
+def _check_dashboard(
+    command: str, cwd: Path, session: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``pantheon dashboard`` serves (on a free port here), and its app, under Streamlit's
+    ``AppTest`` on the same store, shows what the tutorial says: the failed session standing
+    out in the list, and on its page the breaker opening, the dead letters with payload and
+    traceback, the model usage per agent, and "Replay this session" matching."""
     port = str(_free_port())
     proc = subprocess.Popen(
         [*shlex.split(command), "--port", port],
@@ -284,13 +289,50 @@ def _check_dashboard(command: str, cwd: Path, session: str) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=15)
-    with SessionStore(cwd / ".pantheon" / "sessions.db", create=False) as store:
-        row = rm.session_row(store, session)
-        assert (row.status, row.passed, row.dead_letters) == ("failed", False, 4)
-        letters = rm.dead_letters(store, session)
-        assert sorted(d.reason for d in letters) == ["circuit_open"] * 2 + ["failed"] * 2
-        assert all(d.traceback and d.payload for d in letters if d.reason == "failed")
-        assert [(b.name, b.new) for b in rm.breaker_timeline(store, session)] == [
-            ("router", "open")
-        ]
-        assert rm.usage(store, session).by_agent["summarizer"].calls == 6
+    store = cwd / ".pantheon" / "sessions.db"
+    with SessionStore(store, create=False) as st:
+        letters = rm.dead_letters(st, session)
+        replays = [r.id for r in rm.session_rows(st) if r.replay_of == session]
+    monkeypatch.setenv(STORE_ENV, str(store))
+    monkeypatch.chdir(cwd)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.run()
+    assert not at.exception, at.exception
+    # "the failed session stands out in the sessions list"
+    assert re.search(rf"failed or diverged: {session} \(desk\)", at.error[0].value)
+    at = AppTest.from_file(str(APP), default_timeout=60)
+    at.query_params["session"] = session
+    at.run()
+    assert not at.exception, at.exception
+    metrics = {m.label: m.value for m in at.metric}
+    assert (metrics["status"], metrics["dead letters"], metrics["model calls"]) == (
+        "failed",
+        "4",
+        "6",
+    )
+    # "shows the breaker opening on its timeline, lists the dead letters with payload and
+    # traceback, and the model usage per agent"
+    frames = {tuple(d.value.columns): d.value for d in at.dataframe}
+    [breakers] = [f for cols, f in frames.items() if "new" in cols and "old" in cols]
+    assert list(zip(breakers["name"], breakers["new"], strict=True)) == [("router", "open")]
+    [dlq] = [f for cols, f in frames.items() if "attempts" in cols]
+    assert sorted(dlq["reason"]) == sorted(d.reason for d in letters)
+    texts = [e.value for kind in (at.markdown, at.success) for e in kind]
+    assert "**Payload**" in texts and "**Traceback**" in texts
+    [usage] = [f for cols, f in frames.items() if "calls" in cols and "agent" in cols]
+    assert list(zip(usage["agent"], usage["calls"], strict=True)) == [("summarizer", 6)]
+    # "Replay this session" replays it and shows that it matched.
+    at.button(key="replay_start").click().run()
+    end = time.monotonic() + DEADLINE
+    while True:
+        at.run()
+        assert not at.exception, at.exception
+        with SessionStore(store, create=False) as st:
+            new = [
+                r.id for r in rm.session_rows(st) if r.replay_of == session and r.id not in replays
+            ]
+        done = [s.value for s in at.success if new and f"Replay {new[0]} matched" in s.value]
+        if done:
+            break
+        assert time.monotonic() < end, [s.value for s in at.success]
+        time.sleep(0.2)  # polling interval; the deadline decides
