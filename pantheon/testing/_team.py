@@ -27,7 +27,7 @@ import yaml
 import pantheon
 from pantheon._api import Session
 from pantheon._report import RunSummary
-from pantheon.scenario import Problem, Scenario, ScenarioError, parse_scenario
+from pantheon.scenario import Scenario, parse_scenario
 from pantheon.testing._model_server import ModelServer
 
 if TYPE_CHECKING:
@@ -123,10 +123,15 @@ def with_provider(
         text, source, base_dir = scenario.text, scenario.source, scenario.base_dir
     else:
         path = Path(scenario)
-        text, source, base_dir = path.read_text(encoding="utf-8"), str(scenario), path.parent
-    data = yaml.safe_load(text)
+        text, source = path.read_text(encoding="utf-8"), str(scenario)
+        base_dir = path.resolve().parent
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
     if not isinstance(data, dict):
-        raise ScenarioError([Problem(source, 1, 1, "", "a scenario is a mapping of sections")])
+        # No mapping of sections to change: the loader says where and why.
+        return parse_scenario(text, source, base_dir)
     had = data.get("provider")
     if isinstance(provider, ModelServer):
         section = dict(had) if isinstance(had, dict) and had.get("kind") == "openai" else {}

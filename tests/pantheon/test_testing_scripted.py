@@ -129,3 +129,7 @@ def test_with_provider_keeps_an_openai_sections_model_and_takes_a_whole_section(
     assert scenario.provider.timeout == 7
     rules = with_provider(scenario, {"kind": "rules", "default_intent": "bug"})
     assert rules.provider.kind == "rules" and rules.provider.default_intent == "bug"
+    path.write_text("version: 1\nname: [t\n")
+    with ModelServer() as server, pytest.raises(ScenarioError) as info:
+        with_provider(path, server)
+    assert info.value.problems[0].file == str(path)
