@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
 from agents._approvals import check_request as _check_request
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
-from agents._providers import ChatResult, ModelProvider, ProviderError, Usage
+from agents._providers import ChatResult, ModelProvider, ProviderError, RuleProvider, Usage
 from bus import (
     DEFAULT_BREAKER,
     BreakerPolicy,
@@ -319,6 +319,13 @@ class Agent:
     #: newer keys counts from 1 again, a draw as deterministic as any other.
     fault_draw_keys: ClassVar[int] = 4096
     Settings: ClassVar[type[AgentSettings]] = AgentSettings
+    #: Whether :meth:`handle` asks a model questions of its own through :meth:`chat`. A
+    #: scenario with such an agent must name a model provider: the offline rules provider
+    #: answers only :func:`agents.classify`'s intent question, and anything else asked of it
+    #: fails. ``None`` lets ``pantheon validate`` read it off the code (a call
+    #: ``self.chat(...)`` in the class or a base of it); set it when the code cannot tell:
+    #: ``True`` for calls made through a helper, ``False`` for questions the rules answer.
+    uses_model: ClassVar[bool | None] = None
 
     def __init__(
         self,
@@ -545,6 +552,13 @@ class Agent:
         provider = self.provider
         if provider is None:
             raise ProviderError(f"agent {self.name!r} has no model provider to chat with")
+        if isinstance(provider, RuleProvider):
+            refusal = provider.refusal(kwargs.get("response_format"), kwargs.get("tools"))
+            if refusal is not None:
+                raise ProviderError(
+                    f"agent {self.name!r}: {refusal}; give the scenario a model provider "
+                    "(provider: {kind: openai, base_url: ..., model: ...})"
+                )
         recorded = await self.effect(
             f"model.{provider.name}.chat", _recorded_chat, provider, messages, kwargs
         )

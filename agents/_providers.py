@@ -363,6 +363,9 @@ class RuleProvider(_Provider):
         stream: bool = False,
         on_token: Callable[[str], None] | None = None,
     ) -> ChatResult:
+        refusal = self.refusal(response_format, tools)
+        if refusal is not None:
+            raise ProviderError(refusal)
         text = _last_user_text(messages)
         if text is None:
             raise ProviderError("the rule provider classifies a user message; there is none")
@@ -380,6 +383,37 @@ class RuleProvider(_Provider):
             s.set_attribute("gen_ai.usage.output_tokens", 0)
             s.set_attribute("pantheon.intent", result.data["intent"])
             return result
+
+    @staticmethod
+    def refusal(
+        response_format: Mapping[str, Any] | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str | None:
+        """Why this provider cannot give what a call asks for (``None`` when it can).
+
+        It answers one question, :func:`classify`'s, with ``{"intent", "confidence",
+        "scores"}``. Tools, or a JSON schema requiring any other field, would get that answer
+        regardless, and the caller would fail later and far away (a ``KeyError`` on the
+        missing field, then an open breaker); saying so at the call names the cause."""
+        if tools:
+            names = ", ".join(repr(_tool_name(t)) for t in tools)
+            return f"the offline rules provider cannot call tools ({names}): it only classifies"
+        if response_format is None or response_format.get("type") != "json_schema":
+            return None
+        spec = response_format.get("json_schema")
+        spec = spec if isinstance(spec, Mapping) else {}
+        schema = spec.get("schema")
+        schema = schema if isinstance(schema, Mapping) else {}
+        # The fields it requires or describes: an answer without a described field would
+        # fail the caller just the same, at the first read of it.
+        fields = dict.fromkeys([*schema.get("required", ()), *schema.get("properties", {})])
+        missing = [str(f) for f in fields if f not in _RULES_ANSWER]
+        if not missing:
+            return None
+        return (
+            f"the offline rules provider cannot answer JSON schema {spec.get('name', '?')!r}: "
+            f"it gives only {', '.join(_RULES_ANSWER)}, not {', '.join(missing)}"
+        )
 
     def _answer(self, text: str, on_token: Callable[[str], None] | None) -> ChatResult:
         verdict = self._classify(*_split_email(text))
@@ -425,6 +459,15 @@ class RuleProvider(_Provider):
             "confidence": round(scores[intent] / total, 4),
             "scores": {k: round(v / total, 4) for k, v in sorted(scores.items())},
         }
+
+
+#: The fields of every :class:`RuleProvider` answer.
+_RULES_ANSWER = ("intent", "confidence", "scores")
+
+
+def _tool_name(tool: Mapping[str, Any]) -> str:
+    function = tool.get("function")
+    return str(function.get("name", "?")) if isinstance(function, Mapping) else "?"
 
 
 # -- matching many patterns at once -------------------------------------------------------------

@@ -177,15 +177,16 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         # Every dead letter, by reason: the in-memory queue keeps only the newest entries.
         "dlq": dict(bus.dlq.totals),
         "dlq_evicted": bus.dlq.evicted,
+        # A line names its message by envelope id (what `pantheon dlq` and the store key
+        # on), never by a field of one team's payloads; the error carries its type, since
+        # a bare KeyError's message is only the missing key.
         "dead_letters": [
             {
                 "subscriber": e.subscriber,
                 "topic": e.envelope.topic,
-                "email_id": e.envelope.payload.get("email_id")
-                if isinstance(e.envelope.payload, dict)
-                else None,
+                "envelope_id": e.envelope.id,
                 "reason": e.reason,
-                "error": e.error,
+                "error": f"{e.error_type}: {e.error}" if e.error_type else e.error,
             }
             for e in entries
             if e.reason != "shed"

@@ -36,6 +36,10 @@ __all__ = ["app", "main", "run_async"]
 
 T = TypeVar("T")
 
+#: Subscriber/reason pairs of dead letters printed one per line under the summary; the
+#: rest are summed on one line.
+MAX_DEAD_LETTER_LINES = 3
+
 app = typer.Typer(
     name="pantheon",
     help="Run teams of agents over an event bus; watch, replay and compare their sessions.",
@@ -329,17 +333,42 @@ def _inputs_line(s: Any) -> str:
 
 
 def _dead_letters_text(s: Any) -> str:
-    """Every dead letter of the run by reason (the same counts the expectations judge), and
-    where they are kept once the in-memory queue's cap evicted some."""
+    """Every dead letter of the run by reason (the same counts the expectations judge), how
+    many of them the summary lists (the lines under it add up to that), and where the rest
+    are kept."""
     total = sum(s.dlq.values())
     text = f"dead letters {total:,}"
     reasons = sorted(s.dlq.items(), key=lambda r: -r[1])
     notes = [", ".join(f"{n:,} {escape(reason)}" for reason, n in reasons)] if reasons else []
+    # Shed messages come in floods and are never listed one by one.
+    listed = len(s.dead_letters)
+    partial = []
+    if listed < total - s.dlq.get("shed", 0):
+        partial.append(f"{listed:,} listed")
     if s.dlq_evicted:
-        kept = f"the last {total - s.dlq_evicted:,} kept in memory"
+        partial.append(f"the last {total - s.dlq_evicted:,} kept in memory")
+    if partial:
         where = "all in the session store" if s.session_id else "the run was not recorded"
-        notes.append(f"{kept}, {where}")
+        notes.append(", ".join([*partial, where]))
     return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _dead_letter_lines(s: Any) -> list[str]:
+    """Why the listed messages died: once per subscriber and reason, with one example; the
+    counts add up to the number listed."""
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    lines = []
+    for (sub, reason), n in why.most_common(MAX_DEAD_LETTER_LINES):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    rest = why.most_common()[MAX_DEAD_LETTER_LINES:]
+    if rest:
+        lines.append(
+            f"  {sum(n for _, n in rest):,} more in {len(rest)} other subscriber/reason pairs"
+            + (f" (pantheon dlq list {s.session_id})" if s.session_id else "")
+        )
+    return lines
 
 
 def _print_summary(s: Any) -> None:
@@ -380,12 +409,7 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
-    # Why messages died: once per subscriber and reason, with one example, not per message.
-    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
-    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
-    for (sub, reason), n in why.most_common(3):
-        e = example[sub, reason]
-        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    lines.extend(_dead_letter_lines(s))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
     out.print("\n".join(lines))

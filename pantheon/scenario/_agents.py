@@ -9,7 +9,11 @@ a handler that is not async or a misspelt setting stops the run before anything 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import ast
+import inspect
+import textwrap
+from collections.abc import Callable, Mapping
+from types import CodeType
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +24,7 @@ from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
 from pantheon.scenario._locate import _suggest
 
-__all__ = ["agent_class", "agent_problems", "resolve_handler"]
+__all__ = ["agent_class", "agent_problems", "model_problem", "resolve_handler", "uses_model"]
 
 _Loc = tuple[Any, ...]
 
@@ -131,3 +135,86 @@ def settings_problems(cls: type[Agent], settings: Any, loc: _Loc) -> list[tuple[
                 out.append((where, msg))
         return out
     return []
+
+
+def uses_model(cls: type[Agent], handler: Callable[..., Any] | None = None) -> bool:
+    """Whether an agent asks a model questions of its own (see :attr:`agents.Agent.uses_model`):
+    the class's declaration if it or a base makes one, else whether its code calls
+    ``self.chat(...)`` (a handler function's: ``agent.chat(...)`` on its agent argument)."""
+    for klass in cls.__mro__:
+        declared = vars(klass).get("uses_model")
+        if declared is not None:
+            return bool(declared)
+    if handler is not None:
+        return _calls_chat(handler, 1)
+    return any(
+        _calls_chat(fn, 0)
+        for klass in cls.__mro__
+        if klass not in (Agent, object)
+        for fn in vars(klass).values()
+        if inspect.isfunction(fn)
+    )
+
+
+def _calls_chat(fn: Callable[..., Any], arg: int) -> bool:
+    """Whether ``fn`` calls ``.chat(...)`` on its positional argument number ``arg``.
+
+    The compiled code says cheaply whether the name ``chat`` is used at all (most agents
+    never do, and reading source costs a file read and a parse); only then is the source
+    read to see on what. Without source (a function built in a REPL), the name is all there
+    is to go on."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(code, CodeType) or not _names_chat(code):
+        return False
+    params = code.co_varnames[: code.co_argcount]
+    if len(params) <= arg:
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError):
+        return True
+    return any(
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "chat"
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == params[arg]
+        for node in ast.walk(tree)
+    )
+
+
+def _names_chat(code: CodeType) -> bool:
+    return "chat" in code.co_names or any(
+        _names_chat(const) for const in code.co_consts if isinstance(const, CodeType)
+    )
+
+
+def model_problem(name: str, cfg: Mapping[str, Any], provider: Any) -> tuple[_Loc, str] | None:
+    """Why agent ``name`` cannot run on the scenario's ``provider`` section (raw), or None.
+
+    An agent that asks a model its own questions on the offline rules provider (the
+    default when a scenario has no ``provider:``) would get an intent classification
+    whatever it asked, and fail far from the cause; so it fails here, on its own line."""
+    if provider is not None and not isinstance(provider, Mapping):
+        return None  # the provider field's own type check says so
+    if (provider or {}).get("kind", "rules") != "rules":
+        return None
+    handler = cfg.get("handler")
+    try:
+        cls = agent_class(name, cfg)
+        fn = resolve_handler(str(handler)) if handler is not None else None
+    except (ImportProblem, ValueError, KeyError):
+        return None  # agent_problems says what is wrong with it
+    if not uses_model(cls, fn):
+        return None
+    who = f"handler {handler}" if fn is not None else cls.__name__
+    lacks = (
+        "the scenario names no model provider, and the offline rules one it gets"
+        if provider is None
+        else "provider kind 'rules'"
+    )
+    return (
+        ("agents", name, "handler" if fn is not None else "class"),
+        f"{who} calls chat(), but {lacks} only classifies intents: add "
+        "provider: {kind: openai, base_url: ..., model: ...} (or kind: custom)",
+    )

@@ -38,7 +38,7 @@ import bus
 from agents import Actor, Learner, Observer, OutcomeSpec
 from bus import validate_pattern
 from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
-from pantheon.scenario._agents import agent_class, agent_problems
+from pantheon.scenario._agents import agent_class, agent_problems, model_problem
 from pantheon.scenario._locate import _dotted, _suggest
 
 __all__ = [
@@ -1297,7 +1297,11 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                     )
                 )
                 continue
-            out.extend(agent_problems(str(name), cfg, cfg.get("settings")))
+            problems = agent_problems(str(name), cfg, cfg.get("settings"))
+            out.extend(problems)
+            if not problems and cfg.get("enabled", True) is not False:
+                model = model_problem(str(name), cfg, data.get("provider"))
+                out.extend([model] if model is not None else [])
 
     def check_names(loc: tuple[Any, ...], mapping: Any, what: str) -> None:
         if isinstance(mapping, Mapping):

@@ -17,6 +17,12 @@ OpenAI-compatible server for code that talks to a model.
         assert_passed(summary)
         assert_replays(summary)
 
+An agent that asks a model or a person gets scripted ones: ``agent_harness(Sorter,
+model={"queue": "billing"})`` (:class:`ScriptedModel`), ``agent_harness(Refunder,
+approvals=[True, False])`` (:class:`ScriptedDesk`); a whole team runs against a local model
+server with ``run_scenario("scenario.yaml", provider=server)``. Pantheon's
+``docs/testing.md`` shows each with a test that runs.
+
 ``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
 completions on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
 server: ... server.base_url``). The bus's own helpers (:class:`FakeClock`,
@@ -29,6 +35,7 @@ from pantheon.testing._harness import (
     DEFAULT_SEND_TIMEOUT,
     AgentFailed,
     AgentHarness,
+    Chat,
     EffectCall,
     RecordedEffects,
     agent_harness,
@@ -40,6 +47,7 @@ from pantheon.testing._model_server import (
     classify_reply,
     schema_reply,
 )
+from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 from pantheon.testing._team import (
     assert_passed,
     assert_replays,
@@ -47,18 +55,25 @@ from pantheon.testing._team import (
     replay_matches,
     run_scenario,
     scratch_store,
+    with_provider,
 )
 
 __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "AgentFailed",
     "AgentHarness",
+    "Answer",
+    "Chat",
+    "ChatRequest",
     "EffectCall",
     "FakeClock",
     "ModelServer",
     "ReceivedRequest",
     "RecordedEffects",
     "Reply",
+    "Ruling",
+    "ScriptedDesk",
+    "ScriptedModel",
     "agent_harness",
     "assert_passed",
     "assert_replays",
@@ -70,4 +85,5 @@ __all__ = [
     "run_scenario",
     "schema_reply",
     "scratch_store",
+    "with_provider",
 ]

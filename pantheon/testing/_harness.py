@@ -18,15 +18,17 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, AgentSettings, FunctionAgent, Handler
+from agents import Agent, AgentSettings, ApprovalDesk, ChatResult, FunctionAgent, Handler
 from agents._effects import call_maybe_async
 from bus import Bus, DeadLetter, Envelope, Priority, matches
 from bus.testing import capture_events
+from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 
 __all__ = [
     "DEFAULT_SEND_TIMEOUT",
     "AgentFailed",
     "AgentHarness",
+    "Chat",
     "EffectCall",
     "RecordedEffects",
     "agent_harness",
@@ -72,6 +74,15 @@ class EffectCall:
     result: Any = None
     error: BaseException | None = None
     faked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Chat:
+    """One model call the agent made, whichever provider answered: what it asked
+    (``request.messages``, ``request.options``) and the answer it got."""
+
+    request: ChatRequest
+    result: ChatResult
 
 
 #: What a test may give for an effect name: a value to return, an exception to raise, or a
@@ -206,6 +217,23 @@ class AgentHarness:
         return [c for c in self._effects.calls if c.name == name]
 
     @property
+    def chats(self) -> list[Chat]:
+        """Every model call the agent made and got an answer to, in order, whichever
+        provider answered (a scripted model, a :class:`ModelServer`, a faked effect)."""
+        return [
+            Chat(ChatRequest([dict(m) for m in c.args[1]], dict(c.args[2])),
+                 ChatResult.from_dict(c.result))
+            for c in self._effects.calls
+            if c.name.startswith("model.") and c.error is None
+        ]  # fmt: skip
+
+    @property
+    def approvals(self) -> list[dict[str, Any]]:
+        """The approval requests the agent made, in order (with a scripted desk, or the
+        ``human.approval`` effect faked)."""
+        return [dict(c.args[0]) for c in self._effects.calls if c.name == "human.approval"]
+
+    @property
     def dead_letters(self) -> list[DeadLetter]:
         """Messages the bus could not deliver (failed, breaker open, shed...)."""
         return self.bus.dlq.entries()
@@ -219,6 +247,8 @@ async def agent_harness(
     settings: AgentSettings | Mapping[str, Any] | None = None,
     subscribe: Sequence[str] | None = None,
     effects: Mapping[str, Fake] | None = None,
+    model: Answer | Sequence[Answer] | Callable[..., Answer] | None = None,
+    approvals: Ruling | Sequence[Ruling] | Callable[..., Ruling] | ApprovalDesk | None = None,
     seed: int = 0,
     bus: Bus | None = None,
     **kwargs: Any,
@@ -234,10 +264,16 @@ async def agent_harness(
     mapping is checked against its ``Settings`` model, as a scenario's are), ``subscribe``
     and ``kwargs``), an agent already built, or an async handler function (run as a
     :class:`agents.FunctionAgent`; give ``subscribe``). ``effects`` fakes effects by name
-    (see :class:`RecordedEffects`); every effect is recorded either way. An agent that
-    chats takes ``provider=`` (an ``OpenAIProvider`` on a :class:`ModelServer`'s
-    ``base_url``), or fakes its model as any tool: ``model.openai.chat`` answered with a
-    ``ChatResult(...).to_dict()``. ``bus`` is a
+    (see :class:`RecordedEffects`); every effect is recorded either way.
+
+    An agent that chats gets its answers from ``model``: a :class:`ScriptedModel` script
+    (text, a mapping for JSON answers, a list of them, one per call, or a callable), no
+    provider needed; or from ``provider=`` (an ``OpenAIProvider`` on a
+    :class:`ModelServer`'s ``base_url``). :attr:`AgentHarness.chats` lists what it asked
+    and got. An agent that asks for approval gets its decisions from ``approvals``: a
+    :class:`ScriptedDesk` script (``True``, ``False``, ``(approved, note)``, a list of
+    them, or a callable) or any :class:`agents.ApprovalDesk`; :attr:`AgentHarness.approvals`
+    lists what it asked. ``bus`` is a
     :class:`bus.Bus` to use instead of a new one (a ``FakeClock``, a small ``dlq_size``);
     the harness starts and closes it.
 
@@ -246,6 +282,8 @@ async def agent_harness(
     after the block.
     """
     recorder = RecordedEffects(dict(effects or {}), seed)
+    if model is not None and "provider" in kwargs:
+        raise TypeError("agent_harness takes model= (scripted answers) or provider=, not both")
     if isinstance(agent, Agent):
         if name is not None or settings is not None or subscribe is not None or kwargs:
             raise TypeError(
@@ -280,6 +318,13 @@ async def agent_harness(
         raise TypeError(
             f"agent_harness takes an Agent subclass, an Agent or an async handler, "
             f"not {type(agent).__name__}"
+        )
+    # Set on the agent whichever way it was built: they are its outside world, not settings.
+    if model is not None:
+        instance.provider = ScriptedModel(model)
+    if approvals is not None:
+        instance.desk = (
+            approvals if isinstance(approvals, ApprovalDesk) else ScriptedDesk(approvals)
         )
     the_bus = bus if bus is not None else Bus()
     # On the bus, not only the agent: every envelope carries the bus's context, and an agent

@@ -168,6 +168,11 @@ class ModelServer:
         return f"{self.base_url}/chat/completions"
 
     @property
+    def model(self) -> str | None:
+        """The model name every answer gives; ``None`` when it echoes the one asked for."""
+        return self._state.model
+
+    @property
     def requests(self) -> list[ReceivedRequest]:
         with self._state.lock:
             return list(self._state.requests)

@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import shutil
 import tempfile
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+
+import yaml
 
 import pantheon
 from pantheon._api import Session
 from pantheon._report import RunSummary
-from pantheon.scenario import Scenario
+from pantheon.scenario import Scenario, parse_scenario
+from pantheon.testing._model_server import ModelServer
 
 if TYPE_CHECKING:
     from pantheon.rerun import ReplayReport
@@ -36,6 +40,7 @@ __all__ = [
     "replay_matches",
     "run_scenario",
     "scratch_store",
+    "with_provider",
 ]
 
 T = TypeVar("T")
@@ -77,15 +82,20 @@ def run_scenario(
     store: str | Path | None = None,
     record: bool = True,
     seed: int | None = None,
+    provider: ModelServer | Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """Run ``scenario`` (a file path or a loaded :class:`pantheon.Scenario`) to the end, as
     ``pantheon run`` does, and return its summary; a failed expectation is in the summary,
     not an exception (:func:`assert_passed` turns it into a test failure).
 
     Recorded in ``store`` (default: :func:`scratch_store`) unless ``record`` is false;
-    ``seed`` overrides the scenario's. A scenario that does not load raises
+    ``seed`` overrides the scenario's. ``provider`` points the team at another model for
+    this run: a running :class:`ModelServer` (see :func:`with_provider`), or a whole
+    ``provider:`` section as a mapping. A scenario that does not load raises
     :class:`pantheon.ScenarioError` with every problem located in the file.
     """
+    if provider is not None:
+        scenario = with_provider(scenario, provider)
     return _run(
         pantheon.run(
             scenario,
@@ -96,6 +106,44 @@ def run_scenario(
         "run_scenario",
         "'await pantheon.run(...)'",
     )
+
+
+def with_provider(
+    scenario: Scenario | str | Path, provider: ModelServer | Mapping[str, Any]
+) -> Scenario:
+    """``scenario`` with its ``provider:`` section replaced, loaded and checked.
+
+    A :class:`ModelServer` keeps an OpenAI section's other settings (its model name, which
+    ``prices`` look up) and changes only ``base_url``; any other section becomes ``{kind:
+    openai, base_url, model}`` with the server's model (``stand-in`` when it echoes the one
+    asked for). The result's text is what a run records, so the session replays with the
+    provider it ran with. A scenario that had no ``provider:`` gets one appended, which
+    keeps the lines of every problem found in the rest of the file where they are."""
+    if isinstance(scenario, Scenario):
+        text, source, base_dir = scenario.text, scenario.source, scenario.base_dir
+    else:
+        path = Path(scenario)
+        text, source = path.read_text(encoding="utf-8"), str(scenario)
+        base_dir = path.resolve().parent
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if not isinstance(data, dict):
+        # No mapping of sections to change: the loader says where and why.
+        return parse_scenario(text, source, base_dir)
+    had = data.get("provider")
+    if isinstance(provider, ModelServer):
+        section = dict(had) if isinstance(had, dict) and had.get("kind") == "openai" else {}
+        section |= {"kind": "openai", "base_url": provider.base_url}
+        section.setdefault("model", provider.model or "stand-in")
+    else:
+        section = dict(provider)
+    if had is None:
+        text = f"{text.rstrip()}\nprovider: {json.dumps(section)}\n"
+    else:
+        text = yaml.safe_dump(data | {"provider": section}, sort_keys=False, allow_unicode=True)
+    return parse_scenario(text, source, base_dir)
 
 
 def assert_passed(summary: RunSummary) -> None:

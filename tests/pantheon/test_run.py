@@ -210,7 +210,7 @@ def test_seed_changes_the_injected_faults(workdir: Path) -> None:
         for seed in ("1", "1", "2")
     ]  # fmt: skip
     assert runs[0]["seed"] == 1 and runs[2]["seed"] == 2
-    failed = [{d["email_id"] for d in run["dead_letters"]} for run in runs]
+    failed = [{d["error"] for d in run["dead_letters"]} for run in runs]
     assert failed[0] and failed[0] == failed[1]
     assert failed[0] != failed[2]
 

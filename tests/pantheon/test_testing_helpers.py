@@ -375,7 +375,7 @@ def test_assert_passed_names_each_failed_expectation_with_expected_and_actual(
         for line in lines
     )
     assert not any("zero lost" in line for line in lines)  # it held
-    assert "- worker on 'ticket.received' (failed): cannot parse e2" in lines
+    assert "- worker on 'ticket.received' (failed): ValueError: cannot parse e2" in lines
     assert lines[-1].startswith(f"session {bad.session_id}")
 
 
