@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
 import typer
@@ -17,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pantheon._overlay import apply_overlay, read_overlay
+from pantheon._summary_text import dead_letter_lines, dead_letters_text
 from pantheon._whatif import WhatIfReport, whatif_replay
 from pantheon.rerun import OutcomeDiff
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
@@ -92,14 +92,7 @@ def verdict_lines(report: WhatIfReport) -> list[str]:
     """The changed team's dead letters (by reason, and why, per subscriber) and every
     expectation judged, as ``pantheon run`` prints them, then the timing bounds left out."""
     s = report.summary
-    total = sum(s.dlq.values())
-    reasons = ", ".join(f"{n:,} {escape(r)}" for r, n in sorted(s.dlq.items(), key=lambda r: -r[1]))
-    lines = [f"dead letters {total:,}" + (f" ({reasons})" if reasons else "")]
-    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
-    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
-    for (sub, reason), n in why.most_common(3):
-        e = example[sub, reason]
-        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    lines = [dead_letters_text(s), *dead_letter_lines(s)]
     for e in s.expectations:
         mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
         lines.append(f"{mark} {escape(e['name'])} (actual {escape(str(e['actual']))})")

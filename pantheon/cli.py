@@ -6,7 +6,6 @@ import asyncio
 import importlib.util
 import json
 import sys
-from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import asdict
 from pathlib import Path
@@ -28,6 +27,7 @@ from pantheon._cli_sessions import register as register_sessions
 from pantheon._cli_sessions import usage_lines
 from pantheon._console import report_console
 from pantheon._report import RunSummary
+from pantheon._summary_text import dead_letter_lines, dead_letters_text
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
@@ -35,10 +35,6 @@ from pantheon.sessions import SessionError
 __all__ = ["app", "main", "run_async"]
 
 T = TypeVar("T")
-
-#: Subscriber/reason pairs of dead letters printed one per line under the summary; the
-#: rest are summed on one line.
-MAX_DEAD_LETTER_LINES = 3
 
 app = typer.Typer(
     name="pantheon",
@@ -332,45 +328,6 @@ def _inputs_line(s: Any) -> str:
     return text
 
 
-def _dead_letters_text(s: Any) -> str:
-    """Every dead letter of the run by reason (the same counts the expectations judge), how
-    many of them the summary lists (the lines under it add up to that), and where the rest
-    are kept."""
-    total = sum(s.dlq.values())
-    text = f"dead letters {total:,}"
-    reasons = sorted(s.dlq.items(), key=lambda r: -r[1])
-    notes = [", ".join(f"{n:,} {escape(reason)}" for reason, n in reasons)] if reasons else []
-    # Shed messages come in floods and are never listed one by one.
-    listed = len(s.dead_letters)
-    partial = []
-    if listed < total - s.dlq.get("shed", 0):
-        partial.append(f"{listed:,} listed")
-    if s.dlq_evicted:
-        partial.append(f"the last {total - s.dlq_evicted:,} kept in memory")
-    if partial:
-        where = "all in the session store" if s.session_id else "the run was not recorded"
-        notes.append(", ".join([*partial, where]))
-    return text + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _dead_letter_lines(s: Any) -> list[str]:
-    """Why the listed messages died: once per subscriber and reason, with one example; the
-    counts add up to the number listed."""
-    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
-    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
-    lines = []
-    for (sub, reason), n in why.most_common(MAX_DEAD_LETTER_LINES):
-        e = example[sub, reason]
-        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
-    rest = why.most_common()[MAX_DEAD_LETTER_LINES:]
-    if rest:
-        lines.append(
-            f"  {sum(n for _, n in rest):,} more in {len(rest)} other subscriber/reason pairs"
-            + (f" (pantheon dlq list {s.session_id})" if s.session_id else "")
-        )
-    return lines
-
-
 def _print_summary(s: Any) -> None:
     out = report_console()
     acc = s.accuracy or {}
@@ -399,7 +356,7 @@ def _print_summary(s: Any) -> None:
             + (f" ({acc['unlabelled']:,} outcomes had no label)" if acc.get("unlabelled") else "")
         )
     lines.append(
-        f"{_dead_letters_text(s)}  breaker trips {s.breaker_trips}  alerts {s.alerts}  "
+        f"{dead_letters_text(s)}  breaker trips {s.breaker_trips}  alerts {s.alerts}  "
         f"accounting {'ok' if s.accounting_ok else 'BROKEN'}"
         + (
             f" on the processes that reported (not on {', '.join(map(repr, s.unverified))})"
@@ -409,7 +366,7 @@ def _print_summary(s: Any) -> None:
     )
     if s.decisions or s.outbox:
         lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
-    lines.extend(_dead_letter_lines(s))
+    lines.extend(dead_letter_lines(s))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
     out.print("\n".join(lines))

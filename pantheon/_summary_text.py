@@ -1,0 +1,54 @@
+"""The run summary's dead-letter lines, printed the same way by ``pantheon run``, a what-if
+and anything else that reports a :class:`~pantheon.RunSummary`."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.markup import escape
+
+__all__ = ["MAX_DEAD_LETTER_LINES", "dead_letter_lines", "dead_letters_text"]
+
+#: Subscriber/reason pairs explained one per line under the dead-letter count; the rest
+#: are summed on one more line.
+MAX_DEAD_LETTER_LINES = 3
+
+
+def dead_letters_text(s: Any) -> str:
+    """Every dead letter of the run by reason (the same counts the expectations judge), how
+    many of them the summary lists (the lines under it add up to that), and where the rest
+    are kept."""
+    total = sum(s.dlq.values())
+    text = f"dead letters {total:,}"
+    reasons = sorted(s.dlq.items(), key=lambda r: -r[1])
+    notes = [", ".join(f"{n:,} {escape(reason)}" for reason, n in reasons)] if reasons else []
+    # Shed messages come in floods and are never listed one by one.
+    listed = len(s.dead_letters)
+    partial = []
+    if listed < total - s.dlq.get("shed", 0):
+        partial.append(f"{listed:,} listed")
+    if s.dlq_evicted:
+        partial.append(f"the last {total - s.dlq_evicted:,} kept in memory")
+    if partial:
+        where = "all in the session store" if s.session_id else "the run was not recorded"
+        notes.append(", ".join([*partial, where]))
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def dead_letter_lines(s: Any) -> list[str]:
+    """Why the listed messages died: once per subscriber and reason, with one example; the
+    counts add up to the number listed."""
+    why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
+    example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
+    lines = []
+    for (sub, reason), n in why.most_common(MAX_DEAD_LETTER_LINES):
+        e = example[sub, reason]
+        lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
+    rest = why.most_common()[MAX_DEAD_LETTER_LINES:]
+    if rest:
+        lines.append(
+            f"  {sum(n for _, n in rest):,} more in {len(rest)} other subscriber/reason pairs"
+            + (f" (pantheon dlq list {s.session_id})" if s.session_id else "")
+        )
+    return lines
