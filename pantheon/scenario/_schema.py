@@ -1135,7 +1135,10 @@ class Scenario(_Model):
     @classmethod
     def _cross_checks(cls, data: Any, info: ValidationInfo) -> Any:
         _import_roots(data, (info.context or {}).get("base_dir"))
-        problems = _cross_field_problems(data)
+        # A recorded scenario rebuilt for a replay serves every model answer from the record:
+        # which provider it would have asked does not matter there.
+        check_model = (info.context or {}).get("check_files", True)
+        problems = _cross_field_problems(data, check_model=check_model)
         sink = (info.context or {}).get("cross_problems")
         if sink is not None:
             sink.extend(problems)  # the loader reports them beside the field errors
@@ -1268,7 +1271,9 @@ def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], st
     return out
 
 
-def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
+def _cross_field_problems(
+    data: Any, *, check_model: bool = True
+) -> list[tuple[tuple[Any, ...], str]]:
     """Checks that need more than one section, on the raw mapping.
 
     Raw, because they must run even when field validation fails elsewhere; each guards its
@@ -1299,7 +1304,7 @@ def _cross_field_problems(data: Any) -> list[tuple[tuple[Any, ...], str]]:
                 continue
             problems = agent_problems(str(name), cfg, cfg.get("settings"))
             out.extend(problems)
-            if not problems and cfg.get("enabled", True) is not False:
+            if check_model and not problems and cfg.get("enabled", True) is not False:
                 model = model_problem(str(name), cfg, data.get("provider"))
                 out.extend([model] if model is not None else [])
 

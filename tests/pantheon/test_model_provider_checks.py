@@ -175,3 +175,16 @@ def test_code_without_source_is_judged_by_the_names_it_uses() -> None:
     # to tell, and only the name says so: a declaration settles such cases.
     assert uses_model(FunctionAgent, namespace["quiet"]) is True  # type: ignore[arg-type]
     assert uses_model(Summarizer) is True and uses_model(Agent) is False
+
+
+def test_a_recorded_scenario_rebuilt_for_a_replay_is_not_held_to_a_provider(
+    tmp_path: Path,
+) -> None:
+    # Sessions recorded before this check existed replay: their model answers are served.
+    from pantheon.scenario import parse_scenario
+
+    path = _scenario(tmp_path, "ticket_mod", '    class: "ticket_mod:Summarizer"\n')
+    with pytest.raises(ScenarioError):
+        load_scenario(path)
+    scenario = parse_scenario(path.read_text(), base_dir=tmp_path, check_files=False)
+    assert scenario.agents["asker"].class_ == "ticket_mod:Summarizer"

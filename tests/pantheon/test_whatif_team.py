@@ -262,7 +262,9 @@ def test_the_cli_prints_every_expectation_and_exits_by_them(
     assert out.returncode == 1, out.stdout + out.stderr
     lines = out.stdout.splitlines()
     assert "dead letters 5 (5 failed)" in lines
-    assert any(line.startswith("  5 x audit (failed), e.g. RuntimeError: cannot audit i") for line in lines)
+    assert any(
+        line.startswith("  5 x audit (failed), e.g. RuntimeError: cannot audit i") for line in lines
+    )
     assert "FAIL dead letters other than shed <= 0 (actual 5)" in lines
     assert "PASS custom: invoices_mod:nothing_held (actual passed)" in lines
     assert lines[-2] == "expectations failed"
