@@ -38,6 +38,7 @@ def test_the_testing_guide_runs_as_written(tmp_path: Path) -> None:
         "tickets.jsonl",
         "tests/test_sorting_agents.py",
         "tests/test_sorting_team.py",
+        "tests/test_sorting_whatif.py",
     }
     for name, body in files.items():
         (team / name).write_text(body, encoding="utf-8")
@@ -46,4 +47,4 @@ def test_the_testing_guide_runs_as_written(tmp_path: Path) -> None:
     done = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], team)
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(rf"\b{count} passed\b", done.stdout), done.stdout
-    assert count == 5
+    assert count == 6

@@ -49,12 +49,14 @@ from pantheon.testing._model_server import (
 )
 from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 from pantheon.testing._team import (
+    assert_outcomes_changed,
     assert_passed,
     assert_replays,
     open_session,
     replay_matches,
     run_scenario,
     scratch_store,
+    whatif,
     with_provider,
 )
 
@@ -75,6 +77,7 @@ __all__ = [
     "ScriptedDesk",
     "ScriptedModel",
     "agent_harness",
+    "assert_outcomes_changed",
     "assert_passed",
     "assert_replays",
     "capture_events",
@@ -85,5 +88,6 @@ __all__ = [
     "run_scenario",
     "schema_reply",
     "scratch_store",
+    "whatif",
     "with_provider",
 ]

@@ -31,15 +31,18 @@ from pantheon.scenario import Scenario, parse_scenario
 from pantheon.testing._model_server import ModelServer
 
 if TYPE_CHECKING:
-    from pantheon.rerun import ReplayReport
+    from pantheon._whatif import WhatIfReport
+    from pantheon.rerun import OutcomeDiff, ReplayReport
 
 __all__ = [
+    "assert_outcomes_changed",
     "assert_passed",
     "assert_replays",
     "open_session",
     "replay_matches",
     "run_scenario",
     "scratch_store",
+    "whatif",
     "with_provider",
 ]
 
@@ -219,3 +222,40 @@ def replay_matches(run: RunSummary | Session | str, store: str | Path | None = N
     except AssertionError:
         return False
     return True
+
+
+def whatif(
+    run: RunSummary | Session | str, overlay: str | Path, store: str | Path | None = None
+) -> WhatIfReport:
+    """A what-if of a recorded run (``pantheon replay --with``): its recorded inputs through
+    the team changed by ``overlay`` (the overlay's YAML text, or a path to its file), served
+    from the record wherever a call is the recorded one, so the model server and the people
+    who approved need not be there. Returns the report: ``report.decisions`` (see
+    :func:`assert_outcomes_changed`), ``report.passed``, ``report.expectations``."""
+    report: WhatIfReport = _run(
+        pantheon.replay(_session_ref(run), store=_store(run, store), with_=overlay),
+        "whatif",
+        "'report = await pantheon.replay(..., with_=overlay)'",
+    )
+    return report
+
+
+def assert_outcomes_changed(
+    report: WhatIfReport | OutcomeDiff, expected: Mapping[str, list[str]]
+) -> None:
+    """Fail (``AssertionError``) unless the items whose outcome changed are exactly
+    ``expected``: ``{"hold→approve": ["INV-2", "INV-7"]}``, before→after as the what-if
+    prints it (``-`` where a run decided nothing), items in the order printed (sorted).
+    Takes a what-if's report or a ``pantheon.rerun.diff_outcomes`` result."""
+    from pantheon.rerun import OutcomeDiff
+
+    diff = report if isinstance(report, OutcomeDiff) else report.decisions
+    got = {f"{before}→{after}": items for before, after, items in diff.groups}
+    if got == dict(expected):
+        return
+    lines = [f"outcomes changed other than expected ({diff.headline()}):"]
+    for change in sorted(set(got) | set(expected)):
+        want, have = list(expected.get(change, [])), got.get(change, [])
+        if want != have:
+            lines.append(f"- {change}: expected {want}, got {have}")
+    raise AssertionError("\n".join(lines))
