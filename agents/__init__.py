@@ -26,7 +26,13 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
-from agents._outcomes import Outcomes, OutcomeScore, OutcomeSpec, score_decisions
+from agents._outcomes import (
+    Outcomes,
+    OutcomeScore,
+    OutcomeSpec,
+    decision_text,
+    score_decisions,
+)
 from agents._perception import (
     DEFAULT_MAX_LABELS,
     InputItem,
@@ -108,6 +114,7 @@ __all__ = [
     "Usage",
     "UsageMeter",
     "classify",
+    "decision_text",
     "email_problem",
     "extract_features",
     "fault_timeline",

@@ -29,6 +29,7 @@ item; the default keeps, per item, the last payload per topic of its tree (a few
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -156,6 +157,16 @@ class OutcomeScore:
         return out
 
 
+def _wanted(label: Any, fields: tuple[str, ...], decision: Mapping[str, str]) -> dict[str, str]:
+    """What an item's label says each scored field should be (empty: nothing to score)."""
+    if label is None:
+        return {}
+    if isinstance(label, Mapping):
+        return {f: _text(label[f]) for f in (fields or decision) if label.get(f) is not None}
+    first = fields[0] if fields else next(iter(decision), None)
+    return {} if first is None else {first: _text(label)}
+
+
 def score_decisions(
     decisions: Mapping[str, Mapping[str, str]],
     labels: Mapping[str, Any],
@@ -172,14 +183,7 @@ def score_decisions(
     by_field: dict[str, list[int]] = {f: [0, 0] for f in order}
     scored = correct = 0
     for item, decision in decisions.items():
-        label = labels.get(item)
-        if label is None:
-            continue
-        if isinstance(label, Mapping):
-            wanted = {f: _text(label[f]) for f in (order or decision) if label.get(f) is not None}
-        else:
-            first = order[0] if order else next(iter(decision), None)
-            wanted = {} if first is None else {first: _text(label)}
+        wanted = _wanted(labels.get(item), order, decision)
         if not wanted:
             continue
         scored += 1
@@ -212,11 +216,14 @@ class Outcomes:
         "_inputs",
         "_kinds",
         "_last",
+        "_right",
         "_trail",
         "dropped",
         "labels",
         "max_items",
+        "right",
         "spec",
+        "tally",
         "unnamed",
     )
 
@@ -234,6 +241,12 @@ class Outcomes:
         self.dropped = 0
         #: Outcomes (and refused records) that named no item.
         self.unnamed = 0
+        #: Declared: items per decision (as :func:`decision_text` words it), kept as
+        #: outcomes arrive, for a live view that must not rescan every item each time.
+        self.tally: Counter[str] = Counter()
+        #: Declared: labelled item -> whether its decision is right, and how many are.
+        self._right: dict[str, bool] = {}
+        self.right = 0
         self._kinds: dict[str, int] = {}
         #: Declared: item -> its decision so far.
         self._last: dict[str, Decision] = {}
@@ -304,24 +317,43 @@ class Outcomes:
 
     def _decide(self, item: str, payload: Mapping[str, Any] | None, topic: str = "") -> None:
         last = self._last
-        if item not in last and len(last) >= self.max_items:
+        before = last.get(item)
+        if before is None and len(last) >= self.max_items:
             self.dropped += 1
             return
         spec = self.spec
         if payload is None:
-            fields = spec.fields or ("outcome",)
-            last[item] = dict.fromkeys(fields, spec.rejected)
-            return
-        if spec.fields:
+            decision = dict.fromkeys(spec.fields or ("outcome",), spec.rejected)
+        elif spec.fields:
             # ``topic`` is the outcome's own topic unless the payload has such a field: a
             # team that decides by where it sends an item (ticket.urgent, ticket.normal).
-            last[item] = {
+            decision = {
                 f: _text(payload[f]) if f in payload else topic
                 for f in spec.fields
                 if f in payload or f == "topic"
             }
         else:
-            last[item] = {f: _text(v) for f, v in payload.items() if f != spec.key}
+            decision = {f: _text(v) for f, v in payload.items() if f != spec.key}
+        last[item] = decision
+        if not spec.declared:
+            return
+        tally = self.tally
+        if before is not None:
+            old = decision_text(before, spec.fields)
+            tally[old] -= 1
+            if not tally[old]:
+                del tally[old]
+        tally[decision_text(decision, spec.fields)] += 1
+        wanted = _wanted(self.labels.get(item), spec.fields, decision)
+        if wanted:
+            ok = all(decision.get(f) == w for f, w in wanted.items())
+            self.right += ok - self._right.get(item, False)
+            self._right[item] = ok
+
+    def live(self) -> tuple[int, int, int]:
+        """(decided, labelled, right) so far, without rescanning: a declared outcome's
+        running count for a live view (the default outcome is known only at the end)."""
+        return len(self._last), len(self._right), self.right
 
     def decisions(self, leaf: Callable[[str], bool] | None = None) -> dict[str, Decision]:
         """Item -> decision. ``leaf(topic)`` says where a team's work ends, for the default

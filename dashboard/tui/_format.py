@@ -6,16 +6,18 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rich.markup import escape
 from rich.text import Text
 
 from agents import AgentUsage
-from pantheon.live import Hop, Snapshot
+from pantheon.live import Hop, OutcomeTally, Snapshot
 from pantheon.readmodel import SessionUsage, usd
 
 __all__ = [
     "cost",
     "count",
     "ms",
+    "outcomes_line",
     "payload_text",
     "rate",
     "totals_line",
@@ -80,14 +82,27 @@ def usage_line(usage: SessionUsage, live: bool) -> str:
 
 
 def totals_line(snap: Snapshot) -> str:
-    """The one-line summary above the panels."""
+    """The summary above the panels: the bus's totals, then what the team has decided."""
     t = snap.totals
     state = "LIVE" if snap.live else snap.status
-    return (
+    line = (
         f"{state}  t={snap.t_s:.1f}s  published {count(t.published)}  "
         f"delivered {count(t.delivered)}  DLQ {count(t.dlq_size)}  shed {count(t.shed)}  "
         f"queued {count(t.queued + t.in_flight)}  retries {count(t.retries)}"
     )
+    return line + ("\n" + outcomes_line(snap.outcomes) if snap.outcomes.decided else "")
+
+
+def outcomes_line(o: OutcomeTally) -> str:
+    """``decided 20 invoices: 12 approve, 8 hold  right 60.0% of 20 labelled``."""
+    noun = o.noun + ("" if o.decided == 1 else "s")
+    parts = ", ".join(f"{count(n)} {escape(what)}" for what, n in o.counts)
+    shown = sum(n for _, n in o.counts)
+    if shown < o.decided:
+        parts += f", {count(o.decided - shown)} other"
+    acc = o.accuracy
+    right = "" if acc is None else f"  right {acc:.1%} of {count(o.scored)} labelled"
+    return f"decided {count(o.decided)} {noun}: {parts}{right}"
 
 
 def payload_text(payload: Any) -> str:

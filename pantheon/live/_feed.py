@@ -48,6 +48,7 @@ from pantheon.live._snapshot import (
     Hello,
     Hop,
     HopLatency,
+    OutcomeTally,
     Redrive,
     RedriveResult,
     Series,
@@ -191,7 +192,8 @@ class LiveFeed:
     throughput, the last ``max_dead_letters`` dead letters and ``max_traces`` traces, a ring
     of ``trace_ring`` deliveries (0: no traces, no per-message work), ``max_clients``.
     ``usage`` says what the run's model calls have used so far (per agent; the runtime
-    reads its team's); without it, snapshots show no model usage.
+    reads its team's); without it, snapshots show no model usage. ``outcomes`` likewise says
+    what the team has decided so far.
     """
 
     def __init__(
@@ -208,6 +210,7 @@ class LiveFeed:
         trace_ring: int = DEFAULT_TRACE_RING,
         max_clients: int = DEFAULT_MAX_CLIENTS,
         usage: Callable[[], SessionUsage] | None = None,
+        outcomes: Callable[[], OutcomeTally] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -229,6 +232,7 @@ class LiveFeed:
         self.max_clients = max_clients
         self.status = "running"
         self.usage = usage
+        self.outcomes = outcomes
         #: Called with each entry id a client redrove successfully (the runtime marks it in
         #: the session store).
         self.on_redrive: list[Callable[[int], Awaitable[None]]] = []
@@ -528,6 +532,7 @@ class LiveFeed:
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
             usage=SessionUsage() if self.usage is None else self.usage(),
+            outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
         )
 
     def _series(self, origin: int) -> tuple[Series, ...]:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from bus import Bus
 from pantheon.live._feed import LiveFeed
+from pantheon.live._snapshot import MAX_TALLIED, OutcomeTally
 from pantheon.live._wire import socket_path
 from pantheon.readmodel import SessionUsage
 
@@ -41,8 +42,22 @@ class LiveRun:
         self.feed: LiveFeed | None = None
 
     def watch(self, team: Team) -> None:
-        """The run's ``on_team``: snapshots carry the model usage its agents count."""
+        """The run's ``on_team``: snapshots carry the model usage its agents count and what
+        the team has decided."""
         self._team = team
+
+    def _outcomes(self) -> OutcomeTally:
+        outcomes = None if self._team is None else self._team.outcomes
+        if outcomes is None or not outcomes.spec.declared:
+            return OutcomeTally()
+        decided, scored, right = outcomes.live()
+        return OutcomeTally(
+            noun=outcomes.spec.noun,
+            decided=decided,
+            scored=scored,
+            right=right,
+            counts=tuple(outcomes.tally.most_common(MAX_TALLIED)),
+        )
 
     def _usage(self) -> SessionUsage:
         return (
@@ -58,7 +73,14 @@ class LiveRun:
         path = None
         if recorder is not None and self._serve:
             path = socket_path(recorder.store.path, recorder.session_id)
-        feed = LiveFeed(bus, scenario=self._scenario, path=path, usage=self._usage, **self._options)
+        feed = LiveFeed(
+            bus,
+            scenario=self._scenario,
+            path=path,
+            usage=self._usage,
+            outcomes=self._outcomes,
+            **self._options,
+        )
         if recorder is not None:
             feed.on_redrive.append(_marker(recorder))
         await feed.start()

@@ -24,6 +24,7 @@ import msgspec
 from pantheon.readmodel import SessionUsage
 
 __all__ = [
+    "MAX_TALLIED",
     "PROTOCOL_VERSION",
     "BreakerEvent",
     "BreakerState",
@@ -31,6 +32,7 @@ __all__ = [
     "Hello",
     "Hop",
     "HopLatency",
+    "OutcomeTally",
     "Redrive",
     "RedriveResult",
     "Series",
@@ -164,6 +166,27 @@ class Trace(msgspec.Struct, frozen=True):
     hops: tuple[Hop, ...] | None = None
 
 
+class OutcomeTally(msgspec.Struct, frozen=True, kw_only=True):
+    """What the team has decided so far, in its own words (its ``outcome:``): ``noun`` an
+    item (``invoice``), ``counts`` items per decision, most first (at most
+    :data:`MAX_TALLIED`), and how many labelled decisions are right. Empty for a team that
+    declares no outcome while it runs (its default outcome is read at the end)."""
+
+    noun: str = "item"
+    decided: int = 0
+    scored: int = 0
+    right: int = 0
+    counts: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.right / self.scored if self.scored else None
+
+
+#: Decisions a tally names; the rest are counted in ``decided`` only.
+MAX_TALLIED = 8
+
+
 class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     """A session at one instant. ``live`` is True while a feed publishes it; ``status`` is
     the session's (``running`` until the run ends); ``seq`` numbers a feed's snapshots
@@ -185,6 +208,7 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     dead_letters: tuple[DeadLetter, ...] = ()
     traces: tuple[Trace, ...] = ()
     usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
+    outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
 
 
 # -- the socket protocol ---------------------------------------------------------------------

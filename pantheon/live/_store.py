@@ -6,11 +6,13 @@ from typing import Any
 
 from pantheon import readmodel
 from pantheon.live._snapshot import (
+    MAX_TALLIED,
     BreakerEvent,
     BreakerState,
     DeadLetter,
     Hop,
     HopLatency,
+    OutcomeTally,
     Series,
     Snapshot,
     Totals,
@@ -100,6 +102,26 @@ def snapshot_from_store(
             for r in requests
         ),
         usage=readmodel.usage(store, sid, calls=False),
+        outcomes=_tally(store, sid),
+    )
+
+
+def _tally(store: SessionStore, sid: str) -> OutcomeTally:
+    """What the recorded team decided, read as ``pantheon diff`` reads it."""
+    from collections import Counter
+
+    from agents import decision_text
+    from pantheon.rerun import session_outcomes
+
+    out = session_outcomes(store, sid)
+    score = out.score
+    counts = Counter(decision_text(d, out.spec.fields) for d in out.decisions.values())
+    return OutcomeTally(
+        noun=out.spec.noun,
+        decided=score.decided,
+        scored=score.scored,
+        right=score.correct,
+        counts=tuple(counts.most_common(MAX_TALLIED)),
     )
 
 

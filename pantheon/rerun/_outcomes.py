@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents import Outcomes, OutcomeScore, OutcomeSpec, score_decisions
-from agents._outcomes import decision_text
+from agents import Outcomes, OutcomeScore, OutcomeSpec, decision_text, score_decisions
 from pantheon.sessions import SessionInfo, SessionStore
 
 __all__ = [

@@ -157,3 +157,17 @@ def test_a_team_that_decides_by_topic_names_topic_as_a_field() -> None:
     o.see("ticket.normal", {"id": "T2", "body": "hi"}, 2, 0, 2)
     assert o.decisions() == {"T1": {"topic": "ticket.urgent"}, "T2": {"topic": "ticket.normal"}}
     assert o.score().field_accuracy("topic") == 0.5
+
+
+def test_a_declared_outcome_keeps_a_running_tally_for_live_views() -> None:
+    o = Outcomes(INVOICES, {"I-1": {"decision": "approve"}, "I-2": {"decision": "hold"}})
+    o.see("invoice.decided", {"invoice_id": "I-1", "decision": "hold"}, 1, 0, 1)
+    o.see("invoice.decided", {"invoice_id": "I-2", "decision": "hold"}, 2, 0, 2)
+    o.see("invoice.decided", {"invoice_id": "I-3", "decision": "approve"}, 3, 0, 3)
+    assert o.tally == {"hold": 2, "approve": 1}
+    assert o.live() == (3, 2, 1)
+    o.see("invoice.decided", {"invoice_id": "I-1", "decision": "approve"}, 4, 0, 1)  # re-decided
+    assert o.tally == {"hold": 1, "approve": 2}
+    assert o.live() == (3, 2, 2)
+    score = o.score()
+    assert (score.decided, score.scored, score.correct) == o.live()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from dashboard.tui._app import MAX_ROWS
 from dashboard.tui._format import count, ms, usage_cells, usage_line
 from pantheon import readmodel
 from pantheon.readmodel import usd
+from pantheon.rerun import session_outcomes
 from pantheon.sessions import SessionStore
 
 DEADLINE = 30.0
@@ -48,6 +50,7 @@ async def test_panels_show_the_sessions_numbers_in_80x24(flaky: tuple[Path, str]
         letters = readmodel.dead_letters(store, sid)
         published = store.envelope_counts()[sid]
         requests = readmodel.requests(store, sid)
+        decided = session_outcomes(store, sid)
     try:
         async with app.run_test(size=(80, 24)) as pilot:
             await until(pilot, lambda: app.snapshot is not None, "the first snapshot")
@@ -55,6 +58,14 @@ async def test_panels_show_the_sessions_numbers_in_80x24(flaky: tuple[Path, str]
             assert f"published {count(published)}" in totals
             assert f"DLQ {count(len(letters))}" in totals
             assert "completed" in totals
+            # What the team decided, in its words, as `pantheon diff` reads the record.
+            score = decided.score
+            by = Counter(d["action"] for d in decided.decisions.values())
+            top = ", ".join(f"{count(n)} {a}" for a, n in by.most_common(8))
+            assert (
+                f"decided {count(score.decided)} emails: {top}  right "
+                f"{score.correct / score.scored:.1%} of {count(score.scored)} labelled"
+            ) in totals
 
             latency = app.query_one("#latency-table", DataTable)
             assert latency.row_count == len(hops)
