@@ -22,6 +22,7 @@ from textual import on, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.message import Message
 from textual.screen import Screen
 from textual.widgets import (
@@ -241,12 +242,6 @@ class MonitorApp(App[None]):
         async for snap in self.source.snapshots():
             self.post_message(self.SnapshotArrived(snap))
 
-    @property
-    def _panels(self) -> Screen[Any]:
-        """The screen the panels are on: updates arrive while a dead letter or a timeline
-        is open on top of it, and must not look for the panels there."""
-        return self.screen_stack[0]
-
     @work(exclusive=True, group="approvals")
     async def _watch_approvals(self) -> None:
         """Read the session's approvals from the store while the monitor runs (a source
@@ -276,9 +271,13 @@ class MonitorApp(App[None]):
             if waiting
             else f"{len(message.approvals)} requests, none waiting"
         )
-        panels = self._panels
-        panels.query_one("#approvals-line", Static).update(line)
-        _fill(panels.query_one("#approval-table", DataTable), approval_rows(message.approvals))
+        try:
+            shown = self.query_one("#approvals-line", Static)
+            table = self.query_one("#approval-table", DataTable)
+        except NoMatches:
+            return  # the last poll of a monitor that is closing: nothing left to draw on
+        shown.update(line)
+        _fill(table, approval_rows(message.approvals))
 
     # -- drawing -------------------------------------------------------------------------------
 
@@ -287,14 +286,14 @@ class MonitorApp(App[None]):
         snap = self.snapshot = message.snapshot
         self.title = f"{snap.scenario or '?'} {snap.session_id}"
         self.sub_title = self.source.origin
-        self._panels.query_one("#totals", Static).update(totals_line(snap))
-        self._panels.query_one(ThroughputPanel).show(snap)
+        self.query_one("#totals", Static).update(totals_line(snap))
+        self.query_one(ThroughputPanel).show(snap)
         _fill(
-            self._panels.query_one("#latency-table", DataTable),
+            self.query_one("#latency-table", DataTable),
             ((f"{h.kind}:{h.name}", _latency_cells(h)) for h in snap.hops),
         )
         _fill(
-            self._panels.query_one("#breaker-table", DataTable),
+            self.query_one("#breaker-table", DataTable),
             (
                 (
                     b.name,
@@ -310,7 +309,7 @@ class MonitorApp(App[None]):
             ),
         )
         _fill(
-            self._panels.query_one("#breaker-events", DataTable),
+            self.query_one("#breaker-events", DataTable),
             (
                 (str(i), (f"{e.t_s:.3f}", e.name, e.old, e.new, e.reason or ""))
                 for i, e in enumerate(reversed(snap.breaker_events))
@@ -318,7 +317,7 @@ class MonitorApp(App[None]):
         )
         self._dead = {str(d.entry_id): d for d in snap.dead_letters}
         _fill(
-            self._panels.query_one("#dlq-table", DataTable),
+            self.query_one("#dlq-table", DataTable),
             (
                 (
                     str(d.entry_id),
@@ -336,7 +335,7 @@ class MonitorApp(App[None]):
         )
         self._traces = {str(t.correlation_id): t for t in snap.traces}
         _fill(
-            self._panels.query_one("#trace-table", DataTable),
+            self.query_one("#trace-table", DataTable),
             (
                 (
                     str(t.correlation_id),
@@ -353,7 +352,7 @@ class MonitorApp(App[None]):
             ),
         )
         usage = snap.usage
-        self._panels.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
+        self.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
         rows: list[tuple[str, Sequence[Any]]] = [
             (name, (_clip(name, 22), *_right(usage_cells(u))))
             for name, u in sorted(usage.by_agent.items())
@@ -361,28 +360,28 @@ class MonitorApp(App[None]):
         if usage.by_agent:
             total = (Text("total", style="bold"), *_right(usage_cells(usage.total), "bold"))
             rows.append((TOTAL_ROW, total))
-        _fill(self._panels.query_one("#usage-table", DataTable), rows)
+        _fill(self.query_one("#usage-table", DataTable), rows)
 
     # -- actions -------------------------------------------------------------------------------
 
     def action_panel(self, panel: str) -> None:
         while len(self.screen_stack) > 1:
             self.pop_screen()
-        self._panels.query_one("#panels", TabbedContent).active = panel
-        pane = self._panels.query_one(f"#{panel}", TabPane)
+        self.query_one("#panels", TabbedContent).active = panel
+        pane = self.query_one(f"#{panel}", TabPane)
         tables = pane.query(DataTable)
         if tables:
             tables.first().focus()
 
     def selected_dead_letter(self) -> DeadLetter | None:
-        table = self._panels.query_one("#dlq-table", DataTable)
+        table = self.query_one("#dlq-table", DataTable)
         if not table.row_count:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
         return self._dead.get(key or "")
 
     def action_redrive(self) -> None:
-        if self._panels.query_one("#panels", TabbedContent).active != "dlq":
+        if self.query_one("#panels", TabbedContent).active != "dlq":
             self.notify("select a dead letter on the DLQ panel (4) to redrive it")
             return
         letter = self.selected_dead_letter()

@@ -6,7 +6,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 
 from agents import AgentUsage
@@ -81,8 +80,9 @@ def usage_line(usage: SessionUsage, live: bool) -> str:
     return head + "\n* a model has no price: its tokens are counted, its cost is not"
 
 
-def totals_line(snap: Snapshot) -> str:
-    """The summary above the panels: the bus's totals, then what the team has decided."""
+def totals_line(snap: Snapshot) -> Text:
+    """The summary above the panels: the bus's totals, then what the team has decided; each
+    one line, cut at the screen's edge rather than wrapped into the next."""
     t = snap.totals
     state = "LIVE" if snap.live else snap.status
     line = (
@@ -90,19 +90,22 @@ def totals_line(snap: Snapshot) -> str:
         f"delivered {count(t.delivered)}  DLQ {count(t.dlq_size)}  shed {count(t.shed)}  "
         f"queued {count(t.queued + t.in_flight)}  retries {count(t.retries)}"
     )
-    return line + ("\n" + outcomes_line(snap.outcomes) if snap.outcomes.decided else "")
+    if snap.outcomes.decided:
+        line += "\n" + outcomes_line(snap.outcomes)
+    return Text(line, no_wrap=True, overflow="ellipsis")
 
 
 def outcomes_line(o: OutcomeTally) -> str:
-    """``decided 20 invoices: 12 approve, 8 hold  right 60.0% of 20 labelled``."""
+    """``decided 20 invoices, 60.0% right of 20 labelled: 12 approve, 8 hold``: the share
+    right first, so it shows in 80 columns however many kinds of decision follow."""
     noun = o.noun + ("" if o.decided == 1 else "s")
-    parts = ", ".join(f"{count(n)} {escape(what)}" for what, n in o.counts)
+    parts = ", ".join(f"{count(n)} {what}" for what, n in o.counts)
     shown = sum(n for _, n in o.counts)
     if shown < o.decided:
         parts += f", {count(o.decided - shown)} other"
     acc = o.accuracy
-    right = "" if acc is None else f"  right {acc:.1%} of {count(o.scored)} labelled"
-    return f"decided {count(o.decided)} {noun}: {parts}{right}"
+    right = "" if acc is None else f", {acc:.1%} right of {count(o.scored)} labelled"
+    return f"decided {count(o.decided)} {noun}{right}: {parts}"
 
 
 def payload_text(payload: Any) -> str:

@@ -133,6 +133,12 @@ def test_clients_see_the_counters_grow_until_the_final_status(watched: Watched) 
         # The Reasoner asks the rule provider: model calls, no tokens, no price for "rules".
         assert last.usage.total.calls > 0 and last.usage.total.total_tokens == 0
         assert set(last.usage.by_agent) == {"reasoner"} and last.usage.total.priced  # $0
+        # What the team decided grows live, in its own words, and ends as the record says.
+        decided = [s.outcomes.decided for s in live]
+        assert decided == sorted(decided) and len(set(decided)) >= 2
+        assert last.outcomes.noun == "email" and last.outcomes.scored > 0
+        with SessionStore(watched.store, create=False) as st:
+            assert snapshot_from_store(st, watched.session_id).outcomes == last.outcomes
 
 
 def test_a_client_redrives_a_dead_letter_in_the_running_process(watched: Watched) -> None:

@@ -63,8 +63,8 @@ async def test_panels_show_the_sessions_numbers_in_80x24(flaky: tuple[Path, str]
             by = Counter(d["action"] for d in decided.decisions.values())
             top = ", ".join(f"{count(n)} {a}" for a, n in by.most_common(8))
             assert (
-                f"decided {count(score.decided)} emails: {top}  right "
-                f"{score.correct / score.scored:.1%} of {count(score.scored)} labelled"
+                f"decided {count(score.decided)} emails, {score.correct / score.scored:.1%} "
+                f"right of {count(score.scored)} labelled: {top}"
             ) in totals
 
             latency = app.query_one("#latency-table", DataTable)
