@@ -274,7 +274,7 @@ async def _run(
         disable=not progress or not sys.stderr.isatty(),
         transient=True,
     )
-    task = bar.add_task(f"{scenario.name}: emails in", total=None)
+    task = bar.add_task(f"{scenario.name}: {scenario.outcome_spec().noun}s in", total=None)
 
     def on_progress(done: int, total: int | None) -> None:
         bar.update(task, completed=done, total=total)
