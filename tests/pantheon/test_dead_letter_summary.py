@@ -10,8 +10,8 @@ from typing import Any
 from agents import Outbox
 from bus import Bus, Envelope
 from pantheon._report import local_report
+from pantheon._summary_text import dead_letter_lines, dead_letters_text
 from pantheon._team import Team
-from pantheon.cli import _dead_letter_lines, _dead_letters_text
 
 
 async def test_a_dead_letter_line_names_the_exception_type_and_no_payload_field() -> None:
@@ -49,10 +49,10 @@ def test_a_capped_list_says_how_many_it_lists_and_its_lines_add_up_to_that() -> 
         dlq_evicted=0,
         session_id="s1",
     )
-    assert _dead_letters_text(s) == (
+    assert dead_letters_text(s) == (
         "dead letters 200 (195 circuit_open, 5 failed; 100 listed, all in the session store)"
     )
-    assert _dead_letter_lines(s) == [
+    assert dead_letter_lines(s) == [
         "  95 x router (circuit_open), e.g. Error: circuit_open",
         "  5 x router (failed), e.g. Error: failed",
     ]
@@ -65,7 +65,7 @@ def test_a_complete_list_needs_no_note_and_sheds_are_never_listed() -> None:
         dlq_evicted=0,
         session_id=None,
     )
-    assert _dead_letters_text(s) == "dead letters 42 (40 shed, 2 failed)"
+    assert dead_letters_text(s) == "dead letters 42 (40 shed, 2 failed)"
 
 
 def test_pairs_past_the_printed_few_are_summed_on_one_line() -> None:
@@ -75,7 +75,7 @@ def test_pairs_past_the_printed_few_are_summed_on_one_line() -> None:
         for _ in "ab"
     ]
     s = SimpleNamespace(dlq={"failed": 10}, dead_letters=letters, dlq_evicted=0, session_id="s1")
-    assert _dead_letter_lines(s) == [
+    assert dead_letter_lines(s) == [
         "  2 x agent0 (failed)",
         "  2 x agent1 (failed)",
         "  2 x agent2 (failed)",
