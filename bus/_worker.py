@@ -51,8 +51,8 @@ TIME_SAMPLE = 16
 #: delivers (however many workers it has), then one in CPU_SAMPLE of each worker's (a subset
 #: of the timed ones). Reading that clock is a system call, several times the cost of the
 #: monotonic clock, so it is sampled more sparsely; the timing checks need its p99 only to
-#: say whether a handler's own work exceeds a bound. benchmarks/timing_bench.py: the reads
-#: cost 0.5% of a no-op subscriber's CPU and nothing measurable on the pipeline.
+#: say whether a handler's own work exceeds a bound. The reads cost about 0.6% of a no-op
+#: subscriber's CPU, nothing measurable on the pipeline (benchmarks/timing_bench.py).
 CPU_ALL_UNTIL = 256
 CPU_SAMPLE = 256
 
