@@ -37,7 +37,8 @@ MAX_TOPICS = 10_000
 #: A timing check whose bound was exceeded is inconclusive rather than failed when the loop
 #: thread waited at least this share of its busy time for a CPU (and the handlers' own CPU
 #: time stayed within the bound): work then took at least 4/3 of what it would on a free
-#: CPU. A quiet machine stays under 5%; beside busy processes on every core it is 30-60%.
+#: CPU. On a 2-core machine (benchmarks/RESULTS.md) other sessions' test runs made it
+#: 30-50%, three busy loops beside them 80-92%; a machine running nothing else is near 0.
 STARVED_SHARE = 0.25
 
 
@@ -321,9 +322,8 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         )
 
     def timing(name: str, ok: bool, want: Any, got: Any, own: tuple[bool, str] | None) -> None:
-        """``own``: whether the team's own work (CPU time) stays within the bound, and the
-        figure that says so; ``None`` when it was not measured (the check cannot be
-        excused then)."""
+        """``own``: whether the team's own work (CPU time) meets the bound, and the figure
+        that says so; ``None`` when it was not measured (the check cannot be excused)."""
         if ok:
             check(name, True, want, got)
             return
@@ -344,7 +344,8 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         if not cpus or len(cpus) < len(subs):
             return None
         cpu = max(cpus)
-        return cpu <= limit, f"the handlers' own CPU time p99 is {cpu:.3f} ms"
+        within = "within" if cpu <= limit else "over"
+        return cpu <= limit, f"the handlers' own CPU time p99 is {cpu:.3f} ms, {within} the bound"
 
     every_hop = list(s.hops.values())
 
@@ -413,9 +414,14 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         # less: a rate short of the bound even then is the team's, whatever the load.
         wait = float(s.scheduling.get("wait_s") or 0.0)
         rate: tuple[bool, str] | None = None
-        if s.elapsed_s > wait:
+        if s.scheduling.get("share") is not None and s.elapsed_s > wait:
             free = s.messages / (s.elapsed_s - wait)
-            rate = free >= e.min_throughput, f"without its waits it would reach {free:.1f} msg/s"
+            enough = free >= e.min_throughput
+            rate = (
+                enough,
+                f"without its waits it would reach {free:.1f} msg/s"
+                + (", within the bound" if enough else ", short of the bound"),
+            )
         timing(
             f"throughput >= {e.min_throughput} msg/s",
             s.throughput >= e.min_throughput,
@@ -451,7 +457,7 @@ def _timing(
     (failed all the same under ``strict``)."""
     share = scheduling.get("share")
     if own is not None and not own[0]:
-        return "failed", f"{own[1]}, over the bound: slow at any load"
+        return "failed", f"{own[1]}: slow at any load"
     if share is None:
         return "failed", "no measure of how long the process waited for a CPU"
     waited = _waited(scheduling)
@@ -459,7 +465,7 @@ def _timing(
         return "failed", f"{waited}: too little to excuse it"
     if own is None:
         return "failed", f"{waited}, but the team's own CPU time was not measured"
-    why = f"{waited}; {own[1]}, within the bound"
+    why = f"{waited}; {own[1]}"
     if strict:
         return "failed", f"inconclusive ({why}), and timing is strict"
     return "inconclusive", why

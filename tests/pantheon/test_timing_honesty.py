@@ -226,7 +226,17 @@ def test_throughput_is_excused_only_if_the_waits_explain_it(tmp_path: Path) -> N
     (check,) = [e for e in judge(scenario, short) if e["name"].startswith("throughput")]
     assert check["state"] == "failed"
     assert check["why"] == (
-        "without its waits it would reach 66.7 msg/s, over the bound: slow at any load"
+        "without its waits it would reach 66.7 msg/s, short of the bound: slow at any load"
+    )
+    # Nothing measured the waits: no estimate, and nothing to excuse the check with.
+    (check,) = [
+        e
+        for e in judge(scenario, dataclasses.replace(slow, scheduling={}))
+        if e["name"].startswith("throughput")
+    ]
+    assert (check["state"], check["why"]) == (
+        "failed",
+        "no measure of how long the process waited for a CPU",
     )
 
 
