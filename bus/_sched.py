@@ -104,12 +104,12 @@ class LoopScheduling:
         wall = time.monotonic() - self._wall0
         if self.source == "schedstat":
             now = read_schedstat(self._path)
-            if now is not None:
+            if now is not None and (now[0] > self._cpu0 or now[1] > self._wait0):
                 cpu = (now[0] - self._cpu0) / 1e9
                 wait = (now[1] - self._wait0) / 1e9
-                busy = cpu + wait
-                return SchedulingStats("schedstat", wall, cpu, wait, wait / busy if busy else 0.0)
-            # The thread is gone (the bus outlived its loop's thread): nothing to add.
+                return SchedulingStats("schedstat", wall, cpu, wait, wait / (cpu + wait))
+            # The thread is gone (the bus outlived its loop's thread), or the kernel does not
+            # account (a file of zeros): no figure rather than a share of 0.
             return SchedulingStats("none", wall, 0.0, 0.0, None)
         cpu = (time.process_time_ns() - self._cpu0) / 1e9
         if self.source == "none":

@@ -267,6 +267,8 @@ def test_schedstat_readings_make_the_share(tmp_path: Path) -> None:
     (task / "schedstat").write_text("1500000000 1000000000 20\n")
     got = clock.read()
     assert (got.source, got.cpu_s, got.wait_s, got.share) == ("schedstat", 0.5, 0.5, 0.5)
+    (task / "schedstat").write_text("1000000000 500000000 10\n")
+    assert clock.read().share is None  # nothing accounted since the start: no figure
     (task / "schedstat").write_text("garbage\n")
     assert read_schedstat(task / "schedstat") is None
     assert clock.read().share is None  # unreadable later: no figure, not a wrong one
