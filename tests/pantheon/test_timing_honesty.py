@@ -22,7 +22,7 @@ from bus._sched import LoopScheduling, read_schedstat
 from pantheon._report import RunSummary, expectation_state, judge, local_report, summarize
 from pantheon._team import Team
 from pantheon.cli import app
-from pantheon.scenario import Scenario, load_scenario
+from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionStore
 from pantheon.testing import run_scenario
 
@@ -395,3 +395,11 @@ def test_sessions_show_lists_inconclusive_checks_and_reads_old_sessions(
     assert "summary   expectations: 0 passed, 1 failed" in result.output.splitlines()
     assert expectation_state(old["expectations"][0]) == "failed"
     assert expectation_state({"passed": True}) == "passed"
+
+
+def test_strict_timing_must_be_a_boolean(tmp_path: Path) -> None:
+    path = _team(tmp_path, "nap", "  strict_timing: sometimes")
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert "expect.strict_timing" in str(err.value)
+    assert f"{path}:" in str(err.value)
