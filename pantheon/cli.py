@@ -105,6 +105,16 @@ def _load(path: Path) -> Scenario:
         raise typer.Exit(2) from None
 
 
+StrictTimingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict-timing",
+        help="Fail timing checks a busy machine may have failed (inconclusive ones), "
+        "as expect.strict_timing does: for a dedicated CI machine.",
+    ),
+]
+
+
 @app.command()
 def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
     """Check a scenario without running it; errors name the file, line and field."""
@@ -126,14 +136,7 @@ def run(
     tui: Annotated[
         bool, typer.Option("--tui", help="Watch the run in the terminal monitor (tui extra).")
     ] = False,
-    strict_timing: Annotated[
-        bool,
-        typer.Option(
-            "--strict-timing",
-            help="Fail timing checks a busy machine may have failed (inconclusive ones), "
-            "as expect.strict_timing does: for a dedicated CI machine.",
-        ),
-    ] = False,
+    strict_timing: StrictTimingOpt = False,
 ) -> None:
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
@@ -211,14 +214,7 @@ def serve(
         typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
     ] = None,
     record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
-    strict_timing: Annotated[
-        bool,
-        typer.Option(
-            "--strict-timing",
-            help="Fail timing checks a busy machine may have failed (inconclusive ones), "
-            "as expect.strict_timing does: for a dedicated CI machine.",
-        ),
-    ] = False,
+    strict_timing: StrictTimingOpt = False,
 ) -> None:
     """Run a scenario behind the HTTP/WebSocket gateway until Ctrl-C (or SIGTERM), then
     finish the run, record the session and print its summary."""
@@ -440,9 +436,18 @@ def _print_summary(s: Any) -> None:
         out.print(f"{STATE_MARKS[state]} {escape(e['name'])} (actual {e['actual']})")
         if state != "passed" and e.get("why"):
             out.print(f"     {escape(e['why'])}", soft_wrap=True)
-    out.print(
-        "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
-    )
+    unsure = sum(expectation_state(e) == "inconclusive" for e in s.expectations)
+    if not s.passed:
+        out.print("[red]expectations failed[/red]")
+    elif unsure:
+        # Still "all passed": an inconclusive check passes unless timing is strict.
+        out.print(
+            f"[green]all expectations passed[/green] [yellow]({unsure} timing "
+            f"check{'s' if unsure != 1 else ''} inconclusive: the process waited for a "
+            "CPU)[/yellow]"
+        )
+    else:
+        out.print("[green]all expectations passed[/green]")
 
 
 def main() -> None:
