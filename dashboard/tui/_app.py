@@ -219,6 +219,8 @@ class MonitorApp(App[None]):
             with TabPane("8 Checks", id="checks"), Vertical():
                 yield Static("the run's expectations, once it ends", id="checks-line")
                 yield DataTable(id="check-table", cursor_type="row", zebra_stripes=True)
+                # Why each timing check did not pass, wrapped: too long for a table cell.
+                yield Static("", id="checks-why")
         # Every key of the monitor in 80 columns (the palette is still on ctrl+p).
         yield Footer(compact=True, show_command_palette=False)
 
@@ -246,7 +248,7 @@ class MonitorApp(App[None]):
             "#", "state", "agent", "note", "request"
         )
         self.query_one("#check-table", DataTable).add_columns(
-            "state", "expectation", "expected", "actual", "why"
+            "state", "expectation", "expected", "actual"
         )
         self.sub_title = self.source.origin
         self._follow()
@@ -376,6 +378,12 @@ class MonitorApp(App[None]):
             self.query_one("#checks-line", Static).update(
                 ", ".join(f"{states.count(s)} {s}" for s in _CHECK_STYLE if s in states)
             )
+            why = Text()
+            for c in snap.checks:
+                if c.why and c.state != "passed":
+                    why.append(f"{c.state.upper()} ", style=_CHECK_STYLE.get(c.state, ""))
+                    why.append(f"{c.name}: {c.why}\n")
+            self.query_one("#checks-why", Static).update(why)
         _fill(
             self.query_one("#check-table", DataTable),
             (
@@ -386,7 +394,6 @@ class MonitorApp(App[None]):
                         c.name,
                         _clip(c.expected, 20),
                         _clip(c.actual, 20),
-                        c.why or "",
                     ),
                 )
                 for i, c in enumerate(snap.checks)
