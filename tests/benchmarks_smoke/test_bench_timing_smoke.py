@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bus._bus
+from bus._sched import LoopScheduling
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks" / "timing_bench.py"
 
@@ -42,6 +45,8 @@ def test_off_means_no_cpu_clock_and_no_schedstat() -> None:
     finally:
         sys.path.remove(str(BENCH.parent))
     with timing_bench.measurement(on=False):
+        assert bus._bus.LoopScheduling is timing_bench._Unmeasured
         off = asyncio.run(timing_bench.bus_run(1000))
+    assert bus._bus.LoopScheduling is LoopScheduling  # put back
     on = asyncio.run(timing_bench.bus_run(1000))
     assert (off["samples"], on["samples"]) == (0, 256 + 2)
