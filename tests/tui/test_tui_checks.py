@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from textual.pilot import Pilot
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
 from pantheon.sessions import SessionStore
 
 WHY = "the process waited 41% of its busy time for a CPU; the handlers' own CPU time p99 is 1.2 ms"
+
+
+async def _until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
 
 
 async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path) -> None:
@@ -32,13 +43,11 @@ async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path)
     app = MonitorApp(source)
     try:
         async with app.run_test(size=(80, 24)) as pilot:
-            for _ in range(600):  # the store is read in a thread
-                if app.snapshot is not None:
-                    break
-                await pilot.pause(0.05)
-            await pilot.press("8")
-            assert app.query_one("#panels", TabbedContent).active == "checks"
             table = app.query_one("#check-table", DataTable)
+            await _until(pilot, lambda: table.row_count == 3, "the checks")  # read in a thread
+            await pilot.press("8")
+            panels = app.query_one("#panels", TabbedContent)
+            await _until(pilot, lambda: panels.active == "checks", "the checks panel")
             rows = [table.get_row(k) for k in ("0", "1", "2")]
             assert [(str(r[0]), r[0].style) for r in rows] == [
                 ("PASSED", "green"),
