@@ -6,12 +6,13 @@ Starts ``--busy`` CPU-bound processes (``while True: pass``; two keep both of th
 cores busy, so the scenario shares them), waits a second for the scheduler to feel them,
 then runs ``pantheon run <scenario> --no-record --json`` (the support scenario unless told)
 ``--runs`` times in a row, each a fresh process: the README's first command plus ``--json``.
-For every run it prints whether it passed, the failed checks, and the worst p99 handling and
-queue wait with their agents; at the end, per agent, the worst p99 handling and queue wait
-over all runs, the load average, and the share of the machine's CPU that was busy during the
-runs (from ``/proc/stat``). The busy processes are stopped in any case. JSON with every run
-goes to ``benchmarks/results/busy_machine.json``; the exit status is 0 only if every run
-passed.
+For every run it prints whether it passed, the failed checks, how many timing checks were
+inconclusive (the process waited for a CPU; they pass unless ``--strict-timing``), and the
+worst p99 handling and queue wait with their agents; at the end, per agent, the worst p99
+handling and queue wait over all runs, the load average, and the share of the machine's CPU
+that was busy during the runs (from ``/proc/stat``). The busy processes are stopped in any
+case. JSON with every run goes to ``benchmarks/results/busy_machine.json``; the exit status
+is 0 only if every run passed.
 """
 
 from __future__ import annotations
@@ -80,6 +81,10 @@ def one_run(command: list[str], scenario: Path) -> dict[str, Any]:
         "wall_s": wall,
         "elapsed_s": summary.get("elapsed_s"),
         "failed": [e["name"] for e in summary.get("expectations", ()) if not e["passed"]],
+        "inconclusive": [
+            e["name"] for e in summary.get("expectations", ()) if e.get("state") == "inconclusive"
+        ],
+        "cpu_wait_share": (summary.get("scheduling") or {}).get("share"),
         "agents": per_agent(summary.get("hops", {})),
     }
 
@@ -119,6 +124,12 @@ def main() -> None:
                 f"{h:7.2f} ms ({h_agent})   queue wait {w:7.2f} ms ({w_agent})",
                 flush=True,
             )
+            if run.get("inconclusive"):
+                print(
+                    f"        {len(run['inconclusive'])} inconclusive: the process waited "
+                    f"{run['cpu_wait_share']:.0%} of its busy time for a CPU",
+                    flush=True,
+                )
             if "error" in run:
                 print(run["error"], file=sys.stderr)
         busy1, total1 = cpu_jiffies()

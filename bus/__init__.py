@@ -38,6 +38,7 @@ from bus._hooks import (
     is_sampled,
 )
 from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, TopicStats
+from bus._sched import SchedulingStats
 from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Transport
@@ -76,6 +77,7 @@ __all__ = [
     "QueueFullError",
     "RequestTimeout",
     "Retry",
+    "SchedulingStats",
     "SubscriberStats",
     "Subscription",
     "SystemClock",

@@ -47,6 +47,7 @@ from bus._hooks import (
 from bus._metrics import BusStats, bus_stats
 from bus._publishing import Dispatcher
 from bus._routing import DEFAULT_ROUTE_CACHE, Route, Routes
+from bus._sched import LoopScheduling
 from bus._subscription import Ledger, Subscription, as_async
 from bus._topics import validate_pattern
 from bus._transport import BusPort, InProcessTransport, Transport
@@ -124,6 +125,7 @@ class Bus:
         self._running = False
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._sched: LoopScheduling | None = None  # from start: the loop thread's CPU waits
         #: Stamped on every envelope this bus creates; the runtime puts its effect runner here
         #: so plain handlers reach it as ``env.context``.
         self.context: Any = None
@@ -165,6 +167,7 @@ class Bus:
         if self._closed:
             raise BusClosedError("a closed bus cannot be restarted")
         self._loop = asyncio.get_running_loop()
+        self._sched = LoopScheduling()
         self._running = True
         self.transport.on_change = self._routes.changed
         try:
@@ -567,7 +570,8 @@ class Bus:
 
     def stats(self) -> BusStats:
         """Counters, latency summaries and depths of the whole bus, read at one instant."""
-        return bus_stats(self._routes.counts(), self._subs, self.dlq, self.breakers())
+        sched = None if self._sched is None else self._sched.read()
+        return bus_stats(self._routes.counts(), self._subs, self.dlq, self.breakers(), sched)
 
     @property
     def outstanding(self) -> int:

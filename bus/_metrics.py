@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from bus._sched import SchedulingStats
+
 if TYPE_CHECKING:
     from bus._dlq import DeadLetterQueue
     from bus._subscription import Subscription
@@ -150,11 +152,17 @@ class SubscriberStats:
     breaker_trips: int
     queue_wait: LatencySummary
     handling: LatencySummary
+    handling_cpu: LatencySummary
+    """CPU time of the loop thread during a handling (``time.thread_time``), sampled more
+    sparsely than ``handling`` (the clock is a system call). A handler's own work plus
+    whatever ran on the loop while it awaited: an upper bound on its own, which the timing
+    checks use to tell slow code from a busy machine."""
 
 
 @dataclass(frozen=True, slots=True)
 class BusStats:
-    """Everything the bus counted, read at one instant."""
+    """Everything the bus counted, read at one instant. ``scheduling`` is how long the loop
+    thread waited for a CPU since the bus started (``None`` before it starts)."""
 
     published: int
     topics: dict[str, TopicStats]
@@ -163,6 +171,7 @@ class BusStats:
     dlq_size: int
     dlq_evicted: int
     breakers: dict[str, str] = field(default_factory=dict)
+    scheduling: SchedulingStats | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -173,6 +182,7 @@ def bus_stats(
     subs: Mapping[str, Subscription],
     dlq: DeadLetterQueue,
     breakers: dict[str, str],
+    scheduling: SchedulingStats | None = None,
 ) -> BusStats:
     """A bus's :class:`BusStats` from its parts, read at one instant (``Bus.stats``)."""
     edges = [
@@ -188,4 +198,5 @@ def bus_stats(
         dlq_size=len(dlq),
         dlq_evicted=dlq.evicted,
         breakers=breakers,
+        scheduling=scheduling,
     )

@@ -113,6 +113,7 @@ class Subscription:
         "filtered",
         "handler",
         "handling",
+        "handling_cpu",
         "idle",
         "in_flight",
         "ledger",
@@ -203,6 +204,7 @@ class Subscription:
         #: (0: every one, while the first SHED_LIST_ALL or while a DLQ observer listens).
         self.listed_sheds = self.list_at = 0
         self.handling = Histogram()
+        self.handling_cpu = Histogram()
         self.edges: dict[str | None, Histogram] = {}
         self.workers: list[asyncio.Task[None]] = []
 
@@ -372,6 +374,7 @@ class Subscription:
             breaker_trips=self.breaker.trips,
             queue_wait=wait.summary(),
             handling=self.handling.summary(),
+            handling_cpu=self.handling_cpu.summary(),
         )
 
 

@@ -168,7 +168,13 @@ async def _remote(tui: Any, url: str, token: str | None) -> None:
 
 
 def run_tui(
-    file: Path, *, seed: int | None, store: Path | None, record: bool, as_json: bool
+    file: Path,
+    *,
+    seed: int | None,
+    store: Path | None,
+    record: bool,
+    as_json: bool,
+    strict_timing: bool = False,
 ) -> int:
     """``pantheon run FILE --tui``: the run in a child process, the monitor attached to its
     feed in this one; the run's own output is printed once the monitor closes. Returns the
@@ -190,6 +196,7 @@ def run_tui(
     args = [sys.executable, "-m", "pantheon.cli", "run", str(file), "--store", str(path)]
     args += [] if seed is None else ["--seed", str(seed)]
     args += ["--json"] if as_json else []
+    args += ["--strict-timing"] if strict_timing else []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
         try:

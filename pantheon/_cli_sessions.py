@@ -28,6 +28,8 @@ from rich.table import Table
 from agents import AgentUsage
 from pantheon import readmodel
 from pantheon._console import report_console
+from pantheon._report import expectation_state
+from pantheon._summary_text import STATE_MARKS
 from pantheon.rerun import replay_session
 from pantheon.sessions import (
     STORE_ENV,
@@ -40,7 +42,7 @@ from pantheon.sessions import (
     resolve_store_path,
 )
 
-__all__ = ["register", "usage_lines"]
+__all__ = ["register", "summary_lines", "usage_lines"]
 
 StoreOpt = Annotated[
     Path | None,
@@ -173,17 +175,27 @@ def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
     """The recorded run summary for ``sessions show``, whole and as markup-safe lines:
-    the failed expectations first, one each with what was expected and what was measured,
+    the failed expectations first, then the inconclusive ones, one each with what was
+    expected, what was measured and why,
     then every other field on its own line (a table such as ``hops``, one row per line)."""
     expectations = [e for e in summary.get("expectations") or () if isinstance(e, dict)]
-    failed = [e for e in expectations if not e.get("passed")]
-    passed = len(expectations) - len(failed)
-    lines = [f"summary   expectations: {passed} passed, {len(failed)} failed"]
-    lines.extend(
-        f"  [red]FAIL[/red] {escape(str(e.get('name')))}: expected "
-        f"{escape(_value(e.get('expected')))}, actual {escape(_value(e.get('actual')))}"
-        for e in failed
-    )
+    states = [expectation_state(e) for e in expectations]
+    failed = states.count("failed")
+    unsure = states.count("inconclusive")
+    lines = [
+        f"summary   expectations: {states.count('passed')} passed, {failed} failed"
+        + (f", {unsure} inconclusive" if unsure else "")
+    ]
+    for state in ("failed", "inconclusive"):
+        for e, its in zip(expectations, states, strict=True):
+            if its != state:
+                continue
+            lines.append(
+                f"  {STATE_MARKS[state]} {escape(str(e.get('name')))}: expected "
+                f"{escape(_value(e.get('expected')))}, actual {escape(_value(e.get('actual')))}"
+            )
+            if e.get("why"):
+                lines.append(f"    {escape(str(e['why']))}")
     for key, value in summary.items():
         if key == "expectations":
             continue

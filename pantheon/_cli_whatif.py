@@ -16,7 +16,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from pantheon._overlay import apply_overlay, read_overlay
-from pantheon._summary_text import dead_letter_lines, dead_letters_text
+from pantheon._summary_text import (
+    dead_letter_lines,
+    dead_letters_text,
+    expectation_lines,
+    verdict_line,
+)
 from pantheon._whatif import WhatIfReport, whatif_replay
 from pantheon.rerun import OutcomeDiff
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
@@ -93,15 +98,11 @@ def verdict_lines(report: WhatIfReport) -> list[str]:
     expectation judged, as ``pantheon run`` prints them, then the timing bounds left out."""
     s = report.summary
     lines = [dead_letters_text(s), *dead_letter_lines(s)]
-    for e in s.expectations:
-        mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
-        lines.append(f"{mark} {escape(e['name'])} (actual {escape(str(e['actual']))})")
+    lines += expectation_lines(s)
     if report.not_judged:
         lines.append(
             f"not judged: {', '.join(report.not_judged)} (a what-if's timings are the "
             "replay's, not the team's)"
         )
-    lines.append(
-        "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
-    )
+    lines.append(verdict_line(s))
     return lines

@@ -919,6 +919,7 @@ class _Driver:
                 "passed": not died,
                 "expected": [],
                 "actual": died,
+                "state": "failed" if died else "passed",
             }
         )
         return summary

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer
-from bus import Bus, Envelope, matches
+from bus import Bus, Envelope, SchedulingStats, matches
 from bus._transport import Receipt
 from pantheon._imports import ImportProblem
 from pantheon._inputs import import_path
@@ -20,9 +20,11 @@ from pantheon.scenario import Scenario
 __all__ = [
     "MAX_LISTED_DEAD_LETTERS",
     "MAX_TOPICS",
+    "STARVED_SHARE",
     "RunSummary",
     "accuracy_bounds",
     "count_own_topics",
+    "expectation_state",
     "judge",
     "local_report",
     "summarize",
@@ -33,6 +35,12 @@ MAX_LISTED_DEAD_LETTERS = 100
 #: Distinct topics counted by :func:`count_own_topics`; later topics are summed under
 #: ``<other>``, as the bus's own per-topic counts are.
 MAX_TOPICS = 10_000
+#: A timing check whose bound was exceeded is inconclusive rather than failed when the loop
+#: thread waited at least this share of its busy time for a CPU (and the handlers' own CPU
+#: time stayed within the bound): work then took at least 4/3 of what it would on a free
+#: CPU. On a 2-core machine (benchmarks/RESULTS.md) other sessions' test runs made it
+#: 30-50%, three busy loops beside them 80-92%; a machine running nothing else is near 0.
+STARVED_SHARE = 0.25
 
 
 @dataclass
@@ -81,6 +89,10 @@ class RunSummary:
     inside it (a chain of agents on that node) died with its accounting, as did what it
     published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
+    scheduling: dict[str, Any] = field(default_factory=dict)
+    """How long the event loop's thread waited for a CPU while it had work (``source``,
+    ``wall_s``, ``cpu_s``, ``wait_s``, ``share``; see ``bus._sched``): of a multi-process
+    run, the process that waited the largest share. Empty when nothing measured it."""
 
     @property
     def passed(self) -> bool:
@@ -146,6 +158,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
             "handle_p50_ms": s.handling.p50_us / 1000,
             "handle_p95_ms": s.handling.p95_us / 1000,
             "handle_p99_ms": s.handling.p99_us / 1000,
+            "cpu_p99_ms": s.handling_cpu.p99_us / 1000,
             "breaker_trips": s.breaker_trips,
         }
         if s.published != s.delivered + s.dead_lettered + s.shed + s.released or s.rejected:
@@ -200,6 +213,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
         "usage": team.usage(),
+        "scheduling": _scheduling(stats.scheduling),
     }
 
 
@@ -296,6 +310,7 @@ def summarize(
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),
         malformed_topic=getattr(scenario.input, "malformed_topic", None),
         unverified=dict(unverified or {}),
+        scheduling=_most_starved(reports),
     )
     summary.expectations = judge(scenario, summary)
     return summary
@@ -314,16 +329,51 @@ def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
-    """Each expectation of the scenario as a named check: expected, actual, passed.
+    """Each expectation of the scenario as a named check: expected, actual, passed, and a
+    ``state``: ``passed``, ``failed`` or ``inconclusive``.
 
     Latency checks other than the historical ``max_p99_ms`` are named ``timing: ...``: they
     measure the machine as much as the team, and a reader of a failed CI run should see
-    at once which failures are about speed."""
+    at once which failures are about speed. Every latency check and ``min_throughput``
+    is judged by :func:`_timing`: exceeded while the machine kept the process from a CPU,
+    with the handlers' own CPU time within the bound, it is inconclusive (``passed`` stays
+    true unless ``expect.strict_timing``), and ``why`` says how long the process waited."""
     e = scenario.expect
     out: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, want: Any, got: Any) -> None:
-        out.append({"name": name, "passed": bool(passed), "expected": want, "actual": got})
+        state = "passed" if passed else "failed"
+        out.append(
+            {"name": name, "passed": bool(passed), "expected": want, "actual": got, "state": state}
+        )
+
+    def timing(name: str, ok: bool, want: Any, got: Any, own: tuple[bool, str] | None) -> None:
+        """``own``: whether the team's own work (CPU time) meets the bound, and the figure
+        that says so; ``None`` when it was not measured (the check cannot be excused)."""
+        if ok:
+            check(name, True, want, got)
+            return
+        state, why = _timing(s.scheduling, own, e.strict_timing)
+        out.append(
+            {
+                "name": name,
+                "passed": state == "inconclusive",
+                "expected": want,
+                "actual": got,
+                "state": state,
+                "why": why,
+            }
+        )
+
+    def cpu_within(subs: list[dict[str, float]], limit: float) -> tuple[bool, str] | None:
+        cpus = [h["cpu_p99_ms"] for h in subs if "cpu_p99_ms" in h]
+        if not cpus or len(cpus) < len(subs):
+            return None
+        cpu = max(cpus)
+        within = "within" if cpu <= limit else "over"
+        return cpu <= limit, f"the handlers' own CPU time p99 is {cpu:.3f} ms, {within} the bound"
+
+    every_hop = list(s.hops.values())
 
     if s.input_errors:
         check("input ran to its end", False, "no error", "; ".join(s.input_errors))
@@ -335,7 +385,9 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
             # p99 of one hop, bounded above by p99(queue wait) + p99(handling).
             subs = _hops_of(s, agent)
             worst = max((h["wait_p99_ms"] + h["handle_p99_ms"] for h in subs), default=0.0)
-            check(f"p99 {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3))
+            # Any handler holding the loop delays every mailbox: the worst one's CPU counts.
+            own = cpu_within(every_hop, limit)
+            timing(f"p99 {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3), own)
     for bound, what, key in (
         (e.p99_handling_ms, "handling", "handle_p99_ms"),
         (e.p99_queue_wait_ms, "queue wait", "wait_p99_ms"),
@@ -345,10 +397,11 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         agents = {n.split(":", 1)[0]: None for n in s.hops}
         limits = bound if isinstance(bound, dict) else dict.fromkeys(agents, bound)
         for agent, limit in limits.items():
-            worst = max((h[key] for h in _hops_of(s, agent)), default=0.0)
-            check(
-                f"timing: p99 {what} {agent} <= {limit} ms", worst <= limit, limit, round(worst, 3)
-            )
+            subs = _hops_of(s, agent)
+            worst = max((h[key] for h in subs), default=0.0)
+            own = cpu_within(subs if key == "handle_p99_ms" else every_hop, limit)
+            name = f"timing: p99 {what} {agent} <= {limit} ms"
+            timing(name, worst <= limit, limit, round(worst, 3), own)
     if e.zero_lost:
         # Only what was counted: a process that died with its books is not "nothing lost".
         # Even one that settled nothing: what it published itself is in nobody's books.
@@ -384,11 +437,24 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
             s.breaker_trips,
         )
     if e.min_throughput is not None:
-        check(
+        # Had the loop never waited for a CPU, the run would have taken at most its wait
+        # less: a rate short of the bound even then is the team's, whatever the load.
+        wait = float(s.scheduling.get("wait_s") or 0.0)
+        rate: tuple[bool, str] | None = None
+        if s.scheduling.get("share") is not None and s.elapsed_s > wait:
+            free = s.messages / (s.elapsed_s - wait)
+            enough = free >= e.min_throughput
+            rate = (
+                enough,
+                f"without its waits it would reach {free:.1f} msg/s"
+                + (", within the bound" if enough else ", short of the bound"),
+            )
+        timing(
             f"throughput >= {e.min_throughput} msg/s",
             s.throughput >= e.min_throughput,
             e.min_throughput,
             s.throughput,
+            rate,
         )
     usage: Mapping[str, Any] = getattr(s, "usage", None) or {}
     if e.max_tokens is not None:
@@ -424,6 +490,74 @@ def accuracy_bounds(scenario: Scenario) -> list[tuple[str, str, float]]:
     if len(fields) == 1:
         return [(f"accuracy >= {bound}", f"{fields[0]}_accuracy", bound)]
     return [(f"{f} accuracy >= {bound}", f"{f}_accuracy", bound) for f in fields]
+
+
+def _timing(
+    scheduling: Mapping[str, Any], own: tuple[bool, str] | None, strict: bool
+) -> tuple[str, str]:
+    """The state of a timing check whose bound was exceeded, and why.
+
+    Failed when the team's own work exceeds the bound (slow at any load), when nothing
+    measured that work or the machine's share, or when the process hardly waited for a
+    CPU; otherwise inconclusive: the machine, not the code, may have made it late
+    (failed all the same under ``strict``)."""
+    share = scheduling.get("share")
+    if own is not None and not own[0]:
+        return "failed", f"{own[1]}: slow at any load"
+    if share is None:
+        return "failed", "no measure of how long the process waited for a CPU"
+    waited = _waited(scheduling)
+    if share < STARVED_SHARE:
+        return "failed", f"{waited}: too little to excuse it"
+    if own is None:
+        return "failed", f"{waited}, but the team's own CPU time was not measured"
+    why = f"{waited}; {own[1]}"
+    if strict:
+        return "failed", f"inconclusive ({why}), and timing is strict"
+    return "inconclusive", why
+
+
+def _waited(scheduling: Mapping[str, Any]) -> str:
+    """The figure a reader sees ('the process waited 41% of its busy time for a CPU'),
+    and how it was measured when not exactly."""
+    text = f"the process waited {scheduling['share']:.0%} of its busy time for a CPU"
+    if scheduling.get("source") == "loadavg":
+        text += " (estimated from the load average)"
+    return text
+
+
+def _scheduling(stats: SchedulingStats | None) -> dict[str, Any] | None:
+    if stats is None:
+        return None
+    return {
+        "source": stats.source,
+        "wall_s": round(stats.wall_s, 3),
+        "cpu_s": round(stats.cpu_s, 3),
+        "wait_s": round(stats.wait_s, 3),
+        "share": None if stats.share is None else round(stats.share, 4),
+    }
+
+
+def _most_starved(reports: list[dict[str, Any]]) -> dict[str, Any]:
+    """The scheduling figure of the process that waited the largest share for a CPU.
+
+    Per-agent figures are merged across processes without saying which process they
+    came from, so the worst process speaks for the run: a lenient choice, and the reason
+    ``strict_timing`` exists."""
+    measured = [r["scheduling"] for r in reports if r.get("scheduling")]
+    known = [m for m in measured if m.get("share") is not None]
+    if known:
+        return dict(max(known, key=lambda m: m["share"]))
+    return dict(measured[0]) if measured else {}
+
+
+def expectation_state(expectation: Mapping[str, Any]) -> str:
+    """``passed``, ``failed`` or ``inconclusive``; for a check recorded before timing
+    checks had states, read from its ``passed``."""
+    state = expectation.get("state")
+    if state in ("passed", "failed", "inconclusive"):
+        return str(state)
+    return "passed" if expectation.get("passed") else "failed"
 
 
 def _hops_of(s: RunSummary, agent: str) -> list[dict[str, float]]:

@@ -1,5 +1,5 @@
-"""The run summary's dead-letter lines, printed the same way by ``pantheon run``, a what-if
-and anything else that reports a :class:`~pantheon.RunSummary`."""
+"""The run summary's dead-letter and expectation lines (rich markup), printed the same way by
+``pantheon run``, a what-if and anything else that reports a :class:`~pantheon.RunSummary`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,21 @@ from typing import Any
 
 from rich.markup import escape
 
-__all__ = ["MAX_DEAD_LETTER_LINES", "dead_letter_lines", "dead_letters_text"]
+__all__ = [
+    "MAX_DEAD_LETTER_LINES",
+    "STATE_MARKS",
+    "dead_letter_lines",
+    "dead_letters_text",
+    "expectation_lines",
+    "verdict_line",
+]
+
+#: How a check's state reads in a report: the third one is neither green nor red.
+STATE_MARKS = {
+    "passed": "[green]PASS[/green]",
+    "failed": "[red]FAIL[/red]",
+    "inconclusive": "[yellow]INCONCLUSIVE[/yellow]",
+}
 
 #: Subscriber/reason pairs explained one per line under the dead-letter count; the rest
 #: are summed on one more line.
@@ -52,3 +66,37 @@ def dead_letter_lines(s: Any) -> list[str]:
             + (f" (pantheon dlq list {s.session_id})" if s.session_id else "")
         )
     return lines
+
+
+def expectation_lines(s: Any) -> list[str]:
+    """One line per expectation, ``PASS``/``FAIL``/``INCONCLUSIVE`` with the actual value, and
+    under one that did not pass, why (a timing check's share of the run spent waiting)."""
+    from pantheon._report import expectation_state
+
+    lines = []
+    for e in s.expectations:
+        state = expectation_state(e)
+        lines.append(
+            f"{STATE_MARKS[state]} {escape(str(e['name']))} (actual {escape(str(e['actual']))})"
+        )
+        if state != "passed" and e.get("why"):
+            lines.append(f"     {escape(str(e['why']))}")
+    return lines
+
+
+def verdict_line(s: Any) -> str:
+    """The last line: every expectation passed (saying how many timing checks could not
+    judge a starved run), or not."""
+    from pantheon._report import expectation_state
+
+    unsure = sum(expectation_state(e) == "inconclusive" for e in s.expectations)
+    if not s.passed:
+        return "[red]expectations failed[/red]"
+    if unsure:
+        # Still "all passed": an inconclusive check passes unless timing is strict.
+        return (
+            f"[green]all expectations passed[/green] [yellow]({unsure} timing "
+            f"check{'s' if unsure != 1 else ''} inconclusive: the process waited for a "
+            "CPU)[/yellow]"
+        )
+    return "[green]all expectations passed[/green]"

@@ -27,7 +27,12 @@ from pantheon._cli_sessions import register as register_sessions
 from pantheon._cli_sessions import usage_lines
 from pantheon._console import report_console
 from pantheon._report import RunSummary
-from pantheon._summary_text import dead_letter_lines, dead_letters_text
+from pantheon._summary_text import (
+    dead_letter_lines,
+    dead_letters_text,
+    expectation_lines,
+    verdict_line,
+)
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
@@ -105,6 +110,16 @@ def _load(path: Path) -> Scenario:
         raise typer.Exit(2) from None
 
 
+StrictTimingOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict-timing",
+        help="Fail timing checks a busy machine may have failed (inconclusive ones), "
+        "as expect.strict_timing does: for a dedicated CI machine.",
+    ),
+]
+
+
 @app.command()
 def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
     """Check a scenario without running it; errors name the file, line and field."""
@@ -126,14 +141,24 @@ def run(
     tui: Annotated[
         bool, typer.Option("--tui", help="Watch the run in the terminal monitor (tui extra).")
     ] = False,
+    strict_timing: StrictTimingOpt = False,
 ) -> None:
     """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
     fails."""
-    scenario = _load(file)
+    scenario = _strict(_load(file), strict_timing)
     if tui:
         from pantheon._cli_monitor import run_tui
 
-        raise typer.Exit(run_tui(file, seed=seed, store=store, record=record, as_json=as_json))
+        raise typer.Exit(
+            run_tui(
+                file,
+                seed=seed,
+                store=store,
+                record=record,
+                as_json=as_json,
+                strict_timing=strict_timing,
+            )
+        )
     # The transport's client library is checked before anything starts, not mid-run.
     client = {"zmq": ("zmq", "pyzmq"), "nats": ("nats", "nats-py")}.get(scenario.transport.kind)
     if client is not None and importlib.util.find_spec(client[0]) is None:
@@ -194,10 +219,11 @@ def serve(
         typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
     ] = None,
     record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    strict_timing: StrictTimingOpt = False,
 ) -> None:
     """Run a scenario behind the HTTP/WebSocket gateway until Ctrl-C (or SIGTERM), then
     finish the run, record the session and print its summary."""
-    scenario = _load(file)
+    scenario = _strict(_load(file), strict_timing)
     if scenario.transport.kind == "zmq":
         console.print(f"[red]{file}: pantheon serve runs in-process scenarios only[/red]")
         raise typer.Exit(2)
@@ -235,6 +261,15 @@ def serve(
         _print_summary(summary)
     if not summary.passed:
         raise typer.Exit(1)
+
+
+def _strict(scenario: Scenario, strict_timing: bool) -> Scenario:
+    """``scenario`` with ``expect.strict_timing`` set when ``--strict-timing`` asks for it
+    (the file's own setting stands otherwise)."""
+    if not strict_timing:
+        return scenario
+    expect = scenario.expect.model_copy(update={"strict_timing": True})
+    return scenario.model_copy(update={"expect": expect})
 
 
 def _announce(gateway: Any) -> None:
@@ -382,12 +417,9 @@ def _print_summary(s: Any) -> None:
         )
     out.print(table)
     print_nodes(out, s)
-    for e in s.expectations:
-        mark = "[green]PASS[/green]" if e["passed"] else "[red]FAIL[/red]"
-        out.print(f"{mark} {e['name']} (actual {e['actual']})")
-    out.print(
-        "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
-    )
+    for line in expectation_lines(s):
+        out.print(line, soft_wrap=True)
+    out.print(verdict_line(s))
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Snapshots reach the widgets as :class:`MonitorApp.SnapshotArrived` messages posted by one
 worker that reads the :class:`~dashboard.tui.Source`; each panel redraws from the newest
-snapshot only (a panel never queues work per snapshot). Keys: ``1``-``6`` switch panel,
+snapshot only (a panel never queues work per snapshot). Keys: ``1``-``8`` switch panel,
 ``enter`` opens the selected dead letter or request, ``r`` redrives the selected dead
 letter, ``t`` opens the timeline of a dead letter's request, ``a``/``x`` approve/reject the
 selected approval request (panel 7) with a note, ``escape`` goes back, ``q`` quits. Laid
@@ -59,7 +59,16 @@ from pantheon.sessions import Approval, SessionError
 
 __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
 
-PANELS = ("throughput", "latency", "breakers", "dlq", "timeline", "usage", "approvals")
+PANELS = (
+    "throughput",
+    "latency",
+    "breakers",
+    "dlq",
+    "timeline",
+    "usage",
+    "approvals",
+    "checks",
+)
 #: The row key of the usage table's totals (no agent is named with angle brackets).
 TOTAL_ROW = "<total>"
 #: Rows at most in the dead letter, request and breaker transition tables: the newest ones
@@ -143,8 +152,8 @@ class ThroughputPanel(VerticalScroll):
 
 
 class MonitorApp(App[None]):
-    """One session's throughput, latency, breakers, dead letters, request timelines and
-    model usage."""
+    """One session's throughput, latency, breakers, dead letters, request timelines,
+    model usage, approvals and, once it has ended, its checks."""
 
     CSS_PATH = "monitor.tcss"
     TITLE = "pantheon monitor"
@@ -157,6 +166,7 @@ class MonitorApp(App[None]):
         Binding("6", "panel('usage')", "Usage"),
         # Not in the footer, which 80 columns fill: the tab says 7, the panel says a and x.
         Binding("7", "panel('approvals')", "Approvals", show=False),
+        Binding("8", "panel('checks')", "Checks", show=False),
         Binding("r", "redrive", "Redrive"),
         Binding("a", "decide(True)", "Approve", show=False),
         Binding("x", "decide(False)", "Reject", show=False),
@@ -207,6 +217,11 @@ class MonitorApp(App[None]):
             with TabPane("7 Approvals", id="approvals"), Vertical():
                 yield Static("no approval requests", id="approvals-line")
                 yield DataTable(id="approval-table", cursor_type="row", zebra_stripes=True)
+            with TabPane("8 Checks", id="checks"), Vertical():
+                yield Static("the run's expectations, once it ends", id="checks-line")
+                yield DataTable(id="check-table", cursor_type="row", zebra_stripes=True)
+                # Why each timing check did not pass, wrapped: too long for a table cell.
+                yield Static("", id="checks-why")
         # Every key of the monitor in 80 columns (the palette is still on ctrl+p).
         yield Footer(compact=True, show_command_palette=False)
 
@@ -232,6 +247,9 @@ class MonitorApp(App[None]):
             usage.add_column(title)
         self.query_one("#approval-table", DataTable).add_columns(
             "#", "state", "agent", "note", "request"
+        )
+        self.query_one("#check-table", DataTable).add_columns(
+            "state", "expectation", "expected", "actual"
         )
         self.sub_title = self.source.origin
         self._follow()
@@ -361,6 +379,32 @@ class MonitorApp(App[None]):
             total = (Text("total", style="bold"), *_right(usage_cells(usage.total), "bold"))
             rows.append((TOTAL_ROW, total))
         _fill(self.query_one("#usage-table", DataTable), rows)
+        if snap.checks:
+            states = [c.state for c in snap.checks]
+            self.query_one("#checks-line", Static).update(
+                ", ".join(f"{states.count(s)} {s}" for s in _CHECK_STYLE if s in states)
+            )
+            why = Text()
+            for c in snap.checks:
+                if c.why and c.state != "passed":
+                    why.append(f"{c.state.upper()} ", style=_CHECK_STYLE.get(c.state, ""))
+                    why.append(f"{c.name}: {c.why}\n")
+            self.query_one("#checks-why", Static).update(why)
+        _fill(
+            self.query_one("#check-table", DataTable),
+            (
+                (
+                    str(i),
+                    (
+                        Text(c.state.upper(), style=_CHECK_STYLE.get(c.state, "")),
+                        c.name,
+                        _clip(c.expected, 20),
+                        _clip(c.actual, 20),
+                    ),
+                )
+                for i, c in enumerate(snap.checks)
+            ),
+        )
 
     # -- actions -------------------------------------------------------------------------------
 
@@ -503,6 +547,8 @@ def _latency_cells(h: HopLatency) -> tuple[Any, ...]:
 
 
 _STATE_STYLE = {"closed": "green", "open": "bold red", "half_open": "yellow"}
+#: A check the machine may have failed is neither green nor red.
+_CHECK_STYLE = {"failed": "bold red", "inconclusive": "bold yellow", "passed": "green"}
 _OUTCOME_STYLE = {"ok": "green", "dead_letter": "bold red", "failed": "red", "pending": "yellow"}
 
 

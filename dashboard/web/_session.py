@@ -18,6 +18,7 @@ from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
+from pantheon._report import expectation_state
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
 __all__ = ["session_page"]
@@ -131,6 +132,10 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
     c[2].metric("messages", row.messages)
     c[3].metric("dead letters", row.dead_letters)
     verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
+    listed = info.summary.get("expectations")
+    states = [expectation_state(e) for e in listed or () if isinstance(e, dict)]
+    if "inconclusive" in states and info.kind != "replay":
+        verdict += f", {states.count('inconclusive')} inconclusive"
     c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
     u = row.usage
     if u.calls:
@@ -501,6 +506,15 @@ def _redrive(path: Path, sid: str, entry: int | None) -> None:
     st.rerun(scope="app")
 
 
+#: A check's state as a mark and a row colour: inconclusive (a timing bound a busy machine
+#: may have broken) is neither the pass nor the fail colour.
+_STATE_MARK = {"passed": "✔", "failed": "✖", "inconclusive": "?"}
+_STATE_BACKGROUND = {
+    "failed": "background-color: #ffcdd2",
+    "inconclusive": "background-color: #fff9c4",
+}
+
+
 def _outcomes(path: Path, info: SessionInfo) -> None:
     out: readmodel.Outcomes = _model(path, info, "outcomes")
     acc = out.accuracy
@@ -515,28 +529,35 @@ def _outcomes(path: Path, info: SessionInfo) -> None:
     c[3].metric("guardian decisions", len(out.guardian))
     if out.expectations:
         st.markdown("**Expectations**")
+        states = [expectation_state(e) for e in out.expectations]
         exp = pd.DataFrame(
             [
                 {
-                    "": "✔" if e.get("passed") else "✖",
+                    "": _STATE_MARK[state],
+                    "state": state,
                     "expectation": e.get("name"),
                     "expected": str(e.get("expected")),
                     "actual": str(e.get("actual")),
+                    "why": str(e.get("why") or ""),
                 }
-                for e in out.expectations
+                for e, state in zip(out.expectations, states, strict=True)
             ]
         )
         st.dataframe(
             exp.style.apply(
-                lambda r: ["background-color: #ffcdd2" if r.iloc[0] == "✖" else ""] * len(r),
+                lambda r: [_STATE_BACKGROUND.get(r.iloc[1], "")] * len(r),
                 axis=1,
             ),
             hide_index=True,
             key="expectations_table",
         )
-        for e in out.expectations:
-            if not e.get("passed"):
+        for e, state in zip(out.expectations, states, strict=True):
+            if state == "failed":
                 st.error(f"✖ `{e.get('name')}`: actual `{e.get('actual')}`")
+            elif state == "inconclusive":
+                st.warning(
+                    f"? `{e.get('name')}`: actual `{e.get('actual')}`, inconclusive: {e.get('why')}"
+                )
     if not out.guardian:
         st.info("No Guardian decisions in this session.")
         return

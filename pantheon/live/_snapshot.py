@@ -28,6 +28,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "BreakerEvent",
     "BreakerState",
+    "Check",
     "DeadLetter",
     "Hello",
     "Hop",
@@ -113,6 +114,19 @@ class BreakerEvent(msgspec.Struct, frozen=True):
     old: str
     new: str
     reason: str | None
+
+
+class Check(msgspec.Struct, frozen=True):
+    """One expectation of a finished run, as judged: ``state`` is ``passed``, ``failed``
+    or ``inconclusive`` (a timing bound exceeded while the machine kept the process from a
+    CPU); ``why`` says what decided a timing check that did not pass. ``expected`` and
+    ``actual`` are JSON text."""
+
+    name: str
+    state: str
+    expected: str
+    actual: str
+    why: str | None = None
 
 
 class DeadLetter(msgspec.Struct, frozen=True):
@@ -209,6 +223,8 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     traces: tuple[Trace, ...] = ()
     usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
     outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
+    checks: tuple[Check, ...] = ()
+    """The run's expectations once it has ended (a live feed has none to give)."""
 
 
 # -- the socket protocol ---------------------------------------------------------------------

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pantheon import readmodel
+from pantheon._report import expectation_state
 from pantheon.live._snapshot import (
     MAX_TALLIED,
     BreakerEvent,
     BreakerState,
+    Check,
     DeadLetter,
     Hop,
     HopLatency,
@@ -103,6 +106,7 @@ def snapshot_from_store(
         ),
         usage=readmodel.usage(store, sid, calls=False),
         outcomes=_tally(store, sid),
+        checks=_checks(info.summary.get("expectations")),
     )
 
 
@@ -123,6 +127,28 @@ def _tally(store: SessionStore, sid: str) -> OutcomeTally:
         right=score.correct,
         counts=tuple(counts.most_common(MAX_TALLIED)),
     )
+
+
+def _checks(expectations: Any) -> tuple[Check, ...]:
+    """The summary's expectations as :class:`Check` values; a summary recorded before
+    checks had a ``state`` reads it from ``passed``."""
+    if not isinstance(expectations, list):
+        return ()
+    return tuple(
+        Check(
+            name=str(e.get("name")),
+            state=expectation_state(e),
+            expected=_json(e.get("expected")),
+            actual=_json(e.get("actual")),
+            why=None if e.get("why") is None else str(e["why"]),
+        )
+        for e in expectations
+        if isinstance(e, dict)
+    )
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
 
 
 def trace_from_store(store: SessionStore, session_id: str, correlation_id: int) -> tuple[Hop, ...]:

@@ -1,0 +1,120 @@
+"""How long the thread running the bus waited for a CPU while it had work to do.
+
+A latency figure mixes two things: the time the code took, and the time the operating
+system gave the process no CPU. On a quiet machine the second is nil; beside other busy
+processes it can dwarf the first. The bus measures it so that a timing check can tell
+"the code is slow" from "the machine was busy" (``pantheon._report.judge``).
+
+Every handler, every queue wait and the bus itself run on one thread: the event loop's.
+So the figure is that thread's, from the bus's ``start`` to the reading:
+
+- ``cpu_s``: the time it ran on a CPU;
+- ``wait_s``: the time it was runnable but waited on a run queue;
+- ``share = wait_s / (wait_s + cpu_s)``: of the time the loop had work, the share it spent
+  waiting for a CPU. Not ``wait_s / wall_s``: a paced input leaves the loop idle most of
+  the run, and an idle loop waits for nothing, yet each burst of work it does is stretched
+  by ``1 / (1 - share)``. Other threads (the session writer) do not count: they delay
+  handlers only through the GIL, which is the process's own work, not the machine's.
+
+Linux gives both exactly in ``/proc/self/task/<tid>/schedstat`` (on CPU ns, run-queue wait
+ns, timeslices; present whenever the kernel has ``CONFIG_SCHED_INFO``, as distribution
+kernels do). Elsewhere the figure is an estimate, and weaker: the process's CPU time, and
+``share = 1 - cpus / load`` from the 1-minute load average (the machine's queue, not this
+thread's; it lags a minute behind and counts this process itself). Without a load average
+(Windows) there is no figure (``source == "none"``, ``share`` is ``None``) and no timing
+check can be called inconclusive.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["LoopScheduling", "SchedulingStats", "read_schedstat"]
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingStats:
+    """The loop thread's time since the bus started (see the module docstring).
+
+    ``source`` says how it was measured: ``schedstat`` (exact, Linux), ``loadavg`` (an
+    estimate from the process's CPU time and the load average) or ``none``."""
+
+    source: str
+    wall_s: float
+    cpu_s: float
+    wait_s: float
+    share: float | None
+
+
+def read_schedstat(path: str | Path) -> tuple[int, int] | None:
+    """(ns on a CPU, ns waiting on a run queue) from a ``schedstat`` file, or ``None`` when
+    there is no such file or it does not hold two integers."""
+    try:
+        with open(path, "rb") as f:
+            fields = f.read(128).split()
+        return int(fields[0]), int(fields[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+class LoopScheduling:
+    """Readings of the calling thread's scheduling, from construction to each :meth:`read`.
+
+    Construct it on the thread to measure (the bus does, in ``start``); :meth:`read` may be
+    called from any thread. ``proc``, ``loadavg`` and ``cpus`` are there for tests: a fake
+    ``/proc`` tree, a load average, a CPU count."""
+
+    __slots__ = ("_cpu0", "_cpus", "_load0", "_loadavg", "_path", "_wait0", "_wall0", "source")
+
+    def __init__(
+        self,
+        *,
+        proc: str | Path = "/proc",
+        loadavg: Callable[[], float | None] = _loadavg,
+        cpus: int | None = None,
+    ) -> None:
+        self._path = Path(proc, "self", "task", str(threading.get_native_id()), "schedstat")
+        self._loadavg = loadavg
+        self._cpus = cpus or os.cpu_count() or 1
+        self._wall0 = time.monotonic()
+        first = read_schedstat(self._path)
+        self._load0: float | None = None
+        if first is not None:
+            self.source = "schedstat"
+            self._cpu0, self._wait0 = first
+        else:
+            self._load0 = loadavg()
+            self.source = "none" if self._load0 is None else "loadavg"
+            self._cpu0, self._wait0 = time.process_time_ns(), 0
+
+    def read(self) -> SchedulingStats:
+        """What the thread did since construction."""
+        wall = time.monotonic() - self._wall0
+        if self.source == "schedstat":
+            now = read_schedstat(self._path)
+            if now is not None and (now[0] > self._cpu0 or now[1] > self._wait0):
+                cpu = (now[0] - self._cpu0) / 1e9
+                wait = (now[1] - self._wait0) / 1e9
+                return SchedulingStats("schedstat", wall, cpu, wait, wait / (cpu + wait))
+            # The thread is gone (the bus outlived its loop's thread), or the kernel does not
+            # account (a file of zeros): no figure rather than a share of 0.
+            return SchedulingStats("none", wall, 0.0, 0.0, None)
+        cpu = (time.process_time_ns() - self._cpu0) / 1e9
+        if self.source == "none":
+            return SchedulingStats("none", wall, cpu, 0.0, None)
+        load = max((x for x in (self._load0, self._loadavg()) if x is not None), default=0.0)
+        share = 1.0 - self._cpus / load if load > self._cpus else 0.0
+        wait = cpu * share / (1.0 - share) if share < 1.0 else 0.0
+        return SchedulingStats("loadavg", wall, cpu, wait, share)

@@ -1,0 +1,67 @@
+"""Honest timing across processes: a node's handlers' CPU time and its CPU-wait figure
+reach the driver's summary, which judges them as an in-process run's, strictly or not."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import pantheon._report
+from pantheon.scenario import load_scenario
+from pantheon.testing import run_scenario
+
+AGENTS = '''
+import asyncio
+
+
+async def nap(env):
+    """30 ms of waiting and no CPU: late only if something else makes it late."""
+    await asyncio.sleep(0.03)
+'''
+
+SCENARIO = """version: 1
+name: timing_zmq
+transport:
+  kind: zmq
+  broker: tcp://127.0.0.1:0
+  nodes:
+    work: [worker]
+input: {kind: generator, topic: item.new, payload: {n: 1}, count: 6}
+agents:
+  worker:
+    handler: "timing_zmq_agents:nap"
+    subscribe: ["item.new"]
+expect:
+  zero_lost: true
+  p99_handling_ms: 10
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no measure of CPU waits on Windows")
+def test_a_nodes_late_check_is_inconclusive_unless_strict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every run counts as starved (the rule itself: tests/pantheon/test_timing_honesty.py),
+    # so what is left to see is the node's figures reaching the driver's judge.
+    monkeypatch.setattr(pantheon._report, "STARVED_SHARE", 0.0)
+    (tmp_path / "timing_zmq_agents.py").write_text(AGENTS)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(SCENARIO)
+    summary = run_scenario(path, record=False)
+    assert set(summary.nodes) == {"driver", "work"}
+    worker = summary.hops["worker"]
+    assert worker["handle_p99_ms"] >= 25.0 and 0.0 < worker["cpu_p99_ms"] < 10.0
+    assert set(summary.scheduling) == {"source", "wall_s", "cpu_s", "wait_s", "share"}
+    (check,) = [e for e in summary.expectations if e["name"].startswith("timing:")]
+    assert (check["state"], check["passed"], summary.passed) == ("inconclusive", True, True)
+
+    scenario = load_scenario(path)
+    strict = scenario.model_copy(
+        update={"expect": scenario.expect.model_copy(update={"strict_timing": True})}
+    )
+    summary = run_scenario(strict, record=False)
+    (check,) = [e for e in summary.expectations if e["name"].startswith("timing:")]
+    assert (check["state"], check["passed"], summary.passed) == ("failed", False, False)
+    assert check["why"].endswith("), and timing is strict")

@@ -1,0 +1,65 @@
+"""The monitor's checks panel: a finished run's expectations in their three states."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from textual.pilot import Pilot
+from textual.widgets import DataTable, Static, TabbedContent
+
+from dashboard.tui import MonitorApp, StoreSource
+from pantheon.sessions import SessionStore
+
+WHY = "the process waited 41% of its busy time for a CPU; the handlers' own CPU time p99 is 1.2 ms"
+
+
+async def _until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
+    end = time.monotonic() + 60
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await pilot.pause(0.05)
+
+
+async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    summary = {
+        "passed": False,
+        "expectations": [
+            {"name": "zero lost", "passed": True, "expected": True, "actual": True,
+             "state": "passed"},
+            {"name": "timing: p99 handling reasoner <= 50 ms", "passed": True, "expected": 50,
+             "actual": 226.5, "state": "inconclusive", "why": WHY},
+            # Recorded before checks had a state: read from ``passed``.
+            {"name": "accuracy >= 0.9", "passed": False, "expected": 0.9, "actual": 0.8},
+        ],
+    }  # fmt: skip
+    with SessionStore(path) as store:
+        sid = store.begin_session(scenario="checks", seed=1)
+        store.end_session(sid, "failed", summary)
+    source = StoreSource(path, sid)
+    app = MonitorApp(source)
+    try:
+        async with app.run_test(size=(80, 24)) as pilot:
+            table = app.query_one("#check-table", DataTable)
+            await _until(pilot, lambda: table.row_count == 3, "the checks")  # read in a thread
+            await pilot.press("8")
+            panels = app.query_one("#panels", TabbedContent)
+            await _until(pilot, lambda: panels.active == "checks", "the checks panel")
+            rows = [table.get_row(k) for k in ("0", "1", "2")]
+            assert [(str(r[0]), r[0].style) for r in rows] == [
+                ("PASSED", "green"),
+                ("INCONCLUSIVE", "bold yellow"),
+                ("FAILED", "bold red"),
+            ]
+            assert [str(c) for c in rows[1][1:]] == [
+                "timing: p99 handling reasoner <= 50 ms", "50", "226.5",
+            ]  # fmt: skip
+            why = str(app.query_one("#checks-why", Static).render())
+            assert why.strip() == f"INCONCLUSIVE timing: p99 handling reasoner <= 50 ms: {WHY}"
+            line = str(app.query_one("#checks-line", Static).render())
+            assert line == "1 failed, 1 inconclusive, 1 passed"
+    finally:
+        await source.aclose()
