@@ -204,7 +204,11 @@ def test_export_jsonl(app: typer.Typer, runner: CliRunner, recorded, tmp_path: P
     assert result.exit_code == 2
 
 
-def test_replay_and_diff(app: typer.Typer, runner: CliRunner, recorded) -> None:  # type: ignore[no-untyped-def]
+def test_replay_and_diff(  # type: ignore[no-untyped-def]
+    app: typer.Typer, runner: CliRunner, recorded, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Wide enough for the latency table's every column, whatever terminal runs the tests.
+    monkeypatch.setenv("COLUMNS", "200")
     path, sid = recorded
     CALLS["classify"] = 0
     store_args = ["--store", str(path), "--setup", TEAM]

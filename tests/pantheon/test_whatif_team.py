@@ -181,6 +181,7 @@ def test_an_unchanged_approval_is_served_from_the_record_and_nobody_is_asked(
         "passed": False,
         "expected": "pass",
         "actual": "4 invoices held",
+        "state": "failed",
     }
 
 
