@@ -31,6 +31,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from bus._errors import DecodeError
 from bus.backends.zeromq._keys import CurveKeys
 from bus.backends.zeromq._wire import (
     DEFAULT_MAX_FRAME,
@@ -314,7 +315,7 @@ class Broker:
             return
         try:
             msg = self._decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DecodeError as exc:
             self._malformed(ident, str(exc))
             return
         if type(msg) is Hello:

@@ -24,7 +24,7 @@ import msgspec
 import zmq
 
 from bus._envelope import Envelope
-from bus._errors import BusClosedError, QueueFullError
+from bus._errors import BusClosedError, DecodeError, QueueFullError
 from bus._transport import BusPort, Receipt
 from bus.backends.zeromq._errors import ConnectError, EncodeError
 from bus.backends.zeromq._keys import CurveKeys
@@ -276,7 +276,7 @@ class Inbox:
             return
         try:
             msg = self._decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DecodeError as exc:
             counts["malformed"] += 1
             n = counts["malformed"]
             if n <= 10 or not n % 1000:
