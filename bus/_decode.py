@@ -99,10 +99,14 @@ class UntrustedDecoder(Generic[T]):
             )
         try:
             value: T = self._decode(data)
-        except RecursionError:
-            raise DecodeError(self.what, "too_deep", size, "nested too deep to decode") from None
+        except RecursionError as exc:
+            limit = self.max_depth
+            why = "nested too deep to decode" if limit is None else f"nested over {limit} levels"
+            raise DecodeError(self.what, "too_deep", size, why) from exc
         except _FAILURES as exc:
-            raise DecodeError(self.what, "malformed", size, _why(exc)) from None
+            # Chained, so a reader can tell a schema mismatch (msgspec.ValidationError) from
+            # bytes that are not the format at all.
+            raise DecodeError(self.what, "malformed", size, _why(exc)) from exc
         limit = self.max_depth
         # Each level of nesting takes at least one byte, so a short input cannot be too deep.
         if limit is not None and size > limit and depth_exceeds(value, limit):
@@ -113,5 +117,8 @@ class UntrustedDecoder(Generic[T]):
 
 
 def _why(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {text[:200]}" if text else type(exc).__name__
+    """One line: msgspec's own messages say what is wrong; others need their type."""
+    text = str(exc).splitlines()[0][:200] if str(exc) else ""
+    if isinstance(exc, msgspec.MsgspecError) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -54,7 +54,8 @@ __all__ = [
 #: so a fast producer piping into a slow team is held back instead of filling memory.
 DEFAULT_STDIN_BUFFER = 1024
 
-_TOPIC = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+# fullmatch, not match with "$": "$" also matches before a final newline ("foo\n").
+_TOPIC = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
 def import_path(spec: str, base_dir: Path | None = None, *, group: str | None = None) -> Any:
@@ -288,7 +289,7 @@ class GeneratorSource:
     def _item(self, value: Any, n: int) -> InputItem:
         if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
             topic, payload = value
-            if not _TOPIC.match(topic):
+            if not _TOPIC.fullmatch(topic):
                 return self.shape.malformed(n, f"yielded topic {topic!r} is not a dotted name")
             return self.shape(payload, n, topic)
         return self.shape(value, n)

@@ -93,3 +93,11 @@ def test_a_struct_counts_as_one_level() -> None:
     assert decode(msgspec.msgpack.encode(Box([[1]]))) == Box([[1]])
     with pytest.raises(DecodeError):
         decode(msgspec.msgpack.encode(Box([[[1]]])))
+
+
+def test_a_nats_name_with_a_final_newline_is_refused() -> None:
+    from bus.backends.nats._subjects import check_token
+
+    assert check_token("team-1", "team") == "team-1"
+    with pytest.raises(ValueError, match=r"team 'ops\\n' must be letters"):
+        check_token("ops\n", "team")
