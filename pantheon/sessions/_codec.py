@@ -12,10 +12,15 @@ from typing import Any
 
 import msgspec
 
+from bus import UntrustedDecoder
+
 __all__ = ["decode", "encode", "normalize", "safe_repr"]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
+# A store file can be damaged or written by anything: what is read back goes through the
+# bus's one untrusted path, so every failure is one DecodeError the reader reports.
+_stored = UntrustedDecoder[Any](what="stored value")
 _repr = reprlib.Repr()
 _repr.maxstring = 10_000
 _repr.maxother = 10_000
@@ -40,7 +45,8 @@ def encode(value: Any) -> tuple[bytes, bool]:
 
 
 def decode(blob: bytes | None) -> Any:
-    return None if blob is None else _decoder.decode(blob)
+    """A stored value; :class:`~bus.DecodeError` when the bytes are damaged."""
+    return None if blob is None else _stored.decode(blob)
 
 
 def normalize(value: Any) -> tuple[Any, bool]:
