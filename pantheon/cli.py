@@ -28,6 +28,7 @@ from pantheon._cli_sessions import register as register_sessions
 from pantheon._cli_sessions import usage_lines
 from pantheon._console import report_console
 from pantheon._report import RunSummary
+from pantheon._team import AgentSetupError
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
@@ -164,8 +165,8 @@ def run(
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    except ProviderUnavailable as exc:
-        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
+    except (ProviderUnavailable, AgentSetupError) as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except SessionError as exc:  # the --store given cannot hold the session
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
