@@ -245,7 +245,12 @@ def node(
         str | None,
         typer.Option("--node", help="This node's name (default node-PID).", show_default=False),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     session: Annotated[
         str | None, typer.Option(help="Session id stamped on messages this node originates.")
     ] = None,

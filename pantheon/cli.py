@@ -117,7 +117,12 @@ def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) 
 @app.command()
 def run(
     file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     store: Annotated[
         Path | None,
@@ -188,7 +193,12 @@ def serve(
     port: Annotated[
         int | None, typer.Option(help="Port (default: gateway.port, 8787; 0 picks a free one).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     store: Annotated[
         Path | None,
