@@ -362,3 +362,37 @@ async def test_undecodable_messages_in_the_stream_are_counted_dead_lettered_and_
         ]
         assert [e.error_type for e in entries] == ["DecodeError"] * 3
         assert transport.stats()["redelivered"] == 0
+
+
+async def test_undecodable_directory_entries_and_dlq_messages_are_skipped(
+    server: NatsServer,
+) -> None:
+    """Junk in the directory bucket (read when a node starts) and in the DLQ stream (read
+    when dead letters are listed or redriven): counted or logged and skipped; before, the
+    late node's start and the listing raised RecursionError."""
+    import nats
+
+    deep = b"\x91" * 100_000 + b"\xc0"
+    async with Bus(transport=NatsTransport(server.url, team="junk2", node="pub")) as pub:
+        client = await nats.connect(server.url)
+        try:
+            js = client.jetstream()
+            kv = await js.key_value("pantheon_nodes_junk2")
+            await kv.put("intruder", deep)
+            await js.publish("pantheon.dlq.junk2.pub", deep)
+        finally:
+            await client.close()
+        async with Bus(transport=NatsTransport(server.url, team="junk2", node="late")) as late:
+            transport = late.transport
+            assert isinstance(transport, NatsTransport)
+            assert transport.stats()["malformed"] == 1  # the intruder, read at start
+            got: list[object] = []
+            late.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await late.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("hello"))
+            await pub.emit("hello", "still talking")
+            await eventually(lambda: got == ["still talking"])
+            publisher = pub.transport
+            assert isinstance(publisher, NatsTransport)
+            assert await publisher.dead_letters() == []
+            assert await publisher.redrive() == 0

@@ -146,7 +146,11 @@ class Directory:
             except nats.js.errors.KeyNotFoundError:
                 continue
             if entry.value:
-                node = decode_node(entry.value)
+                try:
+                    node = decode_node(entry.value)
+                except DecodeError:  # anything may write to the bucket: not a node of ours
+                    self.counts["malformed"] += 1
+                    continue
                 self.others[key] = node
                 self.seen_at[key] = now
                 self.send(sync_subject(self.team, key), encode(SyncAck(self.node, node.version)))
