@@ -248,6 +248,11 @@ def emails(seed, settings):
     yield ("Not A Topic!", {"pair": False})
 
 
+def newline_topic(seed, settings):
+    yield ("custom.topic\\n", {"n": 1})
+    yield ("custom.topic", {"n": 2})
+
+
 async def ticks(seed, settings):
     n = 0
     while True:
@@ -339,6 +344,16 @@ async def test_generator_pairs_and_bad_topics(tmp_path: Path) -> None:
     ]
     assert seen[1].payload == {"pair": True}
     assert observer.labels["g0"]["intent"] == "question"
+
+
+async def test_a_yielded_topic_with_a_final_newline_is_malformed(tmp_path: Path) -> None:
+    # The check's "$" used to match before a final newline, so "custom.topic\n" passed.
+    path, _ = write_generator(tmp_path, 'function: "{module}:newline_topic"\ntopic: x.y\n')
+    _, seen = await publish(load_scenario(path))
+    assert [(e.topic, e.payload.get("n", e.payload.get("reason"))) for e in seen] == [
+        ("input.malformed", "yielded topic 'custom.topic\\n' is not a dotted name"),
+        ("custom.topic", 2),
+    ]
 
 
 async def test_async_generator_with_rate_and_count(tmp_path: Path) -> None:
