@@ -27,19 +27,19 @@ import msgspec
 
 from bus._errors import DecodeError
 
-__all__ = ["DEFAULT_MAX_DECODE_BYTES", "UntrustedDecoder", "depth_exceeds"]
+__all__ = ["DEFAULT_MAX_DECODE_BYTES", "UntrustedDecoder"]
 
 #: Largest input decoded by default: 64 MiB, the same order as the transports' frame limits.
 DEFAULT_MAX_DECODE_BYTES = 64 * 1024 * 1024
 
 T = TypeVar("T")
 
-# Everything a decoder can raise on bad input. ``ValueError`` covers msgspec's own errors
-# and ``UnicodeDecodeError``; ``TypeError`` a dec_hook given an unexpected value.
-_FAILURES = (ValueError, RecursionError, OverflowError, TypeError)
+# What a decoder raises on bad input besides RecursionError. ``ValueError`` covers msgspec's
+# own errors and ``UnicodeDecodeError``; ``TypeError`` a dec_hook given an unexpected value.
+_FAILURES = (ValueError, OverflowError, TypeError)
 
 
-def depth_exceeds(value: Any, limit: int) -> bool:
+def _depth_exceeds(value: Any, limit: int) -> bool:
     """Whether ``value`` nests containers (dicts, lists, tuples, structs) deeper than
     ``limit``. Walked with an explicit stack, so the check itself cannot recurse."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -109,7 +109,7 @@ class UntrustedDecoder(Generic[T]):
             raise DecodeError(self.what, "malformed", size, _why(exc)) from exc
         limit = self.max_depth
         # Each level of nesting takes at least one byte, so a short input cannot be too deep.
-        if limit is not None and size > limit and depth_exceeds(value, limit):
+        if limit is not None and size > limit and _depth_exceeds(value, limit):
             raise DecodeError(self.what, "too_deep", size, f"nested over {limit} levels")
         return value
 
