@@ -237,7 +237,7 @@ def serve(
                 gateway=gateway, serve=True,
             )
         )  # fmt: skip
-    except (GatewayError, ProviderUnavailable, SessionError) as exc:
+    except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:

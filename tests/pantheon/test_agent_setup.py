@@ -100,9 +100,13 @@ def _line(team: Path, cls: str) -> str:
     )
 
 
+@pytest.mark.parametrize("command", ["run", "serve"])
 @pytest.mark.parametrize("cls", BROKEN)
-def test_run_reports_a_constructor_that_raises_in_one_located_line(team: Path, cls: str) -> None:
-    proc = pantheon("run", f"with_{cls}.yaml", "--store", "run.db", cwd=team)
+def test_run_reports_a_constructor_that_raises_in_one_located_line(
+    team: Path, cls: str, command: str
+) -> None:
+    port = ["--port", "0"] if command == "serve" else []
+    proc = pantheon(command, f"with_{cls}.yaml", "--store", "run.db", *port, cwd=team)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     out = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert out == [f"with_{cls}.yaml: nothing ran: {_line(team, cls)}"]
