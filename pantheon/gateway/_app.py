@@ -89,7 +89,8 @@ class _Batch(msgspec.Struct, forbid_unknown_fields=True):
     priority: int | str = 2
 
 
-# Two more levels than a single body: the batch object and its list (a struct, a level).
+# Three levels more than a single body: the batch, its list of messages and the message
+# (a struct is a level), so each payload is held to the same depth as a published body.
 _batch_json = UntrustedDecoder[_Batch](
     _Batch, format="json", what="body", max_depth=MAX_BODY_DEPTH + 3
 ).decode
@@ -240,7 +241,9 @@ def _decode(request: Request, body: bytes) -> Any:
 
 def _bad_body(kind: str, exc: DecodeError) -> str:
     """One line for a 400: a schema mismatch names the field, anything else the format."""
-    if isinstance(exc.__cause__, msgspec.ValidationError) or exc.reason == "too_deep":
+    if exc.reason == "too_deep":  # the same words from a batch, deeper by its own levels
+        return f"body: nested over {MAX_BODY_DEPTH} levels"
+    if isinstance(exc.__cause__, msgspec.ValidationError):
         return f"body: {exc.detail}"
     return f"body: not valid {kind}: {exc.detail}"
 

@@ -329,6 +329,8 @@ def test_undecodable_bodies_are_400_on_every_route(server: Server) -> None:
         )
         r = http.post("/v1/topics/data.x", content=deep)
         assert r.json()["error"] == "body: nested over 100 levels"
+        r = http.post("/v1/batch", content=b'{"topic": "data.x", "payloads": [' + deep + b"]}")
+        assert r.json()["error"] == "body: nested over 100 levels"
         r = http.post("/v1/topics/data.x", content=b"[" * 100 + b"]" * 100)
         assert r.status_code == 202
 
