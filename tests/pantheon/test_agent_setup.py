@@ -153,3 +153,13 @@ def test_build_team_raises_agent_setup_error_with_the_cause(team: Path) -> None:
     assert caught.value.agent == "audit"
     assert isinstance(caught.value.error, SystemExit)
     assert str(caught.value) == _line(team, "Exits")
+
+
+def test_a_node_process_reports_a_constructor_that_raises_in_one_line(team: Path) -> None:
+    proc = pantheon(
+        "node", "--scenario", "with_Raises.yaml", "--agents", "audit",
+        "--connect", "tcp://127.0.0.1:1", "--timeout", "2", cwd=team,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert out == [f"error: {_line(team, 'Raises')}"]

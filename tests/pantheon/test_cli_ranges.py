@@ -35,3 +35,36 @@ def test_replay_from_must_be_seconds_into_the_run(tmp_path: Path, start: str) ->
     assert result.output.strip() == (
         f"error: --from {shown}: give the seconds into the run to start at, 0 or more"
     )
+
+
+def test_zeromq_heartbeats_must_be_finite() -> None:
+    from bus.backends.zeromq import Broker, ZmqTransport
+
+    with pytest.raises(ValueError, match=r"Broker: heartbeat must be > 0 .* got nan, 3"):
+        Broker("tcp://127.0.0.1:0", heartbeat=float("nan"))
+    with pytest.raises(ValueError, match=r"ZmqTransport: heartbeat must be > 0 .* got inf, 3"):
+        ZmqTransport("tcp://127.0.0.1:1", heartbeat=float("inf"))
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        (
+            ["broker", "--bind", "tcp://127.0.0.1:0", "--stats-every", "nan"],
+            "error: --stats-every nan: give seconds, 0 or more (0: never)",
+        ),
+        (
+            ["node", "--agents", "reasoner", "--connect", "tcp://127.0.0.1:1", "--timeout", "nan"],
+            "error: --timeout nan: give seconds, more than 0",
+        ),
+        (
+            ["node", "--agents", "reasoner", "--connect", "tcp://127.0.0.1:1",
+             "--status-every", "-1"],
+            "error: --status-every -1.0: give seconds, 0 or more (0: never)",
+        ),
+    ],
+)  # fmt: skip
+def test_cluster_seconds_are_range_checked(args: list[str], line: str) -> None:
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == line

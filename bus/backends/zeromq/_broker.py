@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import Iterable
@@ -133,7 +134,7 @@ class Broker:
         liveness: int = 3,
         max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
-        if heartbeat <= 0 or liveness < 1:
+        if not (math.isfinite(heartbeat) and heartbeat > 0) or liveness < 1:  # nan too
             raise ValueError(
                 f"Broker: heartbeat must be > 0 and liveness >= 1, got {heartbeat}, {liveness}"
             )
