@@ -183,12 +183,16 @@ def _row(r: tuple[Any, ...]) -> Approval:
             problem = f"request is a JSON {type(request).__name__}, not an object"
     except (ValueError, TypeError, RecursionError) as exc:
         problem = f"request is not JSON ({type(exc).__name__}: {exc})"
+    v = list(r)
     for i, name, kinds, label in _TYPES:
-        if problem is None and not isinstance(r[i], kinds):
-            problem = f"{name} is {r[i]!r:.60}, not a {label}"
+        if not isinstance(r[i], kinds):
+            problem = problem or f"{name} is {r[i]!r:.60}, not a {label}"
+            # Every field keeps its type, so a reader that shows the row (a dashboard's
+            # table) cannot fail on it; ``corrupt`` says the values are not to be trusted.
+            v[i] = None if type(None) in kinds else repr(r[i]) if label == "text" else 0.0
     return Approval(
-        r[0], r[1], r[2], r[3], r[4], r[5], request if problem is None else {}, r[7], r[8],
-        bool(r[9]), r[10], r[11], r[12], r[13], problem,
+        v[0], v[1], v[2], v[3], v[4], v[5], request if problem is None else {}, v[7], v[8],
+        bool(r[9]), v[10], v[11], v[12], v[13], problem,
     )  # fmt: skip
 
 
