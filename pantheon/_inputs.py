@@ -205,10 +205,20 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             except json.JSONDecodeError as exc:
                 yield n, None, f"not JSON: {exc.msg}"
                 continue
+            except (ValueError, RecursionError) as exc:  # an int past 4,300 digits; too deep
+                yield n, None, f"not JSON: {_unreadable(exc)}"
+                continue
             if not isinstance(record, dict):
                 yield n, None, "not a JSON object"
                 continue
             yield n, record, None
+
+
+def _unreadable(exc: ValueError | RecursionError) -> str:
+    """Why the json module refused a line that is valid JSON syntax, in one line."""
+    if isinstance(exc, RecursionError):
+        return "nested too deep to read"
+    return str(exc).split(";", 1)[0]
 
 
 def jsonl_labels(config: JsonlInputConfig | FileInputConfig) -> dict[str, Any]:
@@ -359,7 +369,7 @@ class StdinSource:
                     continue
                 try:
                     record = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     record = {"text": text}
                 yield self.shape(record, n)
         finally:
