@@ -18,10 +18,10 @@ from bus.backends.zeromq import _wire as zmq_wire
 DECODERS: dict[str, Callable[[bytes], Any]] = {
     "any msgpack": UntrustedDecoder().decode,
     "any JSON": UntrustedDecoder(format="json").decode,
-    "ZeroMQ control up": zmq_wire.control_up_decoder().decode,
-    "ZeroMQ control down": zmq_wire.control_down_decoder().decode,
-    "ZeroMQ link in": zmq_wire.link_in_decoder().decode,
-    "ZeroMQ link back": zmq_wire.link_back_decoder().decode,
+    "ZeroMQ control up": zmq_wire.control_up_decoder(zmq_wire.DEFAULT_MAX_FRAME).decode,
+    "ZeroMQ control down": zmq_wire.control_down_decoder(zmq_wire.DEFAULT_MAX_FRAME).decode,
+    "ZeroMQ link in": zmq_wire.link_in_decoder(zmq_wire.DEFAULT_MAX_FRAME).decode,
+    "ZeroMQ link back": zmq_wire.link_back_decoder(zmq_wire.DEFAULT_MAX_FRAME).decode,
     "NATS wire": nats_wire.decode_wire,
     "NATS answer": nats_wire.decode_answer,
     "NATS directory entry": nats_wire.decode_node,
@@ -101,3 +101,14 @@ def test_a_nats_name_with_a_final_newline_is_refused() -> None:
     assert check_token("team-1", "team") == "team-1"
     with pytest.raises(ValueError, match=r"team 'ops\\n' must be letters"):
         check_token("ops\n", "team")
+
+
+def test_zeromq_decoders_take_the_link_s_own_frame_limit() -> None:
+    """The size bound of a ZeroMQ decoder is its link's max_frame, whatever it is set to,
+    not a default of the decoder's (a link set above it would refuse its own frames)."""
+    frame = msgspec.msgpack.encode((5, 1, [(("t", "x" * 3000, 2, 1, None, 1, None, None, 0, 0,
+                                              None), None, False)]))  # fmt: skip
+    assert zmq_wire.link_in_decoder(4096).decode(frame).seq == 1
+    with pytest.raises(DecodeError) as caught:
+        zmq_wire.link_in_decoder(2048).decode(frame)
+    assert caught.value.reason == "too_large"

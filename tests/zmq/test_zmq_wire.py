@@ -26,7 +26,7 @@ from bus.backends.zeromq._wire import PROTOCOL, Done, Hello, Nack, link_back_dec
 
 MAX_FRAME = 4096
 enc = msgspec.msgpack.Encoder()
-decode_back = link_back_decoder().decode
+decode_back = link_back_decoder(MAX_FRAME).decode
 
 # What no well-behaved peer sends, each a malformed frame: (frames, how many are bad).
 GARBAGE: list[tuple[list[bytes], int]] = [

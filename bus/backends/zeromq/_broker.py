@@ -161,7 +161,7 @@ class Broker:
         self._fd: int | None = None
         self._drain_handle: asyncio.Handle | None = None
         self._nodes: dict[bytes, _Node] = {}
-        self._decode = control_up_decoder().decode
+        self._decode = control_up_decoder(self.max_frame).decode
         self._enc = msgspec.msgpack.Encoder()
         self._changed = False
         self._version = 0

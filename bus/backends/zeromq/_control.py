@@ -115,7 +115,7 @@ class BrokerSession:
         self.mono_to_wall = time.time_ns() - time.monotonic_ns()
         self.to_wire = self.mono_to_wall
         self._enc = msgspec.msgpack.Encoder()
-        self._decode = control_down_decoder().decode
+        self._decode = control_down_decoder(self.max_frame).decode
 
     async def join(self, ctx: zmq.asyncio.Context) -> None:
         """Connect to the broker and handshake; then read the control socket from a plain

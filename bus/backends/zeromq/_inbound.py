@@ -168,7 +168,7 @@ class Inbox:
         self.seen_old: set[Any] = set()
         self.dedup_window = dedup_window
         self._enc = msgspec.msgpack.Encoder()
-        self._decode = link_in_decoder().decode
+        self._decode = link_in_decoder(self.max_frame).decode
 
     def bind(
         self, ctx: zmq.Context[Any], bind: str, curve: CurveKeys | None, authenticator: Any

@@ -157,7 +157,7 @@ class Outbound:
         # of claiming nothing was lost. One entry per node name the directory ever listed.
         self.settled_by: dict[str, int] = {}
         self._enc = msgspec.msgpack.Encoder()
-        self._decode_back = link_back_decoder().decode
+        self._decode_back = link_back_decoder(self.max_frame).decode
 
     async def wait_credit(self) -> None:
         """Until the window has room again (or the transport closes: raises then)."""

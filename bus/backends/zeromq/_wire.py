@@ -300,20 +300,20 @@ def peer_problem(info: PeerInfo) -> str | None:
     return None
 
 
-def control_up_decoder() -> UntrustedDecoder[ControlUp]:
-    return UntrustedDecoder(ControlUp, what="ZeroMQ frame")
+def control_up_decoder(max_frame: int) -> UntrustedDecoder[ControlUp]:
+    return UntrustedDecoder(ControlUp, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def control_down_decoder() -> UntrustedDecoder[ControlDown]:
-    return UntrustedDecoder(ControlDown, what="ZeroMQ frame")
+def control_down_decoder(max_frame: int) -> UntrustedDecoder[ControlDown]:
+    return UntrustedDecoder(ControlDown, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def link_in_decoder() -> UntrustedDecoder[LinkIn]:
-    return UntrustedDecoder(LinkIn, what="ZeroMQ frame")
+def link_in_decoder(max_frame: int) -> UntrustedDecoder[LinkIn]:
+    return UntrustedDecoder(LinkIn, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def link_back_decoder() -> UntrustedDecoder[LinkBack]:
-    return UntrustedDecoder(LinkBack, what="ZeroMQ frame")
+def link_back_decoder(max_frame: int) -> UntrustedDecoder[LinkBack]:
+    return UntrustedDecoder(LinkBack, what="ZeroMQ frame", max_bytes=max_frame)
 
 
 def oversized(
