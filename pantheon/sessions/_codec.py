@@ -8,6 +8,7 @@ fails on a payload and never pretends to have kept what it could not.
 from __future__ import annotations
 
 import reprlib
+import sys
 from typing import Any
 
 import msgspec
@@ -19,8 +20,9 @@ __all__ = ["decode", "encode", "normalize", "safe_repr"]
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 # A store file can be damaged or written by anything: what is read back goes through the
-# bus's one untrusted path, so every failure is one DecodeError the reader reports.
-_stored = UntrustedDecoder[Any](what="stored value")
+# bus's one untrusted path, so every failure is one DecodeError the reader reports. No size
+# bound: what was recorded, however large, must read back (SQLite already holds it).
+_stored = UntrustedDecoder[Any](what="stored value", max_bytes=sys.maxsize)
 _repr = reprlib.Repr()
 _repr.maxstring = 10_000
 _repr.maxother = 10_000

@@ -61,3 +61,12 @@ async def test_a_stored_payload_nested_100000_deep_is_a_one_line_store_error(
     assert message.endswith(
         "cannot be decoded (stored value of 100001 bytes is too deep: nested too deep to decode)"
     )
+
+
+def test_a_stored_value_over_64_mib_reads_back() -> None:
+    """The store has no size bound of its own: what was recorded must read back."""
+    from pantheon.sessions._codec import encode
+
+    blob, as_repr = encode("x" * (65 * 1024 * 1024))
+    assert not as_repr
+    assert decode(blob) == "x" * (65 * 1024 * 1024)
