@@ -139,6 +139,7 @@ class Approval:
         )
 
     def corrupt_message(self) -> str:
+        """The one line every reader says of a corrupt row (CLI, dashboards, the waiter)."""
         return (
             f"approval {self.id} of session {self.origin} is corrupt in the store: {self.corrupt}"
         )
