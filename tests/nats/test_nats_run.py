@@ -142,18 +142,19 @@ def test_an_undecodable_message_mid_run_is_counted_and_the_run_finishes(tmp_path
             client = await nats.connect(server.url)
             try:
                 js = client.jetstream()
-                # Once the Reasoner's consumer exists, the message is its to read.
+                # Once a consumer of that subject exists (they start at new messages), the
+                # message is its to read.
+                subject = "pantheon.junk_run.normal.observation.email.received"
                 async with asyncio.timeout(120):
                     while True:
                         try:
-                            names = [c.name for c in await js.consumers_info("PANTHEON_junk_run")]
+                            infos = await js.consumers_info("PANTHEON_junk_run")
                         except Exception:  # the stream does not exist yet
-                            names = []
-                        if any("reasoner" in n for n in names):
+                            infos = []
+                        if any(c.config.filter_subject == subject for c in infos):
                             break
                         await asyncio.sleep(0.05)
-                deep = b"\x91" * 100_000 + b"\xc0"
-                await js.publish("pantheon.junk_run.normal.observation.email.received", deep)
+                await js.publish(subject, b"\x91" * 100_000 + b"\xc0")
                 injected.set()
             finally:
                 await client.close()
