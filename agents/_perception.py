@@ -48,6 +48,17 @@ def read_emails(path: Path) -> Iterator[dict[str, Any]]:
             except json.JSONDecodeError as exc:
                 yield {"_line": n, "_error": f"not JSON: {exc.msg}", "_raw": line[:200]}
                 continue
+            except RecursionError:  # valid syntax, nested past the interpreter's limit
+                yield {
+                    "_line": n,
+                    "_error": "not JSON: nested too deep to read",
+                    "_raw": line[:200],
+                }
+                continue
+            except ValueError as exc:  # an integer past 4,300 digits: its first clause
+                why = str(exc).split(";", 1)[0]
+                yield {"_line": n, "_error": f"not JSON: {why}", "_raw": line[:200]}
+                continue
             if not isinstance(record, dict):
                 yield {"_line": n, "_error": "not a JSON object", "_raw": line[:200]}
                 continue

@@ -15,12 +15,14 @@ from bus._config import (
     Priority,
     Retry,
 )
+from bus._decode import DEFAULT_MAX_DECODE_BYTES, UntrustedDecoder
 from bus._dlq import DeadLetter, DeadLetterQueue
 from bus._envelope import Envelope
 from bus._errors import (
     BusClosedError,
     BusError,
     CircuitOpenError,
+    DecodeError,
     EncodeError,
     NoRouteError,
     PublishError,
@@ -47,6 +49,7 @@ from bus._worker import current_envelope, current_subscription
 __all__ = [
     "DEFAULT_BLOCK_TIMEOUT",
     "DEFAULT_BREAKER",
+    "DEFAULT_MAX_DECODE_BYTES",
     "DEFAULT_MAX_QUEUE",
     "UNSAMPLED",
     "BreakerEvent",
@@ -61,6 +64,7 @@ __all__ = [
     "Clock",
     "DeadLetter",
     "DeadLetterQueue",
+    "DecodeError",
     "Delivery",
     "EdgeStats",
     "EncodeError",
@@ -85,6 +89,7 @@ __all__ = [
     "Tracer",
     "Transport",
     "TransportError",
+    "UntrustedDecoder",
     "current_envelope",
     "current_subscription",
     "is_sampled",

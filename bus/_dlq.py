@@ -145,7 +145,9 @@ class DeadLetter:
     """One undeliverable message: the envelope, the subscription it was meant for and why.
 
     ``reason`` is one of ``failed`` (retries exhausted), ``circuit_open``, ``shed``,
-    ``filter_error``, ``bus_closed`` or ``unsubscribed``. ``time`` is wall-clock seconds.
+    ``filter_error``, ``bus_closed``, ``unsubscribed`` or, from a transport, ``malformed``
+    (bytes no subscriber could decode: the payload is their size and reason). ``time`` is
+    wall-clock seconds.
     """
 
     entry_id: int

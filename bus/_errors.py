@@ -10,6 +10,7 @@
     ├── CircuitOpenError              a breaker is open; ``retry_after`` says for how long
     ├── RequestTimeout                no reply arrived within the timeout
     ├── BusClosedError                the bus is closed or not started
+    ├── DecodeError                   bytes from outside could not be decoded (also ValueError)
     └── TransportError                a transport failed to move a message
 """
 
@@ -19,6 +20,7 @@ __all__ = [
     "BusClosedError",
     "BusError",
     "CircuitOpenError",
+    "DecodeError",
     "EncodeError",
     "NoRouteError",
     "PublishError",
@@ -82,6 +84,23 @@ class RequestTimeout(BusError, TimeoutError):
 
 class BusClosedError(BusError):
     """The bus is not running: it was never started or it is closed."""
+
+
+class DecodeError(BusError, ValueError):
+    """Bytes from another process, a client or the store could not be decoded.
+
+    ``reason`` is ``"malformed"`` (not the format, wrong types, not UTF-8, a number out of
+    range), ``"too_large"`` or ``"too_deep"``; ``size`` is the input's length in bytes. A
+    receiver counts it, dead-letters or refuses that one input, and goes on: it is never a
+    reason to stop a link or a run. A ``ValueError`` too, as msgspec's own error is.
+    """
+
+    def __init__(self, what: str, reason: str, size: int, detail: str) -> None:
+        self.what = what
+        self.reason = reason
+        self.size = size
+        self.detail = detail
+        super().__init__(f"{what} of {size} bytes is {reason.replace('_', ' ')}: {detail}")
 
 
 class TransportError(BusError):

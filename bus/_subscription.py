@@ -227,7 +227,7 @@ class Subscription:
             if self.filter is not None:
                 try:
                     keep = self.filter(env.payload)
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:  # user code, as a handler is
                     self.accepted += 1
                     self.dead_lettered += 1
                     self.dlq.add(env, self.name, "filter_error", exc, traceback_text(exc))

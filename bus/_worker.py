@@ -182,7 +182,11 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
         else:
             try:
                 result = await handler(env)
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
+                # SystemExit too: a handler's sys.exit() is a failed message, dead-lettered
+                # with its traceback, not the process ending with its code and no word.
+                # (KeyboardInterrupt is left to stop the loop: a second Ctrl-C under
+                # asyncio.run arrives as one, in whatever handler happens to be running.)
                 error = error or exc
                 outcome = await _failed(sub, env, exc, clock, done)
             except asyncio.CancelledError as exc:
@@ -293,7 +297,7 @@ async def _failed(
         sub.retries += 1
         try:
             result = await sub.handler(env)
-        except Exception as again:
+        except (Exception, SystemExit) as again:
             exc = again
             continue
         except asyncio.CancelledError as again:

@@ -17,9 +17,11 @@ in :mod:`pantheon._errors`). Depends on ``agents`` and ``bus``, never on ``dashb
 from pantheon._api import Session, replay, run
 from pantheon._errors import PantheonError
 from pantheon._report import RunSummary
+from pantheon._team import AgentSetupError
 from pantheon.scenario import Problem, Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = [
+    "AgentSetupError",
     "PantheonError",
     "Problem",
     "RunSummary",

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pantheon.scenario import ApprovalsConfig, Scenario
-from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, SessionStore
+from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, ApprovalError, SessionStore
 
 if TYPE_CHECKING:
     from pantheon._team import Team
@@ -167,6 +167,14 @@ class StoreDesk:
         if auto is not None:
             after = auto.approve_after if auto.approve_after is not None else auto.reject_after
         for approval in book.among(self.origin, waiting):
+            if approval.corrupt is not None:
+                # Its own waiter fails (one dead letter, naming the row); the others, and
+                # the run, go on. Deciding it by the deadline would trust a damaged row.
+                w = waiting.get(approval.id)
+                if w is not None:
+                    error = ApprovalError(approval.corrupt_message())
+                    w.future.get_loop().call_soon_threadsafe(_fail, w.future, error)
+                continue
             if approval.pending:
                 if auto is not None and after is not None and now >= approval.asked + after:
                     approval = self._decide(
@@ -210,6 +218,11 @@ class StoreDesk:
 def _resolve(future: asyncio.Future[Approval], approval: Approval) -> None:
     if not future.done():
         future.set_result(approval)
+
+
+def _fail(future: asyncio.Future[Approval], error: Exception) -> None:
+    if not future.done():
+        future.set_exception(error)
 
 
 @contextlib.asynccontextmanager

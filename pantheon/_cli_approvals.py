@@ -61,6 +61,31 @@ def _line(a: Approval) -> str:
     return f"#{a.id} [{state}] {a.agent}: {a.summary}{note}"
 
 
+def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps([a.to_dict() for a in rows], indent=2))
+        return
+    con = report_console(highlight=False)
+    if not rows:
+        con.print(f"session {origin}: no {'pending ' if pending else ''}approvals")
+        return
+    table = Table(title=f"approvals of session {origin}")
+    for col in ("#", "state", "agent", "summary", "asked", "deadline", "by", "note"):
+        table.add_column(col, overflow="fold")
+    for a in rows:
+        table.add_row(
+            str(a.id),
+            a.status,
+            a.agent,
+            escape(a.summary),
+            _clock(a.asked),
+            f"{_clock(a.deadline)} then {a.default}" if a.pending else "-",
+            escape(a.decided_by or ""),
+            escape(a.note),
+        )
+    con.print(table)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def approve(
@@ -104,7 +129,9 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """List a session's approval requests: number, state, agent, summary, who decided."""
+        """List a session's approval requests: number, state, agent, summary, who decided.
+        A corrupt row in the store is one line on stderr, left out of the list; the command
+        then exits 1."""
         try:
             with SessionStore(resolve_store_path(store), create=False) as st:
                 book = ApprovalBook(st)
@@ -112,28 +139,14 @@ def register(app: typer.Typer) -> None:
                 rows = book.entries(origin, status="pending" if pending else None)
         except SessionError as exc:
             raise _err(str(exc)) from None
-        if as_json:
-            typer.echo(json.dumps([a.to_dict() for a in rows], indent=2))
-            return
-        con = report_console(highlight=False)
-        if not rows:
-            con.print(f"session {origin}: no {'pending ' if pending else ''}approvals")
-            return
-        table = Table(title=f"approvals of session {origin}")
-        for col in ("#", "state", "agent", "summary", "asked", "deadline", "by", "note"):
-            table.add_column(col, overflow="fold")
-        for a in rows:
-            table.add_row(
-                str(a.id),
-                a.status,
-                a.agent,
-                escape(a.summary),
-                _clock(a.asked),
-                f"{_clock(a.deadline)} then {a.default}" if a.pending else "-",
-                escape(a.decided_by or ""),
-                escape(a.note),
-            )
-        con.print(table)
+        corrupt = [a for a in rows if a.corrupt is not None]
+        rows = [a for a in rows if a.corrupt is None]
+        _print_rows(rows, origin, pending, as_json)
+        if corrupt:
+            err = Console(stderr=True, highlight=False, soft_wrap=True)
+            for a in corrupt:
+                err.print(f"[red]error:[/red] {escape(a.corrupt_message())}; left out")
+            raise typer.Exit(1)
 
     @app.command()
     def resume(

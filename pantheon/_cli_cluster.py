@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import sys
 from pathlib import Path
@@ -148,6 +149,8 @@ def broker(
     ] = False,
 ) -> None:
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
+    if not (math.isfinite(stats_every) and stats_every >= 0):
+        raise _err(f"--stats-every {stats_every}: give seconds, 0 or more (0: never)")
     if curve_secret is None and not insecure and not bind_is_local(bind):
         # Without CURVE whoever reaches the port joins, and every node links to whatever
         # data endpoint it claims: on a network that has to be a choice, not a default.
@@ -245,7 +248,12 @@ def node(
         str | None,
         typer.Option("--node", help="This node's name (default node-PID).", show_default=False),
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     session: Annotated[
         str | None, typer.Option(help="Session id stamped on messages this node originates.")
     ] = None,
@@ -280,10 +288,15 @@ def node(
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
     from pantheon._cluster import ClusterError, NodeHost
+    from pantheon._team import AgentSetupError
     from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
 
     if (curve_secret is None) != (server_key is None):
         raise _err("CURVE needs both --curve-secret (this node's) and --server-key (broker's)")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise _err(f"--timeout {timeout}: give seconds, more than 0")
+    if not (math.isfinite(status_every) and status_every >= 0):
+        raise _err(f"--status-every {status_every}: give seconds, 0 or more (0: never)")
     try:
         loaded = (
             load_scenario(scenario)
@@ -314,7 +327,7 @@ def node(
             connect_timeout=timeout,
             telemetry=telemetry,
         )
-    except ClusterError as exc:
+    except (ClusterError, AgentSetupError) as exc:
         if control:
             from pantheon._cluster import _say
 

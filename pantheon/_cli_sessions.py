@@ -14,6 +14,7 @@ import datetime as _dt
 import importlib
 import importlib.util
 import json
+import math
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -496,6 +497,8 @@ def register(app: typer.Typer) -> None:
         exiting 0 when the changed team meets every expectation of the scenario (timing
         bounds aside; dead letters fail it unless the scenario allows them), 1 when one
         fails, 2 for an invalid overlay (nothing runs)."""
+        if from_ts is not None and not (math.isfinite(from_ts) and from_ts >= 0):
+            raise _err(f"--from {from_ts}: give the seconds into the run to start at, 0 or more")
         with _open(store) as st:
             info = st.session(session)
             if changes is not None:

@@ -22,6 +22,7 @@ from pantheon._summary_text import (
     expectation_lines,
     verdict_line,
 )
+from pantheon._team import AgentSetupError
 from pantheon._whatif import WhatIfReport, whatif_replay
 from pantheon.rerun import OutcomeDiff
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
@@ -74,12 +75,20 @@ def whatif_command(
         err.print(f"[red]error:[/red] invalid overlay:\n{escape(str(exc))}")
         raise typer.Exit(2) from None
     con = Console(highlight=False, soft_wrap=True)
+
+    def replay() -> WhatIfReport:
+        try:
+            return asyncio.run(whatif_replay(store, info.id, overlay))
+        except AgentSetupError as exc:  # the overlay's team cannot be built: nothing ran
+            err.print(f"[red]error:[/red] {escape(source)}: nothing ran: {escape(str(exc))}")
+            raise typer.Exit(2) from None
+
     if as_json:
-        report = asyncio.run(whatif_replay(store, info.id, overlay))
+        report = replay()
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return report
     with con.status(f"what-if replay of {info.id} with {escape(source)} ..."):
-        report = asyncio.run(whatif_replay(store, info.id, overlay))
+        report = replay()
     con.print(
         f"what-if replay of {report.original_session_id} with {escape(source)} "
         f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs, effects "

@@ -5,6 +5,7 @@
     PantheonError
     ├── ScenarioError            a scenario file is wrong (every problem, located)
     ├── ImportProblem            an import path in a scenario leads nowhere usable
+    ├── AgentSetupError          an agent's class raised while the team was built
     ├── SessionError             the session store, recording and replay
     │   ├── StoreError → SchemaVersionError, SessionNotFound
     │   ├── RecordingError

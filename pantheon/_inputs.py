@@ -54,7 +54,8 @@ __all__ = [
 #: so a fast producer piping into a slow team is held back instead of filling memory.
 DEFAULT_STDIN_BUFFER = 1024
 
-_TOPIC = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+# fullmatch, not match with "$": "$" also matches before a final newline ("foo\n").
+_TOPIC = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
 
 
 def import_path(spec: str, base_dir: Path | None = None, *, group: str | None = None) -> Any:
@@ -204,10 +205,20 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             except json.JSONDecodeError as exc:
                 yield n, None, f"not JSON: {exc.msg}"
                 continue
+            except (ValueError, RecursionError) as exc:  # an int past 4,300 digits; too deep
+                yield n, None, f"not JSON: {_unreadable(exc)}"
+                continue
             if not isinstance(record, dict):
                 yield n, None, "not a JSON object"
                 continue
             yield n, record, None
+
+
+def _unreadable(exc: ValueError | RecursionError) -> str:
+    """Why the json module refused a line that is valid JSON syntax, in one line."""
+    if isinstance(exc, RecursionError):
+        return "nested too deep to read"
+    return str(exc).split(";", 1)[0]
 
 
 def jsonl_labels(config: JsonlInputConfig | FileInputConfig) -> dict[str, Any]:
@@ -288,7 +299,7 @@ class GeneratorSource:
     def _item(self, value: Any, n: int) -> InputItem:
         if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], str):
             topic, payload = value
-            if not _TOPIC.match(topic):
+            if not _TOPIC.fullmatch(topic):
                 return self.shape.malformed(n, f"yielded topic {topic!r} is not a dotted name")
             return self.shape(payload, n, topic)
         return self.shape(value, n)
@@ -358,7 +369,7 @@ class StdinSource:
                     continue
                 try:
                     record = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):  # RecursionError: nested too deep
                     record = {"text": text}
                 yield self.shape(record, n)
         finally:

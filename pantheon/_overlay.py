@@ -40,11 +40,11 @@ from pantheon.scenario import Problem, Scenario, ScenarioError, parse_scenario
 from pantheon.scenario._agents import agent_class
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
+    _bounded_marks,
     _dotted,
     _Loc,
     _locate,
     _MarkingLoader,
-    _marks,
     _Refused,
     _suggest,
 )
@@ -95,7 +95,7 @@ def _parse(text: str, source: str) -> tuple[Any, dict[_Loc, tuple[int, int]]]:
         if root is None:
             message = "the overlay is empty (write {} to replay with no change)"
             raise ScenarioError([Problem(source, 1, 1, "", message)])
-        marks, duplicates = _marks(loader, root, source)
+        marks, duplicates = _bounded_marks(loader, root, source, "overlay")
         if duplicates:
             raise ScenarioError(duplicates)
         data = loader.construct_document(root)
@@ -204,7 +204,7 @@ def _relocate(
     """Problems of the merged scenario, moved to where the overlay says what caused them."""
     loader = _MarkingLoader(merged_text)
     try:
-        merged_marks, _ = _marks(loader, loader.get_single_node(), source)
+        merged_marks, _ = _bounded_marks(loader, loader.get_single_node(), source, "overlay")
     finally:
         loader.dispose()
     at: dict[tuple[int, int], _Loc] = {}

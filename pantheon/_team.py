@@ -7,6 +7,7 @@ replay, a redrive, a ZeroMQ node) builds it one way, and none of them imports th
 from __future__ import annotations
 
 import os
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +33,43 @@ from agents import (
     total_usage,
 )
 from bus import Bus
+from pantheon._errors import PantheonError
 from pantheon._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
 from pantheon.scenario._schema import provider_class
 
-__all__ = ["Setup", "Team", "build_team", "check_model", "sum_usage", "team_setup"]
+__all__ = [
+    "AgentSetupError",
+    "Setup",
+    "Team",
+    "build_team",
+    "check_model",
+    "sum_usage",
+    "team_setup",
+]
 
 Setup = Callable[[Bus], Awaitable[None]]
+
+
+class AgentSetupError(PantheonError, RuntimeError):
+    """An agent's class raised while it was being built, before anything ran.
+
+    Its constructor is user code: whatever it raises, ``SystemExit`` and
+    ``KeyboardInterrupt`` included, becomes this one error naming the agent, its class, the
+    exception and the line that raised it. A ``sys.exit()`` in an ``__init__`` would
+    otherwise end the whole run silently with its code."""
+
+    def __init__(self, agent: str, cls: type, exc: BaseException) -> None:
+        self.agent = agent
+        self.error = exc
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+        what = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        super().__init__(
+            f"agent {agent!r}: {cls.__module__}:{cls.__qualname__} could not be built: "
+            f"{what}{where}"
+        )
 
 
 @dataclass
@@ -205,16 +235,19 @@ def build_team(
             kwargs["outbox"] = outbox
         elif issubclass(cls, Monitor):
             kwargs["sample"] = not replay
-        agents[name] = cls(
-            name,
-            settings=settings,
-            options=options,
-            fault=fault,
-            seed=scenario.seed if seed is None else seed,
-            provider=provider,
-            prices=prices,
-            **kwargs,
-        )
+        try:
+            agents[name] = cls(
+                name,
+                settings=settings,
+                options=options,
+                fault=fault,
+                seed=scenario.seed if seed is None else seed,
+                provider=provider,
+                prices=prices,
+                **kwargs,
+            )
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            raise AgentSetupError(name, cls, exc) from exc
     scored = inp.label is not None or scenario.outcome is not None
     return Team(agents, outbox, provider, Outcomes(spec, labels) if scored else None)
 

@@ -33,6 +33,7 @@ from pantheon._summary_text import (
     expectation_lines,
     verdict_line,
 )
+from pantheon._team import AgentSetupError
 from pantheon.readmodel import SessionUsage
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
@@ -131,7 +132,12 @@ def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) 
 @app.command()
 def run(
     file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     store: Annotated[
         Path | None,
@@ -189,8 +195,8 @@ def run(
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
-    except ProviderUnavailable as exc:
-        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}")
+    except (ProviderUnavailable, AgentSetupError) as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except SessionError as exc:  # the --store given cannot hold the session
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
@@ -212,7 +218,12 @@ def serve(
     port: Annotated[
         int | None, typer.Option(help="Port (default: gateway.port, 8787; 0 picks a free one).")
     ] = None,
-    seed: Annotated[int | None, typer.Option(help="Override the scenario's seed.")] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
     store: Annotated[
         Path | None,
@@ -252,7 +263,7 @@ def serve(
                 gateway=gateway, serve=True,
             )
         )  # fmt: skip
-    except (GatewayError, ProviderUnavailable, SessionError) as exc:
+    except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     if as_json:

@@ -45,7 +45,9 @@ def decide(store: Path, approval: Approval, *, approved: bool, note: str) -> App
 
 
 def approval_cells(a: Approval) -> tuple[str, ...]:
-    if a.pending:
+    if a.corrupt is not None:
+        state = f"corrupt: {a.corrupt}"
+    elif a.pending:
         left = max(0.0, a.deadline - time.time())
         state = f"pending ({left:.0f}s, then {a.default})"
     else:

@@ -16,7 +16,7 @@ import streamlit as st
 
 from dashboard.web._app import store, when
 from pantheon._approvals import who
-from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, SessionInfo
+from pantheon.sessions import Approval, ApprovalBook, ApprovalError, SessionInfo
 
 __all__ = ["approvals_panel"]
 
@@ -32,6 +32,10 @@ def approvals_panel(path: Path, info: SessionInfo) -> None:
         rows = book.entries(origin)
     if not rows:
         return
+    # A corrupt row (edited by hand, damaged) is said once and offered no buttons; the
+    # others are shown and decided as ever.
+    corrupt = [a for a in rows if a.corrupt is not None]
+    rows = [a for a in rows if a.corrupt is None]
     waiting = [a for a in rows if a.pending]
     st.subheader(f"Approvals ({len(waiting)} waiting)" if waiting else "Approvals")
     # The last decision made on this page stays said: a running session's page redraws
@@ -39,6 +43,8 @@ def approvals_panel(path: Path, info: SessionInfo) -> None:
     said = st.session_state.get(_SAID)
     if said is not None and said[0] == origin:
         (st.success if said[1] else st.warning)(said[2])
+    for a in corrupt:
+        st.error(a.corrupt_message())
     for a in waiting:
         _pending(path, a)
     done = [a for a in rows if not a.pending]
@@ -80,7 +86,7 @@ def _decide(path: Path, a: Approval, *, approved: bool, note: str) -> None:
     with store(path) as s:
         try:
             done = ApprovalBook(s).decide(a.origin, a.id, approved=approved, note=note, by=who())
-        except AlreadyDecided as exc:
+        except ApprovalError as exc:  # decided first, gone, or corrupt: said, not raised
             st.session_state[_SAID] = (a.origin, False, str(exc))
         else:
             text = f"#{done.id} {done.status}" + (f": {done.note}" if done.note else "")

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from bus import DecodeError, UntrustedDecoder
 from pantheon.live._errors import FeedClosed, ProtocolError
 from pantheon.live._snapshot import ClientFrame, ServerFrame
 
@@ -40,8 +41,8 @@ def _fallback(obj: Any) -> Any:
 
 
 _encoder = msgspec.msgpack.Encoder(enc_hook=_fallback)
-_server = msgspec.msgpack.Decoder(ServerFrame)
-_client = msgspec.msgpack.Decoder(ClientFrame)
+_server = UntrustedDecoder[ServerFrame](ServerFrame, what="feed frame", max_bytes=MAX_FRAME)
+_client = UntrustedDecoder[ClientFrame](ClientFrame, what="client frame", max_bytes=MAX_FRAME)
 
 
 def encode(frame: Any) -> bytes:
@@ -70,14 +71,14 @@ async def read_frame(reader: asyncio.StreamReader) -> bytes:
 def decode_server(body: bytes) -> ServerFrame:
     try:
         return _server.decode(body)
-    except msgspec.DecodeError as exc:
+    except DecodeError as exc:
         raise ProtocolError(f"not a feed frame: {exc}") from None
 
 
 def decode_client(body: bytes) -> ClientFrame:
     try:
         return _client.decode(body)
-    except msgspec.DecodeError as exc:
+    except DecodeError as exc:
         raise ProtocolError(f"not a client frame: {exc}") from None
 
 

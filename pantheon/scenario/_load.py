@@ -13,22 +13,18 @@ import yaml
 from pydantic import BaseModel, Discriminator, Tag, ValidationError
 
 from pantheon.scenario._locate import (
-    _MAX_PATHS,
     MAX_SCENARIO_BYTES,
     Problem,
     ScenarioError,
+    _bounded_marks,
     _clean_loc,
     _dotted,
     _Loc,
     _locate,
     _MarkingLoader,
-    _marks,
     _or,
     _Refused,
     _suggest,
-    _too_deep,
-    _TooDeep,
-    _TooLarge,
 )
 from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
 
@@ -159,15 +155,7 @@ def parse_scenario(
         root = loader.get_single_node()
         if root is None:
             raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
-        try:
-            marks, problems = _marks(loader, root, source)
-        except _TooLarge:
-            message = f"the scenario expands to over {_MAX_PATHS} keys (aliases of aliases?)"
-            raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
-        except _TooDeep as exc:
-            mark = exc.node.start_mark
-            deep = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
-            raise ScenarioError([deep]) from None
+        marks, problems = _bounded_marks(loader, root, source)
         data = loader.construct_document(root)
     except _Refused as exc:
         mark = exc.problem_mark

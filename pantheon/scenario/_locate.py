@@ -147,6 +147,23 @@ class _TooDeep(Exception):
         self.node = node
 
 
+def _bounded_marks(
+    loader: _MarkingLoader, root: yaml.Node, source: str, what: str = "scenario"
+) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
+    """:func:`_marks` within the loader's limits, a breach as one located
+    :class:`ScenarioError`: every YAML file Pantheon validates (a scenario, an overlay) is
+    held to the same bounds, so aliases of aliases cannot expand one of them instead."""
+    try:
+        return _marks(loader, root, source)
+    except _TooLarge:
+        message = f"the {what} expands to over {_MAX_PATHS} keys (aliases of aliases?)"
+        raise ScenarioError([Problem(source, 1, 1, "", message)]) from None
+    except _TooDeep as exc:
+        mark = exc.node.start_mark
+        deep = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
+        raise ScenarioError([deep]) from None
+
+
 def _marks(
     loader: _MarkingLoader, root: yaml.Node, source: str
 ) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:

@@ -68,6 +68,9 @@ _COLS = (
 #: Characters at most in a decision's note and in who decided.
 MAX_NOTE = 2000
 MAX_BY = 100
+#: Approval numbers are SQLite integers: 1 up to this. A number outside is no approval,
+#: checked before SQLite sees it (it raises OverflowError past 64 bits).
+MAX_ID = 2**63 - 1
 
 
 class ApprovalError(SessionError):
@@ -113,6 +116,9 @@ class Approval:
     note: str
     decided_by: str | None
     decided: float | None
+    #: Why the stored row cannot be trusted (a column not of its type, a request that is
+    #: not a JSON object), or None. A corrupt row is listed and reported, never decided on.
+    corrupt: str | None = None
 
     @property
     def pending(self) -> bool:
@@ -124,10 +130,18 @@ class Approval:
 
     def decision(self) -> Decision:
         """The decision, for a decided approval (what the effect records)."""
+        if self.corrupt is not None:
+            raise ApprovalError(self.corrupt_message())
         if self.pending:
             raise ApprovalError(f"approval {self.id} of session {self.origin} is still pending")
         return Decision(
             self.id, self.status == "approved", self.note, self.decided_by or "", self.decided or 0
+        )
+
+    def corrupt_message(self) -> str:
+        """The one line every reader says of a corrupt row (CLI, dashboards, the waiter)."""
+        return (
+            f"approval {self.id} of session {self.origin} is corrupt in the store: {self.corrupt}"
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,11 +162,46 @@ class Approval:
         }
 
 
+_TEXT, _NUMBER = (str,), (int, float)
+_TYPES: tuple[tuple[int, str, tuple[type, ...], str], ...] = (
+    (2, "key", _TEXT, "text"), (3, "session", _TEXT, "text"), (4, "agent", _TEXT, "text"),
+    (5, "summary", _TEXT, "text"), (7, "asked", _NUMBER, "number"),
+    (8, "deadline", _NUMBER, "number"), (11, "note", _TEXT, "text"),
+    (12, "decided_by", (str, type(None)), "text"),
+    (13, "decided", (int, float, type(None)), "number"),
+)  # fmt: skip
+
+
 def _row(r: tuple[Any, ...]) -> Approval:
+    """The approval a row holds. SQLite keeps whatever was written in a column (its types
+    are affinities), so a damaged or hand-edited row is marked ``corrupt`` here, once,
+    rather than failing whoever reads it, and every row beside it with it."""
+    problem = None
+    request: Any = {}
+    try:
+        request = json.loads(r[6])
+        if not isinstance(request, dict):
+            problem = f"request is a JSON {type(request).__name__}, not an object"
+    except (ValueError, TypeError, RecursionError) as exc:
+        problem = f"request is not JSON ({type(exc).__name__}: {exc})"
+    v = list(r)
+    for i, name, kinds, label in _TYPES:
+        if not isinstance(r[i], kinds):
+            problem = problem or f"{name} is {r[i]!r:.60}, not a {label}"
+            # Every field keeps its type, so a reader that shows the row (a dashboard's
+            # table) cannot fail on it; ``corrupt`` says the values are not to be trusted.
+            v[i] = None if type(None) in kinds else repr(r[i]) if label == "text" else 0.0
     return Approval(
-        r[0], r[1], r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8], bool(r[9]), r[10],
-        r[11], r[12], r[13],
+        v[0], v[1], v[2], v[3], v[4], v[5], request if problem is None else {}, v[7], v[8],
+        bool(r[9]), v[10], v[11], v[12], v[13], problem,
     )  # fmt: skip
+
+
+def _check_id(origin: str, approval_id: int) -> None:
+    if not 1 <= approval_id <= MAX_ID:
+        raise ApprovalNotFound(
+            f"session {origin} has no approval {approval_id} (approvals are numbered from 1)"
+        )
 
 
 def origin_of(store: SessionStore, info: SessionInfo) -> str:
@@ -234,24 +283,27 @@ class ApprovalBook:
             raise ApprovalError(f"a note is at most {MAX_NOTE} characters (got {len(note)})")
         if not by.strip() or len(by) > MAX_BY:
             raise ApprovalError(f"who decides is 1 to {MAX_BY} characters (got {by!r})")
-        with self.store._tx() as conn:
-            changed = conn.execute(
+        _check_id(origin, approval_id)
+        select = f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?"
+        with self.store._tx() as conn:  # BEGIN IMMEDIATE: nobody decides between the two
+            row = conn.execute(select, (origin, approval_id)).fetchone()
+            if row is None:
+                raise ApprovalNotFound(f"session {origin} has no approval {approval_id}")
+            approval = _row(row)
+            if approval.corrupt is not None:
+                raise ApprovalError(approval.corrupt_message())
+            if not approval.pending:
+                raise AlreadyDecided(approval)
+            conn.execute(
                 "UPDATE approvals SET status = ?, note = ?, decided_by = ?, decided = ? "
-                "WHERE origin = ? AND id = ? AND status = 'pending'",
+                "WHERE origin = ? AND id = ?",
                 ("approved" if approved else "rejected", note, by, time.time(), origin,
                  approval_id),
-            ).rowcount  # fmt: skip
-            row = conn.execute(
-                f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?", (origin, approval_id)
-            ).fetchone()
-        if row is None:
-            raise ApprovalNotFound(f"session {origin} has no approval {approval_id}")
-        approval = _row(row)
-        if not changed:
-            raise AlreadyDecided(approval)
-        return approval
+            )  # fmt: skip
+            return _row(conn.execute(select, (origin, approval_id)).fetchone())
 
     def get(self, origin: str, approval_id: int) -> Approval:
+        _check_id(origin, approval_id)
         rows = self.store._query(
             f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?", (origin, approval_id)
         )
@@ -270,7 +322,7 @@ class ApprovalBook:
 
     def among(self, origin: str, ids: Iterable[int]) -> list[Approval]:
         """The approvals numbered ``ids`` (what a waiting run looks at each poll)."""
-        wanted = sorted(set(ids))
+        wanted = sorted(i for i in set(ids) if 1 <= i <= MAX_ID)
         if not wanted:
             return []
         marks = ",".join("?" * len(wanted))

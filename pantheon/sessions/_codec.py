@@ -8,14 +8,21 @@ fails on a payload and never pretends to have kept what it could not.
 from __future__ import annotations
 
 import reprlib
+import sys
 from typing import Any
 
 import msgspec
+
+from bus import UntrustedDecoder
 
 __all__ = ["decode", "encode", "normalize", "safe_repr"]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
+# A store file can be damaged or written by anything: what is read back goes through the
+# bus's one untrusted path, so every failure is one DecodeError the reader reports. No size
+# bound: what was recorded, however large, must read back (SQLite already holds it).
+_stored = UntrustedDecoder[Any](what="stored value", max_bytes=sys.maxsize)
 _repr = reprlib.Repr()
 _repr.maxstring = 10_000
 _repr.maxother = 10_000
@@ -40,7 +47,8 @@ def encode(value: Any) -> tuple[bytes, bool]:
 
 
 def decode(blob: bytes | None) -> Any:
-    return None if blob is None else _decoder.decode(blob)
+    """A stored value; :class:`~bus.DecodeError` when the bytes are damaged."""
+    return None if blob is None else _stored.decode(blob)
 
 
 def normalize(value: Any) -> tuple[Any, bool]:

@@ -35,8 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, overload
 
-import msgspec
-
+from bus import DecodeError
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
 from pantheon.sessions._journal import (
@@ -868,7 +867,7 @@ class SessionStore:
         for r in rows:
             try:
                 payload = decode(r[10])
-            except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+            except DecodeError as exc:
                 raise self._damaged(
                     session_id, f"the payload of message {r[0]} cannot be decoded ({exc})"
                 ) from exc
@@ -940,7 +939,7 @@ class SessionStore:
             if r[6] is not None and r[5] in (EFFECT_OK, EFFECT_REPR):
                 try:
                     decode(r[6])
-                except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+                except DecodeError as exc:
                     raise self._damaged(
                         session_id,
                         f"the result of effect {r[0]} ({r[4]}) cannot be decoded ({exc})",

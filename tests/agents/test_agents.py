@@ -228,6 +228,19 @@ async def inbox_items(path: Path) -> AsyncIterator[InputItem]:
             yield InputItem("observation.email.received", email, key=email["id"])
 
 
+def test_read_emails_reports_lines_json_refuses_past_its_limits(tmp_path: Path) -> None:
+    """Nested past the recursion limit, or an integer past 4,300 digits: valid syntax the
+    json module refuses with RecursionError and ValueError; each one line's _error."""
+    inbox = tmp_path / "inbox.jsonl"
+    inbox.write_text("[" * 100_000 + "]" * 100_000 + "\n" + '{"id": 1' + "0" * 5000 + "}\n")
+    errors = [(r["_line"], r["_error"]) for r in read_emails(inbox)]
+    assert errors == [
+        (1, "not JSON: nested too deep to read"),
+        (2, "not JSON: Exceeds the limit (4300 digits) for integer string conversion: "
+            "value has 5001 digits"),
+    ]  # fmt: skip
+
+
 async def test_pipeline_from_inbox_to_outbox(tmp_path: Path) -> None:
     inbox = tmp_path / "inbox.jsonl"
     records = [

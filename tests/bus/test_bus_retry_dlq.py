@@ -422,3 +422,36 @@ async def test_a_dead_letter_traceback_keeps_chained_causes_and_source_lines(bus
     assert 'raise RuntimeError(f"no price for {env.payload!r}") from exc' in text
     assert text.rstrip().endswith("RuntimeError: no price for 'b'")
     assert "^^^" not in text
+
+
+async def test_a_handler_or_filter_calling_sys_exit_is_a_dead_letter_not_an_exit(
+    bus: Bus,
+) -> None:
+    """User code that calls sys.exit() fails its one message, with the traceback; before,
+    the SystemExit left the worker and ended the process with its code, printing nothing."""
+    import sys
+
+    handled: list[object] = []
+
+    def quits(env: Envelope) -> None:
+        if env.payload == "quit":
+            sys.exit(3)
+        handled.append(env.payload)
+
+    def picky(payload: object) -> bool:
+        if payload == "quit":
+            sys.exit(4)
+        return True
+
+    bus.on("t", quits, name="quits", retry=Retry(attempts=2))
+    bus.on("t", lambda env: None, name="picky", filter=picky)
+    for payload in ("a", "quit", "b"):
+        await bus.emit("t", payload)
+    await bus.drain()
+    assert handled == ["a", "b"]
+    entries = sorted(bus.dlq.entries(), key=lambda e: e.subscriber)
+    assert [(e.subscriber, e.reason, e.error_type, e.error, e.attempts) for e in entries] == [
+        ("picky", "filter_error", "SystemExit", "4", 0),
+        ("quits", "failed", "SystemExit", "3", 2),
+    ]
+    assert "sys.exit(3)" in (entries[1].traceback or "")

@@ -11,6 +11,7 @@ import msgspec
 import pytest
 import websockets
 from gateway_server import ADMIN, PUBLISHER, READER, Server
+from untrusted_corpus import CORPUS
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 
@@ -295,3 +296,48 @@ def test_tokens_never_reach_the_logs(server: Server) -> None:
     assert "access_token=***" in logs or "GET /v1/sse 401" in logs
     for token in (PUBLISHER, READER, ADMIN):
         assert token not in logs  # ...and no token in it
+
+
+def test_undecodable_bodies_are_400_on_every_route(server: Server) -> None:
+    """The shared corpus, JSON 990 deep (it decodes, then failed re-encoded deeper in the
+    stack) and msgpack not UTF-8, on all four routes that take a body: each a 400 with one
+    line naming the body, or 413 when over the body limit; never a 500 traceback."""
+    routes = ["/v1/topics/data.x", "/v1/batch", "/v1/request/svc.echo", "/v1/inbox"]
+    deep = b"[" * 990 + b"]" * 990
+    bodies: list[tuple[str, bytes, str]] = [
+        *(("application/json", data, name) for name, data in CORPUS.items()),
+        *(("application/msgpack", data, name) for name, data in CORPUS.items()),
+        ("application/json", deep, "JSON 990 deep"),
+        ("application/json", b'{"topic": "data.x", "payloads": [' + deep + b"]}", "deep batch"),
+    ]
+    # The inbox publishes what it cannot read on input.malformed: admin may publish there.
+    with httpx.Client(base_url=server.url, headers=auth(ADMIN), timeout=20) as http:
+        for route in routes:
+            for kind, data, name in bodies:
+                r = http.post(route, content=data, headers={"Content-Type": kind})
+                where = (route, kind, name, r.text[:200])
+                if len(data) > 4096:
+                    assert r.status_code == 413, where
+                    continue
+                assert r.status_code == 400, where
+                error = r.json()["error"]
+                assert error.startswith("body: ") and "\n" not in error, where
+        r = http.post("/v1/topics/data.x", content=b'"\xff"')
+        assert r.json()["error"] == (
+            "body: not valid application/json: UnicodeDecodeError: 'utf-8' codec can't "
+            "decode byte 0xff in position 0: invalid start byte"
+        )
+        r = http.post("/v1/topics/data.x", content=deep)
+        assert r.json()["error"] == "body: nested over 100 levels"
+        r = http.post("/v1/batch", content=b'{"topic": "data.x", "payloads": [' + deep + b"]}")
+        assert r.json()["error"] == "body: nested over 100 levels"
+        r = http.post("/v1/topics/data.x", content=b"[" * 100 + b"]" * 100)
+        assert r.status_code == 202
+
+
+def test_a_topic_with_a_final_newline_is_refused(server: Server) -> None:
+    r = httpx.post(f"{server.url}/v1/topics/data.x%0A", json=1, headers=auth(PUBLISHER))
+    assert (r.status_code, r.json()["error"]) == (
+        400,
+        "topic: 'data.x\\n' is not a dotted topic name",
+    )

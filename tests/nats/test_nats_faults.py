@@ -11,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats_helpers import eventually
 
@@ -315,3 +316,83 @@ async def test_a_client_without_the_nkey_is_refused(tmp_path: Path) -> None:
         await _two_members_talk(server.url, {"team": "nk", "nkey_seed": str(seed_file)}, "signed")
     finally:
         await asyncio.to_thread(server.stop)
+
+
+async def test_undecodable_messages_in_the_stream_are_counted_dead_lettered_and_passed(
+    server: NatsServer,
+) -> None:
+    """Any client of the server can publish into the team's stream. A message nested
+    100,000 deep (RecursionError in the decoder), one whose string is not UTF-8 and a
+    truncated one, published between good messages: each is counted as malformed, listed
+    in the receiving bus's DLQ with its size and reason, terminated (never redelivered),
+    and every good message is still handled once. It used to hang the run."""
+    import nats
+
+    opts = {"team": "junk", "max_deliver": 3, "backoff": (0.02, 0.1)}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="worker", **opts)) as sub,
+    ):
+        handled: list[object] = []
+        sub.on("mail.*", lambda env: handled.append(env.payload), name="triage")
+        await sub.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("mail.in"))
+        head = b"\x9c\xa7mail.in"  # a 12-field wire array, its topic; then the payload
+        rest = msgspec.msgpack.encode([2, 99, None, 0, None, None, 0, 0, None, "pub"])[1:]
+        junk = [head + b"\x91" * 100_000 + b"\xc0" + rest, b"\x9c\xa1\xff" + rest, head[:6]]
+        client = await nats.connect(server.url)
+        try:
+            js = client.jetstream()
+            for i in range(10):
+                await pub.emit("mail.in", i)
+                if i < len(junk):
+                    await js.publish("pantheon.junk.normal.mail.in", junk[i])
+        finally:
+            await client.close()
+        transport = sub.transport
+        assert isinstance(transport, NatsTransport)
+        await eventually(lambda: transport.stats()["malformed"] == 3)
+        await pub.drain(timeout=20)
+        await eventually(lambda: sorted(handled) == list(range(10)))
+        entries = sub.dlq.entries()
+        assert [(e.subscriber, e.reason, e.envelope.payload) for e in entries] == [
+            ("triage", "malformed", {"size": 100_023, "reason": "too_deep"}),
+            ("triage", "malformed", {"size": 16, "reason": "malformed"}),
+            ("triage", "malformed", {"size": 6, "reason": "malformed"}),
+        ]
+        assert [e.error_type for e in entries] == ["DecodeError"] * 3
+        assert transport.stats()["redelivered"] == 0
+
+
+async def test_undecodable_directory_entries_and_dlq_messages_are_skipped(
+    server: NatsServer,
+) -> None:
+    """Junk in the directory bucket (read when a node starts) and in the DLQ stream (read
+    when dead letters are listed or redriven): counted or logged and skipped; before, the
+    late node's start and the listing raised RecursionError."""
+    import nats
+
+    deep = b"\x91" * 100_000 + b"\xc0"
+    async with Bus(transport=NatsTransport(server.url, team="junk2", node="pub")) as pub:
+        client = await nats.connect(server.url)
+        try:
+            js = client.jetstream()
+            kv = await js.key_value("pantheon_nodes_junk2")
+            await kv.put("intruder", deep)
+            await js.publish("pantheon.dlq.junk2.pub", deep)
+        finally:
+            await client.close()
+        async with Bus(transport=NatsTransport(server.url, team="junk2", node="late")) as late:
+            transport = late.transport
+            assert isinstance(transport, NatsTransport)
+            assert transport.stats()["malformed"] == 1  # the intruder, read at start
+            got: list[object] = []
+            late.on("hello", lambda env: got.append(env.payload), name="greeter")
+            await late.transport.sync()
+            await eventually(lambda: pub.transport.has_remote("hello"))
+            await pub.emit("hello", "still talking")
+            await eventually(lambda: got == ["still talking"])
+            publisher = pub.transport
+            assert isinstance(publisher, NatsTransport)
+            assert await publisher.dead_letters() == []
+            assert await publisher.redrive() == 0

@@ -110,3 +110,66 @@ def test_a_sigkilled_node_in_a_nats_run_loses_nothing(tmp_path: Path) -> None:
     assert len(ids) == summary["inputs"]
     assert ids <= set(done) | dead  # delivered + DLQ covers published
     assert sum(summary["decisions"].values()) == len(done)
+
+
+def test_an_undecodable_message_mid_run_is_counted_and_the_run_finishes(tmp_path: Path) -> None:
+    """Any client of the server can publish into the team's stream. A message nested
+    100,000 deep, published while ``pantheon run`` is going: the receiving nodes count it
+    as malformed and dead-letter it, and the run finishes with its summary. Before, it
+    hung for ever (nothing printed; SIGINT exited 130 with no summary)."""
+    import asyncio
+    import threading
+
+    import nats
+
+    from bus.backends.nats import NatsServer
+
+    server = NatsServer().start()
+    try:
+        shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+        path = tmp_path / "scenarios" / "support_email_nats.yaml"
+        text = path.read_text()
+        auto = "  server: auto "
+        assert auto in text
+        line = text[text.index(auto) : text.index("\n", text.index(auto)) + 1]
+        text = text.replace(line, f"  url: {server.url}\n").replace(
+            "name: support_email_nats", "name: junk_run"
+        )
+        (tmp_path / "scenarios" / "junk.yaml").write_text(text)
+        injected = threading.Event()
+
+        async def inject() -> None:
+            client = await nats.connect(server.url)
+            try:
+                js = client.jetstream()
+                # Once a consumer of that subject exists (they start at new messages), the
+                # message is its to read.
+                subject = "pantheon.junk_run.normal.observation.email.received"
+                async with asyncio.timeout(120):
+                    while True:
+                        try:
+                            infos = await js.consumers_info("PANTHEON_junk_run")
+                        except Exception:  # the stream does not exist yet
+                            infos = []
+                        if any(c.config.filter_subject == subject for c in infos):
+                            break
+                        await asyncio.sleep(0.05)
+                await js.publish(subject, b"\x91" * 100_000 + b"\xc0")
+                injected.set()
+            finally:
+                await client.close()
+
+        thread = threading.Thread(target=lambda: asyncio.run(inject()))
+        thread.start()
+        try:
+            summary = run_json(tmp_path, "scenarios/junk.yaml")
+        finally:
+            thread.join(timeout=130)
+        assert injected.is_set()
+        counted = {n: node["transport"]["malformed"] for n, node in summary["nodes"].items()}
+        assert sum(counted.values()) >= 1, counted
+        assert summary["dlq"].get("malformed", 0) == sum(counted.values()), summary["dlq"]
+        assert (summary["inputs"], summary["malformed"]) == (591, 9)  # the file's own
+        assert summary["accounting_ok"] is True
+    finally:
+        server.stop()

@@ -14,6 +14,7 @@ def test_public_names_are_exactly_the_user_api() -> None:
     modules = {n for n in public if type(getattr(pantheon, n)).__name__ == "module"}
     assert public - modules == set(pantheon.__all__)
     assert set(pantheon.__all__) == {
+        "AgentSetupError",
         "PantheonError",
         "Problem",
         "RunSummary",
@@ -32,6 +33,7 @@ def test_every_pantheon_error_has_one_root() -> None:
 
     for cls in (
         pantheon.ScenarioError,
+        pantheon.AgentSetupError,
         SessionError,
         LiveError,
         ClusterError,
@@ -41,3 +43,4 @@ def test_every_pantheon_error_has_one_root() -> None:
     # The builtin bases callers caught before stay.
     assert issubclass(pantheon.ScenarioError, ValueError)
     assert issubclass(ClusterError, RuntimeError)
+    assert issubclass(pantheon.AgentSetupError, RuntimeError)

@@ -147,6 +147,27 @@ async def test_jsonl_of_any_schema_is_routed_labelled_and_checked(tmp_path: Path
     assert count_inputs(scenario) == 8  # non-blank lines
 
 
+async def test_jsonl_lines_the_json_module_refuses_are_rejected_not_raised(
+    tmp_path: Path,
+) -> None:
+    """Valid JSON syntax that json.loads still refuses: nested 100,000 deep (RecursionError)
+    and an integer of 5,000 digits (ValueError, not JSONDecodeError). Each is one rejected
+    line; the run went down with a traceback before."""
+    path = write_incidents(tmp_path)
+    good = json.dumps({"ref": "i9", "kind": "page", "service": "db"})
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "incidents.jsonl").write_text(f'{deep}\n{{"n": 1{"0" * 5000}}}\n{good}\n')
+    _, seen = await publish(load_scenario(path))
+    assert [(e.topic, e.payload) for e in seen] == [
+        ("incident.rejected", {"line": 1, "reason": "not JSON: nested too deep to read",
+                               "key": None}),
+        ("incident.rejected", {"line": 2, "reason": "not JSON: Exceeds the limit (4300 digits) "
+                               "for integer string conversion: value has 5001 digits",
+                               "key": None}),
+        ("alert.paged", {"ref": "i9", "kind": "page", "service": "db"}),
+    ]  # fmt: skip
+
+
 async def test_default_topic_takes_values_without_a_mapping(tmp_path: Path) -> None:
     path = write_incidents(tmp_path, "  default_topic: incident.other\n")
     _, seen = await publish(load_scenario(path))
@@ -248,6 +269,11 @@ def emails(seed, settings):
     yield ("Not A Topic!", {"pair": False})
 
 
+def newline_topic(seed, settings):
+    yield ("custom.topic\\n", {"n": 1})
+    yield ("custom.topic", {"n": 2})
+
+
 async def ticks(seed, settings):
     n = 0
     while True:
@@ -339,6 +365,16 @@ async def test_generator_pairs_and_bad_topics(tmp_path: Path) -> None:
     ]
     assert seen[1].payload == {"pair": True}
     assert observer.labels["g0"]["intent"] == "question"
+
+
+async def test_a_yielded_topic_with_a_final_newline_is_malformed(tmp_path: Path) -> None:
+    # The check's "$" used to match before a final newline, so "custom.topic\n" passed.
+    path, _ = write_generator(tmp_path, 'function: "{module}:newline_topic"\ntopic: x.y\n')
+    _, seen = await publish(load_scenario(path))
+    assert [(e.topic, e.payload.get("n", e.payload.get("reason"))) for e in seen] == [
+        ("input.malformed", "yielded topic 'custom.topic\\n' is not a dotted name"),
+        ("custom.topic", 2),
+    ]
 
 
 async def test_async_generator_with_rate_and_count(tmp_path: Path) -> None:
@@ -503,6 +539,31 @@ async def test_stdin_left_open_ends_at_count(tmp_path: Path) -> None:
         assert [e.payload for e in seen] == [{"a": 1}, {"a": 2}]
     finally:
         os.close(write)
+        os.close(read)
+
+
+async def test_a_stdin_line_nested_too_deep_is_text() -> None:
+    """A line the json module refuses with RecursionError is text, as any other line
+    that is not JSON; it ended the run with a traceback before."""
+    read, write = os.pipe()
+    deep = "[" * 5_000 + "]" * 5_000
+    try:
+        os.write(write, f'{deep}\n{{"a": 2}}\n'.encode())
+        os.close(write)
+        write = -1
+        scenario = parse_scenario("version: 1\nname: t\ninput: {kind: stdin, topic: a.b}\n")
+        source = open_input(scenario, stdin_fd=read)
+        observer = Observer(source=source, settings={"count": 2})
+        async with Bus() as bus:
+            await observer.attach(bus)
+            with capture_events(bus, "a.b") as seen:
+                await observer.start()
+                await asyncio.wait_for(observer.done.wait(), 5)
+                await bus.drain()
+        assert [e.payload for e in seen] == [{"text": deep}, {"a": 2}]
+    finally:
+        if write != -1:
+            os.close(write)
         os.close(read)
 
 

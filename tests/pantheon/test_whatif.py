@@ -288,3 +288,22 @@ def test_a_store_made_before_forked_from_gets_the_column_in_place(tmp_path: Path
     columns = [row[1] for row in conn.execute("PRAGMA table_info(sessions)")]
     conn.close()
     assert columns[-1] == "forked_from"
+
+
+def test_an_overlay_is_held_to_the_scenario_loader_s_alias_and_depth_limits() -> None:
+    """Aliases of aliases ("billion laughs") and nesting past the loader's depth are the
+    loader's own one-line problems in an overlay too; before, they escaped as _TooLarge."""
+    laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+    for name, prev in zip("bcdefgh", "abcdefg", strict=True):
+        laughs += f"{name}: &{name} [*{prev}, *{prev}, *{prev}, *{prev}, *{prev}, *{prev}]\n"
+    laughs += "policy: {refund_limit: *h}\n"
+    with pytest.raises(ScenarioError) as caught:
+        apply_overlay(SCENARIO.read_text(), laughs, source="o.yaml")
+    assert [str(p) for p in caught.value.problems] == [
+        "o.yaml:1:1: the overlay expands to over 50000 keys (aliases of aliases?)"
+    ]
+    deep = "policy:\n  x: " + "[" * 200 + "]" * 200 + "\n"
+    with pytest.raises(ScenarioError) as caught:
+        apply_overlay(SCENARIO.read_text(), deep, source="o.yaml")
+    (problem,) = [str(p) for p in caught.value.problems]
+    assert problem.startswith("o.yaml:2:") and "nested deeper than" in problem

@@ -21,6 +21,7 @@ from zmq_helpers import eventually
 from bus import Bus
 from bus.backends.zeromq import Broker, ZmqTransport
 from bus.backends.zeromq._wire import (
+    DEFAULT_MAX_FRAME,
     PROTOCOL,
     Directory,
     DirectoryAck,
@@ -113,7 +114,7 @@ async def test_a_node_drops_bad_directory_entries_and_applies_the_rest(
     fake.setsockopt(zmq.LINGER, 0)
     fake.bind("tcp://127.0.0.1:0")
     endpoint = fake.getsockopt_string(zmq.LAST_ENDPOINT)
-    decode_up = control_up_decoder().decode
+    decode_up = control_up_decoder(DEFAULT_MAX_FRAME).decode
     try:
         async with Bus(transport=ZmqTransport(broker.endpoint, node="good")) as good:
             good_info = PeerInfo(

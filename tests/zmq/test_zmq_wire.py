@@ -17,6 +17,7 @@ import msgspec
 import pytest
 import zmq
 import zmq.asyncio
+from untrusted_corpus import CORPUS
 from zmq_helpers import eventually
 
 from bus import Bus, Envelope
@@ -25,7 +26,7 @@ from bus.backends.zeromq._wire import PROTOCOL, Done, Hello, Nack, link_back_dec
 
 MAX_FRAME = 4096
 enc = msgspec.msgpack.Encoder()
-decode_back = link_back_decoder().decode
+decode_back = link_back_decoder(MAX_FRAME).decode
 
 # What no well-behaved peer sends, each a malformed frame: (frames, how many are bad).
 GARBAGE: list[tuple[list[bytes], int]] = [
@@ -265,3 +266,44 @@ async def test_a_payload_that_cannot_be_encoded_is_refused_and_leaves_the_link_c
         await eventually(lambda: len(got) == 12, what="every good message delivered")
         assert got == [-2, -1, *range(10)]
         assert a.transport.stats()["in_flight"] == 0
+
+
+def spliced(payload: bytes) -> bytes:
+    """A data frame whose one message's payload is ``payload``, raw bytes in place."""
+    frame = enc.encode((5, 1, [(wire_env(1, payload="@@"), None, False)]))
+    return frame.replace(enc.encode("@@"), payload, 1)
+
+
+async def test_the_untrusted_corpus_is_counted_dropped_and_survived_by_a_node(
+    broker: Broker, ctx: zmq.asyncio.Context
+) -> None:
+    """The shared corpus (what fits in a frame), and data frames whose payload nests 3,000
+    deep (RecursionError in the decoder) or holds a string that is not UTF-8: each one
+    malformed frame, counted; the link and the node go on. Before, the RecursionError and
+    UnicodeDecodeError escaped the node's reader. (The broker's decoders have no field
+    that takes any value, so they already refused these; tests/bus feeds them the corpus.)"""
+    frames = [f for f in CORPUS.values() if len(f) <= MAX_FRAME]
+    frames += [spliced(b"\x91" * 3_000 + b"\xc0"), spliced(b"\xa1\xff")]
+    assert broker.endpoint is not None
+    async with (
+        Bus(transport=ZmqTransport(broker.endpoint, node="a", max_frame=MAX_FRAME)) as a,
+        Bus(transport=ZmqTransport(broker.endpoint, node="b", max_frame=MAX_FRAME)) as b,
+    ):
+        got: list[object] = []
+        b.on("t", lambda env: got.append(env.payload), name="b")
+        await b.transport.sync()
+        victim = b.transport.stats
+        endpoint = b.transport.data_endpoint
+        assert endpoint is not None
+        raw = raw_dealer(ctx, endpoint, b"raw/1/0")
+        try:
+            for frame in frames:
+                await raw.send(frame)
+            await eventually(
+                lambda: victim()["malformed"] >= len(frames), what=f"counted: {victim()}"
+            )
+            await a.emit("t", "still served")
+            await eventually(lambda: got == ["still served"])
+            assert victim()["malformed"] == len(frames)
+        finally:
+            raw.close(0)

@@ -24,13 +24,12 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from bus._envelope import Envelope
-from bus._errors import BusClosedError, QueueFullError
+from bus._errors import BusClosedError, DecodeError, QueueFullError
 from bus._transport import BusPort, Receipt
 from bus.backends.nats._publisher import Outbox
 from bus.backends.nats._subjects import (
@@ -398,12 +397,8 @@ class Consumers:
             wire = decode_wire(msg.data)
             if not 0 <= wire.priority <= 2:
                 raise ValueError(f"priority {wire.priority!r} out of range")
-        except (msgspec.DecodeError, ValueError) as exc:
-            self.counts["malformed"] += 1
-            _log.warning(
-                "NATS node %s: dropped a malformed message on %s: %s", self.node, msg.subject, exc
-            )
-            self.send(ack, TERM)
+        except ValueError as exc:  # a DecodeError, or the priority
+            self._malformed(group, msg, exc)
             return
         name = group.name
         if (wire.skip is not None and name in wire.skip) or (
@@ -453,6 +448,22 @@ class Consumers:
             return
         assert self.loop is not None
         group.waiting = self.loop.create_task(self._unblock(group, waiting, receipt))
+
+    def _malformed(self, group: Group, msg: Msg, exc: ValueError) -> None:
+        """A message no subscriber can read: counted, listed in this bus's DLQ under the
+        group's name (its payload the raw size and the reason: the bytes are not kept, a
+        redrive could not make them readable) and terminated, so the stream never offers it
+        again and the run goes on."""
+        self.counts["malformed"] += 1
+        size = len(msg.data)
+        reason = exc.reason if isinstance(exc, DecodeError) else "malformed"
+        _log.warning(
+            "NATS node %s: dropped a malformed message on %s: %s", self.node, msg.subject, exc
+        )
+        self.send(msg.reply, TERM)
+        if self.port is not None:
+            env = Envelope.new(msg.subject, {"size": size, "reason": reason})
+            self.port.dead_letter(env, group.name, "malformed", exc)
 
     async def _unblock(
         self, group: Group, waiting: Awaitable[None], receipt: StreamReceipt

@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
 
+from bus._errors import DecodeError
 from bus._topics import GlobIndex
 from bus._transport import wake
 from bus.backends.nats._subjects import LANES, consumer_name, subject_of, sync_subject
@@ -146,7 +146,11 @@ class Directory:
             except nats.js.errors.KeyNotFoundError:
                 continue
             if entry.value:
-                node = decode_node(entry.value)
+                try:
+                    node = decode_node(entry.value)
+                except DecodeError:  # anything may write to the bucket: not a node of ours
+                    self.counts["malformed"] += 1
+                    continue
                 self.others[key] = node
                 self.seen_at[key] = now
                 self.send(sync_subject(self.team, key), encode(SyncAck(self.node, node.version)))
@@ -164,7 +168,7 @@ class Directory:
             return
         try:
             entry = decode_node(msg.data)
-        except msgspec.DecodeError:
+        except DecodeError:
             self.counts["malformed"] += 1
             return
         self.seen_at[key] = time.monotonic()
@@ -204,7 +208,7 @@ class Directory:
     async def on_sync(self, msg: Msg) -> None:
         try:
             ack = decode_sync(msg.data)
-        except msgspec.DecodeError:
+        except DecodeError:
             self.counts["malformed"] += 1
             return
         if ack.version > self.synced.get(ack.node, 0):

@@ -7,6 +7,7 @@ under a fresh ``Nats-Msg-Id`` so the stream does not take it for the original.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -14,10 +15,13 @@ from typing import Any
 import nats.js.errors
 
 from bus._envelope import Envelope
+from bus._errors import DecodeError
 from bus.backends.nats._subjects import DLQ_STREAM
 from bus.backends.nats._wire import decode_wire, encode, envelope_of
 
 __all__ = ["DeadLetterEntry", "dead_letters", "redrive"]
+
+_log = logging.getLogger("bus.nats")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +53,13 @@ async def dead_letters(js: Any, team: str, mono_to_wall: int) -> list[DeadLetter
         if not raw.subject.startswith(prefix):
             continue
         headers = raw.headers or {}
-        wire = decode_wire(raw.data)
+        try:
+            wire = decode_wire(raw.data)
+        except DecodeError as exc:
+            # Not written by a transport (any client may publish there): left in the
+            # stream for the operator, never redriven, said once per listing.
+            _log.warning("NATS DLQ stream message %d is not a dead letter: %s", seq, exc)
+            continue
         entries.append(
             DeadLetterEntry(
                 seq=seq,

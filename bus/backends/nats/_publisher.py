@@ -20,12 +20,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 import nats.js.errors
 from nats.aio.msg import Msg
 
 from bus._envelope import Envelope
-from bus._errors import TransportError
+from bus._errors import DecodeError, TransportError
 from bus._transport import BusPort, wake
 from bus.backends.nats._wire import decode_json
 
@@ -179,7 +178,7 @@ class Publisher:
         del self.pending[seq]
         try:
             answer = decode_json(msg.data)
-        except msgspec.DecodeError:
+        except DecodeError:
             answer = {"error": {"description": f"unreadable ack {msg.data[:80]!r}"}}
         error = answer.get("error")
         if error is not None:

@@ -13,9 +13,9 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
 from nats.aio.msg import Msg
 
+from bus._errors import DecodeError
 from bus.backends.nats._errors import RemoteHandlerError
 from bus.backends.nats._wire import Answer, decode_answer, decode_wire, encode, envelope_of
 
@@ -56,7 +56,7 @@ class Replies:
         self.counts["replies_received"] += 1
         try:
             answer = decode_answer(msg.data)
-        except msgspec.DecodeError:
+        except DecodeError:
             self.counts["malformed"] += 1
             return
         if answer.ok:
@@ -76,7 +76,7 @@ class Replies:
         headers = msg.headers or {}
         try:
             env = envelope_of(decode_wire(msg.data), self.mono_to_wall)
-        except msgspec.DecodeError:
+        except DecodeError:
             self.counts["malformed"] += 1
             return
         self.counts["dlq_received"] += 1

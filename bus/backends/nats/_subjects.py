@@ -45,14 +45,14 @@ LANES = ("critical", "high", "normal")
 DLQ_STREAM = "PANTHEON_DLQ"
 DLQ_SUBJECTS = "pantheon.dlq.>"
 
-_TOKEN = re.compile(r"^[A-Za-z0-9_-]+$")
+_TOKEN = re.compile(r"[A-Za-z0-9_-]+")  # fullmatch: "$" would accept a final newline
 _BAD_SUBJECT_CHARS = re.compile(r"[\s*>]")
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9_-]")
 
 
 def check_token(value: str, what: str) -> str:
     """``value`` as one subject token (a team or node name), or ValueError naming ``what``."""
-    if not _TOKEN.match(value):
+    if not _TOKEN.fullmatch(value):
         raise ValueError(
             f"NatsTransport: {what} {value!r} must be letters, digits, '_' or '-' "
             "(it is one token of a NATS subject)"

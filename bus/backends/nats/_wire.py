@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from bus._decode import UntrustedDecoder
 from bus._envelope import Envelope
 
 __all__ = [
@@ -81,11 +82,13 @@ class SyncAck(msgspec.Struct, array_like=True):
 
 
 encode = msgspec.msgpack.Encoder().encode
-decode_wire = msgspec.msgpack.Decoder(Wire).decode
-decode_answer = msgspec.msgpack.Decoder(Answer).decode
-decode_node = msgspec.msgpack.Decoder(NodeEntry).decode
-decode_sync = msgspec.msgpack.Decoder(SyncAck).decode
-decode_json = msgspec.json.decode
+# Everything read from NATS may come from any client of the server: decoded through the
+# bus's one untrusted path, so every failure is a ``DecodeError`` the reader counts.
+decode_wire = UntrustedDecoder[Wire](Wire, what="NATS message").decode
+decode_answer = UntrustedDecoder[Answer](Answer, what="NATS answer").decode
+decode_node = UntrustedDecoder[NodeEntry](NodeEntry, what="NATS directory entry").decode
+decode_sync = UntrustedDecoder[SyncAck](SyncAck, what="NATS sync ack").decode
+decode_json = UntrustedDecoder[Any](format="json", what="JetStream reply").decode
 
 
 def envelope_of(wire: Wire, mono_to_wall: int) -> Envelope:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import time
 from collections.abc import Iterable
@@ -31,6 +32,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from bus._errors import DecodeError
 from bus.backends.zeromq._keys import CurveKeys
 from bus.backends.zeromq._wire import (
     DEFAULT_MAX_FRAME,
@@ -132,7 +134,7 @@ class Broker:
         liveness: int = 3,
         max_frame: int = DEFAULT_MAX_FRAME,
     ) -> None:
-        if heartbeat <= 0 or liveness < 1:
+        if not (math.isfinite(heartbeat) and heartbeat > 0) or liveness < 1:  # nan too
             raise ValueError(
                 f"Broker: heartbeat must be > 0 and liveness >= 1, got {heartbeat}, {liveness}"
             )
@@ -159,7 +161,7 @@ class Broker:
         self._fd: int | None = None
         self._drain_handle: asyncio.Handle | None = None
         self._nodes: dict[bytes, _Node] = {}
-        self._decode = control_up_decoder().decode
+        self._decode = control_up_decoder(self.max_frame).decode
         self._enc = msgspec.msgpack.Encoder()
         self._changed = False
         self._version = 0
@@ -314,7 +316,7 @@ class Broker:
             return
         try:
             msg = self._decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DecodeError as exc:
             self._malformed(ident, str(exc))
             return
         if type(msg) is Hello:

@@ -27,6 +27,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from bus._errors import DecodeError
 from bus._transport import wake
 from bus.backends.zeromq._errors import AuthenticationFailed, ConnectError
 from bus.backends.zeromq._keys import CurveKeys
@@ -114,7 +115,7 @@ class BrokerSession:
         self.mono_to_wall = time.time_ns() - time.monotonic_ns()
         self.to_wire = self.mono_to_wall
         self._enc = msgspec.msgpack.Encoder()
-        self._decode = control_down_decoder().decode
+        self._decode = control_down_decoder(self.max_frame).decode
 
     async def join(self, ctx: zmq.asyncio.Context) -> None:
         """Connect to the broker and handshake; then read the control socket from a plain
@@ -179,7 +180,7 @@ class BrokerSession:
                     frame = recv.result()
                     try:
                         msg = self._decode(frame)
-                    except (msgspec.DecodeError, msgspec.ValidationError):
+                    except DecodeError:
                         self.counts["malformed"] += 1
                         msg = None
                     if isinstance(msg, Welcome):
@@ -291,7 +292,7 @@ class BrokerSession:
                 self.counts["frames_in"] += 1
                 try:
                     msg = self._decode(frame)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except DecodeError as exc:
                     self.counts["malformed"] += 1
                     _log.warning("dropped a malformed frame from the broker: %s", exc)
                     continue

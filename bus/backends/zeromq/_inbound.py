@@ -24,7 +24,7 @@ import msgspec
 import zmq
 
 from bus._envelope import Envelope
-from bus._errors import BusClosedError, QueueFullError
+from bus._errors import BusClosedError, DecodeError, QueueFullError
 from bus._transport import BusPort, Receipt
 from bus.backends.zeromq._errors import ConnectError, EncodeError
 from bus.backends.zeromq._keys import CurveKeys
@@ -168,7 +168,7 @@ class Inbox:
         self.seen_old: set[Any] = set()
         self.dedup_window = dedup_window
         self._enc = msgspec.msgpack.Encoder()
-        self._decode = link_in_decoder().decode
+        self._decode = link_in_decoder(self.max_frame).decode
 
     def bind(
         self, ctx: zmq.Context[Any], bind: str, curve: CurveKeys | None, authenticator: Any
@@ -276,7 +276,7 @@ class Inbox:
             return
         try:
             msg = self._decode(frame)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DecodeError as exc:
             counts["malformed"] += 1
             n = counts["malformed"]
             if n <= 10 or not n % 1000:

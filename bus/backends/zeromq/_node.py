@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import secrets
 import socket
@@ -490,7 +491,7 @@ def _check_options(
     """A bad option is refused when the transport is made, naming it, not found later."""
     if (curve is None) != (server_key is None):
         raise ValueError("ZmqTransport: CURVE needs both curve (node keys) and server_key")
-    if heartbeat <= 0 or liveness < 1:
+    if not (math.isfinite(heartbeat) and heartbeat > 0) or liveness < 1:  # nan too
         raise ValueError(
             f"ZmqTransport: heartbeat must be > 0 and liveness >= 1, got {heartbeat}, {liveness}"
         )

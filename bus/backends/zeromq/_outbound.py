@@ -23,7 +23,7 @@ import msgspec
 import zmq
 
 from bus._envelope import Envelope
-from bus._errors import TransportError
+from bus._errors import DecodeError, TransportError
 from bus._transport import wake
 from bus.backends.zeromq._errors import EncodeError, FrameTooLarge, RemoteHandlerError
 from bus.backends.zeromq._keys import CurveKeys
@@ -157,7 +157,7 @@ class Outbound:
         # of claiming nothing was lost. One entry per node name the directory ever listed.
         self.settled_by: dict[str, int] = {}
         self._enc = msgspec.msgpack.Encoder()
-        self._decode_back = link_back_decoder().decode
+        self._decode_back = link_back_decoder(self.max_frame).decode
 
     async def wait_credit(self) -> None:
         """Until the window has room again (or the transport closes: raises then)."""
@@ -383,7 +383,7 @@ class Outbound:
                     continue
                 try:
                     msg = self._decode_back(frame)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                except DecodeError as exc:
                     self.counts["malformed"] += 1
                     _log.warning("dropped a malformed frame from node %s: %s", peer.name, exc)
                     continue

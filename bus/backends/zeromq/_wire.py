@@ -39,6 +39,7 @@ from typing import Any, final
 import msgspec
 from zmq.utils import z85
 
+from bus._decode import UntrustedDecoder
 from bus._envelope import Envelope
 
 __all__ = [
@@ -299,20 +300,20 @@ def peer_problem(info: PeerInfo) -> str | None:
     return None
 
 
-def control_up_decoder() -> msgspec.msgpack.Decoder[ControlUp]:
-    return msgspec.msgpack.Decoder(ControlUp)
+def control_up_decoder(max_frame: int) -> UntrustedDecoder[ControlUp]:
+    return UntrustedDecoder(ControlUp, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def control_down_decoder() -> msgspec.msgpack.Decoder[ControlDown]:
-    return msgspec.msgpack.Decoder(ControlDown)
+def control_down_decoder(max_frame: int) -> UntrustedDecoder[ControlDown]:
+    return UntrustedDecoder(ControlDown, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def link_in_decoder() -> msgspec.msgpack.Decoder[LinkIn]:
-    return msgspec.msgpack.Decoder(LinkIn)
+def link_in_decoder(max_frame: int) -> UntrustedDecoder[LinkIn]:
+    return UntrustedDecoder(LinkIn, what="ZeroMQ frame", max_bytes=max_frame)
 
 
-def link_back_decoder() -> msgspec.msgpack.Decoder[LinkBack]:
-    return msgspec.msgpack.Decoder(LinkBack)
+def link_back_decoder(max_frame: int) -> UntrustedDecoder[LinkBack]:
+    return UntrustedDecoder(LinkBack, what="ZeroMQ frame", max_bytes=max_frame)
 
 
 def oversized(
