@@ -139,7 +139,7 @@ def test_a_whatif_whose_added_agent_fails_every_message_fails(team: Path, record
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "dead letters 3 (3 failed)" in proc.stdout
-    assert "  3 x audit (failed), e.g. audit is down" in proc.stdout
+    assert "  3 x audit (failed), e.g. RuntimeError: audit is down" in proc.stdout
     assert "expectations failed" in proc.stdout
 
 
