@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -264,6 +264,10 @@ def build_app(state: GatewayState) -> ASGIApp:
                 return _json(exc.status, {"error": exc.message}, exc.headers)
             except BusClosedError:
                 return _json(503, {"error": "the bus is closed"}, {"Retry-After": "1"})
+            except ClientDisconnect:
+                # The client went away mid-body (or the server closed it: a bad chunk, a
+                # body timeout). Nobody reads this answer; the access log shows the 499.
+                return Response(status_code=499)
 
         endpoint.__name__ = name
         return endpoint
