@@ -44,7 +44,7 @@ from bus import (
 )
 from pantheon._inputs import HttpSource, InboxClosed, InboxFull
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
-from pantheon.gateway._fanout import Client, Encoder
+from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, release_memory
 from pantheon.gateway._metrics import render_metrics
 from pantheon.scenario import GatewayConfig
 from pantheon.sessions import WATCHER_PREFIX
@@ -64,6 +64,9 @@ _PRIORITIES = {
     "2": Priority.NORMAL,
 }
 _STATIC = Path(__file__).with_name("static")
+#: A departing client that held this many bytes at once hands the freed memory back to the
+#: system (see :func:`release_memory`); smaller ones are not worth the call.
+RELEASE_AFTER = 4 * 1024 * 1024
 _json_encode = msgspec.json.Encoder(enc_hook=repr).encode
 #: How deep a body may nest. Deeper than the interpreter's own limit (about 1,000) fails
 #: the decode; a little less decodes, then fails wherever it is encoded again, deeper in
@@ -119,6 +122,8 @@ class GatewayState:
     live: Callable[[], Any] | None = None
     ready: bool = False
     encoder: Encoder = field(default_factory=Encoder)
+    #: Bytes waiting for one WebSocket or SSE client before its oldest message is dropped.
+    client_bytes: int = CLIENT_BYTES
     clients: dict[str, Client] = field(default_factory=dict)
     requests: Counter[tuple[str, int]] = field(default_factory=Counter)
     published: int = 0
@@ -447,7 +452,13 @@ def build_app(state: GatewayState) -> ASGIApp:
 
     def attach(kind: str, pattern: str) -> Client:
         name = state.next_name(kind)
-        client = Client(name, state.encoder, limit=config.send_queue, max_drops=config.max_drops)
+        client = Client(
+            name,
+            state.encoder,
+            limit=config.send_queue,
+            max_drops=config.max_drops,
+            max_bytes=state.client_bytes,
+        )
         # The handler only appends to the client's own bounded queue, so the bus mailbox
         # in front of it holds no more than a burst: room for a whole batch on top of the
         # send queue. It sheds (never blocks) so no publisher ever waits for a web client;
@@ -466,6 +477,11 @@ def build_app(state: GatewayState) -> ASGIApp:
         state.delivered_closed += client.delivered
         with contextlib.suppress(KeyError, BusClosedError):
             await bus.off(client.name)
+        client.queue.clear()
+        if not state.clients:
+            state.encoder.clear()
+        if client.peak >= RELEASE_AFTER:
+            release_memory()
 
     async def subscribe(ws: WebSocket) -> None:
         try:

@@ -21,6 +21,8 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+from pantheon.gateway._fanout import CLIENT_BYTES, ENCODED_BYTES
+
 __all__ = ["ServerLimits"]
 
 log = logging.getLogger("pantheon.gateway")
@@ -54,7 +56,10 @@ class ServerLimits:
     with 503 and ``Retry-After: retry_after``; lowered at start to fit the process's file
     descriptor limit. ``probe_reserve`` more connections past it are still read, for
     ``/healthz`` and ``/readyz``; beyond those the 503 is written at once. ``backlog``:
-    the listening socket's accept queue.
+    the listening socket's accept queue. ``client_bytes``: encoded messages waiting for
+    one WebSocket or SSE client before the oldest is dropped (as ``send_queue`` counts
+    them). ``encoded_bytes``: encoded messages kept for the other subscribers of a
+    fan-out.
     """
 
     header_timeout: float = 10.0
@@ -66,6 +71,8 @@ class ServerLimits:
     probe_reserve: int = 32
     backlog: int = 511
     retry_after: int = 1
+    client_bytes: int = CLIENT_BYTES
+    encoded_bytes: int = ENCODED_BYTES
 
     def fitted(self) -> ServerLimits:
         """These limits with ``max_connections`` lowered to what the descriptor limit

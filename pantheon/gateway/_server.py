@@ -25,6 +25,7 @@ from pantheon._inputs import HttpSource
 from pantheon.gateway._app import GatewayState, build_app
 from pantheon.gateway._auth import Tokens, load_tokens, token_digest
 from pantheon.gateway._errors import GatewayError
+from pantheon.gateway._fanout import Encoder
 from pantheon.gateway._protocol import DenialAwareWebSocket, ServerLimits, http_protocol
 from pantheon.scenario import GatewayConfig
 
@@ -146,8 +147,16 @@ class Gateway:
         if tokens is None:
             tokens = load_tokens(config.tokens_file, config.tokens_env)
         self.config = config
-        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}), live)
         self.limits = (limits if limits is not None else ServerLimits()).fitted()
+        self.state = GatewayState(
+            bus,
+            config,
+            tokens,
+            dict(inboxes or {}),
+            live,
+            encoder=Encoder(self.limits.encoded_bytes),
+            client_bytes=self.limits.client_bytes,
+        )
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = config.port
