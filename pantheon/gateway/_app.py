@@ -44,7 +44,7 @@ from bus import (
 )
 from pantheon._inputs import HttpSource, InboxClosed, InboxFull
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
-from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, release_memory
+from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, Hub, release_memory
 from pantheon.gateway._metrics import render_metrics
 from pantheon.scenario import GatewayConfig
 from pantheon.sessions import WATCHER_PREFIX
@@ -125,6 +125,8 @@ class GatewayState:
     #: Bytes waiting for one WebSocket or SSE client before its oldest message is dropped.
     client_bytes: int = CLIENT_BYTES
     clients: dict[str, Client] = field(default_factory=dict)
+    #: The bus subscription of each subscribed pattern, shared by its clients.
+    hubs: dict[str, Hub] = field(default_factory=dict)
     requests: Counter[tuple[str, int]] = field(default_factory=Counter)
     published: int = 0
     dropped_closed: int = 0
@@ -453,21 +455,22 @@ def build_app(state: GatewayState) -> ASGIApp:
     def attach(kind: str, pattern: str) -> Client:
         name = state.next_name(kind)
         client = Client(
-            name,
-            state.encoder,
-            limit=config.send_queue,
-            max_drops=config.max_drops,
-            max_bytes=state.client_bytes,
+            name, limit=config.send_queue, max_drops=config.max_drops, max_bytes=state.client_bytes
         )
-        # The handler only appends to the client's own bounded queue, so the bus mailbox
-        # in front of it holds no more than a burst: room for a whole batch on top of the
-        # send queue. It sheds (never blocks) so no publisher ever waits for a web client;
-        # what it sheds is counted in the client's drops.
-        bus.on(
-            pattern, client, name=name, max_queue=config.send_queue + config.max_batch,
-            overflow="shed", breaker=None,
-        )  # fmt: skip
-        client.subscription = bus.subscriptions()[name]
+        hub = state.hubs.get(pattern)
+        if hub is None:
+            hub = Hub(state.next_name("gateway"), pattern, state.encoder)
+            # The handler only appends to the clients' own bounded queues, so the bus
+            # mailbox in front of it holds no more than a burst: room for a whole batch on
+            # top of a send queue. It sheds (never blocks) so no publisher ever waits for a
+            # web client; what it sheds is counted in its clients' drops.
+            bus.on(
+                pattern, hub, name=hub.name, max_queue=config.send_queue + config.max_batch,
+                overflow="shed", breaker=None,
+            )  # fmt: skip
+            hub.subscription = bus.subscriptions()[hub.name]
+            state.hubs[pattern] = hub
+        hub.add(client)
         state.clients[name] = client
         return client
 
@@ -475,8 +478,15 @@ def build_app(state: GatewayState) -> ASGIApp:
         state.clients.pop(client.name, None)
         state.dropped_closed += client.dropped
         state.delivered_closed += client.delivered
-        with contextlib.suppress(KeyError, BusClosedError):
-            await bus.off(client.name)
+        hub = client.hub
+        if hub is not None:
+            hub.clients.pop(client.name, None)
+            if not hub.clients and state.hubs.get(hub.pattern) is hub:
+                # Out of the map before the await: a client attaching meanwhile gets a
+                # new hub rather than one being unsubscribed.
+                del state.hubs[hub.pattern]
+                with contextlib.suppress(KeyError, BusClosedError):
+                    await bus.off(hub.name)
         client.queue.clear()
         if not state.clients:
             state.encoder.clear()

@@ -1,18 +1,20 @@
 """Delivering bus messages to WebSocket and SSE clients.
 
-Each client is one bus subscription (``bus.on`` with its own mailbox) whose handler does
-no I/O: it appends the message's encoded bytes to the client's bounded send queue and wakes
-the client's sender. The sender writes whatever has gathered as one frame, so a client that
-reads fast gets one message per frame and a client that falls behind gets them batched
-instead of one write per message. When the queue is full the oldest waiting message is
-dropped and counted; the next frame carries the count, and past ``max_drops`` the client is
-closed. Memory per client is therefore bounded by ``send_queue`` encoded messages and by
-``max_bytes`` of them, whichever comes first, however slow it reads: a count alone lets
-4,096 messages of 512 KiB hold 2 GiB for one client.
+The clients of one pattern share one bus subscription (``bus.on`` with its own mailbox,
+a :class:`Hub`) whose handler does no I/O: it appends the message's encoded bytes to each
+client's bounded send queue and wakes the senders that sleep. A sender writes whatever
+has gathered as one frame, so a client that reads fast gets one message per frame and a
+client that falls behind gets them batched instead of one write per message. When the
+queue is full the oldest waiting message is dropped and counted; the next frame carries
+the count, and past ``max_drops`` the client is closed. Memory per client is therefore
+bounded by ``send_queue`` encoded messages and by ``max_bytes`` of them, whichever comes
+first, however slow it reads: a count alone lets 4,096 messages of 512 KiB hold 2 GiB for
+one client.
 
-A message is encoded once, whichever number of clients receive it: :class:`Encoder` keeps
-the bytes of recent envelopes by id, and every client's handler finds them there. The
-cache is bounded in entries and in bytes, for the same reason.
+A message is encoded once, whichever number of clients receive it: a hub encodes it for
+all its clients, and :class:`Encoder` keeps the bytes of recent envelopes by id for the
+hubs of other patterns that match it too. The cache is bounded in entries and in bytes,
+for the same reason.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import msgspec
 
 from bus import Envelope, Subscription
 
-__all__ = ["Client", "Encoder", "WireEnvelope", "release_memory"]
+__all__ = ["Client", "Encoder", "Hub", "WireEnvelope", "release_memory"]
 
 #: Messages one frame carries at most: keeps a frame (and its encode) small for a client
 #: that is far behind.
@@ -104,16 +106,53 @@ class Encoder:
         return data
 
 
+class Hub:
+    """One bus subscription shared by every client of one pattern; called by the bus with
+    each matching message, which it encodes once and appends to each client's queue.
+
+    A subscription per client would make each message cost one mailbox, one worker wake
+    and one delivery record per client (a second of CPU for 1,000 clients), and every
+    stats snapshot of the bus a latency summary per client even when nothing moves. With
+    one per pattern a message costs one delivery, then a ``deque.append`` per client.
+    ``shed`` is what the subscription's mailbox shed (a burst larger than it): each
+    client counts the part shed while it was attached.
+    """
+
+    __slots__ = ("clients", "encode", "name", "pattern", "subscription")
+
+    def __init__(self, name: str, pattern: str, encode: Encoder) -> None:
+        self.name = name
+        self.pattern = pattern
+        self.encode = encode
+        self.clients: dict[str, Client] = {}
+        self.subscription: Subscription | None = None
+
+    @property
+    def shed(self) -> int:
+        sub = self.subscription
+        return sub.shed if sub is not None else 0
+
+    def add(self, client: Client) -> None:
+        client.hub, client.shed_before = self, self.shed
+        self.clients[client.name] = client
+
+    async def __call__(self, env: Envelope) -> None:
+        # A coroutine function, so the bus awaits it as it is (no wrapper per message); it
+        # never suspends.
+        data = self.encode(env)
+        for client in self.clients.values():
+            client.push(data)
+
+
 class Client:
-    """One subscriber's bounded send queue; called by the bus with each matching message.
+    """One subscriber's bounded send queue, fed by its pattern's :class:`Hub`.
 
     ``dropped`` counts every message dropped for this client: from its send queue, and
-    those its bus subscription shed before the handler saw them (a burst larger than the
-    mailbox; ``subscription.shed``, the bus's own count, also in its DLQ). The queue holds
-    at most ``limit`` messages and ``max_bytes`` bytes (always the newest message, however
-    large); ``peak`` is the most it held, in bytes. ``overflowed``
-    is set once ``max_drops`` is reached (0: never), and the sender then closes the
-    connection.
+    those its hub's bus subscription shed while it was attached (a burst larger than the
+    mailbox; the bus's own count, also in its DLQ). The queue holds at most ``limit``
+    messages and ``max_bytes`` bytes (always the newest message, however large); ``peak``
+    is the most it held, in bytes. ``overflowed`` is set once ``max_drops`` is reached
+    (0: never), and the sender then closes the connection.
     """
 
     __slots__ = (
@@ -122,7 +161,7 @@ class Client:
         "_wake",
         "closed",
         "delivered",
-        "encode",
+        "hub",
         "limit",
         "max_bytes",
         "max_drops",
@@ -131,27 +170,20 @@ class Client:
         "peak",
         "queue",
         "queue_dropped",
+        "shed_before",
         "size",
-        "subscription",
     )
 
     def __init__(
-        self,
-        name: str,
-        encode: Encoder,
-        *,
-        limit: int,
-        max_drops: int,
-        max_bytes: int = CLIENT_BYTES,
+        self, name: str, *, limit: int, max_drops: int, max_bytes: int = CLIENT_BYTES
     ) -> None:
         self.name = name
-        self.encode = encode
         self.limit = limit
         self.max_drops = max_drops
         self.max_bytes = max_bytes
-        self.size = self.peak = 0
+        self.size = self.peak = self.shed_before = 0
         self.queue: deque[bytes] = deque()
-        self.subscription: Subscription | None = None
+        self.hub: Hub | None = None
         self._reported = self.delivered = self.queue_dropped = 0
         self.overflowed = self.closed = self._waiting = False
         self._wake = asyncio.Event()
@@ -161,11 +193,10 @@ class Client:
         self.closed = True
         self._wake.set()
 
-    async def __call__(self, env: Envelope) -> None:
-        # A coroutine function, so the bus awaits it as it is (no wrapper per message); it
-        # never suspends. The sender is woken only when it sleeps, not per message.
+    def push(self, data: bytes) -> None:
+        """Queue one encoded message, dropping the oldest past either bound. The sender is
+        woken only when it sleeps, not per message."""
         queue = self.queue
-        data = self.encode(env)
         size = self.size + len(data)
         while queue and (len(queue) >= self.limit or size > self.max_bytes):
             size -= len(queue.popleft())
@@ -182,8 +213,8 @@ class Client:
 
     @property
     def dropped(self) -> int:
-        sub = self.subscription
-        return self.queue_dropped + (sub.shed if sub is not None else 0)
+        hub = self.hub
+        return self.queue_dropped + (hub.shed - self.shed_before if hub is not None else 0)
 
     async def frames(self) -> AsyncIterator[bytes]:
         """Frames to send, each ``{"dropped": n, "messages": [...]}`` as JSON bytes, until

@@ -13,7 +13,7 @@ import websockets
 from gateway_server import ADMIN, READER, TOKENS_ENV, Server, start_server, write_scenario
 
 from bus import Envelope
-from pantheon.gateway import Client, Encoder
+from pantheon.gateway import Client, Encoder, Hub
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 
@@ -25,9 +25,11 @@ def envelope(i: int, size: int) -> Envelope:
 
 
 async def test_a_client_queue_is_bounded_in_bytes_and_keeps_the_newest() -> None:
-    client = Client("c", Encoder(), limit=4096, max_drops=0, max_bytes=1024 * 1024)
+    client = Client("c", limit=4096, max_drops=0, max_bytes=1024 * 1024)
+    hub = Hub("h", "big.*", Encoder())
+    hub.add(client)
     for i in range(1, 101):
-        await client(envelope(i, BIG))
+        await hub(envelope(i, BIG))
     assert client.size <= 1024 * 1024
     assert sum(map(len, client.queue)) == client.size
     assert client.queue_dropped == 100 - len(client.queue)
