@@ -132,6 +132,8 @@ class GatewayState:
     dropped_closed: int = 0
     delivered_closed: int = 0
     malformed_frames: int = 0
+    #: Until when the last /metrics text is served again, and the text (see ``_metrics``).
+    metrics_cache: tuple[float, bytes] | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
     _idempotent: OrderedDict[tuple[str, str], Any] = field(default_factory=OrderedDict)
     _topics_ok: set[str] = field(default_factory=set)
