@@ -437,7 +437,7 @@ def build_app(state: GatewayState) -> ASGIApp:
             state.grant(_bearer(request.headers, request.query_params))
         except _Refused as exc:
             return _json(exc.status, {"error": exc.message}, exc.headers)
-        body, content_type = render_metrics(state)
+        body, content_type = await render_metrics(state)
         return Response(body, 200, media_type=content_type)
 
     async def index(request: Request) -> Response:

@@ -67,7 +67,7 @@ class ServerLimits:
     idle_timeout: int = 5
     max_request_line: int = 8 * 1024
     max_header_bytes: int = 16 * 1024
-    max_connections: int = 1000
+    max_connections: int = 4096
     probe_reserve: int = 32
     backlog: int = 511
     retry_after: int = 1
@@ -182,7 +182,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._refused = True  # answered already: only the rest of the body is late
             self.transport.close()
             return
-        self._refuse(408, "the request did not arrive in time")
+        if self._over:
+            self._refuse(503, "at the connection limit")
+        else:
+            self._refuse(408, "the request did not arrive in time")
 
     def _refuse(self, status: int, why: str) -> None:
         """Answer ``status`` and close: a refusal is the client's doing, so one info line."""

@@ -31,7 +31,7 @@ async def test_topic_series_are_capped_with_the_rest_summed_as_other() -> None:
             bus.emit_nowait("t.busy", 0)
         await asyncio.sleep(0.1)
         state = GatewayState(bus, GatewayConfig(), Tokens())
-        body, _ = metrics.render_metrics(state)
+        body, _ = await metrics.render_metrics(state)
     series = topic_lines(body.decode())
     assert len(series) == metrics.MAX_TOPIC_LABELS + 1
     assert series["t.busy"] == 5.0  # the busiest topics keep their own series
@@ -41,9 +41,9 @@ async def test_topic_series_are_capped_with_the_rest_summed_as_other() -> None:
 async def test_a_slow_rendering_is_reused_and_a_cheap_one_never() -> None:
     async with Bus() as bus:
         state = GatewayState(bus, GatewayConfig(), Tokens())
-        metrics.render_metrics(state)
+        await metrics.render_metrics(state)
         assert state.metrics_cache is None  # cheap: the next scrape renders again
         bus.emit_nowait("a.b", 1)
-        assert b'topic="a.b"' in metrics.render_metrics(state)[0]
+        assert b'topic="a.b"' in (await metrics.render_metrics(state))[0]
         state.metrics_cache = (float("inf"), b"slow one")
-        assert metrics.render_metrics(state)[0] == b"slow one"
+        assert (await metrics.render_metrics(state))[0] == b"slow one"
