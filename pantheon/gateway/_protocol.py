@@ -97,7 +97,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._head_bytes = 0
-        self._over = self._refused = False
+        self._over = self._refused = self._in_body = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -132,6 +132,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
+        self._in_body = False
         if self._timer is None:
             self._arm(self.limits.header_timeout)
 
@@ -158,6 +159,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return  # the WebSocket protocol takes the connection over
         if self._over:
             self.cycle.keep_alive = False
+        self._in_body = True
         self._arm(self.limits.body_timeout)
 
     def on_message_complete(self) -> None:
@@ -178,7 +180,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.transport.is_closing():
             return
         cycle = self.cycle
-        if cycle is not None and cycle.response_started:
+        if self._in_body and cycle is not None and cycle.response_started:
             self._refused = True  # answered already: only the rest of the body is late
             self.transport.close()
             return

@@ -135,3 +135,16 @@ async def test_the_held_connections_free_their_places_when_they_time_out(
     for _, w in held:
         w.close()
     writer.close()
+
+
+async def test_a_kept_alive_connection_gets_408_when_its_next_headers_stall(
+    gateway: Gateway,
+) -> None:
+    reader, writer = await connect(gateway)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 2)
+    assert head.startswith(b"HTTP/1.1 200 ")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    writer.write(b"GET /healthz HTTP/1.1\r\n")  # the next request's headers never end
+    assert (await answer(reader)).startswith(b"HTTP/1.1 408 ")
