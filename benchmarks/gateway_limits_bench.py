@@ -244,6 +244,7 @@ async def good_client(
         )
     latencies: list[float] = []
     unanswered = 0
+    why: dict[str, int] = {}
     conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
     end = time.monotonic() + seconds
     while time.monotonic() < end:
@@ -257,8 +258,9 @@ async def good_client(
             length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
             await asyncio.wait_for(reader.readexactly(length), 5)
             latencies.append((time.perf_counter() - t0) * 1000)
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError, ValueError):
+        except (TimeoutError, OSError, asyncio.IncompleteReadError, IndexError, ValueError) as exc:
             unanswered += 1
+            why[type(exc).__name__] = why.get(type(exc).__name__, 0) + 1
             if conn is not None:
                 conn[1].close()
             conn = None
@@ -270,6 +272,7 @@ async def good_client(
         "p99_ms": round(p99(latencies), 1),
         "answered": len(latencies),
         "unanswered": unanswered,
+        **({"unanswered_by": why} if why else {}),
     }
 
 
@@ -303,8 +306,10 @@ async def slowloris(tree: Path, quick: bool) -> dict[str, Any]:
         async def was_closed(r: asyncio.StreamReader) -> bool:
             try:
                 await asyncio.wait_for(r.read(), 0.5)  # returns only at EOF
-            except (TimeoutError, OSError):
+            except TimeoutError:
                 return False
+            except OSError:
+                return True  # reset: the server closed it and our trickle wrote on
             return True
 
         closed = sum(await asyncio.gather(*(was_closed(r) for r, _ in slow)))
