@@ -34,8 +34,8 @@ __all__ = ["Gateway"]
 log = logging.getLogger("pantheon.gateway")
 
 #: Where a token can appear in a server's log line: the ``access_token`` parameter of a
-#: logged URL, an ``Authorization`` header or a ``bearer.<token>`` subprotocol in the
-#: request headers uvicorn and websockets print at DEBUG.
+#: logged URL, an ``Authorization`` header, a ``Bearer <token>`` credential anywhere (a repr
+#: of headers) or a ``bearer.<token>`` subprotocol in what uvicorn and websockets print.
 _SECRETS = re.compile(
     r"(access_token=)[^&\s\"']*"
     r"|(?i:(authorization:\s*\S+\s+))[^\s\"']+"
