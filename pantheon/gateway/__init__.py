@@ -21,7 +21,8 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 from pantheon.gateway._app import GatewayState, build_app
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens, load_tokens
 from pantheon.gateway._errors import GatewayError, TokenError
-from pantheon.gateway._fanout import Client, Encoder, WireEnvelope
+from pantheon.gateway._fanout import Client, Encoder, Hub, WireEnvelope
+from pantheon.gateway._protocol import ServerLimits
 from pantheon.gateway._server import Gateway
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "GatewayError",
     "GatewayState",
     "Grant",
+    "Hub",
+    "ServerLimits",
     "TokenError",
     "Tokens",
     "WireEnvelope",

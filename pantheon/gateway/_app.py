@@ -24,7 +24,7 @@ from typing import Any
 
 import msgspec
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, Response, StreamingResponse
 from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,7 +44,7 @@ from bus import (
 )
 from pantheon._inputs import HttpSource, InboxClosed, InboxFull
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
-from pantheon.gateway._fanout import Client, Encoder
+from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, Hub, release_memory
 from pantheon.gateway._metrics import render_metrics
 from pantheon.scenario import GatewayConfig
 from pantheon.sessions import WATCHER_PREFIX
@@ -64,6 +64,9 @@ _PRIORITIES = {
     "2": Priority.NORMAL,
 }
 _STATIC = Path(__file__).with_name("static")
+#: A departing client that held this many bytes at once hands the freed memory back to the
+#: system (see :func:`release_memory`); smaller ones are not worth the call.
+RELEASE_AFTER = 4 * 1024 * 1024
 _json_encode = msgspec.json.Encoder(enc_hook=repr).encode
 #: How deep a body may nest. Deeper than the interpreter's own limit (about 1,000) fails
 #: the decode; a little less decodes, then fails wherever it is encoded again, deeper in
@@ -119,12 +122,18 @@ class GatewayState:
     live: Callable[[], Any] | None = None
     ready: bool = False
     encoder: Encoder = field(default_factory=Encoder)
+    #: Bytes waiting for one WebSocket or SSE client before its oldest message is dropped.
+    client_bytes: int = CLIENT_BYTES
     clients: dict[str, Client] = field(default_factory=dict)
+    #: The bus subscription of each subscribed pattern, shared by its clients.
+    hubs: dict[str, Hub] = field(default_factory=dict)
     requests: Counter[tuple[str, int]] = field(default_factory=Counter)
     published: int = 0
     dropped_closed: int = 0
     delivered_closed: int = 0
     malformed_frames: int = 0
+    #: Until when the last /metrics text is served again, and the text (see ``_metrics``).
+    metrics_cache: tuple[float, bytes] | None = None
     _ids: Any = field(default_factory=lambda: itertools.count(1))
     _idempotent: OrderedDict[tuple[str, str], Any] = field(default_factory=OrderedDict)
     _topics_ok: set[str] = field(default_factory=set)
@@ -264,6 +273,10 @@ def build_app(state: GatewayState) -> ASGIApp:
                 return _json(exc.status, {"error": exc.message}, exc.headers)
             except BusClosedError:
                 return _json(503, {"error": "the bus is closed"}, {"Retry-After": "1"})
+            except ClientDisconnect:
+                # The client went away mid-body (or the server closed it: a bad chunk, a
+                # body timeout). Nobody reads this answer; the access log shows the 499.
+                return Response(status_code=499)
 
         endpoint.__name__ = name
         return endpoint
@@ -424,7 +437,7 @@ def build_app(state: GatewayState) -> ASGIApp:
             state.grant(_bearer(request.headers, request.query_params))
         except _Refused as exc:
             return _json(exc.status, {"error": exc.message}, exc.headers)
-        body, content_type = render_metrics(state)
+        body, content_type = await render_metrics(state)
         return Response(body, 200, media_type=content_type)
 
     async def index(request: Request) -> Response:
@@ -443,16 +456,23 @@ def build_app(state: GatewayState) -> ASGIApp:
 
     def attach(kind: str, pattern: str) -> Client:
         name = state.next_name(kind)
-        client = Client(name, state.encoder, limit=config.send_queue, max_drops=config.max_drops)
-        # The handler only appends to the client's own bounded queue, so the bus mailbox
-        # in front of it holds no more than a burst: room for a whole batch on top of the
-        # send queue. It sheds (never blocks) so no publisher ever waits for a web client;
-        # what it sheds is counted in the client's drops.
-        bus.on(
-            pattern, client, name=name, max_queue=config.send_queue + config.max_batch,
-            overflow="shed", breaker=None,
-        )  # fmt: skip
-        client.subscription = bus.subscriptions()[name]
+        client = Client(
+            name, limit=config.send_queue, max_drops=config.max_drops, max_bytes=state.client_bytes
+        )
+        hub = state.hubs.get(pattern)
+        if hub is None:
+            hub = Hub(state.next_name("gateway"), pattern, state.encoder)
+            # The handler only appends to the clients' own bounded queues, so the bus
+            # mailbox in front of it holds no more than a burst: room for a whole batch on
+            # top of a send queue. It sheds (never blocks) so no publisher ever waits for a
+            # web client; what it sheds is counted in its clients' drops.
+            bus.on(
+                pattern, hub, name=hub.name, max_queue=config.send_queue + config.max_batch,
+                overflow="shed", breaker=None,
+            )  # fmt: skip
+            hub.subscription = bus.subscriptions()[hub.name]
+            state.hubs[pattern] = hub
+        hub.add(client)
         state.clients[name] = client
         return client
 
@@ -460,8 +480,20 @@ def build_app(state: GatewayState) -> ASGIApp:
         state.clients.pop(client.name, None)
         state.dropped_closed += client.dropped
         state.delivered_closed += client.delivered
-        with contextlib.suppress(KeyError, BusClosedError):
-            await bus.off(client.name)
+        hub = client.hub
+        if hub is not None:
+            hub.clients.pop(client.name, None)
+            if not hub.clients and state.hubs.get(hub.pattern) is hub:
+                # Out of the map before the await: a client attaching meanwhile gets a
+                # new hub rather than one being unsubscribed.
+                del state.hubs[hub.pattern]
+                with contextlib.suppress(KeyError, BusClosedError):
+                    await bus.off(hub.name)
+        client.queue.clear()
+        if not state.clients:
+            state.encoder.clear()
+        if client.peak >= RELEASE_AFTER:
+            release_memory()
 
     async def subscribe(ws: WebSocket) -> None:
         try:

@@ -96,7 +96,7 @@ class Tokens:
     __slots__ = ("_entries",)
 
     def __init__(self, entries: Iterable[tuple[str, Grant]] = ()) -> None:
-        self._entries = [(_digest(token), grant) for token, grant in entries]
+        self._entries = [(token_digest(token), grant) for token, grant in entries]
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -104,9 +104,14 @@ class Tokens:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def digests(self) -> frozenset[bytes]:
+        """The tokens' digests, for finding a token by value in a log line."""
+        return frozenset(digest for digest, _ in self._entries)
+
     def check(self, token: str) -> Grant | None:
         """The grant of ``token``, or ``None``; constant time in the token's content."""
-        presented = _digest(token)
+        presented = token_digest(token)
         found: Grant | None = None
         for digest, grant in self._entries:  # no early exit: every entry costs the same
             if hmac.compare_digest(presented, digest) and found is None:
@@ -114,7 +119,8 @@ class Tokens:
         return found
 
 
-def _digest(token: str) -> bytes:
+def token_digest(token: str) -> bytes:
+    """The SHA-256 digest tokens are kept and compared as."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
@@ -136,7 +142,7 @@ def load_tokens(path: Path | None = None, env: str | None = None) -> Tokens:
     seen: set[bytes] = set()
     names: set[str] = set()
     for i, (token, grant) in enumerate(entries):
-        d = _digest(token)
+        d = token_digest(token)
         if d in seen:
             raise TokenError(f"token {grant.name!r} (entry {i}) repeats another entry's token")
         if grant.name in names:

@@ -13,6 +13,7 @@ import contextlib
 import logging
 import re
 import socket
+import traceback
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any
@@ -22,8 +23,10 @@ import uvicorn
 from bus import Bus
 from pantheon._inputs import HttpSource
 from pantheon.gateway._app import GatewayState, build_app
-from pantheon.gateway._auth import Tokens, load_tokens
+from pantheon.gateway._auth import Tokens, load_tokens, token_digest
 from pantheon.gateway._errors import GatewayError
+from pantheon.gateway._fanout import Encoder
+from pantheon.gateway._protocol import DenialAwareWebSocket, ServerLimits, http_protocol
 from pantheon.scenario import GatewayConfig
 
 __all__ = ["Gateway"]
@@ -31,30 +34,83 @@ __all__ = ["Gateway"]
 log = logging.getLogger("pantheon.gateway")
 
 #: Where a token can appear in a server's log line: the ``access_token`` parameter of a
-#: logged URL, an ``Authorization`` header or a ``bearer.<token>`` subprotocol in the
-#: request headers uvicorn and websockets print at DEBUG.
+#: logged URL, an ``Authorization`` header, a ``Bearer <token>`` credential anywhere (a repr
+#: of headers) or a ``bearer.<token>`` subprotocol in what uvicorn and websockets print.
 _SECRETS = re.compile(
     r"(access_token=)[^&\s\"']*"
     r"|(?i:(authorization:\s*\S+\s+))[^\s\"']+"
     r"|(?i:(bearer\.))[^\s,\"']+"
+    r"|(?i:(bearer\s+))[^\s,\"']+"
 )
+#: Runs of characters that could be a whole token (tokens hold no whitespace), so a token
+#: that appears anywhere else (an exception's message, a repr of headers) is found by value.
+_CANDIDATES = re.compile(r"[^\s'\"(),;=&<>\[\]{}\\]{16,}")
+#: Attributes every LogRecord has; anything else was passed as ``extra`` and is redacted too.
+_STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 def _hide(m: re.Match[str]) -> str:
-    return (m.group(1) or m.group(2) or m.group(3)) + "***"
+    return (m.group(1) or m.group(2) or m.group(3) or m.group(4)) + "***"
 
 
 class _RedactTokens(logging.Filter):
-    """Replace any token in a log line by ``***`` before a handler sees it."""
+    """Replace any token in a log record by ``***`` before a handler sees it: in the
+    message and its arguments, in ``extra`` values, and in a traceback.
+
+    A traceback is rendered here, as text without local variables, and the exception
+    removed from the record: a formatter that renders frames with their locals (structlog's
+    ``dict_tracebacks`` does) would print a request's headers, token included, from every
+    frame that holds the request. Tokens are found by where they stand (``Bearer ...``,
+    ``access_token=...``) and by value: every run of characters long enough to be a token
+    is compared, as a SHA-256 digest, with the configured tokens' digests.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: set[bytes] = set()
+
+    def redact(self, text: str) -> str:
+        text = _SECRETS.sub(_hide, text)
+        if self.digests:
+            text = _CANDIDATES.sub(self._by_value, text)
+        return text
+
+    def _by_value(self, m: re.Match[str]) -> str:
+        word = m.group()
+        return "***" if token_digest(word) in self.digests else word
+
+    def scrub(self, value: Any) -> Any:
+        """``value`` with every token in it replaced, containers rebuilt as needed."""
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.scrub(v) for v in value]
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        shown = repr(value)
+        hidden = self.redact(shown)
+        return value if hidden == shown else hidden
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except (TypeError, ValueError):  # a malformed call: leave it to the handler
-            return True
-        hidden = _SECRETS.sub(_hide, text)
-        if hidden != text:
-            record.msg, record.args = hidden, None
+        if isinstance(record.msg, dict):  # structlog's own record: its event dict
+            record.msg = self.scrub(record.msg)
+        else:
+            try:
+                text = record.getMessage()
+            except (TypeError, ValueError):  # a malformed call: its parts are redacted
+                text = f"{record.msg} {record.args}"
+            record.msg, record.args = self.redact(text), None
+        if record.exc_info:
+            if record.exc_info[1] is not None:
+                rendered = "".join(traceback.format_exception(record.exc_info[1]))
+                record.msg = f"{record.msg}\n{self.redact(rendered)}"
+            record.exc_info = None
+            record.exc_text = None
+        for key, value in list(vars(record).items()):
+            if key not in _STANDARD:
+                setattr(record, key, self.scrub(value))
         return True
 
 
@@ -74,7 +130,8 @@ class Gateway:
     """The HTTP/WebSocket gateway over ``bus``. ``async with Gateway(bus, config)``; the bus
     must be started first. ``inboxes`` maps Observer names to their :class:`HttpSource`
     (``POST /v1/inbox/<name>``); ``live()`` gives the run's :class:`~pantheon.live.LiveFeed`
-    (or ``None``), served at ``/v1/live`` for a remote ``pantheon monitor --url``."""
+    (or ``None``), served at ``/v1/live`` for a remote ``pantheon monitor --url``.
+    ``limits`` bounds each connection's time and size and the number of connections."""
 
     def __init__(
         self,
@@ -84,14 +141,22 @@ class Gateway:
         inboxes: Mapping[str, HttpSource] | None = None,
         tokens: Tokens | None = None,
         live: Callable[[], Any] | None = None,
-        ws: str = "websockets-sansio",
+        limits: ServerLimits | None = None,
     ) -> None:
         config = config if config is not None else GatewayConfig()
         if tokens is None:
             tokens = load_tokens(config.tokens_file, config.tokens_env)
         self.config = config
-        self.state = GatewayState(bus, config, tokens, dict(inboxes or {}), live)
-        self._ws = ws
+        self.limits = (limits if limits is not None else ServerLimits()).fitted()
+        self.state = GatewayState(
+            bus,
+            config,
+            tokens,
+            dict(inboxes or {}),
+            live,
+            encoder=Encoder(self.limits.encoded_bytes),
+            client_bytes=self.limits.client_bytes,
+        )
         self._server: _Server | None = None
         self._task: asyncio.Task[None] | None = None
         self.port = config.port
@@ -102,13 +167,16 @@ class Gateway:
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
     async def start(self) -> None:
+        limits = self.limits
         config = uvicorn.Config(
             build_app(self.state),
             host=self.config.host,
             port=self.config.port,
             loop="none",
-            http="httptools",
-            ws=self._ws,
+            http=http_protocol(limits),
+            ws=DenialAwareWebSocket,
+            timeout_keep_alive=limits.idle_timeout,
+            backlog=limits.backlog,
             ws_max_size=self.config.max_body,
             ws_per_message_deflate=self.config.compression,
             lifespan="off",
@@ -119,6 +187,7 @@ class Gateway:
         )
         # A logger's filters see only its own records, not its children's: every logger the
         # server writes through is listed, and the root's handlers get the filter too.
+        _REDACT.digests |= self.state.tokens.digests
         for name in _LOGGERS:
             logger = logging.getLogger(name)
             if _REDACT not in logger.filters:
