@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import json
 import sys
 from collections import Counter
@@ -407,6 +408,27 @@ def _print_summary(s: Any) -> None:
     out.print(
         "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
     )
+
+
+def _reflow_help(group: typer.Typer) -> None:
+    """Give every command of ``group`` (and of its sub-groups) its docstring as paragraphs.
+
+    Docstrings are wrapped at the source's 100 columns; typer's rich help keeps those
+    newlines in a command list and in every paragraph after the first, so at 80 columns a
+    sentence broke where the source line did. One line per paragraph lets rich wrap each at
+    the terminal's width; a blank line still separates paragraphs."""
+    for command in group.registered_commands:
+        text = command.help or inspect.getdoc(command.callback) or ""
+        command.help = "\n\n".join(
+            " ".join(line.strip() for line in paragraph.splitlines())
+            for paragraph in inspect.cleandoc(text).split("\n\n")
+        )
+    for sub in group.registered_groups:
+        if isinstance(sub.typer_instance, typer.Typer):
+            _reflow_help(sub.typer_instance)
+
+
+_reflow_help(app)
 
 
 def main() -> None:
