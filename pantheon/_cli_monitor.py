@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         session: Annotated[
             str | None,
             typer.Argument(
-                help="Session id or unique prefix (default: the newest running session).",
+                help="Session id, unique prefix or latest (default: the newest running session).",
                 show_default=False,
             ),
         ] = None,

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (for ``replay`` and ``diff``: the runs match), 1 the runs diverge,
 2 a usage or store error (no such session, ambiguous prefix, unknown schema version...).
-Session arguments accept any unique prefix of an id. ``--store`` (or ``$PANTHEON_STORE``)
+Session arguments accept an id, any unique prefix of one, or ``latest`` (also ``-1``; ``-2``
+is the session before it: SessionStore.resolve). ``--store`` (or ``$PANTHEON_STORE``)
 names the store file; the default is ``.pantheon/sessions.db`` under the current directory.
 """
 
@@ -250,7 +251,10 @@ def register(app: typer.Typer) -> None:
 
     @sessions.command("show")
     def sessions_show(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -298,7 +302,10 @@ def register(app: typer.Typer) -> None:
 
     @dlq.command("list")
     def dlq_list(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -332,7 +339,10 @@ def register(app: typer.Typer) -> None:
 
     @dlq.command("redrive")
     def dlq_redrive(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         entry: Annotated[
             int | None, typer.Argument(help="Entry id (default: all not yet redriven).")
         ] = None,
@@ -367,7 +377,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export")
     def export(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         fmt: Annotated[str, typer.Option("--format", help="Only jsonl.")] = "jsonl",
         output: Annotated[
             Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
@@ -387,8 +400,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("diff")
     def diff(
-        a: Annotated[str, typer.Argument(help="First session (the reference).")],
-        b: Annotated[str, typer.Argument(help="Second session.")],
+        a: Annotated[
+            str, typer.Argument(help="First session (the reference): id, prefix, latest or -N.")
+        ],
+        b: Annotated[str, typer.Argument(help="Second session: id, prefix, latest or -N.")],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -457,7 +472,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("replay")
     def replay(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         live_effects: Annotated[
             bool, typer.Option("--live-effects", help="Call effects for real, not from the record.")
         ] = False,

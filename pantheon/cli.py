@@ -6,6 +6,7 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import re
 import sys
 from collections import Counter
 from collections.abc import Coroutine
@@ -17,6 +18,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperCommand
 
 from agents import ProviderUnavailable
 from pantheon._cli_approvals import register as register_approvals
@@ -410,8 +412,44 @@ def _print_summary(s: Any) -> None:
     )
 
 
-def _reflow_help(group: typer.Typer) -> None:
-    """Give every command of ``group`` (and of its sub-groups) its docstring as paragraphs.
+#: What click would take for a short option but a session argument means: ``-1`` (newest).
+_FROM_NEWEST = re.compile(r"-[1-9][0-9]*")
+# Marks such an argument while click parses; no option or value of ours starts with it.
+_MARK = "\x00"
+
+
+class _Command(TyperCommand):
+    """A command whose positional arguments may be ``-1``, ``-2``, ...
+
+    Session arguments take ``-1`` for the newest session (SessionStore.resolve), but click
+    reads any token that starts with ``-`` as an option and stops with "No such option".
+    Such a token is marked before click parses it and unmarked after, unless it is the
+    value of the option before it (``--seed -1`` stays an option's value)."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        valued = {
+            name
+            for param in self.params
+            if getattr(param, "param_type_name", "") == "option"
+            and not getattr(param, "is_flag", False)
+            for name in (*param.opts, *param.secondary_opts)
+        }
+        marked = [
+            _MARK + arg
+            if _FROM_NEWEST.fullmatch(arg) and (i == 0 or args[i - 1] not in valued)
+            else arg
+            for i, arg in enumerate(args)
+        ]
+        rest: list[str] = super().parse_args(ctx, marked)
+        for name, value in ctx.params.items():
+            if isinstance(value, str) and value.startswith(_MARK):
+                ctx.params[name] = value[len(_MARK) :]
+        return [arg.removeprefix(_MARK) for arg in rest]
+
+
+def _finish(group: typer.Typer) -> None:
+    """Every command of ``group`` (and of its sub-groups) gets its docstring as paragraphs
+    and takes ``-1`` for a session (:class:`_Command`).
 
     Docstrings are wrapped at the source's 100 columns; typer's rich help keeps those
     newlines in a command list and in every paragraph after the first, so at 80 columns a
@@ -423,12 +461,14 @@ def _reflow_help(group: typer.Typer) -> None:
             " ".join(line.strip() for line in paragraph.splitlines())
             for paragraph in inspect.cleandoc(text).split("\n\n")
         )
+        if command.cls in (None, TyperCommand):
+            command.cls = _Command
     for sub in group.registered_groups:
         if isinstance(sub.typer_instance, typer.Typer):
-            _reflow_help(sub.typer_instance)
+            _finish(sub.typer_instance)
 
 
-_reflow_help(app)
+_finish(app)
 
 
 def main() -> None:
