@@ -15,6 +15,7 @@ import datetime as _dt
 import importlib
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -103,6 +104,26 @@ def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# A frame line of a Python traceback.
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)')
+
+
+def _raised_at(traceback: str) -> str:
+    """The traceback's innermost frame, ``file.py:line in function``: what the error line
+    beside it does not say (the traceback's last line is that error again)."""
+    frames = [m for m in map(_FRAME.match, traceback.splitlines()) if m is not None]
+    if not frames:
+        return traceback.strip().splitlines()[-1] if traceback.strip() else "(no frame)"
+    last = frames[-1]
+    return f"{Path(last['file']).name}:{last['line']} in {last['function']}"
+
+
+def _excerpt(payload: Any, width: int) -> str:
+    """The payload as one line of JSON (a string's newlines escaped), cut to ``width``."""
+    text = json.dumps(payload, default=repr, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _dump(obj: Any) -> None:
@@ -309,7 +330,8 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """The session's dead letters, with the failing payload and traceback in --json."""
+        """The session's dead letters, each with its error, where it was raised and an
+        excerpt of its payload; --json has every field, the whole payload and traceback."""
         with _open(store) as st:
             sid = st.resolve(session)
             letters = st.dead_letters(sid)
@@ -321,21 +343,26 @@ def register(app: typer.Typer) -> None:
                     out.append({**d.to_dict(), "payload": None if env is None else env.payload})
                 _dump(out)
                 return
-            table = Table(title=f"dead letters of {sid}")
-            for col in ("entry", "subscriber", "topic", "reason", "error", "attempts", "redriven"):
-                table.add_column(col)
+            con = _console()
+            con.print(f"dead letters of {sid}: {len(letters)}", markup=False)
+            # A block per entry: at 80 columns a table of seven columns left no room for the
+            # payload, which is what a reader needs to see. Only the excerpt is cut, to the
+            # width (120 at most: an excerpt, not the payload; --json has it all).
+            room = max(40, min(con.width, 120)) - len("    payload ")
             for d in letters:
-                error = f"{d.error_type}: {d.error}" if d.error_type else "-"
-                table.add_row(
-                    str(d.entry_id),
-                    d.subscriber,
-                    d.topic,
-                    d.reason,
-                    error,
-                    str(d.attempts),
-                    d.redriven_by or ("yes" if d.redriven else ""),
-                )
-            _console().print(table)
+                env = envs.get(d.envelope_id)
+                redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
+                redriven = redriven or (", redriven" if d.redriven else "")
+                lines = [
+                    f"#{d.entry_id} {d.subscriber} on {d.topic}: {d.reason} after "
+                    f"{d.attempts} attempt{'s' if d.attempts != 1 else ''}{redriven}",
+                    f"    {d.error_type}: {d.error}" if d.error_type else "",
+                    f"    raised at {_raised_at(d.traceback)}" if d.traceback else "",
+                    "    payload "
+                    + ("(not recorded)" if env is None else _excerpt(env.payload, room)),
+                ]
+                for line in filter(None, lines):
+                    con.print(line, markup=False, emoji=False)
 
     @dlq.command("redrive")
     def dlq_redrive(
