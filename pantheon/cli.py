@@ -17,7 +17,9 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperCommand
 
 from agents import ProviderUnavailable
@@ -382,7 +384,7 @@ def _print_summary(s: Any) -> None:
         )
     )
     if s.decisions or s.outbox:
-        lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+        lines.append(f"guardian {_counts(s.decisions)}  outbox {_counts(s.outbox)}")
     # Why messages died: once per subscriber and reason, with one example, not per message.
     why = Counter((d["subscriber"], d["reason"]) for d in s.dead_letters)
     example = {(d["subscriber"], d["reason"]): d["error"] for d in s.dead_letters}
@@ -391,17 +393,14 @@ def _print_summary(s: Any) -> None:
         lines.append(f"  {n} x {escape(sub)} ({reason})" + (f", e.g. {escape(e)}" if e else ""))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
-    out.print("\n".join(lines))
-    table = Table(title="per-hop latency (ms): queue wait | handling")
-    for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):
-        table.add_column(col, justify="right" if col != "agent" else "left")
-    for name, h in s.hops.items():
-        table.add_row(
-            name,
-            str(h["handled"]),
-            *(f"{h[k]:.3f}" for k in ("wait_p50_ms", "wait_p95_ms", "wait_p99_ms")),
-            *(f"{h[k]:.3f}" for k in ("handle_p50_ms", "handle_p95_ms", "handle_p99_ms")),
-        )
+    for line in lines:
+        _print_wrapped(out, line)
+    table = _latency_table(s.hops, p95=True)
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    if natural > out.width:
+        # Too wide for the terminal: without the p95 columns every agent's name still
+        # fits at 80 columns, where rich would otherwise cut them all to "reasoner:…".
+        table = _latency_table(s.hops, p95=False)
     out.print(table)
     print_nodes(out, s)
     for e in s.expectations:
@@ -410,6 +409,43 @@ def _print_summary(s: Any) -> None:
     out.print(
         "[green]all expectations passed[/green]" if s.passed else "[red]expectations failed[/red]"
     )
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """``approved 500, escalated 89``: a count per name, in the summary's order."""
+    return ", ".join(f"{escape(str(name))} {n:,}" for name, n in counts.items()) or "none"
+
+
+def _print_wrapped(out: Console, line: str) -> None:
+    """One summary line (rich markup), wrapped at words to the console's width with its
+    continuation indented, so at 80 columns a line does not break mid-word in the terminal
+    (the report console soft-wraps: long lines are the terminal's to fold)."""
+    text = Text.from_markup(line)
+    indent = Text(" " * (len(text.plain) - len(text.plain.lstrip(" ")) + 2))
+    first, *rest = text.wrap(out, max(20, out.width - len(indent)))
+    first.rstrip()
+    out.print(first, soft_wrap=True)
+    for more in rest:
+        out.print(indent + more, soft_wrap=True)
+
+
+def _latency_table(hops: dict[str, dict[str, float]], *, p95: bool) -> Table:
+    """Queue wait and handling per subscription; ``p95=False`` leaves those columns out."""
+    table = Table(title="per-hop latency (ms): queue wait | handling")
+    quantiles = ("p50", "p95", "p99") if p95 else ("p50", "p99")
+    # Numbers are never cut; a name too long for what is left folds onto more lines.
+    table.add_column("agent", overflow="fold")
+    table.add_column("handled", justify="right", no_wrap=True)
+    for prefix in ("wait", "handle"):
+        for i, q in enumerate(quantiles):
+            table.add_column(f"{prefix} {q}" if i == 0 else q, justify="right", no_wrap=True)
+    for name, h in hops.items():
+        table.add_row(
+            escape(name),
+            str(h["handled"]),
+            *(f"{h[f'{k}_{q}_ms']:.3f}" for k in ("wait", "handle") for q in quantiles),
+        )
+    return table
 
 
 #: What click would take for a short option but a session argument means: ``-1`` (newest).

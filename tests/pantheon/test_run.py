@@ -27,13 +27,15 @@ SCENARIOS = ROOT / "scenarios"
 def pantheon(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child; 250 columns unless ``env`` says otherwise, so that a summary line
+    read whole here is not one the terminal's width wrapped (test_summary_width.py)."""
     return subprocess.run(
         [sys.executable, "-m", "pantheon.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=os.environ | {"COLUMNS": "250"} if env is None else env,
     )
 
 
