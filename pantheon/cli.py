@@ -450,8 +450,6 @@ def _latency_table(hops: dict[str, dict[str, float]], *, p95: bool) -> Table:
 
 #: What click would take for a short option but a session argument means: ``-1`` (newest).
 _FROM_NEWEST = re.compile(r"-[1-9][0-9]*")
-# Marks such an argument while click parses; no option or value of ours starts with it.
-_MARK = "\x00"
 
 
 class _Command(TyperCommand):
@@ -459,10 +457,14 @@ class _Command(TyperCommand):
 
     Session arguments take ``-1`` for the newest session (SessionStore.resolve), but click
     reads any token that starts with ``-`` as an option and stops with "No such option".
-    Such a token is marked before click parses it and unmarked after, unless it is the
-    value of the option before it (``--seed -1`` stays an option's value)."""
+    When there is such a token, the options (each with its value) go first and the
+    positional arguments, in their order, after a ``--``: click then takes ``-1`` as an
+    argument, while ``--seed -1`` stays an option's value and ``-x`` an unknown option."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        if not any(_FROM_NEWEST.fullmatch(arg) for arg in args[:end]):
+            return list(super().parse_args(ctx, args))
         valued = {
             name
             for param in self.params
@@ -470,17 +472,21 @@ class _Command(TyperCommand):
             and not getattr(param, "is_flag", False)
             for name in (*param.opts, *param.secondary_opts)
         }
-        marked = [
-            _MARK + arg
-            if _FROM_NEWEST.fullmatch(arg) and (i == 0 or args[i - 1] not in valued)
-            else arg
-            for i, arg in enumerate(args)
-        ]
-        rest: list[str] = super().parse_args(ctx, marked)
-        for name, value in ctx.params.items():
-            if isinstance(value, str) and value.startswith(_MARK):
-                ctx.params[name] = value[len(_MARK) :]
-        return [arg.removeprefix(_MARK) for arg in rest]
+        options: list[str] = []
+        positional: list[str] = []
+        head = args[:end]
+        i = 0
+        while i < len(head):
+            arg = head[i]
+            if arg.startswith("-") and arg != "-" and not _FROM_NEWEST.fullmatch(arg):
+                options.append(arg)
+                if arg in valued and i + 1 < len(head):  # its value, whatever it looks like
+                    i += 1
+                    options.append(head[i])
+            else:
+                positional.append(arg)
+            i += 1
+        return list(super().parse_args(ctx, [*options, "--", *positional, *args[end + 1 :]]))
 
 
 def _finish(group: typer.Typer) -> None:
