@@ -200,7 +200,8 @@ async def _served(
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A recorded session, opened by id (or a unique prefix) from a session store.
+    """A recorded session, opened by id (a unique prefix, or ``latest`` / ``-1`` for the
+    newest) from a session store.
 
     A value: what the store held when it was opened. ``envelopes()``, ``dead_letters()`` and
     ``effects()`` read the store again each time, so a running session can be followed.

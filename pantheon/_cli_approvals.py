@@ -89,7 +89,10 @@ def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool)
 def register(app: typer.Typer) -> None:
     @app.command()
     def approve(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         approval: Annotated[int, typer.Argument(help="The approval's number (see approvals).")],
         reject: Annotated[
             bool, typer.Option("--reject", help="Reject instead of approve.")
@@ -124,7 +127,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def approvals(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         pending: Annotated[bool, typer.Option("--pending", help="Only those waiting.")] = False,
         store: StoreOpt = None,
         as_json: JsonOpt = False,
@@ -150,7 +156,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def resume(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:

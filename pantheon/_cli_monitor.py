@@ -68,7 +68,7 @@ def register(app: typer.Typer) -> None:
         session: Annotated[
             str | None,
             typer.Argument(
-                help="Session id or unique prefix (default: the newest running session).",
+                help="Session id, unique prefix or latest (default: the newest running session).",
                 show_default=False,
             ),
         ] = None,
@@ -91,6 +91,7 @@ def register(app: typer.Typer) -> None:
         ] = None,
     ) -> None:
         """Watch a session in the terminal: live while it runs, its record once it ended.
+
         Keys: 1-6 panels, enter open, r redrive, t timeline, esc back, q quit."""
         tui = _tui()
         if url is not None:

@@ -2,7 +2,8 @@
 
 Exit codes: 0 success (for ``replay`` and ``diff``: the runs match), 1 the runs diverge,
 2 a usage or store error (no such session, ambiguous prefix, unknown schema version...).
-Session arguments accept any unique prefix of an id. ``--store`` (or ``$PANTHEON_STORE``)
+Session arguments accept an id, any unique prefix of one, or ``latest`` (also ``-1``; ``-2``
+is the session before it: SessionStore.resolve). ``--store`` (or ``$PANTHEON_STORE``)
 names the store file; the default is ``.pantheon/sessions.db`` under the current directory.
 """
 
@@ -15,6 +16,7 @@ import importlib
 import importlib.util
 import json
 import math
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -105,6 +107,26 @@ def _when(ts: float | None) -> str:
     if ts is None:
         return "-"
     return _dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+# A frame line of a Python traceback.
+_FRAME = re.compile(r'\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)')
+
+
+def _raised_at(traceback: str) -> str:
+    """The traceback's innermost frame, ``file.py:line in function``: what the error line
+    beside it does not say (the traceback's last line is that error again)."""
+    frames = [m for m in map(_FRAME.match, traceback.splitlines()) if m is not None]
+    if not frames:
+        return traceback.strip().splitlines()[-1] if traceback.strip() else "(no frame)"
+    last = frames[-1]
+    return f"{Path(last['file']).name}:{last['line']} in {last['function']}"
+
+
+def _excerpt(payload: Any, width: int) -> str:
+    """The payload as one line of JSON (a string's newlines escaped), cut to ``width``."""
+    text = json.dumps(payload, default=repr, ensure_ascii=False)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _dump(obj: Any) -> None:
@@ -263,7 +285,10 @@ def register(app: typer.Typer) -> None:
 
     @sessions.command("show")
     def sessions_show(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -311,11 +336,15 @@ def register(app: typer.Typer) -> None:
 
     @dlq.command("list")
     def dlq_list(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """The session's dead letters, with the failing payload and traceback in --json."""
+        """The session's dead letters, each with its error, where it was raised and an
+        excerpt of its payload; --json has every field, the whole payload and traceback."""
         with _open(store) as st:
             sid = st.resolve(session)
             letters = st.dead_letters(sid)
@@ -327,25 +356,33 @@ def register(app: typer.Typer) -> None:
                     out.append({**d.to_dict(), "payload": None if env is None else env.payload})
                 _dump(out)
                 return
-            table = Table(title=f"dead letters of {sid}")
-            for col in ("entry", "subscriber", "topic", "reason", "error", "attempts", "redriven"):
-                table.add_column(col)
+            con = _console()
+            con.print(f"dead letters of {sid}: {len(letters)}", markup=False)
+            # A block per entry: at 80 columns a table of seven columns left no room for the
+            # payload, which is what a reader needs to see. Only the excerpt is cut, to the
+            # width (120 at most: an excerpt, not the payload; --json has it all).
+            room = max(40, min(con.width, 120)) - len("    payload ")
             for d in letters:
-                error = f"{d.error_type}: {d.error}" if d.error_type else "-"
-                table.add_row(
-                    str(d.entry_id),
-                    d.subscriber,
-                    d.topic,
-                    d.reason,
-                    error,
-                    str(d.attempts),
-                    d.redriven_by or ("yes" if d.redriven else ""),
-                )
-            _console().print(table)
+                env = envs.get(d.envelope_id)
+                redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
+                redriven = redriven or (", redriven" if d.redriven else "")
+                lines = [
+                    f"#{d.entry_id} {d.subscriber} on {d.topic}: {d.reason} after "
+                    f"{d.attempts} attempt{'s' if d.attempts != 1 else ''}{redriven}",
+                    f"    {d.error_type}: {d.error}" if d.error_type else "",
+                    f"    raised at {_raised_at(d.traceback)}" if d.traceback else "",
+                    "    payload "
+                    + ("(not recorded)" if env is None else _excerpt(env.payload, room)),
+                ]
+                for line in filter(None, lines):
+                    con.print(line, markup=False, emoji=False)
 
     @dlq.command("redrive")
     def dlq_redrive(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         entry: Annotated[
             int | None, typer.Argument(help="Entry id (default: all not yet redriven).")
         ] = None,
@@ -380,7 +417,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("export")
     def export(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         fmt: Annotated[str, typer.Option("--format", help="Only jsonl.")] = "jsonl",
         output: Annotated[
             Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
@@ -400,8 +440,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("diff")
     def diff(
-        a: Annotated[str, typer.Argument(help="First session (the reference).")],
-        b: Annotated[str, typer.Argument(help="Second session.")],
+        a: Annotated[
+            str, typer.Argument(help="First session (the reference): id, prefix, latest or -N.")
+        ],
+        b: Annotated[str, typer.Argument(help="Second session: id, prefix, latest or -N.")],
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
@@ -470,7 +512,10 @@ def register(app: typer.Typer) -> None:
 
     @app.command("replay")
     def replay(
-        session: Annotated[str, typer.Argument(help="Session id or unique prefix.")],
+        session: Annotated[
+            str,
+            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+        ],
         live_effects: Annotated[
             bool, typer.Option("--live-effects", help="Call effects for real, not from the record.")
         ] = False,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import inspect
 import json
+import re
 import sys
 from collections.abc import Coroutine
 from dataclasses import asdict
@@ -14,7 +16,10 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
+from typer.core import TyperCommand
 
 from agents import ProviderUnavailable
 from pantheon._cli_approvals import register as register_approvals
@@ -411,26 +416,125 @@ def _print_summary(s: Any) -> None:
         )
     )
     if s.decisions or s.outbox:
-        lines.append(f"guardian {s.decisions}  outbox {s.outbox}")
+        lines.append(f"guardian {_counts(s.decisions)}  outbox {_counts(s.outbox)}")
     lines.extend(dead_letter_lines(s))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
-    out.print("\n".join(lines))
-    table = Table(title="per-hop latency (ms): queue wait | handling")
-    for col in ("agent", "handled", "wait p50", "p95", "p99", "handle p50", "p95", "p99"):
-        table.add_column(col, justify="right" if col != "agent" else "left")
-    for name, h in s.hops.items():
-        table.add_row(
-            name,
-            str(h["handled"]),
-            *(f"{h[k]:.3f}" for k in ("wait_p50_ms", "wait_p95_ms", "wait_p99_ms")),
-            *(f"{h[k]:.3f}" for k in ("handle_p50_ms", "handle_p95_ms", "handle_p99_ms")),
-        )
+    for line in lines:
+        _print_wrapped(out, line)
+    table = _latency_table(s.hops, p95=True)
+    natural = Measurement.get(out, out.options.update_width(10_000), table).maximum
+    if natural > out.width:
+        # Too wide for the terminal: without the p95 columns every agent's name still
+        # fits at 80 columns, where rich would otherwise cut them all to "reasoner:…".
+        table = _latency_table(s.hops, p95=False)
     out.print(table)
     print_nodes(out, s)
     for line in expectation_lines(s):
         out.print(line, soft_wrap=True)
     out.print(verdict_line(s))
+
+
+def _counts(counts: dict[str, int]) -> str:
+    """``approved 500, escalated 89``: a count per name, in the summary's order."""
+    return ", ".join(f"{escape(str(name))} {n:,}" for name, n in counts.items()) or "none"
+
+
+def _print_wrapped(out: Console, line: str) -> None:
+    """One summary line (rich markup), wrapped at words to the console's width with its
+    continuation indented, so at 80 columns a line does not break mid-word in the terminal
+    (the report console soft-wraps: long lines are the terminal's to fold)."""
+    text = Text.from_markup(line)
+    indent = Text(" " * (len(text.plain) - len(text.plain.lstrip(" ")) + 2))
+    first, *rest = text.wrap(out, max(20, out.width - len(indent)))
+    first.rstrip()
+    out.print(first, soft_wrap=True)
+    for more in rest:
+        out.print(indent + more, soft_wrap=True)
+
+
+def _latency_table(hops: dict[str, dict[str, float]], *, p95: bool) -> Table:
+    """Queue wait and handling per subscription; ``p95=False`` leaves those columns out."""
+    table = Table(title="per-hop latency (ms): queue wait | handling")
+    quantiles = ("p50", "p95", "p99") if p95 else ("p50", "p99")
+    # Numbers are never cut; a name too long for what is left folds onto more lines.
+    table.add_column("agent", overflow="fold")
+    table.add_column("handled", justify="right", no_wrap=True)
+    for prefix in ("wait", "handle"):
+        for i, q in enumerate(quantiles):
+            table.add_column(f"{prefix} {q}" if i == 0 else q, justify="right", no_wrap=True)
+    for name, h in hops.items():
+        table.add_row(
+            escape(name),
+            str(h["handled"]),
+            *(f"{h[f'{k}_{q}_ms']:.3f}" for k in ("wait", "handle") for q in quantiles),
+        )
+    return table
+
+
+#: What click would take for a short option but a session argument means: ``-1`` (newest).
+_FROM_NEWEST = re.compile(r"-[1-9][0-9]*")
+
+
+class _Command(TyperCommand):
+    """A command whose positional arguments may be ``-1``, ``-2``, ...
+
+    Session arguments take ``-1`` for the newest session (SessionStore.resolve), but click
+    reads any token that starts with ``-`` as an option and stops with "No such option".
+    When there is such a token, the options (each with its value) go first and the
+    positional arguments, in their order, after a ``--``: click then takes ``-1`` as an
+    argument, while ``--seed -1`` stays an option's value and ``-x`` an unknown option."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        end = args.index("--") if "--" in args else len(args)
+        if not any(_FROM_NEWEST.fullmatch(arg) for arg in args[:end]):
+            return list(super().parse_args(ctx, args))
+        valued = {
+            name
+            for param in self.params
+            if getattr(param, "param_type_name", "") == "option"
+            and not getattr(param, "is_flag", False)
+            for name in (*param.opts, *param.secondary_opts)
+        }
+        options: list[str] = []
+        positional: list[str] = []
+        head = args[:end]
+        i = 0
+        while i < len(head):
+            arg = head[i]
+            if arg.startswith("-") and arg != "-" and not _FROM_NEWEST.fullmatch(arg):
+                options.append(arg)
+                if arg in valued and i + 1 < len(head):  # its value, whatever it looks like
+                    i += 1
+                    options.append(head[i])
+            else:
+                positional.append(arg)
+            i += 1
+        return list(super().parse_args(ctx, [*options, "--", *positional, *args[end + 1 :]]))
+
+
+def _finish(group: typer.Typer) -> None:
+    """Every command of ``group`` (and of its sub-groups) gets its docstring as paragraphs
+    and takes ``-1`` for a session (:class:`_Command`).
+
+    Docstrings are wrapped at the source's 100 columns; typer's rich help keeps those
+    newlines in a command list and in every paragraph after the first, so at 80 columns a
+    sentence broke where the source line did. One line per paragraph lets rich wrap each at
+    the terminal's width; a blank line still separates paragraphs."""
+    for command in group.registered_commands:
+        text = command.help or inspect.getdoc(command.callback) or ""
+        command.help = "\n\n".join(
+            " ".join(line.strip() for line in paragraph.splitlines())
+            for paragraph in inspect.cleandoc(text).split("\n\n")
+        )
+        if command.cls in (None, TyperCommand):
+            command.cls = _Command
+    for sub in group.registered_groups:
+        if isinstance(sub.typer_instance, typer.Typer):
+            _finish(sub.typer_instance)
+
+
+_finish(app)
 
 
 def main() -> None:

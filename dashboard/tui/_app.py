@@ -282,6 +282,8 @@ class MonitorApp(App[None]):
 
     @on(ApprovalsArrived)
     def _show_approvals(self, message: ApprovalsArrived) -> None:
+        selected = self.selected_approval()
+        was_waiting = [key for key, a in self._approvals.items() if a.pending]
         self._approvals = {str(a.id): a for a in message.approvals}
         waiting = sum(a.pending for a in message.approvals)
         line = (
@@ -296,6 +298,18 @@ class MonitorApp(App[None]):
             return  # the last poll of a monitor that is closing: nothing left to draw on
         shown.update(line)
         _fill(table, approval_rows(message.approvals))
+        # The selected request was just decided (here or by someone else) and moved down
+        # among the decided ones: the cursor goes to the request that waited after it (or
+        # the last one still waiting), the one a person deciding them in turn is on next.
+        # Otherwise it stays on the request it was on, wherever the list put it (_fill).
+        now = self._approvals.get(str(selected.id)) if selected is not None else None
+        if selected is None or not selected.pending or now is None or now.pending:
+            return
+        still = [key for key, a in self._approvals.items() if a.pending]
+        after = was_waiting[was_waiting.index(str(selected.id)) + 1 :]
+        target = next((key for key in after if key in still), still[-1] if still else None)
+        if target is not None:
+            table.move_cursor(row=table.get_row_index(target), animate=False)
 
     # -- drawing -------------------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import sqlite3
 import threading
@@ -194,6 +195,9 @@ CREATE TABLE IF NOT EXISTS metrics (
 ) WITHOUT ROWID;
 """
 
+
+#: Session references counted from the newest: ``latest`` and ``-1``, ``-2``, ...
+_NEWEST = re.compile(r"latest|-([1-9][0-9]*)")
 
 _TABLES = tuple(line.split()[5] for line in _SCHEMA.splitlines() if line.startswith("CREATE TABLE"))
 
@@ -763,7 +767,22 @@ class SessionStore:
         return [_session(r) for r in self._query(sql)]
 
     def resolve(self, ref: str) -> str:
-        """The full id of the one session whose id is ``ref`` or starts with it."""
+        """The full id of the one session whose id is ``ref`` or starts with it.
+
+        ``latest`` (or ``-1``) is the newest session, ``-2`` the one before it, and so on,
+        in the order :meth:`sessions` lists them: the session a user just ran is the one they
+        mean most often, and every command and API call that takes a session goes
+        through here."""
+        newest = _NEWEST.fullmatch(ref)
+        if newest is not None:
+            back = int(newest.group(1) or 1)
+            rows = self._query(
+                "SELECT id FROM sessions ORDER BY started DESC, id DESC LIMIT 1 OFFSET ?",
+                (back - 1,),
+            )
+            if rows:
+                return str(rows[0][0])
+            raise SessionNotFound(ref, [], self.path)
         rows = self._query("SELECT id FROM sessions WHERE id = ?", (ref,))
         if rows:
             return str(rows[0][0])

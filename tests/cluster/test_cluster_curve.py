@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from untimed import copy_untimed
 
 from bus import Bus
 from bus.backends.zeromq import ConnectError, ZmqTransport
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def curve_scenario(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
-    path = tmp_path / "scenarios" / "support_email_3node.yaml"
+    """The three-node scenario over CURVE, without its timing bounds (not under test)."""
+    path = copy_untimed(tmp_path) / "support_email_3node.yaml"
     text = path.read_text()
     assert "  kind: zmq\n" in text
     path.write_text(text.replace("  kind: zmq\n", "  kind: zmq\n  curve: true\n"))
@@ -57,7 +57,7 @@ def test_a_three_node_run_over_curve_decides_as_without(curve_scenario: Path) ->
         timeout=180,
         env=os.environ | {"COLUMNS": "250"},
     )
-    assert proc.returncode in (0, 1), proc.stderr
+    assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["nodes"]["driver"]["broker"]["curve"] is True
     assert {n["status"] for n in summary["nodes"].values()} == {"ok"}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 from rich.console import Console
+from untimed import copy_untimed
 
 from pantheon._cli_cluster import print_nodes
 from pantheon.sessions import SessionStore
@@ -36,7 +36,9 @@ def pantheon(*args: str, cwd: Path, timeout: float = 180) -> subprocess.Complete
 
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
-    shutil.copytree(ROOT / "scenarios", tmp_path / "scenarios")
+    """The scenarios without their timing bounds: a run's verdict here is about what it did
+    on several processes, never about how fast a loaded machine let it go."""
+    copy_untimed(tmp_path)
     return tmp_path
 
 
@@ -53,13 +55,15 @@ def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
 
 def run_json(workdir: Path, scenario: str, *extra: str) -> tuple[int, dict[str, Any]]:
     proc = pantheon("run", scenario, "--json", "--store", "s.db", *extra, cwd=workdir)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout)
+    summary = json.loads(proc.stdout)
+    assert proc.returncode == (0 if summary["passed"] else 1), proc.stderr
+    return proc.returncode, summary
 
 
 def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
-    _, alone = run_json(workdir, "scenarios/support_email.yaml")
-    _, three = run_json(workdir, "scenarios/support_email_3node.yaml")
+    code_alone, alone = run_json(workdir, "scenarios/support_email.yaml")
+    code_three, three = run_json(workdir, "scenarios/support_email_3node.yaml")
+    assert (code_alone, code_three) == (0, 0)
 
     # Same decision and action per email id, same seed: only the transport differed.
     expected = outcomes(workdir / "s.db", alone["session_id"])
@@ -77,12 +81,15 @@ def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
     assert team_topics(three) == team_topics(alone)
     assert three["topics"]["observation.email.received"] == 591
 
-    # Nothing lost on any bus, and every functional expectation holds (latency bounds are
-    # the machine's business; under a loaded CI box they say nothing about correctness).
+    # Nothing lost on any bus, and every expectation holds (the latency bounds were taken
+    # out: they are the machine's business, and say nothing about correctness).
     assert three["accounting_ok"] is True
-    functional = [e for e in three["expectations"] if not e["name"].startswith("timing:")]
-    assert len(functional) == 4  # zero lost, dead letters, accuracy, nodes
-    assert [e for e in functional if not e["passed"]] == []
+    assert [(e["name"], e["passed"]) for e in three["expectations"]] == [
+        ("zero lost", True),
+        ("dead letters other than shed <= 10", True),
+        ("accuracy >= 0.7", True),
+        ("every node ran to the end (or was killed by the scenario)", True),
+    ]
 
     nodes = three["nodes"]
     assert set(nodes) == {"driver", "perception", "cognition", "action"}
@@ -218,7 +225,8 @@ def test_observer_on_a_node_publishes_the_inputs_there(workdir: Path) -> None:
     assert "perception: [sensor, monitor]" in text
     path.write_text(text.replace("perception: [sensor, monitor]", "perception: [observer, sensor]"))
 
-    _, summary = run_json(workdir, "scenarios/support_email_3node.yaml")
+    code, summary = run_json(workdir, "scenarios/support_email_3node.yaml")
+    assert code == 0, summary["expectations"]
     # The driver waited for the node's Observer to finish before looking for quiet.
     assert (summary["inputs"], summary["malformed"]) == (591, 9)
     assert summary["accounting_ok"] is True

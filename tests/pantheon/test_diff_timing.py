@@ -10,20 +10,20 @@ import json
 from pathlib import Path
 
 from typer.testing import CliRunner
+from untimed import copy_untimed
 
 from pantheon.cli import app
 from pantheon.sessions import SessionStore
-
-SUPPORT = Path(__file__).resolve().parents[2] / "scenarios" / "support_email.yaml"
 
 
 def test_two_same_seed_runs_diff_as_equal_or_timing_only(tmp_path: Path) -> None:
     runner = CliRunner()
     store = tmp_path / "sessions.db"
+    # Without its timing bounds: what this test reads does not depend on the machine's speed.
+    support = copy_untimed(tmp_path) / "support_email.yaml"
     for _ in range(2):
-        result = runner.invoke(app, ["run", str(SUPPORT), "--store", str(store)])
-        # 1: a latency bound missed on a loaded machine; the run is recorded all the same.
-        assert result.exit_code in (0, 1), result.output
+        result = runner.invoke(app, ["run", str(support), "--store", str(store)])
+        assert result.exit_code == 0, result.output
     with SessionStore(store, create=False) as st:
         a, b = sorted((s.id for s in st.sessions()), key=lambda sid: st.session(sid).started)
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from untimed import copy_untimed
 
 from agents import ModelProvider, ProviderError
 from bus import Bus
@@ -27,13 +27,15 @@ SCENARIOS = ROOT / "scenarios"
 def pantheon(
     *args: str, cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child; 250 columns unless ``env`` says otherwise, so that a summary line
+    read whole here is not one the terminal's width wrapped (test_summary_width.py)."""
     return subprocess.run(
         [sys.executable, "-m", "pantheon.cli", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=os.environ | {"COLUMNS": "250"} if env is None else env,
     )
 
 
@@ -41,16 +43,10 @@ def pantheon(
 def workdir(tmp_path: Path) -> Path:
     """A copy of the scenarios in a scratch directory, so runs write their store there.
 
-    The support scenario's timing bounds are widened: these tests check what a run does, and
-    a shared or loaded machine can stall a run past them; latency is benchmarks/' business
-    (benchmarks/busy_machine.py)."""
-    shutil.copytree(SCENARIOS, tmp_path / "scenarios")
-    support = tmp_path / "scenarios" / "support_email.yaml"
-    text = support.read_text()
-    for bound in ("p99_handling_ms: 50\n", "p99_queue_wait_ms: 100\n"):
-        assert bound in text
-        text = text.replace(bound, bound.split(":")[0] + ": 5000\n")
-    support.write_text(text)
+    Without their timing bounds: these tests check what a run does, and a shared or loaded
+    machine can stall a run past them; latency is benchmarks/' business
+    (benchmarks/busy_machine.py) and the timing checks' own tests (test_expect.py)."""
+    copy_untimed(tmp_path)
     return tmp_path
 
 
@@ -226,7 +222,7 @@ def test_zmq_transport_without_nodes_runs_everything_in_the_driver(workdir: Path
     ]
     path.write_text("\n".join(lines) + "\n")
     proc = pantheon("run", "scenarios/support_email.yaml", "--json", cwd=workdir)
-    assert proc.returncode in (0, 1), proc.stderr  # 1: a latency bound on a loaded machine
+    assert proc.returncode == 0, proc.stderr
     summary = json.loads(proc.stdout)
     assert summary["accounting_ok"] is True and summary["inputs"] == 591
     assert list(summary["nodes"]) == ["driver"]  # a broker, but no node process

@@ -167,8 +167,17 @@ def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> 
     assert entry["subscriber"] == "actor" and entry["payload"] == {"n": 3, "label": "spam"}
     assert "Traceback" in entry["traceback"]
 
-    result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path)])
-    assert result.exit_code == 0 and "ValueError" in result.output
+    # Without --json: what the help promises, the error, where it was raised and the
+    # payload, one line each (the payload cut to the width).
+    result = runner.invoke(app, ["dlq", "list", sid, "--store", str(path)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [
+        f"dead letters of {sid}: 1",
+        f"#{entry['entry_id']} actor on email.classified: failed after 1 attempt",
+        "    ValueError: cannot act on message 3",
+        "    raised at sessions_team.py:42 in act",
+        '    payload {"n": 3, "label": "spam"}',
+    ]
 
     # The recorded scenario text says "base": the team still fails, nothing is redriven,
     # and the command says so and exits 1.

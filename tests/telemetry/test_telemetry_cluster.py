@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections import Counter, defaultdict
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 from otlp_collector import CollectedSpan, OtlpCollector
+from untimed import copy_untimed
 
 ROOT = Path(__file__).resolve().parents[2]
 EMAILS = 600  # scenarios/data/support_emails.jsonl: 591 valid, 9 malformed
@@ -27,8 +27,9 @@ EMAILS = 600  # scenarios/data/support_emails.jsonl: 591 valid, 9 malformed
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Scenarios without their timing bounds: the traces are under test, not the speed."""
     path = tmp_path_factory.mktemp("trace")
-    shutil.copytree(ROOT / "scenarios", path / "scenarios")
+    copy_untimed(path)
     return path
 
 
@@ -63,7 +64,7 @@ def traced_run(
         }
         | env,
     )
-    assert proc.returncode in (0, 1), proc.stderr  # 1: a timing bound on a loaded machine
+    assert proc.returncode == 0, proc.stderr
     summary: dict[str, Any] = json.loads(proc.stdout)
     assert summary["accounting_ok"] and summary["dlq"] == {}, summary
     return summary, collector.taken()

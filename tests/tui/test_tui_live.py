@@ -21,7 +21,11 @@ from pantheon.live import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Longer than any pause of the event loop a user would accept after pressing a key; the
-#: monitor used to stall for seconds once the flood run's record replaced its feed.
+#: monitor used to stall for seconds once the flood run's record replaced its feed. Measured
+#: in CPU time of the loop's thread (``time.thread_time``): what the monitor's own work
+#: holds the loop for. On a loaded machine (the suite's other worker, two busy loops beside
+#: it) the wall clock also counts the time the OS ran someone else, which is no stall of
+#: the monitor's making; on a quiet one the two are the same.
 KEY_LATENCY = 1.5
 
 
@@ -70,19 +74,17 @@ async def test_keys_switch_panels_after_the_feed_hands_over_to_the_store(
                     "the run to end",
                     deadline=120,
                 )
-                # From here on, a timer measures how long the event loop goes unanswered, and
-                # how much of that the loop's own thread spent computing: the monitor's own
-                # work must not hold the loop, while a machine too busy to run it at all
-                # (the flood run beside it, other tests) is not the monitor's fault.
+                # From here on, a timer measures how long the event loop goes unanswered:
+                # the loop thread's CPU time between two ticks (see KEY_LATENCY).
                 ticks: list[tuple[float, float]] = []
                 app.set_interval(0.05, lambda: ticks.append((time.monotonic(), time.thread_time())))
                 await until(
                     pilot, lambda: app.sub_title.startswith("store"), "the store", deadline=120
                 )
                 await pilot.pause(1.0)  # the tables measure their new rows when idle
-                wall, cpu = max((b[0] - a[0], b[1] - a[1]) for a, b in pairwise(ticks))
-                assert cpu < KEY_LATENCY, (
-                    f"the monitor stopped answering for {wall:.1f}s, {cpu:.1f}s of it its own work"
+                busy, wall = max((b[1] - a[1], b[0] - a[0]) for a, b in pairwise(ticks))
+                assert busy < KEY_LATENCY, (
+                    f"the monitor stopped answering for {wall:.1f}s ({busy:.1f}s of its own work)"
                 )
                 snap = app.snapshot
                 assert snap is not None and len(snap.traces) > MAX_ROWS

@@ -14,10 +14,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from untimed import copy_untimed
 
 from pantheon.sessions import SessionStore
 
-ROOT = Path(__file__).resolve().parents[2]
 DEADLINE = 60.0
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
@@ -38,8 +38,9 @@ def test_run_with_tui_in_a_real_terminal(tmp_path: Path) -> None:
     sock = f"pantheon-tui-{uuid.uuid4().hex[:8]}"
     store = tmp_path / "sessions.db"
     done = tmp_path / "exit-code"
+    copy_untimed(tmp_path)  # its verdict is about the team, not the machine's speed
     cmd = (
-        f"cd {shlex.quote(str(ROOT))} && "
+        f"cd {shlex.quote(str(tmp_path))} && "
         f"{shlex.quote(sys.executable)} -m pantheon.cli run scenarios/support_email.yaml "
         f"--tui --store {shlex.quote(str(store))} > {shlex.quote(str(tmp_path / 'out'))}; "
         f"echo $? > {shlex.quote(str(done))}; sleep 600"
@@ -63,12 +64,12 @@ def test_run_with_tui_in_a_real_terminal(tmp_path: Path) -> None:
     )
     try:
         # The run ends in about a second; the monitor stays up on its final numbers.
-        # "completed", or "failed" when a p99 expectation does not hold on a busy machine.
         pattern = re.compile(
             r"(completed|failed)\s+t=[\d.]+s\s+published ([\d,]+)\s+delivered ([\d,]+)"
         )
         found = _wait(lambda: pattern.search(screen()), "the totals of the finished run")
         status, published = found.group(1), int(found.group(2).replace(",", ""))
+        assert status == "completed", screen()
         assert int(found.group(3).replace(",", "")) > 0
         sparkline = re.compile(r"observation\.email\.re\S*\s+[\d,]+\s+[\d.]+k?/s [▁▂▃▄▅▆▇█]+")
         shown = _wait(lambda: (lambda s: sparkline.search(s) and s)(screen()), "a sparkline")
@@ -89,7 +90,7 @@ def test_run_with_tui_in_a_real_terminal(tmp_path: Path) -> None:
         # The run's own summary, printed once the monitor let go of the terminal.
         out = (tmp_path / "out").read_text()
         assert "per-hop latency" in out
-        assert code == ("0" if status == "completed" else "1"), out
+        assert code == "0", out
     finally:
         subprocess.run([*tmux, "kill-server"], check=False, env=env, capture_output=True)
     with SessionStore(store) as st:
