@@ -73,7 +73,7 @@ def test_timing_checks_are_told_apart_by_the_names_judge_gives_them() -> None:
         scenario="t", session_id=None, seed=0, elapsed_s=1.0, messages=1, throughput=1.0,
         inputs=1, malformed=0, hops={"actor": {"handled": 1, "wait_p99_ms": 9.0,
         "handle_p99_ms": 9.0}}, edges=[], dlq={}, dead_letters=[], breaker_trips=0,
-        accuracy={"action_accuracy": 1.0}, decisions={}, outbox={}, alerts=0,
+        accuracy={"accuracy": 1.0}, decisions={}, outbox={}, alerts=0,
         accounting_ok=True, topics={"a.b": 1},
     )  # fmt: skip
     checks = judge(scenario, summary)
@@ -87,6 +87,6 @@ def test_timing_checks_are_told_apart_by_the_names_judge_gives_them() -> None:
     assert all(not c["passed"] for c in checks if c["name"] in timing)
     assert {c["name"] for c in assert_passed_but_timing(checks)} == timing
     # A failure of any other kind is still a failure.
-    worse = replace(summary, accuracy={"action_accuracy": 0.5})
+    worse = replace(summary, accuracy={"accuracy": 0.5})
     with pytest.raises(AssertionError, match=re.escape("accuracy >= 0.99")):
         assert_passed_but_timing(judge(scenario, worse))

@@ -282,6 +282,9 @@ class MonitorApp(App[None]):
 
     @on(ApprovalsArrived)
     def _show_approvals(self, message: ApprovalsArrived) -> None:
+        panels = self._panels()
+        if panels is None:
+            return  # the last poll of a monitor that is closing: nothing left to draw on
         selected = self.selected_approval()
         was_waiting = [key for key, a in self._approvals.items() if a.pending]
         self._approvals = {str(a.id): a for a in message.approvals}
@@ -291,12 +294,8 @@ class MonitorApp(App[None]):
             if waiting
             else f"{len(message.approvals)} requests, none waiting"
         )
-        try:
-            shown = self.query_one("#approvals-line", Static)
-            table = self.query_one("#approval-table", DataTable)
-        except NoMatches:
-            return  # the last poll of a monitor that is closing: nothing left to draw on
-        shown.update(line)
+        panels.query_one("#approvals-line", Static).update(line)
+        table = panels.query_one("#approval-table", DataTable)
         _fill(table, approval_rows(message.approvals))
         # The selected request was just decided (here or by someone else) and moved down
         # among the decided ones: the cursor goes to the request that waited after it (or
@@ -313,19 +312,35 @@ class MonitorApp(App[None]):
 
     # -- drawing -------------------------------------------------------------------------------
 
+    def _panels(self) -> Screen[Any] | None:
+        """The screen the panels are on, under any dialog a person opened on top of it (a
+        dead letter, a timeline): updates keep arriving meanwhile. None once the monitor
+        is closing and its screens are gone."""
+        if not self.screen_stack:
+            return None
+        screen = self.screen_stack[0]
+        try:
+            screen.query_one("#panels", TabbedContent)
+        except NoMatches:
+            return None
+        return screen
+
     @on(SnapshotArrived)
     def _show(self, message: SnapshotArrived) -> None:
         snap = self.snapshot = message.snapshot
+        panels = self._panels()
+        if panels is None:
+            return
         self.title = f"{snap.scenario or '?'} {snap.session_id}"
         self.sub_title = self.source.origin
-        self.query_one("#totals", Static).update(totals_line(snap))
-        self.query_one(ThroughputPanel).show(snap)
+        panels.query_one("#totals", Static).update(totals_line(snap))
+        panels.query_one(ThroughputPanel).show(snap)
         _fill(
-            self.query_one("#latency-table", DataTable),
+            panels.query_one("#latency-table", DataTable),
             ((f"{h.kind}:{h.name}", _latency_cells(h)) for h in snap.hops),
         )
         _fill(
-            self.query_one("#breaker-table", DataTable),
+            panels.query_one("#breaker-table", DataTable),
             (
                 (
                     b.name,
@@ -341,7 +356,7 @@ class MonitorApp(App[None]):
             ),
         )
         _fill(
-            self.query_one("#breaker-events", DataTable),
+            panels.query_one("#breaker-events", DataTable),
             (
                 (str(i), (f"{e.t_s:.3f}", e.name, e.old, e.new, e.reason or ""))
                 for i, e in enumerate(reversed(snap.breaker_events))
@@ -349,7 +364,7 @@ class MonitorApp(App[None]):
         )
         self._dead = {str(d.entry_id): d for d in snap.dead_letters}
         _fill(
-            self.query_one("#dlq-table", DataTable),
+            panels.query_one("#dlq-table", DataTable),
             (
                 (
                     str(d.entry_id),
@@ -367,7 +382,7 @@ class MonitorApp(App[None]):
         )
         self._traces = {str(t.correlation_id): t for t in snap.traces}
         _fill(
-            self.query_one("#trace-table", DataTable),
+            panels.query_one("#trace-table", DataTable),
             (
                 (
                     str(t.correlation_id),
@@ -384,7 +399,7 @@ class MonitorApp(App[None]):
             ),
         )
         usage = snap.usage
-        self.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
+        panels.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
         rows: list[tuple[str, Sequence[Any]]] = [
             (name, (_clip(name, 22), *_right(usage_cells(u))))
             for name, u in sorted(usage.by_agent.items())
@@ -392,10 +407,10 @@ class MonitorApp(App[None]):
         if usage.by_agent:
             total = (Text("total", style="bold"), *_right(usage_cells(usage.total), "bold"))
             rows.append((TOTAL_ROW, total))
-        _fill(self.query_one("#usage-table", DataTable), rows)
+        _fill(panels.query_one("#usage-table", DataTable), rows)
         if snap.checks:
             states = [c.state for c in snap.checks]
-            self.query_one("#checks-line", Static).update(
+            panels.query_one("#checks-line", Static).update(
                 ", ".join(f"{states.count(s)} {s}" for s in _CHECK_STYLE if s in states)
             )
             why = Text()
@@ -403,9 +418,9 @@ class MonitorApp(App[None]):
                 if c.why and c.state != "passed":
                     why.append(f"{c.state.upper()} ", style=_CHECK_STYLE.get(c.state, ""))
                     why.append(f"{c.name}: {c.why}\n")
-            self.query_one("#checks-why", Static).update(why)
+            panels.query_one("#checks-why", Static).update(why)
         _fill(
-            self.query_one("#check-table", DataTable),
+            panels.query_one("#check-table", DataTable),
             (
                 (
                     str(i),
@@ -463,7 +478,10 @@ class MonitorApp(App[None]):
         self.notify(said, timeout=6)
 
     def selected_approval(self) -> Approval | None:
-        table = self.query_one("#approval-table", DataTable)
+        panels = self._panels()
+        if panels is None:
+            return None
+        table = panels.query_one("#approval-table", DataTable)
         if not table.row_count:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value

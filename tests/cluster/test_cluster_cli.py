@@ -13,21 +13,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE_NODE = ROOT / "scenarios" / "support_email_3node.yaml"
 ENV = os.environ | {"COLUMNS": "250"}
-
-
-def pantheon(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=ENV,
-    )
 
 
 def spawn(*args: str, cwd: Path) -> subprocess.Popen[str]:

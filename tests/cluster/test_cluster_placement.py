@@ -2,30 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon
 
 from pantheon._cluster import Placement
 from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE_NODE = ROOT / "scenarios" / "support_email_3node.yaml"
-
-
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=os.environ | {"COLUMNS": "250"},  # rich wraps at the terminal width
-    )
 
 
 @pytest.fixture

@@ -6,14 +6,12 @@ node, as a user's run does."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cli_run import pantheon
 from rich.console import Console
 from untimed import copy_untimed
 
@@ -21,17 +19,6 @@ from pantheon._cli_cluster import print_nodes
 from pantheon.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def pantheon(*args: str, cwd: Path, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=os.environ | {"COLUMNS": "250"},
-    )
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ over a WebSocket, so the terminal monitor works from another machine (item 3 of 
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -17,19 +15,11 @@ from pantheon.live import FeedNotFound, connect_url
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning:websockets")
 pytest.importorskip("textual")
 
-from textual.pilot import Pilot  # noqa: E402
+from pilot_wait import until  # noqa: E402 - textual, which it imports, may be missing
 
 from dashboard.tui import LiveSource, MonitorApp  # noqa: E402
 
 EXAMPLE = ROOT / "scenarios" / "support_gateway.yaml"
-
-
-async def until(pilot: Pilot[None], check: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + 30
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 async def test_the_monitor_watches_a_run_through_the_gateway(tmp_path: Path) -> None:

@@ -6,12 +6,11 @@ judged on the machine's speed, so here they are only required to be there
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import pantheon as cli
 from untimed import assert_passed_but_timing, copy_untimed
 
 import pantheon
@@ -19,16 +18,6 @@ from pantheon.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "oncall.yaml"
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
 
 
 @pytest.fixture(scope="module")

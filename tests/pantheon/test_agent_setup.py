@@ -6,12 +6,11 @@ and nothing printed; any other exception, with a traceback."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon
 
 from pantheon import AgentSetupError, load_scenario
 from pantheon._team import build_team
@@ -79,17 +78,6 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (folder / f"with_{cls}.yaml").write_text(SCENARIO + ADDED.format(cls=cls))
         (folder / f"add_{cls}.yaml").write_text("add_agents:\n" + ADDED.format(cls=cls))
     return folder
-
-
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=os.environ | {"COLUMNS": "400"},
-    )
 
 
 def _line(team: Path, cls: str) -> str:

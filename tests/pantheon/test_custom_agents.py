@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon
 
 from pantheon import ScenarioError, load_scenario
 from pantheon.sessions import SessionStore
@@ -97,16 +96,6 @@ def team(tmp_path: Path) -> Path:
     )
     (folder / "scenario.yaml").write_text(SCENARIO, encoding="utf-8")
     return folder
-
-
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_a_team_outside_the_package_runs_records_and_replays(team: Path, tmp_path: Path) -> None:

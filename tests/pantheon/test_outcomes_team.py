@@ -5,34 +5,23 @@ tests/_support/ap_team.py) is scored, judged and diffed in its own terms, and a 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from ap_team import AMOUNTS, FIX, ledger_code, write_team, wrongly_held
+from cli_run import pantheon
 
 from pantheon.rerun import diff_outcomes, session_outcomes
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer
 
-PANTHEON = [sys.executable, "-m", "pantheon.cli"]
-
 
 @pytest.fixture
 def model() -> Iterator[ModelServer]:
     with ModelServer(ledger_code) as server:
         yield server
-
-
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [*PANTHEON, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_a_run_is_scored_and_judged_by_its_own_outcome(tmp_path: Path, model: ModelServer) -> None:

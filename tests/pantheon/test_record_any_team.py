@@ -11,27 +11,16 @@ diff`` and the web what-if page give the same counts. The word "email" appears n
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from ap_team import AMOUNTS, ledger_code, write_team, wrongly_held
+from cli_run import pantheon
 from streamlit.testing.v1 import AppTest
 
 from dashboard.web import APP
 from pantheon.sessions import STORE_ENV, ApprovalBook, SessionStore
 from pantheon.testing import ModelServer
-
-PANTHEON = [sys.executable, "-m", "pantheon.cli"]
-
-
-def pantheon(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [*PANTHEON, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
-    )
 
 
 def test_a_failed_invoice_run_is_fixed_by_a_what_if_in_its_own_terms(

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon as cli
 
 import pantheon
 from pantheon.sessions import ApprovalBook, SessionStore
@@ -89,17 +89,6 @@ expect:
 
 RAISE_THRESHOLD = "agents:\n  approver:\n    settings: {threshold: 500}\n"
 AUTO = "approvals:\n  poll: 0.02\n  auto: {approve_after: 0.05, note: what-if}\n"
-
-
-def cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=os.environ | {"COLUMNS": "200"},
-    )
 
 
 @pytest.fixture

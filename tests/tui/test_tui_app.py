@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import html
 import re
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from textual.pilot import Pilot
+from pilot_wait import until
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import DeadLetterScreen, MonitorApp, StoreSource, TimelineScreen
@@ -24,17 +22,6 @@ from pantheon import readmodel
 from pantheon.readmodel import usd
 from pantheon.rerun import session_outcomes
 from pantheon.sessions import SessionStore
-
-DEADLINE = 30.0
-
-
-async def until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
-    """Let the app run until ``check()`` holds (the store reads run in threads)."""
-    end = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def _text(widget: Static) -> str:

@@ -5,29 +5,16 @@ the run goes on with those decisions."""
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from approval_run import stop, waiting_run
-from textual.pilot import Pilot
+from pilot_wait import until
 from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
 from dashboard.tui._approvals import DecisionScreen
 from pantheon._approvals import who
 from pantheon.sessions import ApprovalBook, SessionStore
-
-DEADLINE = 30.0
-
-
-async def until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 async def test_keys_approve_and_reject_with_a_note_and_the_run_goes_on(tmp_path: Path) -> None:

@@ -4,27 +4,16 @@ stays on its request when someone else's decision moves the rows around it."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pilot_wait import until
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
 from dashboard.tui import MonitorApp, StoreSource
 from dashboard.tui._approvals import DecisionScreen
 from pantheon.sessions import ApprovalBook, SessionStore
-
-DEADLINE = 30.0
-
-
-async def until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + DEADLINE
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def _three_waiting(store: Path) -> str:

@@ -2,25 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-from textual.pilot import Pilot
+from pilot_wait import until as _until
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
 from pantheon.sessions import SessionStore
 
 WHY = "the process waited 41% of its busy time for a CPU; the handlers' own CPU time p99 is 1.2 ms"
-
-
-async def _until(pilot: Pilot[Any], check: Callable[[], bool], what: str) -> None:
-    end = time.monotonic() + 60
-    while not check():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        await pilot.pause(0.05)
 
 
 async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path) -> None:

@@ -7,11 +7,10 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
-from textual.pilot import Pilot
+from pilot_wait import until
 from textual.widgets import DataTable, TabbedContent, TabPane
 
 from dashboard.tui import LiveSource, MonitorApp, StoreSource
@@ -27,16 +26,6 @@ ROOT = Path(__file__).resolve().parents[2]
 #: it) the wall clock also counts the time the OS ran someone else, which is no stall of
 #: the monitor's making; on a quiet one the two are the same.
 KEY_LATENCY = 1.5
-
-
-async def until(
-    pilot: Pilot[None], check: Callable[[], bool], what: str, deadline: float = 30.0
-) -> None:
-    end = time.monotonic() + deadline
-    while not check():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def _start_flood(store: Path, out: Path) -> subprocess.Popen[bytes]:
