@@ -15,8 +15,9 @@ as it would against any real model server. Requests/s counts emails that reached
 (``off``), with a session :class:`~pantheon.sessions.Recorder` on a fresh SQLite store
 (``recording``: every envelope, delivery and model call journaled, as ``pantheon run`` does;
 the clock stops at ``drain``, and the time the recorder then takes to commit what is left is
-reported beside it), and with :class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at
-1% into an exporter that counts spans, every bus metric collected every 100 ms, as
+reported beside it, with the store file's bytes per bus message), and with
+:class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at 1% into an exporter that
+counts spans, every bus metric collected every 100 ms, as
 benchmarks/obs_bench.py; its clock stops once the spans are built and exported), and with the
 run's :class:`~agents.Outcomes` (``outcomes``: every message seen, each item's decision kept,
 as every labelled ``pantheon run`` does for its accuracy). Each mode's
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import json
 import platform
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -171,8 +173,10 @@ async def one_run(
             t0 = time.perf_counter()
             await recorder.finish("completed", {})
             finish_s = time.perf_counter() - t0
+    store_bytes = 0
     if store is not None:
         store.close()
+        store_bytes = _store_bytes(store.path)
     if telemetry is not None:
         telemetry.shutdown()
     hops = {
@@ -194,7 +198,19 @@ async def one_run(
         "mode": mode,
         "finish_s": finish_s,
         "spans": spans.spans if spans is not None else 0,
+        "store_bytes": store_bytes,
     }
+
+
+def _store_bytes(path: Path) -> int:
+    """The store file's size once its WAL is checkpointed into it (the recorder has
+    materialized every row by then): what the run's record costs on disk."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return path.stat().st_size
 
 
 def main() -> None:
@@ -252,7 +268,9 @@ def main() -> None:
                     "median_rps": rps,
                     "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
                     "median_run": best,
-                    "runs": [{k: r[k] for k in ("rps", "finish_s", "spans")} for r in runs],
+                    "runs": [
+                        {k: r[k] for k in ("rps", "finish_s", "spans", "store_bytes")} for r in runs
+                    ],
                 }
                 line = (
                     f"model latency {latency:g} ms, {mode}: {rps:,.0f} requests/s "
@@ -268,6 +286,9 @@ def main() -> None:
                     if mode == "recording":
                         finish = statistics.median(r["finish_s"] for r in runs)
                         line += f"; then {finish * 1000:,.0f} ms to commit the rest"
+                        per_msg = statistics.median(r["store_bytes"] / r["messages"] for r in runs)
+                        results["runs"][key]["store_bytes_per_message"] = per_msg
+                        line += f"; store {per_msg:,.0f} B per message"
                 print(line)
                 if mode != "off":
                     continue
