@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from pantheon.sessions import (
     export_jsonl,
     redrive,
 )
+from pantheon.sessions._recorder import _Writer
 
 
 @pytest.fixture
@@ -513,3 +516,17 @@ def test_a_recording_whose_loop_ends_without_finish_gives_the_threshold_back(
     finally:
         recorder._atexit()  # what interpreter exit would do: commit, leave it 'running'
         gc.set_threshold(*before)
+
+
+@pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="no per-thread CPU clock")
+def test_a_late_ticker_keeps_the_writer_from_materializing(tmp_path: Path) -> None:
+    # A loop thread the kernel keeps waiting for a core uses little CPU, as an idle one does;
+    # its ticker's lateness is what tells them apart. Windows here are fake monotonic times,
+    # the "loop" is this (sleeping) test thread's CPU clock.
+    writer = _Writer(tmp_path / "s.db", "NORMAL", "s", time.time(), time.monotonic_ns())
+    writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
+    now = time.monotonic()
+    assert not writer._loop_idle(now)  # opens the first window
+    writer.loop_late = 0.02
+    assert not writer._loop_idle(now + 0.06)  # little CPU, but the ticker woke 20 ms late
+    assert writer._loop_idle(now + 0.12)  # little CPU, on time: idle
