@@ -21,7 +21,9 @@ counts spans, every bus metric collected every 100 ms, as
 benchmarks/obs_bench.py; its clock stops once the spans are built and exported), and with the
 run's :class:`~agents.Outcomes` (``outcomes``: every message seen, each item's decision kept,
 as every labelled ``pantheon run`` does for its accuracy). Each mode's
-overhead is the median of per-repeat ratios to ``off``.
+overhead is the median of per-repeat ratios to ``off``; so are its CPU costs per request, of
+the loop's thread and of the whole process, which a shared machine disturbs less than wall
+time (a descheduled loop adds wall time, not CPU).
 """
 
 from __future__ import annotations
@@ -162,12 +164,14 @@ async def one_run(
         bus.on("action.executed", count, name="bench.done")
         bus.on("observation.email.malformed", count, name="bench.malformed")
         started = time.perf_counter()
+        cpu0, loop_cpu0 = time.process_time(), time.thread_time()
         await observer.start()
         await observer.done.wait()
         await bus.drain()
         if telemetry is not None and telemetry.tracer_provider is not None:
             telemetry.tracer_provider.force_flush()  # spans built off the loop count too
         elapsed = time.perf_counter() - started
+        cpu, loop_cpu = time.process_time() - cpu0, time.thread_time() - loop_cpu0
         stats = bus.stats()
         if recorder is not None:
             t0 = time.perf_counter()
@@ -199,6 +203,8 @@ async def one_run(
         "finish_s": finish_s,
         "spans": spans.spans if spans is not None else 0,
         "store_bytes": store_bytes,
+        "cpu_s": cpu,
+        "loop_cpu_s": loop_cpu,
     }
 
 
@@ -269,7 +275,8 @@ def main() -> None:
                     "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
                     "median_run": best,
                     "runs": [
-                        {k: r[k] for k in ("rps", "finish_s", "spans", "store_bytes")} for r in runs
+                        {k: r[k] for k in ("rps", "finish_s", "spans", "store_bytes", "cpu_s")}
+                        for r in runs
                     ],
                 }
                 line = (
@@ -283,6 +290,15 @@ def main() -> None:
                     )
                     results["runs"][key]["overhead"] = loss
                     line += f"; overhead {loss:.1%} (median of per-repeat ratios to off)"
+                    # CPU per request, steadier than wall time on a shared machine: the loop
+                    # thread's (what the team waits on) and the process's (writer included).
+                    for what in ("loop_cpu_s", "cpu_s"):
+                        extra = statistics.median(
+                            r[what] / r["requests"] / (off[what] / off["requests"]) - 1
+                            for r, off in zip(runs, by_mode["off"], strict=True)
+                        )
+                        results["runs"][key][f"{what}_overhead"] = extra
+                        line += f"; {what.removesuffix('_s').replace('_', ' ')} +{extra:.1%}"
                     if mode == "recording":
                         finish = statistics.median(r["finish_s"] for r in runs)
                         line += f"; then {finish * 1000:,.0f} ms to commit the rest"
