@@ -7,9 +7,10 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from bus import Bus, Envelope
-from pantheon.sessions import SCHEMA_VERSION, Recorder, SessionStore
+from pantheon.sessions import SCHEMA_VERSION, Recorder, SessionStore, StoreError
 from pantheon.sessions._journal import ChunkEncoder
 
 #: The version-1 schema as Pantheon shipped it (its journal refused ``kind = 'effects'``).
@@ -196,3 +197,15 @@ async def test_effects_are_journaled_and_read_before_they_are_materialized(
         await recorder.finish()
         assert store.counts(sid)["journal_chunks"] == 0
         assert store.effects(sid) == live
+
+
+def test_a_damaged_effects_chunk_is_a_store_error_naming_it(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    with SessionStore(path) as store:
+        sid = store.begin_session(None)
+        with sqlite3.connect(path) as conn:
+            conn.execute(
+                "INSERT INTO journal VALUES (?, 0, 'effects', 0, 1, 0.0, ?)", (sid, b"\xc1junk")
+            )
+        with pytest.raises(StoreError, match="journal chunk at effect 0 cannot be decoded"):
+            store.effects(sid)
