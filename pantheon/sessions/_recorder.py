@@ -94,6 +94,8 @@ _TICK = 0.01
 #: A ticker wake-up later than this (s) means the loop had work waiting (or no core): the
 #: writer does not materialize in that window.
 _LATE = 0.005
+#: A loop thread using less than this share of a core is idle, however late its ticker.
+_IDLE_SHARE = 0.1
 #: While any recorder is attached, the cycle collector's youngest generation runs after this
 #: many net allocations of tracked objects instead of CPython's 700. A recording keeps every
 #: message's payload alive until its batch is committed (~50-70 ms), so allocations outrun
@@ -286,14 +288,16 @@ class _Writer(threading.Thread):
 
     def _loop_idle(self, now: float) -> bool:
         """Was the event loop's thread less than half busy over the last window, and did its
-        ticker wake on time (within ``_LATE``) throughout?
+        ticker wake on time (within ``_LATE``) throughout, or nearly idle?
 
         A window is at least 50 ms during which this thread did not materialize: while it
         materializes it holds the GIL, and the loop thread's CPU time would then understate
         how busy the loop wants to be. CPU time alone also reads a loop the kernel keeps
         waiting for a core as idle: on a loaded 2-vCPU machine (load 5) the writer took that
         for idleness and materialized 60-67 chunks (0.5 s of GIL) inside a 3,000-email
-        pipeline run, against 1-3 on a quiet one. A late ticker is a loop with work waiting."""
+        pipeline run, against 1-3 on a quiet one. A late ticker is a loop with work waiting,
+        unless the loop used under ``_IDLE_SHARE`` of a core: a loaded machine delays an idle
+        loop's ticks too, and the journal must keep moving for readers of a long run."""
         if self.loop_clock is None:
             return False
         try:
@@ -307,7 +311,8 @@ class _Writer(threading.Thread):
                 self._cpu_mark = (now, cpu)
                 self.loop_late = 0.0
             return False
-        idle = (cpu - mark[1]) < 0.5 * (now - mark[0]) and self.loop_late < _LATE
+        share = (cpu - mark[1]) / (now - mark[0])
+        idle = share < _IDLE_SHARE or (share < 0.5 and self.loop_late < _LATE)
         self._cpu_mark = None if idle else (now, cpu)
         self.loop_late = 0.0
         return idle
