@@ -15,12 +15,15 @@ as it would against any real model server. Requests/s counts emails that reached
 (``off``), with a session :class:`~pantheon.sessions.Recorder` on a fresh SQLite store
 (``recording``: every envelope, delivery and model call journaled, as ``pantheon run`` does;
 the clock stops at ``drain``, and the time the recorder then takes to commit what is left is
-reported beside it), and with :class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at
-1% into an exporter that counts spans, every bus metric collected every 100 ms, as
+reported beside it, with the store file's bytes per bus message), and with
+:class:`~pantheon.telemetry.Telemetry` (``telemetry``: traces at 1% into an exporter that
+counts spans, every bus metric collected every 100 ms, as
 benchmarks/obs_bench.py; its clock stops once the spans are built and exported), and with the
 run's :class:`~agents.Outcomes` (``outcomes``: every message seen, each item's decision kept,
 as every labelled ``pantheon run`` does for its accuracy). Each mode's
-overhead is the median of per-repeat ratios to ``off``.
+overhead is the median of per-repeat ratios to ``off``; so are its CPU costs per request, of
+the loop's thread and of the whole process, which a shared machine disturbs less than wall
+time (a descheduled loop adds wall time, not CPU).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import platform
+import sqlite3
 import statistics
 import tempfile
 import time
@@ -160,19 +164,23 @@ async def one_run(
         bus.on("action.executed", count, name="bench.done")
         bus.on("observation.email.malformed", count, name="bench.malformed")
         started = time.perf_counter()
+        cpu0, loop_cpu0 = time.process_time(), time.thread_time()
         await observer.start()
         await observer.done.wait()
         await bus.drain()
         if telemetry is not None and telemetry.tracer_provider is not None:
             telemetry.tracer_provider.force_flush()  # spans built off the loop count too
         elapsed = time.perf_counter() - started
+        cpu, loop_cpu = time.process_time() - cpu0, time.thread_time() - loop_cpu0
         stats = bus.stats()
         if recorder is not None:
             t0 = time.perf_counter()
             await recorder.finish("completed", {})
             finish_s = time.perf_counter() - t0
+    store_bytes = 0
     if store is not None:
         store.close()
+        store_bytes = _store_bytes(store.path)
     if telemetry is not None:
         telemetry.shutdown()
     hops = {
@@ -194,7 +202,21 @@ async def one_run(
         "mode": mode,
         "finish_s": finish_s,
         "spans": spans.spans if spans is not None else 0,
+        "store_bytes": store_bytes,
+        "cpu_s": cpu,
+        "loop_cpu_s": loop_cpu,
     }
+
+
+def _store_bytes(path: Path) -> int:
+    """The store file's size once its WAL is checkpointed into it (the recorder has
+    materialized every row by then): what the run's record costs on disk."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        conn.close()
+    return path.stat().st_size
 
 
 def main() -> None:
@@ -252,7 +274,10 @@ def main() -> None:
                     "median_rps": rps,
                     "ratio_to_blog": rps / BLOG_PIPELINE_RPS,
                     "median_run": best,
-                    "runs": [{k: r[k] for k in ("rps", "finish_s", "spans")} for r in runs],
+                    "runs": [
+                        {k: r[k] for k in ("rps", "finish_s", "spans", "store_bytes", "cpu_s")}
+                        for r in runs
+                    ],
                 }
                 line = (
                     f"model latency {latency:g} ms, {mode}: {rps:,.0f} requests/s "
@@ -265,9 +290,21 @@ def main() -> None:
                     )
                     results["runs"][key]["overhead"] = loss
                     line += f"; overhead {loss:.1%} (median of per-repeat ratios to off)"
+                    # CPU per request, steadier than wall time on a shared machine: the loop
+                    # thread's (what the team waits on) and the process's (writer included).
+                    for what in ("loop_cpu_s", "cpu_s"):
+                        extra = statistics.median(
+                            r[what] / r["requests"] / (off[what] / off["requests"]) - 1
+                            for r, off in zip(runs, by_mode["off"], strict=True)
+                        )
+                        results["runs"][key][f"{what}_overhead"] = extra
+                        line += f"; {what.removesuffix('_s').replace('_', ' ')} +{extra:.1%}"
                     if mode == "recording":
                         finish = statistics.median(r["finish_s"] for r in runs)
                         line += f"; then {finish * 1000:,.0f} ms to commit the rest"
+                        per_msg = statistics.median(r["store_bytes"] / r["messages"] for r in runs)
+                        results["runs"][key]["store_bytes_per_message"] = per_msg
+                        line += f"; store {per_msg:,.0f} B per message"
                 print(line)
                 if mode != "off":
                     continue

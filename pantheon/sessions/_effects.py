@@ -12,12 +12,12 @@ from __future__ import annotations
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from inspect import isawaitable
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from agents._effects import call_maybe_async
 from bus import current_envelope, current_subscription
 from pantheon.sessions._codec import encode
 from pantheon.sessions._errors import RecordedError
@@ -113,14 +113,20 @@ class EffectsContext(msgspec.Struct, array_like=True, dict=True):
         ctx.runner = runner
         return ctx
 
-    async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await self.runner.effect(name, fn, *args, **kwargs)
+    # Plain functions handing back the runner's coroutine: a forwarding ``async def`` is one
+    # more coroutine per effect call (~20,000 calls in a 3,000-email pipeline run). With
+    # ``_run`` calling ``fn`` itself, a recorded call's loop CPU over a live one's went from
+    # 1.66 to 1.39 µs (min of 9 x 50,000 calls).
+    def effect(
+        self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Coroutine[Any, Any, Any]:
+        return self.runner.effect(name, fn, *args, **kwargs)
 
-    async def now(self) -> float:
-        return await self.runner.now()
+    def now(self) -> Coroutine[Any, Any, float]:
+        return self.runner.now()
 
-    async def random(self) -> float:
-        return await self.runner.random()
+    def random(self) -> Coroutine[Any, Any, float]:
+        return self.runner.random()
 
     def __repr__(self) -> str:
         return f"EffectsContext({self.runner!r})"
@@ -181,7 +187,10 @@ class RecordingEffects:
         active = self.active
         active[key] = active.get(key, 0) + 1
         try:
-            result = await call_maybe_async(fn, *args, **kwargs)
+            # ``call_maybe_async`` inlined: one coroutine less per recorded call.
+            result = fn(*args, **kwargs)
+            if isawaitable(result):
+                result = await result
         except Exception as exc:
             self._sink(
                 ("effect", env_id, sub, n, name, EFFECT_ERROR, None, type_name(exc), str(exc),

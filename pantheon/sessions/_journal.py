@@ -2,9 +2,12 @@
 
 Why a journal: the bus handles a message in about 1.5 µs, and building and binding one SQLite
 row from Python costs more than that, under the same GIL. So the hot commit stores each
-batch of envelopes (and of deliveries) as one msgpack blob, encoded in C by msgspec, in the
-``journal`` table: durable at the same group-commit cadence, at a few hundred ns of GIL per
-message. The writer turns journal chunks into ``envelopes`` / ``deliveries`` rows
+batch of envelopes (and of deliveries, and of effects) as one msgpack blob, encoded in C by
+msgspec, in the ``journal`` table: durable at the same group-commit cadence, at a few hundred ns
+of GIL per message. Effects were row inserts until schema 2: the nine-agent pipeline makes five
+effect calls per email, and binding their 12 columns cost the writer 0.10 s of CPU per 3,000
+emails against 0.02 s for every envelope and delivery chunk (``benchmarks/RESULTS.md``). The
+writer turns journal chunks into ``envelopes`` / ``deliveries`` / ``effects`` rows
 ("materializes" them) whenever the event loop is not busy, when the recorder finishes, and
 when a store is opened after a crash. Materializing a chunk inserts its rows and deletes it
 in one transaction, so every recorded row is in exactly one of the two places at any time;
@@ -29,7 +32,9 @@ __all__ = [
     "ChunkEncoder",
     "Materializer",
     "decode_deliveries",
+    "decode_effects",
     "decode_envelopes",
+    "encode_effects",
     "insert_rows",
 ]
 
@@ -40,11 +45,18 @@ _I64 = 2**63 - 1
 _U64 = 2**64
 
 DeliveryTuple = tuple[str, int, int, int, int, str]
+#: An effect as the recorder's effects sink queues it, minus the leading ``"effect"`` tag:
+#: (envelope id, subscriber, ordinal, name, flag, result blob, error type, error, time,
+#: started_ns, ended_ns).
+EffectTuple = tuple[
+    int, str | None, int, str, int, bytes | None, str | None, str | None, float, int, int
+]
 
 
 _EnvChunk = tuple[float, int, list[int], list[Envelope]]  # wall0, mono0, flagged, envelopes
 _env_chunk: msgspec.msgpack.Decoder[_EnvChunk] = msgspec.msgpack.Decoder(_EnvChunk)
 _del_chunk = msgspec.msgpack.Decoder(list[DeliveryTuple])
+_eff_chunk = msgspec.msgpack.Decoder(list[EffectTuple])
 _raw = msgspec.msgpack.Encoder()
 
 
@@ -106,6 +118,13 @@ class ChunkEncoder:
         )  # fmt: skip
 
 
+def encode_effects(batch: Sequence[tuple[Any, ...]]) -> bytes:
+    """Effect events (``("effect", *EffectTuple)``, as queued) as one journal blob. Results
+    are msgpack already (encoded on the loop when the effect returned, so a handler that
+    mutates what it got back cannot change the record); here they are only framed."""
+    return _raw.encode([ev[1:] for ev in batch])
+
+
 def _db(i: int | None) -> int | None:
     return i - _U64 if i is not None and i > _I64 else i
 
@@ -137,6 +156,15 @@ def decode_deliveries(blob: bytes, first: int) -> list[tuple[Any, ...]]:
     return [
         (first + n, sub, _db(env_id), created, start, end, outcome)
         for n, (sub, env_id, created, start, end, outcome) in enumerate(_del_chunk.decode(blob))
+    ]
+
+
+def decode_effects(blob: bytes, first: int) -> list[tuple[Any, ...]]:
+    """A chunk's effects as ``effects`` rows minus the session column: (seq, envelope_id,
+    subscriber, ordinal, name, flag, result, error_type, error, time, started_ns, ended_ns),
+    ids as SQLite stores them."""
+    return [
+        (first + n, _db(env_id), *rest) for n, (env_id, *rest) in enumerate(_eff_chunk.decode(blob))
     ]
 
 
@@ -242,6 +270,8 @@ class Materializer:
             jseq, kind, first, blob = row
             if kind == "envelopes":
                 insert_rows(conn, "envelopes", [(sid, *r) for r in decode_envelopes(blob, first)])
+            elif kind == "effects":
+                insert_rows(conn, "effects", [(sid, *r) for r in decode_effects(blob, first)])
             else:
                 rows = self._pairing.fill(decode_deliveries(blob, first))
                 insert_rows(conn, "deliveries", [(sid, *r) for r in rows])

@@ -43,6 +43,7 @@ from pantheon.sessions._journal import (
     ErrorPairing,
     Materializer,
     decode_deliveries,
+    decode_effects,
     decode_envelopes,
 )
 
@@ -65,8 +66,9 @@ __all__ = [
     "to_db",
 ]
 
-#: Bumped on any incompatible change to the tables below.
-SCHEMA_VERSION = 1
+#: Bumped on any incompatible change to the tables below. 2: the journal holds effects too
+#: (``kind = 'effects'``); a version-1 store is migrated in place when opened (``_migrate``).
+SCHEMA_VERSION = 2
 #: Where the store lives when neither an explicit path nor ``$PANTHEON_STORE`` says otherwise
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
@@ -179,7 +181,7 @@ CREATE INDEX IF NOT EXISTS dead_letters_envelope ON dead_letters (session, envel
 CREATE TABLE IF NOT EXISTS journal (
     session TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('envelopes', 'deliveries')),
+    kind TEXT NOT NULL CHECK (kind IN ('envelopes', 'deliveries', 'effects')),
     first INTEGER NOT NULL,
     count INTEGER NOT NULL,
     created REAL NOT NULL,
@@ -200,6 +202,28 @@ CREATE TABLE IF NOT EXISTS metrics (
 _NEWEST = re.compile(r"latest|-([1-9][0-9]*)")
 
 _TABLES = tuple(line.split()[5] for line in _SCHEMA.splitlines() if line.startswith("CREATE TABLE"))
+
+#: Version -> the statements that take a store of that version to the next. 1 -> 2: SQLite
+#: cannot alter a CHECK constraint, so the journal is rebuilt with ``'effects'`` allowed (it
+#: holds at most the chunks of runs still recording or killed, so the copy is small).
+_MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE journal_v2 (
+            session TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            kind TEXT NOT NULL CHECK (kind IN ('envelopes', 'deliveries', 'effects')),
+            first INTEGER NOT NULL,
+            count INTEGER NOT NULL,
+            created REAL NOT NULL,
+            blob BLOB NOT NULL,
+            PRIMARY KEY (session, seq)
+        ) WITHOUT ROWID""",
+        "INSERT INTO journal_v2 SELECT session, seq, kind, first, count, created, blob "
+        "FROM journal",
+        "DROP TABLE journal",
+        "ALTER TABLE journal_v2 RENAME TO journal",
+    ),
+}
 
 
 def to_db(i: int) -> int:
@@ -620,6 +644,8 @@ class SessionStore:
                             "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                         )
                 found = self._read_version()
+            if found in _MIGRATIONS:
+                found = self._migrate()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"{self.path} is not a usable session store: {exc}") from exc
         if found != SCHEMA_VERSION:
@@ -628,6 +654,21 @@ class SessionStore:
             )
         self._check_tables()
         self._add_columns()
+
+    def _migrate(self) -> int | str | None:
+        """Bring an older store up to :data:`SCHEMA_VERSION` in place, one version per
+        transaction, and return the version it is at now. Each step re-reads the version under
+        the write lock: several processes may open the same old store at once."""
+        while True:
+            with self._tx() as conn:
+                found = self._read_version()
+                if not isinstance(found, int) or found not in _MIGRATIONS:
+                    return found
+                for stmt in _MIGRATIONS[found]:
+                    conn.execute(stmt)
+                conn.execute(
+                    "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(found + 1),)
+                )
 
     def _check_tables(self) -> None:
         """Refuse, at open, a store missing one of our tables (dropped by hand or a damaged
@@ -951,7 +992,30 @@ class SessionStore:
         if name is not None:
             sql += " AND name GLOB ?"
             params += (name,)
-        rows = self._query(sql + " ORDER BY seq", params, session=session_id)
+        rows, chunks = self._with_journal(session_id, sql, params, "effects")
+        if chunks:
+            journaled = []
+            for first, blob in chunks:
+                try:
+                    journaled.extend(decode_effects(blob, first))
+                except Exception as exc:  # a damaged chunk: whatever the decoder raises
+                    raise self._damaged(
+                        session_id, f"journal chunk at effect {first} cannot be decoded ({exc})"
+                    ) from exc
+            if name is not None:
+                # SQLite's own GLOB, asked once per distinct name, so both halves match alike.
+                names = list({r[4] for r in journaled})
+                keep = {
+                    n
+                    for (n,) in self._query(
+                        "SELECT value FROM json_each(?) WHERE value GLOB ?",
+                        (json.dumps(names), name),
+                        session=session_id,
+                    )
+                }
+                journaled = [r for r in journaled if r[4] in keep]
+            rows.extend(journaled)
+            rows.sort(key=lambda r: r[0])
         for r in rows:
             # Checked here, once, so a damaged result is a store error naming the file and
             # not an exception inside whichever handler a replay serves it to.

@@ -6,6 +6,8 @@ import asyncio
 import io
 import json
 import sqlite3
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,7 @@ from pantheon.sessions import (
     export_jsonl,
     redrive,
 )
+from pantheon.sessions._recorder import _Writer
 
 
 @pytest.fixture
@@ -326,7 +329,11 @@ def test_unknown_schema_version_fails_clearly(tmp_path: Path) -> None:
         SessionStore(path)
     err = raised.value
     assert err.found == 99 and err.expected == sessions.SCHEMA_VERSION
-    assert str(path) in str(err) and "99" in str(err) and "version 1" in str(err)
+    assert (
+        str(path) in str(err)
+        and "99" in str(err)
+        and f"version {sessions.SCHEMA_VERSION}" in str(err)
+    )
     assert isinstance(err, StoreError)
 
 
@@ -509,3 +516,29 @@ def test_a_recording_whose_loop_ends_without_finish_gives_the_threshold_back(
     finally:
         recorder._atexit()  # what interpreter exit would do: commit, leave it 'running'
         gc.set_threshold(*before)
+
+
+@pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="no per-thread CPU clock")
+def test_a_late_ticker_keeps_the_writer_from_materializing(tmp_path: Path) -> None:
+    # A loop thread the kernel keeps waiting for a core uses a part of one, as a lightly busy
+    # one does; its ticker's lateness is what tells them apart. Windows here are fake
+    # monotonic times; the "loop" is this test thread's CPU clock, which it advances by
+    # spinning 10 ms per 60 ms window (a share of about 0.17).
+    writer = _Writer(tmp_path / "s.db", "NORMAL", "s", time.time(), time.monotonic_ns())
+    writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
+
+    def spin(seconds: float) -> None:
+        end = time.thread_time() + seconds
+        while time.thread_time() < end:
+            pass
+
+    now = time.monotonic()
+    assert not writer._loop_idle(now)  # opens the first window
+    spin(0.01)
+    writer.loop_late = 0.02
+    assert not writer._loop_idle(now + 0.06)  # a part of a core, and 20 ms late: busy
+    spin(0.01)
+    assert writer._loop_idle(now + 0.12)  # the same share, on time: idle
+    assert not writer._loop_idle(now + 0.12)  # opens the next window
+    writer.loop_late = 0.02
+    assert writer._loop_idle(now + 0.18)  # next to no CPU: idle however late the ticker

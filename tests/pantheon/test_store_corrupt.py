@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from bus import Bus
 from pantheon.cli import app
-from pantheon.sessions import Recorder, SessionStore
+from pantheon.sessions import SCHEMA_VERSION, Recorder, SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = str(ROOT / "scenarios" / "flaky_actor.yaml")
@@ -49,7 +49,7 @@ async def store(tmp_path: Path) -> Path:
 
 
 DAMAGE = {
-    "schema version": "UPDATE meta SET value = '2' WHERE key = 'schema_version'",
+    "schema version": "UPDATE meta SET value = '99' WHERE key = 'schema_version'",
     "table dropped": "DROP TABLE envelopes",
     "summary not json": "UPDATE sessions SET summary = 'not json' WHERE id = 'bad'",
     "payload not msgpack": "UPDATE envelopes SET payload = x'fffe' "
@@ -181,8 +181,8 @@ def test_schema_version_lines(store: Path) -> None:
     _damage(store, "schema version")
     result = CliRunner().invoke(app, ["sessions", "list", "--store", str(store)])
     assert result.output.strip() == (
-        f"error: session store {store} has schema version 2, but this Pantheon reads schema "
-        "version 1; it was written by a newer Pantheon: upgrade pantheon to read it"
+        f"error: session store {store} has schema version 99, but this Pantheon reads schema "
+        f"version {SCHEMA_VERSION}; it was written by a newer Pantheon: upgrade pantheon to read it"
     )
 
 
