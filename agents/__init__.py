@@ -31,6 +31,7 @@ from agents._outcomes import (
     OutcomeScore,
     OutcomeSpec,
     decision_text,
+    label_decision,
     score_decisions,
 )
 from agents._perception import (
@@ -120,6 +121,7 @@ __all__ = [
     "fault_timeline",
     "find_pii",
     "handler_arity",
+    "label_decision",
     "read_emails",
     "redact",
     "score_decisions",

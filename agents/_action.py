@@ -422,6 +422,9 @@ class Learner(Agent):
     def observe(self, topic: str, outcome: Mapping[str, Any]) -> list[dict[str, Any]]:
         """Score one outcome; return what :meth:`learn` makes of it."""
         spec = self.outcome
+        if not isinstance(outcome, Mapping):
+            self.unlabelled += 1  # names no item: nothing to score it against
+            return []
         malformed = topic == spec.malformed_topic
         key = outcome.get("key") if malformed else outcome.get(spec.key)
         self.outcomes.see(topic, outcome, 0, None, None)

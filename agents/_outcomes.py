@@ -38,10 +38,12 @@ from bus import Envelope, matches
 
 __all__ = [
     "DEFAULT_MAX_ITEMS",
+    "REFUSED",
     "OutcomeScore",
     "OutcomeSpec",
     "Outcomes",
     "decision_text",
+    "label_decision",
     "score_decisions",
 ]
 
@@ -52,6 +54,8 @@ DEFAULT_MAX_ITEMS = 1_000_000
 _MAX_CACHED_TOPICS = 10_000
 
 Decision = dict[str, str]
+#: The one field of a refused record's decision when the team declares no decision fields.
+REFUSED = "refused"
 
 
 def _text(value: Any) -> str:
@@ -158,13 +162,30 @@ class OutcomeScore:
 
 
 def _wanted(label: Any, fields: tuple[str, ...], decision: Mapping[str, str]) -> dict[str, str]:
-    """What an item's label says each scored field should be (empty: nothing to score)."""
+    """What an item's label says each scored field should be (empty: nothing to score): the
+    declared fields, or every field of the label when none is declared (a decision missing
+    one is wrong, not unscored)."""
     if label is None:
         return {}
     if isinstance(label, Mapping):
-        return {f: _text(label[f]) for f in (fields or decision) if label.get(f) is not None}
+        return {f: _text(label[f]) for f in (fields or label) if label.get(f) is not None}
     first = fields[0] if fields else next(iter(decision), None)
     return {} if first is None else {first: _text(label)}
+
+
+def label_decision(
+    label: Any, fields: tuple[str, ...] = (), decision: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """An item's label as the decision it expects, field by field, in the text decisions are
+    compared in (what a diff shows as an item's expected outcome)."""
+    return _wanted(label, fields, decision or {})
+
+
+def _rights(decision: Mapping[str, str], wanted: Mapping[str, str]) -> dict[str, bool]:
+    """Each wanted field: right or not. A refused record with no declared fields
+    (``{REFUSED: rejected}``) answers every field with its refusal."""
+    refused = decision.get(REFUSED) if len(decision) == 1 else None
+    return {f: decision.get(f, refused) == want for f, want in wanted.items()}
 
 
 def score_decisions(
@@ -188,8 +209,7 @@ def score_decisions(
             continue
         scored += 1
         ok = True
-        for name, want in wanted.items():
-            right = decision.get(name) == want
+        for name, right in _rights(decision, wanted).items():
             counts = by_field.setdefault(name, [0, 0])
             counts[0] += right
             counts[1] += 1
@@ -326,7 +346,7 @@ class Outcomes:
             return
         spec = self.spec
         if payload is None:
-            decision = dict.fromkeys(spec.fields or ("outcome",), spec.rejected)
+            decision = dict.fromkeys(spec.fields or (REFUSED,), spec.rejected)
         elif spec.fields:
             # ``topic`` is the outcome's own topic unless the payload has such a field: a
             # team that decides by where it sends an item (ticket.urgent, ticket.normal).
@@ -349,7 +369,7 @@ class Outcomes:
         tally[decision_text(decision, spec.fields)] += 1
         wanted = _wanted(self.labels.get(item), spec.fields, decision)
         if wanted:
-            ok = all(decision.get(f) == w for f, w in wanted.items())
+            ok = all(_rights(decision, wanted).values())
             self.right += ok - self._right.get(item, False)
             self._right[item] = ok
 

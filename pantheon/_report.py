@@ -224,7 +224,13 @@ def _accuracy(bus: Bus, team: Team, learners: list[Learner]) -> dict[str, Any] |
     extra = learners[0].report() if learners else {}
     if team.outcomes is None:
         return extra or None
-    patterns = [sub.pattern for sub in bus.subscriptions().values()]
+    # The team's own subscriptions: a gateway client or a test watching `#` on the same bus
+    # must not make every topic look handled.
+    patterns = [
+        sub.pattern
+        for name, sub in bus.subscriptions().items()
+        if name.partition(":")[0] in team.agents
+    ]
 
     def leaf(topic: str) -> bool:
         return not any(matches(p, topic) for p in patterns)
@@ -328,9 +334,13 @@ def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
+def judge(
+    scenario: Scenario, s: RunSummary, *, fields: tuple[str, ...] | None = None
+) -> list[dict[str, Any]]:
     """Each expectation of the scenario as a named check: expected, actual, passed, and a
-    ``state``: ``passed``, ``failed`` or ``inconclusive``.
+    ``state``: ``passed``, ``failed`` or ``inconclusive``. ``fields``: the decision fields
+    ``min_accuracy`` judges, when the summary was scored by another outcome than the
+    scenario's (a what-if is scored as its original).
 
     Latency checks other than the historical ``max_p99_ms`` are named ``timing: ...``: they
     measure the machine as much as the team, and a reader of a failed CI run should see
@@ -425,7 +435,7 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
         n = sum(c for topic, c in s.topics.items() if matches(pattern, topic))
         check(f"messages on {pattern} {count}", count.admits(n), _bound(count), n)
     if e.min_accuracy is not None:
-        for name, field_, bound in accuracy_bounds(scenario):
+        for name, field_, bound in accuracy_bounds(scenario, fields):
             acc = s.accuracy.get(field_)
             ok = acc is not None and acc >= bound
             check(name, ok, bound, acc)
@@ -473,16 +483,20 @@ def judge(scenario: Scenario, s: RunSummary) -> list[dict[str, Any]]:
     return out
 
 
-def accuracy_bounds(scenario: Scenario) -> list[tuple[str, str, float]]:
+def accuracy_bounds(
+    scenario: Scenario, fields: tuple[str, ...] | None = None
+) -> list[tuple[str, str, float]]:
     """``min_accuracy`` as checks: (name, key of the summary's ``accuracy`` block, bound).
 
     One bound and one decision field (or none declared): ``accuracy >= 0.8`` on that field
     (on every field at once without one); one bound and several fields, or a bound per
-    field: ``action accuracy >= 0.8`` per field."""
+    field: ``action accuracy >= 0.8`` per field. ``fields`` overrides the scenario's decision
+    fields (a what-if scores by the original's)."""
     bound = scenario.expect.min_accuracy
     if bound is None:
         return []
-    fields = scenario.outcome_spec().fields
+    if fields is None:
+        fields = scenario.outcome_spec().fields
     if isinstance(bound, Mapping):
         return [(f"{f} accuracy >= {b}", f"{f}_accuracy", b) for f, b in bound.items()]
     if not fields:

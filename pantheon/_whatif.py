@@ -239,7 +239,7 @@ async def whatif_replay(
         session_id=run.session_id,
     )
     summary.accuracy = decisions.b.score.as_report()
-    summary.expectations = judge(judged, summary)
+    summary.expectations = judge(judged, summary, fields=decisions.a.spec.fields)
     report = WhatIfReport(
         new_session_id=run.session_id,
         original_session_id=original.id,
@@ -249,7 +249,7 @@ async def whatif_replay(
         effects_called=run.runner.calls,
         decisions=decisions,
         summary=summary,
-        accuracy_bounds=tuple(accuracy_bounds(judged)),
+        accuracy_bounds=tuple(accuracy_bounds(judged, decisions.a.spec.fields)),
         not_judged=left_out,
     )
     await run.finish("completed" if report.passed else "failed", _summary(report, overlay))

@@ -93,10 +93,16 @@ ANONYMOUS = Grant("anonymous", (">",), (">",))
 class Tokens:
     """The configured tokens; :meth:`check` finds the grant of a presented token."""
 
-    __slots__ = ("_entries",)
+    __slots__ = ("_entries", "lengths")
 
     def __init__(self, entries: Iterable[tuple[str, Grant]] = ()) -> None:
+        entries = list(entries)
         self._entries = [(token_digest(token), grant) for token, grant in entries]
+        #: The tokens' lengths in characters, longest first: where a log line is searched
+        #: for a token by value, the windows it hashes (the tokens themselves are not kept).
+        self.lengths: tuple[int, ...] = tuple(
+            sorted({len(token) for token, _ in entries}, reverse=True)
+        )
 
     def __bool__(self) -> bool:
         return bool(self._entries)

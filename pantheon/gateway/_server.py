@@ -42,9 +42,14 @@ _SECRETS = re.compile(
     r"|(?i:(bearer\.))[^\s,\"']+"
     r"|(?i:(bearer\s+))[^\s,\"']+"
 )
-#: Runs of characters that could be a whole token (tokens hold no whitespace), so a token
-#: that appears anywhere else (an exception's message, a repr of headers) is found by value.
-_CANDIDATES = re.compile(r"[^\s'\"(),;=&<>\[\]{}\\]{16,}")
+#: Runs of characters a token can stand in (tokens hold no whitespace), so a token that
+#: appears anywhere else (an exception's message, a repr of headers, ``token:...``, a path)
+#: is found by value: every window of a token's length in the run is hashed.
+_CANDIDATES = re.compile(r"\S{16,}")
+#: Longest run searched window by window (a window per character and token length, about
+#: 0.5 µs each); a longer one (a payload's repr) is searched between its punctuation only.
+MAX_SCANNED = 4096
+_WORDS = re.compile(r"[^\s'\"(),;:/.=&<>\[\]{}\\]{16,}")
 #: Attributes every LogRecord has; anything else was passed as ``extra`` and is redacted too.
 _STANDARD = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -61,13 +66,17 @@ class _RedactTokens(logging.Filter):
     removed from the record: a formatter that renders frames with their locals (structlog's
     ``dict_tracebacks`` does) would print a request's headers, token included, from every
     frame that holds the request. Tokens are found by where they stand (``Bearer ...``,
-    ``access_token=...``) and by value: every run of characters long enough to be a token
-    is compared, as a SHA-256 digest, with the configured tokens' digests.
+    ``access_token=...``) and by value: every window of a token's length in a run of
+    non-blank characters is compared, as a SHA-256 digest, with the configured tokens'
+    digests, so punctuation around a token (``token:...``, ``.../<token>``, base64 ``=``)
+    does not hide it.
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.digests: set[bytes] = set()
+        #: Token lengths to try, longest first (see :attr:`Tokens.lengths`).
+        self.lengths: tuple[int, ...] = ()
 
     def redact(self, text: str) -> str:
         text = _SECRETS.sub(_hide, text)
@@ -76,6 +85,24 @@ class _RedactTokens(logging.Filter):
         return text
 
     def _by_value(self, m: re.Match[str]) -> str:
+        run = m.group()
+        if len(run) > MAX_SCANNED:
+            return _WORDS.sub(self._whole, run)
+        digests, lengths = self.digests, self.lengths
+        out: list[str] = []
+        i = start = 0
+        while i < len(run):
+            for n in lengths:
+                if i + n <= len(run) and token_digest(run[i : i + n]) in digests:
+                    out += (run[start:i], "***")
+                    i = start = i + n
+                    break
+            else:
+                i += 1
+        out.append(run[start:])
+        return "".join(out)
+
+    def _whole(self, m: re.Match[str]) -> str:
         word = m.group()
         return "***" if token_digest(word) in self.digests else word
 
@@ -188,6 +215,9 @@ class Gateway:
         # A logger's filters see only its own records, not its children's: every logger the
         # server writes through is listed, and the root's handlers get the filter too.
         _REDACT.digests |= self.state.tokens.digests
+        _REDACT.lengths = tuple(
+            sorted(set(_REDACT.lengths) | set(self.state.tokens.lengths), reverse=True)
+        )
         for name in _LOGGERS:
             logger = logging.getLogger(name)
             if _REDACT not in logger.filters:

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents import Outcomes, OutcomeScore, OutcomeSpec, decision_text, score_decisions
+from agents import (
+    Outcomes,
+    OutcomeScore,
+    OutcomeSpec,
+    decision_text,
+    label_decision,
+    score_decisions,
+)
 from pantheon.sessions import SessionInfo, SessionStore
 
 __all__ = [
@@ -58,13 +65,10 @@ class SessionOutcomes:
 
     def expected(self, item: str) -> dict[str, str] | None:
         """The item's label as a decision (only the fields it scores), or None."""
-        one = score_decisions({item: {}}, {item: self.labels[item]}, self.spec.fields)
-        if not one.by_field:
-            return None
-        label = self.labels[item]
-        if isinstance(label, Mapping):
-            return {f: str(label[f]) for f in one.by_field}
-        return {next(iter(one.by_field)): str(label)}
+        wanted = label_decision(
+            self.labels.get(item), self.spec.fields, self.decisions.get(item, {})
+        )
+        return wanted or None
 
 
 @dataclass(frozen=True, slots=True)

@@ -992,6 +992,7 @@ class SessionStore:
         if name is not None:
             sql += " AND name GLOB ?"
             params += (name,)
+        sql += " ORDER BY seq"  # said, not left to the plan's choice of index
         rows, chunks = self._with_journal(session_id, sql, params, "effects")
         if chunks:
             journaled = []

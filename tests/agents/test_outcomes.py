@@ -171,3 +171,30 @@ def test_a_declared_outcome_keeps_a_running_tally_for_live_views() -> None:
     assert o.live() == (3, 2, 2)
     score = o.score()
     assert (score.decided, score.scored, score.correct) == o.live()
+
+
+def test_without_declared_fields_every_label_field_is_scored_and_refusals_count() -> None:
+    # A declared outcome without fields: the decision is the payload; the label says which
+    # fields matter, and a decision missing one of them is wrong, not unscored.
+    spec = OutcomeSpec(topics=("done",), key="id", malformed_topic="bad")
+    o = Outcomes(spec, {"a": {"action": "x"}, "b": {"action": "x"}, "c": {"action": "reject"}})
+    o.see("done", {"id": "a", "action": "x"}, 1, 0, 1)
+    o.see("done", {"id": "b", "error": "boom"}, 2, 0, 2)
+    o.see("bad", {"key": "c", "reason": "unreadable"}, 3, None, 3)
+    score = o.score()
+    assert (score.scored, score.correct) == (3, 2)
+    assert score.by_field == {"action": (2, 3)}
+    assert o.live() == (3, 3, 2)
+
+
+def test_label_values_compare_as_decisions_do() -> None:
+    from agents import label_decision
+
+    assert label_decision({"approved": True}, ("approved",)) == {"approved": "true"}
+    assert label_decision("hold", ("decision",)) == {"decision": "hold"}
+
+
+def test_a_learner_counts_a_payload_that_is_no_mapping_as_unlabelled() -> None:
+    learner = Learner(labels={}, outcome=INVOICES)
+    assert learner.observe("invoice.decided", "not a record") == []  # type: ignore[arg-type]
+    assert learner.unlabelled == 1

@@ -76,6 +76,7 @@ def test_a_traceback_is_rendered_without_locals_and_redacted() -> None:
     redact = _RedactTokens()
     secret = "s3cr3t-token-0123456789"
     redact.digests.add(hashlib.sha256(secret.encode()).digest())
+    redact.lengths = (len(secret),)
     headers = {"authorization": f"Bearer {secret}"}  # a local the traceback would show
     try:
         raise KeyError(f"no route for {secret}")
@@ -90,3 +91,23 @@ def test_a_traceback_is_rendered_without_locals_and_redacted() -> None:
     text = record.getMessage() + repr(vars(record))
     assert secret not in text
     assert "Traceback" in record.getMessage() and "KeyError" in record.getMessage()
+
+
+def test_a_token_is_found_by_value_whatever_punctuation_stands_beside_it() -> None:
+    redact = _RedactTokens()
+    tokens = ("Zm9vYmFyYmF6cXV4cXV1eA==", "s3cr3t-t0ken-0123456789")
+    redact.digests |= {hashlib.sha256(t.encode()).digest() for t in tokens}
+    redact.lengths = tuple(sorted({len(t) for t in tokens}, reverse=True))
+    b64, plain = tokens
+    for line, shown in (
+        (f"got {b64} here", "got *** here"),
+        (f"token:{plain}", "token:***"),
+        (f"bad token {plain}.", "bad token ***."),
+        (f"path /x/{plain}/y", "path /x/***/y"),
+        (f"{plain}{plain}", "******"),
+        (f"not-a-token-but-long-enough {plain[:-1]}", f"not-a-token-but-long-enough {plain[:-1]}"),
+    ):
+        assert redact.redact(line) == shown
+    # A run too long to search window by window is still searched between its punctuation.
+    long = "x" * 5000 + f"/{plain}/" + "y" * 10
+    assert plain not in redact.redact(long)
