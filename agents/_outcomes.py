@@ -325,18 +325,18 @@ class Outcomes:
             return
         if causation_id is None:
             key = payload.get(spec.input_key)
-            if key is not None and (len(self._inputs) < self.max_items or self._full()):
+            if key is None:
+                return
+            if len(self._inputs) < self.max_items:
                 self._inputs[env_id] = (str(key), payload)
+            else:
+                self.dropped += 1
             return
         root = self._inputs.get(correlation_id) if correlation_id is not None else None
         if root is not None:
             trail = self._trail.setdefault(root[0], {})
             trail.pop(topic, None)  # re-insert: the dict's order is the order of last publish
             trail[topic] = payload
-
-    def _full(self) -> bool:
-        self.dropped += 1
-        return False
 
     def _decide(self, item: str, payload: Mapping[str, Any] | None, topic: str = "") -> None:
         last = self._last

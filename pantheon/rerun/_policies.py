@@ -9,6 +9,7 @@ session are the same, so they live once, in the engine.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -66,17 +67,19 @@ SERVE = Verdict("serve")
 LIVE = Verdict("live")
 
 
-class Policy:
+class Policy(ABC):
     """The decision per effect call. ``halts``: whether a difference from the record
     (a changed, extra or missing message, a diverged effect) stops feeding inputs."""
 
     halts = False
 
+    @abstractmethod
     def decide(self, call: EffectCall) -> Verdict:
-        raise NotImplementedError
+        """Serve the recorded answer, run the call live, or diverge."""
 
-    def ran(self, call: EffectCall, result: Any, failed: bool) -> None:
-        """A live call's answer (``failed``: it raised): what a policy learns from it."""
+    def ran(self, call: EffectCall, result: Any, failed: bool) -> None:  # noqa: B027
+        """A live call's answer (``failed``: it raised): what a policy learns from it. A
+        hook, not abstract: most policies learn nothing from it."""
 
 
 class ExactReplay(Policy):

@@ -4,31 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from checks_session import WHY, checks_session
 from pilot_wait import until as _until
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
-from pantheon.sessions import SessionStore
-
-WHY = "the process waited 41% of its busy time for a CPU; the handlers' own CPU time p99 is 1.2 ms"
 
 
 async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
-    summary = {
-        "passed": False,
-        "expectations": [
-            {"name": "zero lost", "passed": True, "expected": True, "actual": True,
-             "state": "passed"},
-            {"name": "timing: p99 handling reasoner <= 50 ms", "passed": True, "expected": 50,
-             "actual": 226.5, "state": "inconclusive", "why": WHY},
-            # Recorded before checks had a state: read from ``passed``.
-            {"name": "accuracy >= 0.9", "passed": False, "expected": 0.9, "actual": 0.8},
-        ],
-    }  # fmt: skip
-    with SessionStore(path) as store:
-        sid = store.begin_session(scenario="checks", seed=1)
-        store.end_session(sid, "failed", summary)
+    sid = checks_session(path, status="failed", passed=False)
     source = StoreSource(path, sid)
     app = MonitorApp(source)
     try:
