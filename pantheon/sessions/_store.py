@@ -31,6 +31,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -255,6 +256,32 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         ) WITHOUT ROWID""",
     ),
 }
+
+
+def _causal(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Envelope rows (seq order) with every message after the one that caused it, otherwise
+    in seq order. One process publishes a cause before its effects, so a single-process
+    session is in this order already; a multi-process session's seqs follow the order its
+    nodes' shipments reached the driver, which readers that walk trees (diff, outcomes)
+    must not see."""
+    ids = {r[1] for r in rows}
+    seen: set[int] = set()
+    waiting: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    out: list[tuple[Any, ...]] = []
+    for row in rows:
+        cause = row[4]
+        if cause is not None and cause in ids and cause not in seen:
+            waiting[cause].append(row)
+            continue
+        ready = [row]
+        while ready:
+            r = ready.pop()
+            out.append(r)
+            seen.add(r[1])
+            ready.extend(reversed(waiting.pop(r[1], ())))
+    # A cycle cannot come from a bus; a damaged record keeps its rows, in seq order.
+    out.extend(r for rs in waiting.values() for r in rs)
+    return out
 
 
 def to_db(i: int) -> int:
@@ -984,6 +1011,8 @@ class SessionStore:
                 ) from exc
             rows.extend(r for r in decoded if r[0] > after_seq)
         rows.sort(key=lambda r: r[0])
+        if rows and self.node_journals(session_id):
+            rows = _causal(rows)
         out = []
         for r in rows:
             try:

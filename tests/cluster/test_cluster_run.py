@@ -107,6 +107,16 @@ def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
     assert report["matched"] is True
     assert report["effects_called"] == 0 and report["effects_served"] > 0
 
+    # Against the in-process run of the same scenario and seed: every hop aligned (the
+    # merged record walks as one tree, whichever node's shipment came first), no decision
+    # changed, and whatever differs is timing (which memory lookup another email beat).
+    proc = pantheon("diff", alone["session_id"], three["session_id"], "--store", "s.db",
+                    "--json", cwd=workdir)  # fmt: skip
+    diff = json.loads(proc.stdout)
+    assert diff["hops_compared"] == diff["messages_a"] == diff["messages_b"]
+    assert diff["decisions"]["changed"] == 0
+    assert diff["identical"] or diff["timing_only"], diff["divergence"]
+
 
 KILL = """
 faults:
