@@ -58,21 +58,29 @@ class InputOrdinals:
     def stamp(self, topic: str, ordinal: int | None = None) -> int | None:
         """The id of the next input on ``topic`` or, given ``ordinal``, of the input with
         that number (the next ones on the topic follow it). ``None`` past
-        :data:`MAX_ORDINAL`: that input gets an ordinary id and no number."""
+        :data:`MAX_ORDINAL`: that input gets an ordinary id and no number.
+
+        A number not past the last one given on the topic (a re-run of a session whose
+        inputs came through two Observers, each numbering the topic from 0) may have been
+        given already, so its id gets a base of its own: ids never repeat."""
         following = self._next.get(topic, 0)
         n = following if ordinal is None else ordinal
         if not 0 <= n <= MAX_ORDINAL:
             return None
-        if n >= following:
-            self._next[topic] = n + 1
+        if n < following:
+            return self._fresh_base() << 40 | _STAMP | n
+        self._next[topic] = n + 1
         base = self._bases.get(topic)
         if base is None:
-            taken = set(self._bases.values())
-            base = _random_base()
-            while base in taken:  # two topics of one stream must never share ids
-                base = _random_base()
-            self._bases[topic] = base
+            base = self._bases[topic] = self._fresh_base()
         return base << 40 | _STAMP | n
+
+    def _fresh_base(self) -> int:
+        taken = set(self._bases.values())
+        base = _random_base()
+        while base in taken:  # two topics of one stream must never share ids
+            base = _random_base()
+        return base
 
 
 def _random_base() -> int:

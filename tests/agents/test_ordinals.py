@@ -51,6 +51,9 @@ def test_a_given_number_is_kept_and_the_next_ones_follow_it() -> None:
     assert input_ordinal(ordinals.stamp("t") or 0) == 42
     assert input_ordinal(ordinals.stamp("t", 7) or 0) == 7  # an earlier one: no going back
     assert input_ordinal(ordinals.stamp("t") or 0) == 43
+    # A number given twice (two Observers' inputs on one topic, re-run): two ids.
+    twice = {ordinals.stamp("t", 42), ordinals.stamp("t", 42)}
+    assert len(twice) == 2 and {input_ordinal(i or 0) for i in twice} == {42}
     assert ordinals.stamp("t", MAX_ORDINAL + 1) is None  # past what an id holds
     assert ordinals.stamp("t", -1) is None
 
