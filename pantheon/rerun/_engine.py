@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import Observer
+from agents import InputOrdinals, Observer, input_ordinal
 from agents._approvals import APPROVAL_EFFECT
 from bus import Bus, Envelope
 from pantheon._approvals import StoreDesk, request_key
@@ -513,6 +513,9 @@ class Rerun:
         self.tracker.active = self.runner.active
         #: The original inputs fed so far, in order.
         self.published: list[StoredEnvelope] = []
+        #: Gives each input fed the number it had in the original (an Observer that goes
+        #: on after them, in a resumed run, numbers its inputs from here).
+        self.ordinals = InputOrdinals()
 
     @property
     def session_id(self) -> str:
@@ -569,6 +572,11 @@ class Rerun:
                         return
                     tracker.waiting.clear()
             env = Envelope.new(inp.topic, inp.payload, inp.priority, session_id=bus.session_id)
+            ordinal = input_ordinal(inp.id)
+            if ordinal is not None:  # the number it had, for a fault window that asks
+                stamped = self.ordinals.stamp(inp.topic, ordinal)
+                if stamped is not None:
+                    env.id = env.correlation_id = stamped
             env.context = bus.context
             roots.add(inp.id)
             self.published.append(inp)
