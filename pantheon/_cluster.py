@@ -65,8 +65,10 @@ from pantheon._report import RunSummary, count_own_topics, local_report, summari
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
+from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
+    from pantheon._node_journal import JetStreamShipper
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
 
@@ -80,6 +82,8 @@ __all__ = [
     "serve_broker",
     "serve_node",
 ]
+
+log = get_logger("pantheon.cluster")
 
 #: Seconds a node process may take from spawn to ready (Python start-up, imports, connect,
 #: route handshake) on a loaded machine.
@@ -337,22 +341,33 @@ class NodeHost:
         if self.telemetry is not None:
             self.telemetry.instrument(self.bus)
         self.recorder: ShippingRecorder | None = None
+        self._shipper: JetStreamShipper | None = None
 
-    def ship_journal(self, ship: Callable[[bytes], None]) -> None:
-        """Record this node's part of the session and hand every journal shipment to
-        ``ship`` (on the recorder's writer thread, in order): under a driver, its control
-        link. Before :meth:`start`; needs the ``session_id`` the driver gave."""
+    def ship_journal(self, out: TextIO) -> None:
+        """Record this node's part of the session and ship it (``pantheon._node_journal``):
+        on NATS to the team's stream, on ZeroMQ as ``journal`` lines on ``out``, the
+        control link to the driver. Before :meth:`start` (inside the running loop); needs
+        the ``session_id`` the driver gave."""
+        from pantheon._node_journal import JetStreamShipper
         from pantheon.sessions import ShippingRecorder
 
-        if self.bus.session_id is None:
+        session = self.bus.session_id
+        if session is None:
             raise ClusterError(f"node {self.node!r}: recording needs the run's --session id")
-        self.recorder = ShippingRecorder(self.bus.session_id, ship, seed=self.seed)
+        ship: Callable[[int, bytes, bool], None]
+        if hasattr(self.bus.transport, "journal_append"):
+            ship = self._shipper = JetStreamShipper(self.bus.transport, session)
+        else:
+            ship = _shipper(out)
+        self.recorder = ShippingRecorder(session, ship, seed=self.seed)
 
     async def finish_journal(self) -> None:
         """Ship the last records and the journal's end mark (after the agents stopped)."""
         if self.recorder is not None:
             recorder, self.recorder = self.recorder, None
             await recorder.finish()
+            if self._shipper is not None:
+                await self._shipper.drain()
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
@@ -477,10 +492,11 @@ def _say(out: TextIO, event: str, **fields: Any) -> None:
         out.flush()
 
 
-def _shipper(out: TextIO) -> Callable[[bytes], None]:
-    """A node's journal shipments as ``journal`` control lines to its driver."""
+def _shipper(out: TextIO) -> Callable[[int, bytes, bool], None]:
+    """A node's journal shipments as ``journal`` control lines to its driver (a pipe keeps
+    their order; a blocking write is the writer's backpressure)."""
 
-    def ship(data: bytes) -> None:
+    def ship(seq: int, data: bytes, end: bool) -> None:
         _say(out, "journal", data=base64.b64encode(data).decode("ascii"))
 
     return ship
@@ -523,7 +539,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     out = out or sys.stdout
     reader = await _stdin_lines()
     if journal:
-        host.ship_journal(_shipper(out))
+        host.ship_journal(out)
     try:
         await host.start()
     except Exception as exc:
@@ -910,6 +926,16 @@ class _Driver:
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
+        follower = None
+        sid = self.bus.session_id
+        if (
+            self.journal is not None
+            and sid is not None
+            and hasattr(self.bus.transport, "journal_reader")
+        ):
+            from pantheon._node_journal import JournalFollower
+
+            follower = JournalFollower(self.bus.transport, sid, self.journal)
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)
@@ -952,6 +978,12 @@ class _Driver:
                 node.report = answer["report"]
                 reports.append(node.report)
             await node._exited()
+        if follower is not None:
+            # A node reports once its journal is on the stream: read up to its end mark.
+            left = {name for name, node in self.nodes.items() if node.report is not None}
+            missing = await follower.finish(left, self.drain_timeout)
+            if missing:
+                log.error("journal end marks not read", nodes=sorted(missing))
         return self._summary(reports, elapsed, started)
 
     async def _kill_later(self, name: str, at: float, since: float) -> None:

@@ -451,6 +451,7 @@ class Rerun:
         truncated: bool = False,
         approvals: ApprovalsConfig | None = None,
         origin: str | None = None,
+        skip_cut: bool = False,
     ) -> None:
         self.store = store
         self.original = original
@@ -459,8 +460,9 @@ class Rerun:
         self.effects = store.effects(original.id)
         self.lineage = Lineage(self.envelopes, self.effects)
         #: Nodes whose journal stops before its end, and the original inputs whose trees
-        #: it was in the middle of: not replayed (one process cannot do again what a death cut
-        #: short; see ``ReplayReport.cut``), and what differs in them is not a difference.
+        #: it was in the middle of: what differs in them is not a difference, and with
+        #: ``skip_cut`` (an exact replay) they are not replayed at all: one process cannot
+        #: do again what a death cut short (see ``ReplayReport.cut``).
         self.cuts = node_cuts(store, original)
         self.tolerated = (
             _touched(
@@ -473,7 +475,9 @@ class Rerun:
             if self.cuts
             else set()
         )
-        inputs = [e for e in self.lineage.inputs if e.id not in self.tolerated]
+        inputs = self.lineage.inputs
+        if skip_cut:
+            inputs = [e for e in inputs if e.id not in self.tolerated]
         if from_ts is not None:
             inputs = [e for e in inputs if e.wall - original.started >= from_ts]
         self.inputs: list[StoredEnvelope] = inputs

@@ -140,6 +140,7 @@ async def replay_session(
         timeout=timeout,
         from_ts=from_ts,
         truncated=incomplete is not None,
+        skip_cut=True,
     )
     original_deliveries = store.deliveries(original.id)
     new_envelopes = store.envelopes(run.session_id)

@@ -46,6 +46,8 @@ from pantheon.sessions._recorder import (
     DEFAULT_METRICS_INTERVAL,
     Recorder,
     ShippingRecorder,
+    import_envelopes,
+    import_shipments,
 )
 from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
 from pantheon.sessions._store import (
@@ -108,6 +110,8 @@ __all__ = [
     "StoredEnvelope",
     "diff_sessions",
     "export_jsonl",
+    "import_envelopes",
+    "import_shipments",
     "new_session_id",
     "redrive",
     "resolve_store_path",

@@ -69,6 +69,9 @@ from pantheon.sessions._store import (
 from pantheon.telemetry import get_logger
 
 R = TypeVar("R", bound=RecordingEffects)
+#: Where a node's writer hands each shipment: (its number, its bytes, whether it is the end
+#: mark), on the writer thread, in order.
+Ship = Callable[[int, bytes, bool], None]
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
@@ -77,6 +80,8 @@ __all__ = [
     "DEFAULT_METRICS_INTERVAL",
     "Recorder",
     "ShippingRecorder",
+    "import_envelopes",
+    "import_shipments",
 ]
 
 log = get_logger("pantheon.sessions")
@@ -177,7 +182,7 @@ class _Writer(threading.Thread):
         wall_base: float,
         mono_base: int,
         *,
-        ship: Callable[[bytes], None] | None = None,
+        ship: Ship | None = None,
         nodes: Sequence[str] = (),
     ) -> None:
         super().__init__(name=f"pantheon-recorder-{session_id}", daemon=True)
@@ -310,7 +315,7 @@ class _Writer(threading.Thread):
                 if stopping and not self.inbox and not self.events and not self._journal:
                     break
             if self.ship is not None:
-                self.ship(encode_shipment(Shipment(self._ship_seq, end=True)))
+                self.ship(self._ship_seq, encode_shipment(Shipment(self._ship_seq, end=True)), True)
         except BaseException as exc:
             self._fail(exc)
         finally:
@@ -478,6 +483,32 @@ class _Writer(threading.Thread):
         self.rows += n_rows + len(dlq_rows) + len(breaker_rows) + len(metric_rows)
         self.max_commit_s = max(self.max_commit_s, time.perf_counter() - started)
 
+    def continue_from(self, conn: Any) -> None:
+        """Take up an existing session's positions (rows and journal chunks already stored,
+        shipments applied per node), so what this writer adds goes after them."""
+        sid = self.session_id
+        for kind in ("envelopes", "deliveries", "effects"):
+            (rows,) = conn.execute(
+                f"SELECT max(seq) FROM {kind} WHERE session = ?", (sid,)
+            ).fetchone()
+            (chunks,) = conn.execute(
+                "SELECT max(first + count - 1) FROM journal WHERE session = ? AND kind = ?",
+                (sid, kind),
+            ).fetchone()
+            self._seq[kind] = (
+                max(-1 if rows is None else rows, -1 if chunks is None else chunks) + 1
+            )
+        (jseq,) = conn.execute("SELECT max(seq) FROM journal WHERE session = ?", (sid,)).fetchone()
+        self._jseq = 0 if jseq is None else jseq + 1
+        (bseq,) = conn.execute(
+            "SELECT max(seq) FROM breaker_transitions WHERE session = ?", (sid,)
+        ).fetchone()
+        self._seq["breakers"] = 0 if bseq is None else bseq + 1
+        for node, batches in conn.execute(
+            "SELECT node, batches FROM session_nodes WHERE session = ?", (sid,)
+        ):
+            self._applied[node] = batches
+
     def _ship(
         self,
         journal_rows: list[tuple[Any, ...]],
@@ -507,7 +538,7 @@ class _Writer(threading.Thread):
             chunks = chunks[take:]
             if part.records:
                 assert self.ship is not None
-                self.ship(encode_shipment(part))
+                self.ship(part.seq, encode_shipment(part), False)
                 self._ship_seq += 1
             if last:
                 return
@@ -886,17 +917,76 @@ class Recorder:
         self._writer.close(timeout=10.0)
 
 
+def import_shipments(
+    store: SessionStore,
+    session_id: str,
+    nodes: Sequence[str],
+    shipments: Sequence[tuple[str, bytes]],
+) -> int:
+    """Add nodes' journal shipments (``(node, bytes)``, each node's in order) to a session
+    no process is recording any more, after what it holds, and materialize them; returns
+    how many were applied (shipments the session has already are skipped). ``pantheon
+    resume`` of a NATS run reads from the stream what its dead driver had not stored."""
+    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0, nodes=nodes)
+    conn = connect(store.path, store.synchronous)
+    try:
+        writer.continue_from(conn)
+        before = sum(writer._applied.values())
+        for node, data in shipments:
+            writer.events.append(("ingest", node, data))
+        writer._commit(conn, [])
+        Materializer(conn, session_id).run()
+    finally:
+        conn.close()
+    if writer.bad_shipments:
+        log.error(
+            "journal shipments dropped on import", session=session_id, count=writer.bad_shipments
+        )
+    return sum(writer._applied.values()) - before
+
+
+def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[Envelope]) -> int:
+    """Add envelopes the recording process published and never stored (it died first) to
+    its session, as its own (node ``None``), after what the session holds; those it has
+    already are skipped, and ``created`` is taken as wall-clock ns. Returns how many were
+    added. ``pantheon resume`` of a NATS run reads them back from the team's stream."""
+    have = {e.id for e in store.envelopes(session_id)}
+    missing = [e for e in envelopes if e.id not in have]
+    if not missing:
+        return 0
+    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0)
+    conn = connect(store.path, store.synchronous)
+    try:
+        writer.continue_from(conn)
+        encoder = ChunkEncoder(0.0, 0)  # created is wall-clock ns already
+        rows = []
+        for i in range(0, len(missing), CHUNK_ROWS):
+            part = missing[i : i + CHUNK_ROWS]
+            rows.append(
+                (session_id, writer._jseq, "envelopes", writer._seq["envelopes"], len(part),
+                 time.time(), encoder.envelopes(part), None)
+            )  # fmt: skip
+            writer._jseq += 1
+            writer._seq["envelopes"] += len(part)
+        insert_rows(conn, "journal", rows)
+        Materializer(conn, session_id).run()
+    finally:
+        conn.close()
+    return len(missing)
+
+
 class ShippingRecorder(Recorder):
     """A node's recorder in a multi-process run: records its bus exactly as :class:`Recorder`
-    does, but its writer ships every commit to the driver (``ship(bytes)``, called on the
-    writer thread, in order; see ``_shipping``) instead of writing a store. The driver
+    does, but its writer ships every commit to the driver (``ship(seq, bytes, end)``, called
+    on the writer thread, in order, ``end`` on the last; see ``_shipping``) instead of
+    writing a store. The driver
     passes each one to its own recorder's :meth:`Recorder.ingest`. ``finish`` ships the last
     records and an end mark; the session's status and summary are the driver's."""
 
     def __init__(
         self,
         session_id: str,
-        ship: Callable[[bytes], None],
+        ship: Ship,
         *,
         seed: int | None = None,
         commit_interval: float = DEFAULT_COMMIT_INTERVAL,
