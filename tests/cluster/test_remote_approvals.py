@@ -7,11 +7,13 @@ Every process is real: ``pantheon run`` (the driver) in a subprocess, which star
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,9 @@ import pytest
 from approval_run import REFUNDS, WAIT, pending, scenario, spawn, stop, wait_for
 from cli_run import pantheon
 
-from bus.backends.nats import NatsServer
+from agents import Decision
+from bus import Bus, Envelope
+from bus.backends.nats import NatsServer, NatsTransport
 from pantheon._remote_approvals import LOST_BY
 from pantheon.sessions import ApprovalBook, SessionStore
 
@@ -195,3 +199,151 @@ def test_a_lost_node_has_its_pending_requests_cancelled(tmp_path: Path) -> None:
     assert run.returncode == 1, err
     summary = json.loads(out)
     assert summary["nodes"]["action"]["status"] == "died"
+
+
+# -- the control pipe itself: this test is the node's driver -------------------------------------
+
+
+class Node:
+    """``pantheon node --control`` hosting the Guardian on this test's NATS server, with this
+    test in the driver's seat: it reads the node's events and writes its commands."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.events: list[dict[str, Any]] = []
+
+    @classmethod
+    async def start(cls, scenario_path: Path, url: str) -> Node:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pantheon.cli", "node", "--connect", url,
+            "--scenario", str(scenario_path), "--node", "action", "--agents", "guardian",
+            "--control",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        node = cls(proc)
+        assert (await node.next_event())["event"] == "ready"
+        return node
+
+    async def next_event(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        async with asyncio.timeout(WAIT):
+            line = await self.proc.stdout.readline()
+        if not line:
+            assert self.proc.stderr is not None
+            err = (await self.proc.stderr.read()).decode()
+            raise AssertionError(f"the node ended ({await self.proc.wait()}): {err}")
+        event: dict[str, Any] = json.loads(line)
+        self.events.append(event)
+        return event
+
+    async def send(self, command: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(command).encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def close(self) -> None:
+        if self.proc.returncode is None:
+            self.proc.kill()
+        await self.proc.communicate()
+
+
+def proposal(email: str, amount: float) -> dict[str, Any]:
+    """A Reasoner/Planner proposal the Guardian sends to a person (a refund over 200)."""
+    return {
+        "email_id": email, "sender": f"{email}@example.com", "intent": "refund",
+        "amount": amount, "confidence": 0.9, "action": "reply",
+        "steps": [{"tool": "reply", "text": "Your refund is on its way."}],
+    }  # fmt: skip
+
+
+def decided(rid: int, approved: bool, by: str) -> dict[str, Any]:
+    decision = Decision(rid, approved, f"note {rid}", by, 1.0).to_dict()
+    return {"cmd": "decided", "id": rid, "decision": decision}
+
+
+@pytest.fixture
+async def nats_team(tmp_path: Path) -> AsyncIterator[tuple[Path, str, Bus]]:
+    """This test's NATS server, the approvals scenario on it, and a bus of this test in
+    the scenario's team (stream ``approvals``)."""
+    server = await asyncio.to_thread(NatsServer().start)
+    try:
+        path = remote_scenario(
+            tmp_path, f"transport:\n  kind: nats\n  url: {server.url}\n", "approvals: {}\n"
+        )
+        bus = Bus(transport=NatsTransport(server.url, team="approvals", node="tester"))
+        async with bus:
+            yield path, server.url, bus
+    finally:
+        await asyncio.to_thread(server.stop)
+
+
+async def test_many_requests_from_a_node_each_answered_once_in_any_order(
+    nats_team: tuple[Path, str, Bus],
+) -> None:
+    path, url, bus = nats_team
+    decisions: dict[str, dict[str, Any]] = {}
+
+    @bus.on("guardian.decision", name="tester")
+    async def took(env: Envelope) -> None:
+        decisions[env.payload["email_id"]] = env.payload
+
+    await bus.transport.sync()  # type: ignore[attr-defined]
+    node = await Node.start(path, url)
+    try:
+        for i, email in enumerate(("p1", "p2", "p3")):
+            await bus.emit("plan.proposed", proposal(email, 300.0 + i))
+        asked = [await node.next_event() for _ in range(3)]
+        # Three requests outstanding at once (the Guardian's concurrency is 4).
+        assert {e["event"] for e in asked} == {"approval"}
+        assert sorted(e["id"] for e in asked) == [1, 2, 3]
+        assert {e["agent"] for e in asked} == {"guardian"}
+        ids = {e["request"]["email_id"]: e["id"] for e in asked}
+        # Answered in reverse order, one twice, and one nobody asked.
+        await node.send(decided(ids["p3"], True, "ann"))
+        await node.send(decided(ids["p1"], False, "bob"))
+        await node.send(decided(ids["p3"], False, "mallory"))  # ignored: answered before
+        await node.send(decided(99, False, "mallory"))  # ignored: nobody asked it
+        await node.send(decided(ids["p2"], True, "cy"))
+        async with asyncio.timeout(WAIT):
+            while len(decisions) < 3:  # noqa: ASYNC110 - filled by the bus's handler
+                await asyncio.sleep(0.02)
+        # The node's control loop still answers, and took no decision for a command.
+        await node.send({"cmd": "status"})
+        assert (await node.next_event())["event"] == "status"
+    finally:
+        await node.close()
+    assert [e["event"] for e in node.events if e["event"] == "error"] == []
+    assert {k: (d["verdict"], d["reasons"][-1]) for k, d in decisions.items()} == {
+        "p1": ("rejected", f"rejected by bob: note {ids['p1']}"),
+        "p2": ("approved", f"approved by cy: note {ids['p2']}"),
+        "p3": ("approved", f"approved by ann: note {ids['p3']}"),
+    }
+
+
+async def test_a_node_whose_driver_dies_fails_its_waiting_requests(
+    nats_team: tuple[Path, str, Bus],
+) -> None:
+    """The node's stdin closes while its Guardian waits for a decision: ``approve()``
+    raises ApprovalUnavailable (then again on each retry), the message is dead-lettered
+    with that reason, and the node leaves."""
+    path, url, bus = nats_team
+    node = await Node.start(path, url)
+    try:
+        await bus.emit("plan.proposed", proposal("p4", 450.0))
+        asked = await node.next_event()
+        assert (asked["event"], asked["request"]["email_id"]) == ("approval", "p4")
+        assert node.proc.stdin is not None
+        node.proc.stdin.close()  # the driver is gone
+        async with asyncio.timeout(WAIT):
+            code = await node.proc.wait()
+    finally:
+        await node.close()
+    assert code == 0
+    transport: NatsTransport = bus.transport  # type: ignore[assignment]
+    dead = await transport.dead_letters()
+    assert [(d.envelope.payload["email_id"], d.subscriber, d.error_type) for d in dead] == [
+        ("p4", "guardian", "ApprovalUnavailable")
+    ]
+    assert "the driver of the run is gone" in dead[0].error
