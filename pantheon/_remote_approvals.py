@@ -33,12 +33,13 @@ death:
 The wire, one JSON object per line:
 
 * node -> driver: ``{"event": "approval", "id": N, "agent": NAME, "request": {...}}``
-  (``id`` counts the node's requests from 1);
+  (``id`` counts the node's requests from 1; an event without one cannot be answered, and
+  is logged and dropped);
 * driver -> node: ``{"cmd": "decided", "id": N, "decision": {...}}`` with
   :meth:`agents.Decision.to_dict`, or ``{"cmd": "decided", "id": N, "error": "..."}`` when
   the request cannot be asked (then ``approve()`` raises :class:`agents.ApprovalUnavailable`
   with it). Each request is answered once; a second answer, or one for a request nobody
-  waits for any more, is counted and ignored.
+  waits for any more, is logged and ignored.
 
 How many requests are outstanding is bounded by the agents themselves: each waiting
 ``approve()`` holds one of its agent's ``concurrency`` slots.
@@ -89,10 +90,6 @@ class NodeDesk:
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = 0
         self._gone: str | None = None
-        #: Requests sent to the driver, answers taken, and answers nobody waited for.
-        self.asked = 0
-        self.answered = 0
-        self.ignored = 0
 
     def serve(self, agents: Iterable[Any]) -> None:
         """Give every agent of ``agents`` (this node's) this desk."""
@@ -115,7 +112,6 @@ class NodeDesk:
                     f"node {self.node!r}: agent {agent!r} cannot reach the driver to ask for "
                     f"approval ({type(exc).__name__}: {exc})"
                 ) from None
-            self.asked += 1
             return await future
         finally:
             self._waiting.pop(rid, None)
@@ -126,10 +122,8 @@ class NodeDesk:
         future = self._waiting.get(rid) if isinstance(rid, int) else None
         if future is None or future.done():
             # Answered before, or its asker stopped waiting (its handler was cancelled).
-            self.ignored += 1
             log.warning("node %s: an answer to request %r, which nobody waits for", self.node, rid)
             return
-        self.answered += 1
         error = command.get("error")
         if error is not None:
             future.set_exception(
@@ -196,9 +190,6 @@ class DeskRelay:
         self._losses: set[asyncio.Task[None]] = set()
         self._rows: dict[str, dict[int, Approval]] = {}
         self._lost: set[str] = set()
-        #: Requests taken from nodes, and malformed events dropped (no id to answer).
-        self.forwarded = 0
-        self.malformed = 0
 
     def on_request(
         self, node: str, send: Callable[[Mapping[str, Any]], Awaitable[bool]]
@@ -209,10 +200,8 @@ class DeskRelay:
         def handle(event: Mapping[str, Any]) -> None:
             rid = event.get("id")
             if not isinstance(rid, int) or isinstance(rid, bool):
-                self.malformed += 1
                 log.error("node %s sent an approval request without an id: %.200r", node, event)
                 return
-            self.forwarded += 1
             self._spawn(self._forward(node, rid, event, send), self._tasks)
 
         return handle
