@@ -58,8 +58,7 @@ def _clock(ts: float | None) -> str:
 def _line(a: Approval) -> str:
     state = a.status if a.pending else f"{a.status} by {a.decided_by}"
     note = f" ({a.note})" if a.note else ""
-    agent = a.agent if a.node is None else f"{a.agent}@{a.node}"
-    return f"#{a.id} [{state}] {agent}: {a.summary}{note}"
+    return f"#{a.id} [{state}] {a.asker}: {a.summary}{note}"
 
 
 def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool) -> None:
@@ -77,7 +76,7 @@ def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool)
         table.add_row(
             str(a.id),
             a.status,
-            a.agent if a.node is None else f"{a.agent}@{a.node}",  # a multi-process run's
+            a.asker,
             escape(a.summary),
             _clock(a.asked),
             f"{_clock(a.deadline)} then {a.default}" if a.pending else "-",

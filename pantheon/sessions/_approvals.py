@@ -130,6 +130,12 @@ class Approval:
     node: str | None = None
 
     @property
+    def asker(self) -> str:
+        """Who asked, as every reader shows it: the agent, with its node in a multi-process
+        run (``guardian@action``)."""
+        return self.agent if self.node is None else f"{self.agent}@{self.node}"
+
+    @property
     def pending(self) -> bool:
         return self.status == "pending"
 

@@ -148,5 +148,6 @@ def test_an_approvals_table_made_before_nodes_gets_the_column(tmp_path: Path) ->
         new = book.ask(origin="o", session="o", agent="guardian", key="k2",
                        request={"summary": "new one"}, timeout=5, default_approve=False,
                        node="action")  # fmt: skip
-        assert (new.id, new.node) == (2, "action")
+        assert (new.id, new.node, new.asker, old.asker) == (2, "action", "guardian@action",
+                                                            "guardian")  # fmt: skip
         assert book.get("o", 2).to_dict()["node"] == "action"
