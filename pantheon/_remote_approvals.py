@@ -61,7 +61,14 @@ from pantheon.sessions import Approval, SessionError
 if TYPE_CHECKING:
     from pantheon._approvals import StoreDesk
 
-__all__ = ["APPROVAL_EVENT", "DECIDED_COMMAND", "LOST_BY", "DeskRelay", "NodeDesk"]
+__all__ = [
+    "APPROVAL_EVENT",
+    "DECIDED_COMMAND",
+    "LOST_BY",
+    "MAX_REQUEST",
+    "DeskRelay",
+    "NodeDesk",
+]
 
 log = logging.getLogger("pantheon.approvals")
 
@@ -70,6 +77,11 @@ APPROVAL_EVENT = "approval"
 DECIDED_COMMAND = "decided"
 #: Who "decided" the pending requests of a node the driver lost.
 LOST_BY = "node-lost"
+#: Characters at most in a request as JSON. The driver reads a node's lines with asyncio's
+#: default stream limit (64 KiB), and a longer line would end its reading of that node; a
+#: request that large is refused on the node, with its size, instead.
+MAX_REQUEST = 48 * 1024
+_DRIVER_GONE = "the driver of the run is gone (its control pipe closed)"
 #: Commands other than ``decided`` that may wait for the node's control loop. The driver
 #: sends one and waits for its answer before the next, so one is ever waiting; a full
 #: queue would only hold the reader back, never drop a line.
@@ -100,6 +112,12 @@ class NodeDesk:
         """Send the request to the driver and wait for its decision (as plain data)."""
         if self._gone is not None:
             raise ApprovalUnavailable(self._gone_message(agent))
+        size = len(json.dumps(dict(request), default=repr))
+        if size > MAX_REQUEST:
+            raise ApprovalUnavailable(
+                f"agent {agent!r} on node {self.node!r}: an approval request is at most "
+                f"{MAX_REQUEST} characters as JSON to go to the driver (this one: {size})"
+            )
         self._next += 1
         rid = self._next
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -142,9 +160,10 @@ class NodeDesk:
             return
         future.set_result(decision)
 
-    def driver_gone(self) -> None:
-        """The driver's channel closed: fail every waiting request, and every later one."""
-        self._gone = "the driver of the run is gone (its control pipe closed)"
+    def driver_gone(self, why: str = _DRIVER_GONE) -> None:
+        """Nothing more comes from the driver: fail every waiting request, and every later
+        one, saying ``why``."""
+        self._gone = why
         for rid, future in list(self._waiting.items()):
             if not future.done():
                 log.warning("node %s: approval request %d dropped: %s", self.node, rid, self._gone)
@@ -169,8 +188,12 @@ class NodeDesk:
                             self.decided(command)
                             continue
                     await queue.put(line)
-            finally:
-                self.driver_gone()
+            except asyncio.CancelledError:
+                # The node stops listening (it leaves, or failed to start): nothing that
+                # still waits could be answered.
+                self.driver_gone("the node no longer listens to its driver")
+                raise
+            self.driver_gone()
             await queue.put(b"")
 
         return queue, asyncio.get_running_loop().create_task(read())

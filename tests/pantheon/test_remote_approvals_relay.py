@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
+from agents import ApprovalUnavailable
 from pantheon._approvals import StoreDesk
-from pantheon._remote_approvals import LOST_BY, DeskRelay
+from pantheon._remote_approvals import LOST_BY, MAX_REQUEST, DeskRelay, NodeDesk
 from pantheon.scenario import ApprovalsConfig
 from pantheon.sessions import Approval, ApprovalBook, SessionStore
 
@@ -151,3 +152,12 @@ def test_an_approvals_table_made_before_nodes_gets_the_column(tmp_path: Path) ->
         assert (new.id, new.node, new.asker, old.asker) == (2, "action", "guardian@action",
                                                             "guardian")  # fmt: skip
         assert book.get("o", 2).to_dict()["node"] == "action"
+
+
+async def test_a_node_refuses_a_request_too_long_for_the_control_pipe() -> None:
+    said: list[tuple[Any, ...]] = []
+    desk = NodeDesk("action", lambda *args, **fields: said.append((args, fields)))
+    big = {"summary": "refund 450", "details": "x" * MAX_REQUEST}
+    with pytest.raises(ApprovalUnavailable, match=f"at most {MAX_REQUEST} characters"):
+        await desk.ask("guardian", big)
+    assert said == []  # nothing went to the driver
