@@ -77,10 +77,11 @@ APPROVAL_EVENT = "approval"
 DECIDED_COMMAND = "decided"
 #: Who "decided" the pending requests of a node the driver lost.
 LOST_BY = "node-lost"
-#: Characters at most in a request as JSON. The driver reads a node's lines with asyncio's
-#: default stream limit (64 KiB), and a longer line would end its reading of that node; a
-#: request that large is refused on the node, with its size, instead.
-MAX_REQUEST = 48 * 1024
+#: Characters at most in a request as JSON. A control line longer than the driver reads
+#: (64 MiB, sized for journal shipments) would end its reading of that node; a request is
+#: kept far under that, and one of a mebibyte is no longer something a person reads. A
+#: longer one is refused on the node, with its size.
+MAX_REQUEST = 1 << 20
 _DRIVER_GONE = "the driver of the run is gone (its control pipe closed)"
 #: Commands other than ``decided`` that may wait for the node's control loop. The driver
 #: sends one and waits for its answer before the next, so one is ever waiting; a full

@@ -125,6 +125,20 @@ def test_a_node_agent_asks_and_pantheon_approve_decides(tmp_path: Path, transpor
     assert decided["e0046"]["verdict"] == "rejected"
     assert decided["e0046"]["action"] == "ignore"
     assert decided["e0046"]["reasons"][-1] == "rejected by bob: too much"
+    # The exchange is the Guardian's effect, recorded on its node and shipped to the session.
+    with SessionStore(store, create=False) as st:
+        effects = [e.value for e in st.effects(sid, name="human.approval")]
+    assert sorted((r["id"], r["approved"], r["by"]) for r in effects) == sorted(
+        (a.id, a.status == "approved", a.decided_by) for a in recorded.values()
+    )
+    # Replay in one process serves it: nobody is asked, no request is added.
+    replayed = pantheon("replay", sid, "--store", str(store), "--json", cwd=tmp_path)
+    assert replayed.returncode == 0, replayed.stderr
+    report = json.loads(replayed.stdout)
+    assert (report["matched"], report["effects_called"]) == (True, 0), report["divergence"]
+    assert rows_by_email(store, sid) == recorded
+    with SessionStore(store, create=False) as st:
+        assert ApprovalBook(st).entries(report["new_session_id"]) == []
 
 
 def test_the_scripted_person_and_the_timeout_decide_a_node_agents_requests(
