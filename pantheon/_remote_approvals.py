@@ -48,7 +48,6 @@ How many requests are outstanding is bounded by the agents themselves: each wait
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
@@ -181,21 +180,27 @@ class NodeDesk:
         queue: asyncio.Queue[bytes] = asyncio.Queue(_COMMANDS)
 
         async def read() -> None:
+            why = _DRIVER_GONE
             try:
                 while line := await reader.readline():
-                    with contextlib.suppress(ValueError):  # not ours: the control loop says
+                    try:
                         command = json.loads(line)
-                        if isinstance(command, dict) and command.get("cmd") == DECIDED_COMMAND:
-                            self.decided(command)
-                            continue
-                    await queue.put(line)
+                    except ValueError:
+                        command = None  # not ours: the control loop says what is wrong
+                    if isinstance(command, dict) and command.get("cmd") == DECIDED_COMMAND:
+                        self.decided(command)
+                    else:
+                        await queue.put(line)
             except asyncio.CancelledError:
                 # The node stops listening (it leaves, or failed to start): nothing that
                 # still waits could be answered.
                 self.driver_gone("the node no longer listens to its driver")
                 raise
-            self.driver_gone()
-            await queue.put(b"")
+            except (ValueError, OSError) as exc:  # a line past the reader's limit, a bad pipe
+                why = f"the driver's control pipe cannot be read ({type(exc).__name__}: {exc})"
+                log.error("node %s: %s; leaving", self.node, why)
+            self.driver_gone(why)
+            await queue.put(b"")  # the control loop leaves as when the driver is gone
 
         return queue, asyncio.get_running_loop().create_task(read())
 
