@@ -26,6 +26,7 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
+from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
     OutcomeScore,
@@ -90,6 +91,7 @@ __all__ = [
     "Handler",
     "InjectedFault",
     "InputItem",
+    "InputOrdinals",
     "Labels",
     "Learner",
     "LiveEffects",
@@ -121,6 +123,7 @@ __all__ = [
     "fault_timeline",
     "find_pii",
     "handler_arity",
+    "input_ordinal",
     "label_decision",
     "read_emails",
     "redact",

@@ -601,6 +601,12 @@ def register(app: typer.Typer) -> None:
                     f"{report.reproduced_messages} of {report.recorded_messages} recorded "
                     "messages reproduced[/yellow]"
                 )
+            for node, reach in (report.cut or {}).items():
+                con.print(
+                    f"[yellow]node {node}'s journal stops before its end ({escape(reach)}): "
+                    f"the {report.cut_inputs} inputs it was in the middle of are not replayed "
+                    "(counted as skipped)[/yellow]"
+                )
             if report.divergence is None:
                 con.print("[green]matched[/green]")
             else:

@@ -211,6 +211,7 @@ async def _run(
                     if source is None or (left is not None and left <= 0):
                         continue
                     observer.source = _skip(source, len(inputs))
+                    observer.ordinals = run.ordinals  # numbered on from the recorded ones
                     if left is not None:
                         observer.settings = observer.settings.model_copy(update={"count": left})
                     observer.done.clear()

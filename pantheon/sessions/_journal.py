@@ -270,9 +270,11 @@ class Materializer:
                 return False
             jseq, kind, first, blob, node = row
             if kind == "envelopes":
-                insert_rows(conn, "envelopes", [(sid, *r) for r in decode_envelopes(blob, first)])
+                envs = decode_envelopes(blob, first)
+                insert_rows(conn, "envelopes", [(sid, *r, node) for r in envs])
             elif kind == "effects":
-                insert_rows(conn, "effects", [(sid, *r) for r in decode_effects(blob, first)])
+                effs = decode_effects(blob, first)
+                insert_rows(conn, "effects", [(sid, *r, node) for r in effs])
             else:
                 rows = self._pairing.fill(decode_deliveries(blob, first))
                 insert_rows(conn, "deliveries", [(sid, *r, node) for r in rows])

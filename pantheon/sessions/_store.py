@@ -124,6 +124,7 @@ CREATE TABLE IF NOT EXISTS envelopes (
     wall REAL NOT NULL,
     payload BLOB,
     payload_repr INTEGER NOT NULL DEFAULT 0,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -182,6 +183,7 @@ CREATE TABLE IF NOT EXISTS effects (
     time REAL NOT NULL,
     started_ns INTEGER NOT NULL,
     ended_ns INTEGER NOT NULL,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dead_letters_envelope ON dead_letters (session, envelope_id);
@@ -243,7 +245,14 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
     2: (
         *(
             f"ALTER TABLE {t} ADD COLUMN node TEXT"
-            for t in ("deliveries", "breaker_transitions", "dead_letters", "journal")
+            for t in (
+                "envelopes",
+                "deliveries",
+                "effects",
+                "breaker_transitions",
+                "dead_letters",
+                "journal",
+            )
         ),
         """CREATE TABLE session_nodes (
             session TEXT NOT NULL,
@@ -448,6 +457,9 @@ class StoredEnvelope:
     wall: float
     payload: Any
     payload_repr: bool
+    node: str | None = None
+    """The process that published it: a node of a multi-process run; ``None`` for the
+    process that recorded the session."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -463,6 +475,7 @@ class StoredEnvelope:
             "wall": self.wall,
             "payload": self.payload,
             "payload_repr": self.payload_repr,
+            "node": self.node,
         }
 
 
@@ -546,6 +559,8 @@ class StoredEffect:
     time: float
     started_ns: int = 0
     ended_ns: int = 0
+    node: str | None = None
+    """The process whose agent made the call (``None``: the recording process)."""
 
     @property
     def value(self) -> Any:
@@ -974,7 +989,7 @@ class SessionStore:
 
     def _with_journal(
         self, session_id: str, sql: str, params: tuple[Any, ...], kind: str
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes]]]:
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str | None]]]:
         """Rows and the still-journaled chunks of one kind, read in one snapshot."""
         with self._lock:
             try:
@@ -982,7 +997,7 @@ class SessionStore:
                 try:
                     rows = self._conn.execute(sql, params).fetchall()
                     chunks = self._conn.execute(
-                        "SELECT first, blob FROM journal WHERE session = ? AND kind = ? "
+                        "SELECT first, blob, node FROM journal WHERE session = ? AND kind = ? "
                         "ORDER BY seq",
                         (session_id, kind),
                     ).fetchall()
@@ -997,19 +1012,19 @@ class SessionStore:
         rows, chunks = self._with_journal(
             session_id,
             "SELECT seq, id, topic, priority, causation_id, correlation_id, source, hops, "
-            "created_ns, wall, payload, payload_repr FROM envelopes "
+            "created_ns, wall, payload, payload_repr, node FROM envelopes "
             "WHERE session = ? AND seq > ? ORDER BY seq",
             (session_id, after_seq),
             "envelopes",
         )
-        for first, blob in chunks:
+        for first, blob, node in chunks:
             try:
                 decoded = decode_envelopes(blob, first)
             except Exception as exc:  # a damaged chunk: whatever the decoder raises
                 raise self._damaged(
                     session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
                 ) from exc
-            rows.extend(r for r in decoded if r[0] > after_seq)
+            rows.extend((*r, node) for r in decoded if r[0] > after_seq)
         rows.sort(key=lambda r: r[0])
         if rows and self.node_journals(session_id):
             rows = _causal(rows)
@@ -1023,7 +1038,7 @@ class SessionStore:
                 ) from exc
             out.append(StoredEnvelope(
                 r[0], from_db(r[1]), r[2], r[3], from_db(r[4]), from_db(r[5]), r[6], r[7], r[8],
-                r[9], payload=payload, payload_repr=bool(r[11]),
+                r[9], payload=payload, payload_repr=bool(r[11]), node=r[12],
             ))  # fmt: skip
         return out
 
@@ -1077,7 +1092,7 @@ class SessionStore:
         reader after a few kinds does not decode every tool result."""
         sql = (
             "SELECT seq, envelope_id, subscriber, ordinal, name, flag, result, error_type, "
-            "error, time, started_ns, ended_ns FROM effects WHERE session = ?"
+            "error, time, started_ns, ended_ns, node FROM effects WHERE session = ?"
         )
         params: tuple[Any, ...] = (session_id,)
         if name is not None:
@@ -1086,10 +1101,10 @@ class SessionStore:
         sql += " ORDER BY seq"  # said, not left to the plan's choice of index
         rows, chunks = self._with_journal(session_id, sql, params, "effects")
         if chunks:
-            journaled = []
-            for first, blob in chunks:
+            journaled: list[tuple[Any, ...]] = []
+            for first, blob, node in chunks:
                 try:
-                    journaled.extend(decode_effects(blob, first))
+                    journaled.extend((*r, node) for r in decode_effects(blob, first))
                 except Exception as exc:  # a damaged chunk: whatever the decoder raises
                     raise self._damaged(
                         session_id, f"journal chunk at effect {first} cannot be decoded ({exc})"

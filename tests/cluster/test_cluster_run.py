@@ -185,6 +185,26 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
         }
     assert len(ids) == summary["inputs"]
     assert ids <= set(done) | dead
+    # The session says whose records end where: the survivors' journals are whole, the
+    # killed node's stops before its end mark. Replay in this one process reproduces the
+    # run up to there: every input but the ones work2 was in the middle of (those are not
+    # replayed, and counted as skipped) matches hop for hop, with no effect called.
+    with SessionStore(workdir / "s.db") as s:
+        journals = s.node_journals(summary["session_id"])
+    assert {n: j.ended for n, j in journals.items()} == {
+        "keep": True,
+        "work1": True,
+        "work2": False,
+    }
+    proc = pantheon("replay", summary["session_id"], "--store", "s.db", "--json", cwd=workdir)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay = json.loads(proc.stdout)
+    assert replay["matched"] is True and replay["effects_called"] == 0
+    assert list(replay["cut"]) == ["work2"]
+    assert f"after {journals['work2'].records} in" in replay["cut"]["work2"]
+    assert replay["inputs_skipped"] == replay["cut_inputs"] < replay["inputs_replayed"]
+    assert replay["inputs_replayed"] + replay["inputs_skipped"] == 300
+
     # The human summary says which node was killed, and when.
     console = Console(record=True, width=200)
     print_nodes(console, SimpleNamespace(nodes=nodes))
