@@ -42,6 +42,7 @@ import base64
 import binascii
 import contextlib
 import difflib
+import functools
 import json
 import os
 import re
@@ -61,6 +62,7 @@ from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
+from pantheon._remote_approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
 from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
@@ -68,6 +70,7 @@ from pantheon.scenario._agents import agent_class
 from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
+    from pantheon._approvals import StoreDesk
     from pantheon._node_journal import JetStreamShipper
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
@@ -535,15 +538,20 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
 
     ``ready`` is sent once the agents run; then ``status`` and ``stop`` are answered,
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
-    also makes the node leave. A start-up failure is sent as ``error`` and raised."""
+    also makes the node leave. A start-up failure is sent as ``error`` and raised. The
+    agents' approval requests go to the driver and their decisions come back on the same
+    pipes, answered whatever the loop below is doing (:mod:`pantheon._remote_approvals`)."""
     out = out or sys.stdout
-    reader = await _stdin_lines()
+    desk = NodeDesk(host.node, functools.partial(_say, out))
+    desk.serve(host.team.agents.values())
+    commands, pump = desk.pump(await _stdin_lines())
     if journal:
         host.ship_journal(out)
     try:
         await host.start()
     except Exception as exc:
         _say(out, "error", message=str(exc))
+        pump.cancel()
         with contextlib.suppress(Exception):
             await host.aclose()
         raise
@@ -551,7 +559,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     orphaned = False
     try:
         while True:
-            line = await reader.readline()
+            line = await commands.get()
             if not line:
                 # The driver is gone, and likely its broker with it: nobody will read a
                 # report, and work in flight may never settle. Leave within one liveness
@@ -590,6 +598,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
             else:
                 _say(out, "error", message=f"unknown command {command!r}")
     finally:
+        pump.cancel()
         await host.aclose(drain=not orphaned)
 
 
@@ -617,6 +626,9 @@ class _Child:
         self.on_journal: Callable[[str, bytes], None] | None = None
         self.shipments = 0
         self.bad_lines = 0
+        #: Other events taken as they arrive instead of answering a :meth:`call` (``eof``
+        #: too, besides ending the calls): event kind -> handler.
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         loop = asyncio.get_running_loop()
         self._readers = [
             loop.create_task(self._read_stdout()),
@@ -636,8 +648,14 @@ class _Child:
             if event.get("event") == "journal":
                 self._journal(event)
                 continue
+            handler = self.handlers.get(str(event.get("event")))
+            if handler is not None:
+                handler(event)
+                continue
             await self.events.put(event)
         self.alive = False
+        if (ended := self.handlers.get("eof")) is not None:
+            ended({"event": "eof"})
         await self.events.put({"event": "eof"})
 
     def _journal(self, event: Mapping[str, Any]) -> None:
@@ -677,22 +695,28 @@ class _Child:
         lines = [ln for ln in self.stderr if ln.strip()]
         return ("\n  " + "\n  ".join(lines[-12:])) if lines else ""
 
-    async def call(self, command: str, expect: str, timeout: float) -> dict[str, Any] | None:
-        """Send ``command`` and wait for the ``expect`` event; None if the node is gone."""
+    async def send(self, message: Mapping[str, Any]) -> bool:
+        """Write one command line to the process; False if it is gone."""
         if not self.alive:
-            return None
+            return False
         assert self.proc.stdin is not None
         # A node that dies closes its stdin pipe and its stdout together, and the loop may
         # notice the pipe first: ``alive`` is still True then. uvloop's write() raises
         # RuntimeError on a closed pipe (asyncio's drain() raises ConnectionResetError).
         if self.proc.stdin.is_closing():
             self.alive = False
-            return None
+            return False
         try:
-            self.proc.stdin.write(json.dumps({"cmd": command}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             self.alive = False
+            return False
+        return True
+
+    async def call(self, command: str, expect: str, timeout: float) -> dict[str, Any] | None:
+        """Send ``command`` and wait for the ``expect`` event; None if the node is gone."""
+        if not await self.send({"cmd": command}):
             return None
         try:
             async with asyncio.timeout(timeout):
@@ -817,6 +841,7 @@ class _Driver:
         outbox_dir: Path | None,
         start_timeout: float,
         drain_timeout: float,
+        desk: StoreDesk | None = None,
         journal: Callable[[str, bytes], None] | None = None,
     ) -> None:
         source = Path(scenario.source)
@@ -835,6 +860,7 @@ class _Driver:
         self.start_timeout = start_timeout
         self.drain_timeout = drain_timeout
         self.nodes: dict[str, _Child] = {}
+        self.approvals = DeskRelay(desk, self.placement.nodes)
         self.broker_stats: dict[str, Any] = {}
         self.curve = False
         self.startup_s = 0.0
@@ -860,6 +886,8 @@ class _Driver:
             )  # fmt: skip
             child = await _Child.spawn(name, agents, command, f"node {name!r}")
             child.on_journal = self.journal
+            child.handlers[APPROVAL_EVENT] = self.approvals.on_request(name, child.send)
+            child.handlers["eof"] = self.approvals.on_lost(name)
             self.nodes[name] = child
 
     def _live(self) -> list[_Child]:
@@ -1041,6 +1069,7 @@ class _Driver:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
+        await self.approvals.aclose()  # after the nodes: their pending requests cancelled
         await self.team.aclose()
 
 
@@ -1178,6 +1207,7 @@ async def run_cluster(
     drain_timeout: float = 60.0,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     on_team: Callable[[Team], None] | None = None,
+    desk: StoreDesk | None = None,
     journal: Callable[[str, bytes], None] | None = None,
 ) -> RunSummary:
     """Run a ZeroMQ scenario as local processes and return its merged summary.
@@ -1186,7 +1216,9 @@ async def run_cluster(
     started here. The parameters are those of :func:`~pantheon._runtime.run_scenario`,
     which calls this for a ZeroMQ scenario. ``journal(node, shipment)`` receives every
     node's journal shipments (the run's recorder's ``ingest``); without it the nodes do not
-    record. Every process started is stopped on return, also when the run fails."""
+    record. The nodes' agents ask ``desk`` for approval through the driver
+    (:mod:`pantheon._remote_approvals`). Every process started is stopped on return, also
+    when the run fails."""
     if bus is None:
         async with cluster_transport(scenario) as transport:
             return await run_cluster(
@@ -1199,6 +1231,7 @@ async def run_cluster(
                 drain_timeout=drain_timeout,
                 start_timeout=start_timeout,
                 on_team=on_team,
+                desk=desk,
                 journal=journal,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
@@ -1216,10 +1249,13 @@ async def run_cluster(
         outbox_dir=outbox_dir,
         start_timeout=start_timeout,
         drain_timeout=drain_timeout,
+        desk=desk,
         journal=journal,
     )
     if on_team is not None:
         on_team(driver.team)  # the driver's agents: the others' calls are on their nodes
+    if desk is not None:
+        desk.serve(driver.team)
     try:
         return await driver.run(attach, on_progress)
     finally:
