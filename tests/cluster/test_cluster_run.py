@@ -117,6 +117,21 @@ def test_three_nodes_decide_every_email_as_in_process(workdir: Path) -> None:
     assert diff["decisions"]["changed"] == 0
     assert diff["identical"] or diff["timing_only"], diff["divergence"]
 
+    # A what-if on the 3-node session changes the same emails the same way as on the
+    # in-process one: both re-run in one process from their records.
+    (workdir / "limit.yaml").write_text("policy:\n  refund_limit: 50.0\n")
+
+    def whatif(session: str) -> list[tuple[str, str, str]]:
+        proc = pantheon("replay", session, "--with", "limit.yaml", "--store", "s.db", "--json",
+                        cwd=workdir)  # fmt: skip
+        report = json.loads(proc.stdout)
+        assert report["effects_called"] < report["effects_served"]
+        return [(c["item"], c["before"], c["after"]) for c in report["decisions"]["changes"]]
+
+    changed = whatif(three["session_id"])
+    assert changed == whatif(alone["session_id"])
+    assert len(changed) > 10 and {(b, a) for _, b, a in changed} == {("reply", "escalate")}
+
 
 KILL = """
 faults:
