@@ -298,6 +298,7 @@ def register(app: typer.Typer) -> None:
             counts = st.counts(info.id)
             letters = st.dead_letters(info.id)
             usage = readmodel.usage(st, info.id, calls=as_json)
+            nodes = readmodel.nodes(st, info.id)
             if as_json:
                 _dump(
                     {
@@ -307,6 +308,9 @@ def register(app: typer.Typer) -> None:
                         "dead_letters": [d.to_dict() for d in letters],
                         "usage": usage.as_dict(),
                         "model_calls": [dataclasses.asdict(c) for c in usage.calls],
+                        # A multi-process session's processes (the key only when it has
+                        # them, so a single-process session's document is as it was).
+                        **({"nodes": [_node_dict(n) for n in nodes]} if nodes else {}),
                     }
                 )
                 return
@@ -326,6 +330,14 @@ def register(app: typer.Typer) -> None:
                     f"{v} {k.replace('_', ' ')}" for k, v in counts.items() if k != "journal_chunks"
                 )
             )
+            for n in nodes:
+                colour = {"ok": "green", "killed": "yellow", None: "cyan"}.get(n.status, "red")
+                complete = n.ended is not False
+                con.print(
+                    f"node {escape(n.name)}: {escape(', '.join(n.agents) or '(no agents)')}; "
+                    f"[{colour}]{escape(n.how)}[/{colour}]; "
+                    + (escape(n.journal) if complete else f"[yellow]{escape(n.journal)}[/yellow]")
+                )
             for line in usage_lines(usage):
                 con.print(line)
             if info.summary:
@@ -475,9 +487,9 @@ def register(app: typer.Typer) -> None:
                     "differently (what other messages had got there first), not a divergence "
                     "of the team's logic"
                 )
-                con.print(f"first difference: {result.divergence.describe('A', 'B')}")
+                con.print(f"first difference: {escape(result.describe('A', 'B'))}")
             else:
-                con.print(f"[red]runs diverged:[/red] {result.divergence.describe('A', 'B')}")
+                con.print(f"[red]runs diverged:[/red] {escape(result.describe('A', 'B'))}")
             for line in decision_lines(decisions):
                 con.print(line)
             # Milliseconds, as `pantheon run` prints them; --json keeps the exact µs.
@@ -613,6 +625,12 @@ def register(app: typer.Typer) -> None:
                 con.print(f"[red]diverged:[/red] {report.divergence}")
         if report.divergence is not None:
             raise typer.Exit(1)
+
+
+def _node_dict(n: readmodel.NodeView) -> dict[str, Any]:
+    """A process of ``sessions show --json``: its fields, how it ended and where its
+    journal ends in words (``how``, ``journal``), and the line the text output prints."""
+    return dataclasses.asdict(n) | {"how": n.how, "journal": n.journal, "text": n.text}
 
 
 def _named(info: Any, store: SessionStore) -> str:

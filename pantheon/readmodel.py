@@ -21,6 +21,10 @@ Conventions, everywhere in this module:
   ``memory:action.executed`` for an agent's second subscription. An **edge** is
   ``"source -> subscriber"``, the source being the subscription that published the envelope
   or ``<outside>`` for an input.
+* A **node** is the process that did something in a multi-process session (a name of the
+  scenario's ``transport.nodes``, or ``driver`` for the process that ran the scenario); the
+  hops, dead letters and breaker changes of a single-process session have none (``None``),
+  so a view shows a node column only when a session has nodes.
 * **Model usage** is counted from the session's recorded ``model.<provider>.chat`` effects
   (what :meth:`agents.Agent.chat` records) and priced from the ``prices`` of the session's
   stored scenario; its *agent* is the agent's name (the subscription name up to the first
@@ -32,7 +36,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -41,6 +45,7 @@ import yaml
 from agents import AgentUsage, Prices, Usage, UsageMeter, total_usage
 from bus import matches, validate_pattern
 from pantheon.sessions import (
+    NodeJournal,
     SessionInfo,
     SessionStore,
     StoredDelivery,
@@ -55,6 +60,7 @@ __all__ = [
     "HopBar",
     "HopLatency",
     "ModelCall",
+    "NodeView",
     "Outcomes",
     "RequestRow",
     "SessionRow",
@@ -63,7 +69,9 @@ __all__ = [
     "breaker_timeline",
     "dead_letters",
     "hop_latency",
+    "nodes",
     "outcomes",
+    "placement",
     "quantile",
     "redrive_outcome",
     "requests",
@@ -80,6 +88,9 @@ OUTSIDE = "<outside>"
 #: The recorded effects that are model calls (a SQLite GLOB): what ``Agent.chat`` records.
 MODEL_CALLS = "model.*.chat"
 RequestOutcome = Literal["ok", "dead_letter", "failed", "pending"]
+#: The process that ran the scenario in a multi-process session (its records carry no node:
+#: the store keeps ``None`` for the recording process).
+DRIVER = "driver"
 
 
 # -- values ------------------------------------------------------------------------------------
@@ -150,6 +161,8 @@ class BreakerEvent:
     old: str
     new: str
     reason: str | None
+    node: str | None = None
+    """The process whose breaker it was (multi-process sessions only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +184,8 @@ class DeadLetterView:
     payload: Any
     correlation_id: int | None = None
     redriven_by: str | None = None
+    node: str | None = None
+    """The process whose queue dead-lettered it (multi-process sessions only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +256,73 @@ class HopBar:
     handling_ms: float
     outcome: str
     error: str | None
+    node: str | None = None
+    """The process that handled it (multi-process sessions only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One process of a multi-process session: its agents, how it ended and how far its
+    journal reached the store.
+
+    ``status`` is the run summary's (``ok``, ``killed``, ``died``), None while the run goes
+    on; ``killed_at_s`` is when the scenario killed it (seconds into the run). The journal
+    counts (``shipments``, ``records``, ``ended``: its end mark came, so nothing it did is
+    missing) are None for the driver, which records the session itself. :attr:`text` is
+    the line ``pantheon sessions show`` prints and both dashboards show."""
+
+    name: str
+    agents: tuple[str, ...]
+    status: str | None
+    killed_at_s: float | None = None
+    exit_code: int | None = None
+    shipments: int | None = None
+    records: int | None = None
+    ended: bool | None = None
+
+    @property
+    def how(self) -> str:
+        """How the process ended, in words: ``ok``, ``killed at 0.15 s``, ``died (exit
+        code 1)``, ``running``."""
+        if self.status is None:
+            return "running"
+        if self.killed_at_s is not None:
+            return f"killed at {self.killed_at_s:.2f} s"
+        if self.status != "ok" and self.exit_code not in (None, 0):
+            return f"{self.status} (exit code {self.exit_code})"
+        return self.status
+
+    @property
+    def journal(self) -> str:
+        """Where its records end: complete, cut short (and where), or never shipped."""
+        if self.name == DRIVER and self.shipments is None:
+            return "records the session itself"
+        shipments, records = self.shipments or 0, self.records or 0
+        counted = f"{_plural(records, 'record')} in {_plural(shipments, 'shipment')}"
+        if not shipments:
+            if self.status is None:
+                return "no records shipped yet"
+            return "shipped no records" + ("" if self.status == "ok" else " (they died with it)")
+        if self.ended:
+            return (
+                f"{_plural(shipments, 'shipment')}, {_plural(records, 'record')}, journal complete"
+            )
+        if self.status is None:
+            return f"{counted} so far"
+        if self.status == "ok":
+            return f"journal ends after {counted} (its end mark never came)"
+        return f"journal ends after {counted} (its last records died with it)"
+
+    @property
+    def text(self) -> str:
+        """``node cognition: reasoner, memory, planner; ok; 13 shipments, 6,144 records,
+        journal complete``."""
+        agents = ", ".join(self.agents) or "(no agents)"
+        return f"node {self.name}: {agents}; {self.how}; {self.journal}"
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -356,6 +438,20 @@ def _request_of(e: StoredEnvelope) -> int:
 def _edge(envelope: StoredEnvelope | None, subscriber: str) -> str:
     source = envelope.source if envelope is not None else None
     return f"{source or OUTSIDE} -> {subscriber}"
+
+
+def _multi_process(store: SessionStore, info: SessionInfo) -> bool:
+    """The session ran on several processes: its summary lists them, or (while it runs)
+    a node has shipped records. A replay of one runs in one process, and has neither."""
+    return bool(info.summary.get("nodes")) or bool(store.node_journals(info.id))
+
+
+def _node_of(store: SessionStore, info: SessionInfo) -> Callable[[str | None], str | None]:
+    """What a record's ``node`` reads as: ``driver`` for the recording process (``None``
+    in the store) of a multi-process session; ``None`` throughout a single-process one."""
+    if not _multi_process(store, info):
+        return lambda node: None
+    return lambda node: node or DRIVER
 
 
 def _error(d: StoredDelivery) -> str | None:
@@ -499,8 +595,9 @@ def hop_latency(store: SessionStore, sid: str) -> list[HopLatency]:
 def breaker_timeline(store: SessionStore, sid: str) -> list[BreakerEvent]:
     """Every breaker state change, in the order they happened."""
     info, _, origin = _load(store, sid)
+    node = _node_of(store, info)
     return [
-        BreakerEvent(origin.wall_s(t.time), t.name, t.old, t.new, t.reason)
+        BreakerEvent(origin.wall_s(t.time), t.name, t.old, t.new, t.reason, node(t.node))
         for t in store.breaker_transitions(info.id)
     ]
 
@@ -509,6 +606,7 @@ def dead_letters(store: SessionStore, sid: str) -> list[DeadLetterView]:
     """The session's dead letters by entry id, each with its failing payload."""
     info, envelopes, origin = _load(store, sid)
     by_id = {e.id: e for e in envelopes}
+    node = _node_of(store, info)
     out = []
     for d in store.dead_letters(info.id):
         env = by_id.get(d.envelope_id)
@@ -528,6 +626,7 @@ def dead_letters(store: SessionStore, sid: str) -> list[DeadLetterView]:
                 payload=None if env is None else env.payload,
                 correlation_id=None if env is None else env.correlation_id,
                 redriven_by=d.redriven_by,
+                node=node(d.node),
             )
         )
     return out
@@ -678,6 +777,7 @@ def waterfall(store: SessionStore, sid: str, correlation_id: int) -> list[HopBar
     if not group:
         raise LookupError(f"session {info.id} has no request with correlation id {correlation_id}")
     by_id = {e.id: e for e in group}
+    node = _node_of(store, info)
     bars = []
     for d in store.deliveries(info.id):
         env = by_id.get(d.envelope_id)
@@ -697,10 +797,81 @@ def waterfall(store: SessionStore, sid: str, correlation_id: int) -> list[HopBar
                 handling_ms=d.handling_ns / 1e6,
                 outcome=d.outcome,
                 error=_error(d),
+                node=node(d.node),
             )
         )
     bars.sort(key=lambda b: (b.start_ms, b.depth, b.agent))
     return bars
+
+
+# -- processes -----------------------------------------------------------------------------
+
+
+def nodes(store: SessionStore, sid: str) -> tuple[NodeView, ...]:
+    """The processes of a multi-process session, the driver first, each with its agents,
+    how it ended and how far its journal reached; empty for a single-process session.
+
+    A finished session's come from its summary's ``nodes`` section and the store's journal
+    of each node (:meth:`~pantheon.sessions.SessionStore.node_journals`); while it runs, the
+    scenario's placement names them and says whose agents they run."""
+    info = store.session(sid)
+    journals: dict[str, NodeJournal] = store.node_journals(info.id)
+    listed = info.summary.get("nodes")
+    described: dict[str, Mapping[str, Any]] = {}
+    if isinstance(listed, Mapping):
+        described = {str(k): v for k, v in listed.items() if isinstance(v, Mapping)}
+    elif info.status == "running" and journals:
+        hosts: dict[str, list[str]] = {DRIVER: []}
+        for agent, host in placement(info.scenario_text).items():
+            hosts.setdefault(host, []).append(agent)
+        described = {h: {"agents": a} for h, a in hosts.items()}
+    if not described:
+        return ()
+    # The driver, then the nodes as the scenario lists them (a stored summary's keys are
+    # sorted), then any other that shipped records.
+    placed = list(dict.fromkeys(placement(info.scenario_text).values()))
+    known = set(described) | set(journals)
+    names = [DRIVER, *placed, *sorted(known - {DRIVER, *placed})]
+    names = [n for n in dict.fromkeys(names) if n in known]
+    out = []
+    for name in names:
+        d = described.get(name, {})
+        j = journals.get(name)
+        killed = d.get("killed_at_s")
+        code = d.get("exit_code")
+        out.append(
+            NodeView(
+                name=name,
+                agents=tuple(str(a) for a in d.get("agents") or ()),
+                status=None if info.status == "running" else str(d.get("status") or "ok"),
+                killed_at_s=float(killed) if isinstance(killed, int | float) else None,
+                exit_code=code if isinstance(code, int) else None,
+                shipments=j.shipments if j is not None else None if name == DRIVER else 0,
+                records=j.records if j is not None else None if name == DRIVER else 0,
+                ended=j.ended if j is not None else None if name == DRIVER else False,
+            )
+        )
+    return tuple(out)
+
+
+def placement(scenario_text: str | None) -> dict[str, str]:
+    """Agent name -> the node of the scenario's ``transport.nodes`` that runs it (empty
+    for a single-process scenario). An agent no node names runs on the driver, and is not
+    listed; one several nodes run (a group) maps to the first of them.
+
+    Read as plain YAML, as :func:`_pricing` reads prices: a viewer never imports a
+    recorded team's code."""
+    try:
+        data = yaml.safe_load(scenario_text or "")
+    except yaml.YAMLError:
+        return {}
+    transport = data.get("transport") if isinstance(data, Mapping) else None
+    hosts = transport.get("nodes") if isinstance(transport, Mapping) else None
+    out: dict[str, str] = {}
+    for node, agents in hosts.items() if isinstance(hosts, Mapping) else ():
+        for agent in agents if isinstance(agents, list) else ():
+            out.setdefault(str(agent), str(node))
+    return out
 
 
 # -- model usage -----------------------------------------------------------------------------

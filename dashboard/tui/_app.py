@@ -194,6 +194,7 @@ class MonitorApp(App[None]):
         self._approvals: dict[str, Approval] = {}
         self._dead: dict[str, DeadLetter] = {}
         self._traces: dict[str, Trace] = {}
+        self._dlq_nodes = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -222,6 +223,8 @@ class MonitorApp(App[None]):
                 yield DataTable(id="check-table", cursor_type="row", zebra_stripes=True)
                 # Why each timing check did not pass, wrapped: too long for a table cell.
                 yield Static("", id="checks-why")
+                # A multi-process session's processes: how each ended, where its journal ends.
+                yield Static("", id="nodes-lines")
         # Every key of the monitor in 80 columns (the palette is still on ctrl+p).
         yield Footer(compact=True, show_command_palette=False)
 
@@ -235,9 +238,7 @@ class MonitorApp(App[None]):
         self.query_one("#breaker-events", DataTable).add_columns(
             "t (s)", "breaker", "from", "to", "reason"
         )
-        self.query_one("#dlq-table", DataTable).add_columns(
-            "entry", "subscriber", "reason", "tries", "redriven", "error"
-        )
+        self._dlq_columns(nodes=False)
         self.query_one("#trace-table", DataTable).add_columns(
             "request", "label", "hops", "start ms", "total ms", "outcome"
         )
@@ -254,6 +255,16 @@ class MonitorApp(App[None]):
         self.sub_title = self.source.origin
         self._follow()
         self._watch_approvals()
+
+    def _dlq_columns(self, *, nodes: bool) -> None:
+        """The dead letter table's columns: with the node that dead-lettered each entry
+        when the session ran on several processes (else as a single-process one's)."""
+        table = self.query_one("#dlq-table", DataTable)
+        table.clear(columns=True)
+        table._signature = None  # type: ignore[attr-defined]
+        node = ("node",) if nodes else ()
+        table.add_columns("entry", "subscriber", *node, "reason", "tries", "redriven", "error")
+        self._dlq_nodes = nodes
 
     @work(exclusive=True, group="source")
     async def _follow(self) -> None:
@@ -363,6 +374,9 @@ class MonitorApp(App[None]):
             ),
         )
         self._dead = {str(d.entry_id): d for d in snap.dead_letters}
+        nodes = bool(snap.nodes) or any(d.node for d in snap.dead_letters)
+        if nodes != self._dlq_nodes:
+            self._dlq_columns(nodes=nodes)
         _fill(
             panels.query_one("#dlq-table", DataTable),
             (
@@ -371,6 +385,7 @@ class MonitorApp(App[None]):
                     (
                         str(d.entry_id),
                         d.subscriber,
+                        *((d.node or "",) if nodes else ()),
                         d.reason,
                         str(d.attempts),
                         "yes" if d.redriven else "",
@@ -419,6 +434,7 @@ class MonitorApp(App[None]):
                     why.append(f"{c.state.upper()} ", style=_CHECK_STYLE.get(c.state, ""))
                     why.append(f"{c.name}: {c.why}\n")
             panels.query_one("#checks-why", Static).update(why)
+        panels.query_one("#nodes-lines", Static).update("\n".join(snap.nodes))
         _fill(
             panels.query_one("#check-table", DataTable),
             (
@@ -608,7 +624,8 @@ class DeadLetterScreen(Screen[None]):
         yield Header()
         yield Static(
             f"dead letter {d.entry_id}  ({'redriven' if d.redriven else 'r to redrive'})\n"
-            f"subscriber {d.subscriber}  topic {d.topic}  reason {d.reason}  "
+            f"subscriber {d.subscriber}{f'  node {d.node}' if d.node else ''}  "
+            f"topic {d.topic}  reason {d.reason}  "
             f"attempts {d.attempts}  at t={d.t_s:.3f}s\n"
             f"error: {d.error_type or '-'}: {d.error or ''}",
             id="dlq-summary",

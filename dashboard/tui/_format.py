@@ -28,6 +28,8 @@ __all__ = [
 #: Columns of the waterfall left of the bars (agent name) and right of them (numbers).
 _NAME = 16
 _NUMBERS = 16
+#: The widest node name a waterfall shows whole.
+_NODE = 12
 
 
 def ms(value: float | None) -> str:
@@ -127,9 +129,15 @@ def waterfall_text(hops: Sequence[Hop], width: int) -> Text:
     t0 = min(h.enqueued_ms for h in hops)
     t1 = max(h.end_ms for h in hops)
     span = max(t1 - t0, 1e-6)
-    bars = max(10, width - _NAME - _NUMBERS - 2)
+    # A multi-process session's hops say which process handled each (its node column).
+    node = max((len(h.node) for h in hops if h.node), default=0)
+    node = min(node, _NODE) if node else 0
+    bars = max(10, width - _NAME - _NUMBERS - 2 - (node + 1 if node else 0))
     scale = bars / span
-    out.append(f"{'agent':<{_NAME}} 0 ms", style="bold")
+    out.append(f"{'agent':<{_NAME}} ", style="bold")
+    if node:
+        out.append(f"{'node':<{node}} ", style="bold")
+    out.append("0 ms", style="bold")
     out.append(f"{ms(span) + ' ms':>{bars - 4}}", style="bold")
     out.append(f" {'wait':>7} {'handle':>7}\n", style="bold")
     for h in hops:
@@ -138,6 +146,8 @@ def waterfall_text(hops: Sequence[Hop], width: int) -> Text:
         e = min(bars, max(s + 1, round((h.end_ms - t0) * scale)))
         failed = h.outcome != "delivered"
         out.append(f"{h.agent[:_NAME]:<{_NAME}} ", style="red" if failed else "")
+        if node:
+            out.append(f"{(h.node or '')[:node]:<{node}} ", style="cyan")
         out.append(" " * q)
         out.append("░" * (s - q), style="yellow")
         out.append("█" * (e - s), style="red" if failed else "green")

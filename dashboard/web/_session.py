@@ -78,6 +78,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
     if live and info.status != "running":
         st.rerun(scope="app")  # it just ended: render it once more as a finished session
     _header(info, row)
+    _nodes(path, info)
     approvals_panel(path, info)
     if info.kind != "replay" and info.status != "running":
         _replay_panel(path, info, row)
@@ -161,6 +162,43 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f"Open the original session {info.replay_of}", key="open_original"
     ):
         open_session(info.replay_of)
+
+
+def _nodes(path: Path, info: SessionInfo) -> None:
+    """A multi-process session's processes, one line each: its agents, how it ended and
+    where its journal ends (the lines ``pantheon sessions show`` prints); nothing for a
+    single-process session."""
+    nodes: tuple[readmodel.NodeView, ...] = _model(path, info, "nodes")
+    if not nodes:
+        return
+    cut = [n.name for n in nodes if n.ended is False]
+    title = f"**{len(nodes)} processes**" + (
+        f": the journal of {', '.join(f'`{n}`' for n in cut)} stops early" if cut else ""
+    )
+    st.markdown(title)
+    st.dataframe(
+        pd.DataFrame(
+            [
+                {
+                    "node": n.name,
+                    "agents": ", ".join(n.agents),
+                    "ended": n.how,
+                    "journal": n.journal,
+                }
+                for n in nodes
+            ]
+        ),
+        hide_index=True,
+        key="node_table",
+    )
+
+
+def _without_empty_node(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` without its ``node`` column when no row has one (a single-process session
+    looks as it always did)."""
+    if "node" in frame.columns and frame["node"].isna().all():
+        return frame.drop(columns=["node"])
+    return frame
 
 
 # -- replay -------------------------------------------------------------------------------
@@ -405,7 +443,11 @@ def _breakers(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     end = max([e.t_s for e in events] + [row.duration_s or 0.0])
     st.markdown(f"**{len(events)} breaker transition(s)**")
     st.altair_chart(_charts.breaker_chart(events, end), width="stretch")
-    st.dataframe(pd.DataFrame([asdict(e) for e in events]), hide_index=True, key="breaker_table")
+    st.dataframe(
+        _without_empty_node(pd.DataFrame([asdict(e) for e in events])),
+        hide_index=True,
+        key="breaker_table",
+    )
 
 
 def _dead_letters(path: Path, info: SessionInfo) -> None:
@@ -443,6 +485,7 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
                 {
                     "entry": d.entry_id,
                     "subscriber": d.subscriber,
+                    "node": d.node,
                     "topic": d.topic,
                     "reason": d.reason,
                     "error": f"{d.error_type}: {d.error}" if d.error_type else (d.error or ""),
@@ -452,7 +495,7 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
                 }
                 for d in letters
             ]
-        ),
+        ).pipe(_without_empty_node),
         hide_index=True,
         key="dlq_table",
         column_config={"t (s)": st.column_config.NumberColumn(format="%.3f")},
@@ -624,7 +667,9 @@ def _requests(path: Path, info: SessionInfo) -> None:
     if bars:
         st.altair_chart(_charts.waterfall_chart(bars, req.start_ms), width="stretch")
         st.dataframe(
-            pd.DataFrame([asdict(b) for b in bars]).drop(columns=["envelope_id", "causation_id"]),
+            pd.DataFrame([asdict(b) for b in bars])
+            .drop(columns=["envelope_id", "causation_id"])
+            .pipe(_without_empty_node),
             hide_index=True,
             key="waterfall_table",
         )

@@ -58,7 +58,7 @@ from pantheon.live._snapshot import (
 )
 from pantheon.live._snapshot import DeadLetter as DeadLetterView
 from pantheon.live._wire import decode_client, encode, read_frame
-from pantheon.readmodel import SessionUsage
+from pantheon.readmodel import DRIVER, SessionUsage
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -193,7 +193,10 @@ class LiveFeed:
     of ``trace_ring`` deliveries (0: no traces, no per-message work), ``max_clients``.
     ``usage`` says what the run's model calls have used so far (per agent; the runtime
     reads its team's); without it, snapshots show no model usage. ``outcomes`` likewise says
-    what the team has decided so far.
+    what the team has decided so far. ``nodes`` places a multi-process run's agents (agent
+    name -> node, as :func:`pantheon.readmodel.placement` reads them off the scenario): the
+    node of each hop and dead letter is its subscriber's (``driver`` for an agent no node
+    runs); without it, they have none, as in a single-process run.
     """
 
     def __init__(
@@ -211,6 +214,7 @@ class LiveFeed:
         max_clients: int = DEFAULT_MAX_CLIENTS,
         usage: Callable[[], SessionUsage] | None = None,
         outcomes: Callable[[], OutcomeTally] | None = None,
+        nodes: Mapping[str, str] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -233,6 +237,16 @@ class LiveFeed:
         self.status = "running"
         self.usage = usage
         self.outcomes = outcomes
+        self.nodes = dict(nodes or {})
+        hosts: dict[str, list[str]] = {}
+        for agent, node in self.nodes.items():
+            hosts.setdefault(node, []).append(agent)
+        #: The processes, a line each, as snapshots carry them (the driver's agents are
+        #: the ones no node runs, which the placement does not list).
+        self._node_lines = tuple(
+            f"node {node}: {', '.join(agents)}" for node, agents in hosts.items()
+        )
+        self._here = DRIVER if self.nodes else None
         #: Called with each entry id a client redrove successfully (the runtime marks it in
         #: the session store).
         self.on_redrive: list[Callable[[int], Awaitable[None]]] = []
@@ -526,14 +540,22 @@ class LiveFeed:
             hops=self._hops(),
             breakers=self._breakers(),
             breaker_events=tuple(
-                BreakerEvent((t - origin) / 1e9, name, old, new, reason)
+                # A breaker of this bus: the feed runs in the driver of a multi-process run.
+                BreakerEvent((t - origin) / 1e9, name, old, new, reason, self._here)
                 for t, name, old, new, reason in self._breaker_events
             ),
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
             usage=SessionUsage() if self.usage is None else self.usage(),
             outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
+            nodes=self._node_lines,
         )
+
+    def _node(self, subscriber: str) -> str | None:
+        """The process a subscription's agent runs on (None in a single-process run)."""
+        if not self.nodes:
+            return None
+        return self.nodes.get(subscriber.partition(":")[0], DRIVER)
 
     def _series(self, origin: int) -> tuple[Series, ...]:
         samples = list(self._samples)
@@ -609,6 +631,7 @@ class LiveFeed:
                 redriven=e.entry_id in self._redriven,
                 payload=e.envelope.payload,
                 correlation_id=e.envelope.correlation_id,
+                node=self._node(e.subscriber),
             )
             for e in self._dead
         )
@@ -650,6 +673,7 @@ class LiveFeed:
                     handling_ms=(end - start) / 1e6,
                     outcome=outcome,
                     error=errors.get((env.id, sub)),
+                    node=self._node(sub),
                 )
                 for sub, env, start, end, outcome in items
             )

@@ -11,7 +11,7 @@ from bus import Bus
 from pantheon.live._feed import LiveFeed
 from pantheon.live._snapshot import MAX_TALLIED, OutcomeTally
 from pantheon.live._wire import socket_path
-from pantheon.readmodel import SessionUsage
+from pantheon.readmodel import SessionUsage, placement
 
 if TYPE_CHECKING:
     from pantheon._team import Team
@@ -71,15 +71,20 @@ class LiveRun:
             return
         recorder = getattr(self._recording, "recorder", None)
         path = None
-        if recorder is not None and self._serve:
-            path = socket_path(recorder.store.path, recorder.session_id)
+        nodes: dict[str, str] = {}
+        if recorder is not None:
+            if self._serve:
+                path = socket_path(recorder.store.path, recorder.session_id)
+            # Where a multi-process run's agents run, from the scenario it recorded.
+            info = recorder.store.session(recorder.session_id)
+            nodes = placement(info.scenario_text)
         feed = LiveFeed(
             bus,
             scenario=self._scenario,
             path=path,
             usage=self._usage,
             outcomes=self._outcomes,
-            **self._options,
+            **{"nodes": nodes, **self._options},
         )
         if recorder is not None:
             feed.on_redrive.append(_marker(recorder))

@@ -114,6 +114,8 @@ class BreakerEvent(msgspec.Struct, frozen=True):
     old: str
     new: str
     reason: str | None
+    node: str | None = None
+    """The process whose breaker it was (a multi-process session's; None otherwise)."""
 
 
 class Check(msgspec.Struct, frozen=True):
@@ -147,10 +149,14 @@ class DeadLetter(msgspec.Struct, frozen=True):
     redriven: bool
     payload: Any
     correlation_id: int | None = None
+    node: str | None = None
+    """The process whose queue dead-lettered it: a node of a multi-process session (``driver``
+    for the one that ran the scenario); None in a single-process one."""
 
 
 class Hop(msgspec.Struct, frozen=True):
-    """One delivery of a request: published at ``enqueued_ms``, started, ended (offsets)."""
+    """One delivery of a request: published at ``enqueued_ms``, started, ended (offsets).
+    ``node``: the process that handled it (multi-process sessions only)."""
 
     envelope_id: int
     causation_id: int | None
@@ -164,6 +170,7 @@ class Hop(msgspec.Struct, frozen=True):
     handling_ms: float
     outcome: str
     error: str | None
+    node: str | None = None
 
 
 class Trace(msgspec.Struct, frozen=True):
@@ -225,6 +232,10 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
     checks: tuple[Check, ...] = ()
     """The run's expectations once it has ended (a live feed has none to give)."""
+    nodes: tuple[str, ...] = ()
+    """A multi-process session's processes, a line each (its agents, how it ended, where
+    its journal ends: :attr:`pantheon.readmodel.NodeView.text`); a live feed's name each
+    node and its agents."""
 
 
 # -- the socket protocol ---------------------------------------------------------------------

@@ -81,7 +81,9 @@ def snapshot_from_store(
         series=_series(readmodel.throughput(store, sid, bucket_s=bucket_s), bucket_s),
         hops=tuple(_hop_latency(h) for h in latency),
         breakers=_breakers(last_stats, events),
-        breaker_events=tuple(BreakerEvent(e.t_s, e.name, e.old, e.new, e.reason) for e in events),
+        breaker_events=tuple(
+            BreakerEvent(e.t_s, e.name, e.old, e.new, e.reason, e.node) for e in events
+        ),
         dead_letters=tuple(
             DeadLetter(
                 entry_id=d.entry_id,
@@ -97,6 +99,7 @@ def snapshot_from_store(
                 redriven=d.redriven,
                 payload=d.payload,
                 correlation_id=d.correlation_id,
+                node=d.node,
             )
             for d in letters
         ),
@@ -109,6 +112,7 @@ def snapshot_from_store(
         # reading its outcomes means decoding every envelope it has so far.
         outcomes=OutcomeTally() if info.status == "running" else _tally(store, sid),
         checks=_checks(info.summary.get("expectations")),
+        nodes=tuple(n.text for n in readmodel.nodes(store, sid)),
     )
 
 
@@ -159,7 +163,7 @@ def trace_from_store(store: SessionStore, session_id: str, correlation_id: int) 
         Hop(
             b.envelope_id, b.causation_id, b.topic, b.agent, b.depth,
             b.enqueued_ms, b.start_ms, b.end_ms, b.queue_wait_ms, b.handling_ms,
-            b.outcome, b.error,
+            b.outcome, b.error, b.node,
         )
         for b in readmodel.waterfall(store, session_id, correlation_id)
     )  # fmt: skip

@@ -10,7 +10,13 @@ from typing import Any
 
 from pantheon.sessions._align import Lineage, compare_runs
 from pantheon.sessions._errors import ReplayDivergence
-from pantheon.sessions._store import SessionStore, StoredDelivery, StoredEffect, StoredEnvelope
+from pantheon.sessions._store import (
+    SessionInfo,
+    SessionStore,
+    StoredDelivery,
+    StoredEffect,
+    StoredEnvelope,
+)
 
 __all__ = ["LatencyDelta", "LatencyStats", "SessionDiff", "diff_sessions"]
 
@@ -95,6 +101,12 @@ class SessionDiff:
     latency: list[LatencyDelta] = field(default_factory=list)
     differences: int = 0
     timing_effects: tuple[str, ...] = ()
+    node_a: str | None = None
+    """The process of ``a`` where the divergence's hop ran (its agent handled the message,
+    or handled the one that caused it): a node of a multi-process session, ``driver`` for
+    the process that ran its scenario; None for a single-process session (or no hop)."""
+    node_b: str | None = None
+    """The same in ``b``."""
 
     @property
     def identical(self) -> bool:
@@ -120,11 +132,34 @@ class SessionDiff:
             "latency": [d.to_dict() for d in self.latency],
         }
 
+    def describe(self, a: str = "A", b: str = "B") -> str:
+        """The first difference in words, the runs named ``a`` and ``b``, saying on which
+        node its hop ran where either run is multi-process: ``... from agent 'reasoner'
+        (node cognition in B): ...``."""
+        if self.divergence is None:
+            return "no difference"
+        text = self.divergence.describe(a, b)
+        where = [f"node {n} in {side}" for n, side in ((self.node_a, a), (self.node_b, b)) if n]
+        if self.node_a is not None and self.node_a == self.node_b:
+            where = [f"node {self.node_a} in {a} and {b}"]
+        if not where:
+            return text
+        agent = f"from agent {self.divergence.agent!r}"
+        note = f"({', '.join(where)})"
+        if agent in text:
+            return text.replace(agent, f"{agent} {note}", 1)
+        head, sep, rest = text.partition("\n")
+        return f"{head} {note}{sep}{rest}"
+
     def _divergence(self) -> dict[str, Any]:
         assert self.divergence is not None
         # Neither run is a replay: the message names them A and B.
-        message = self.divergence.describe("A", "B").split("\n", 1)[0]
-        return self.divergence.to_dict() | {"message": message}
+        message = self.describe("A", "B").split("\n", 1)[0]
+        return self.divergence.to_dict() | {
+            "message": message,
+            "node_a": self.node_a,
+            "node_b": self.node_b,
+        }
 
 
 def _agent(name: str | None) -> str:
@@ -224,6 +259,44 @@ def _series(
     return out
 
 
+#: The process that ran a multi-process session's scenario (its records carry no node).
+_DRIVER = "driver"
+
+
+def _hop_node(
+    store: SessionStore,
+    info: SessionInfo,
+    envelopes: Iterable[StoredEnvelope],
+    deliveries: Iterable[StoredDelivery],
+    div: ReplayDivergence,
+    envelope_id: int | None,
+) -> str | None:
+    """Where ``div``'s hop ran in one session: the node of its agent's handling of the
+    message (an effect or an outcome) or of the message that caused it (a message the
+    agent published); else the node the session's summary places the agent on. None for a
+    single-process session."""
+    placed = info.summary.get("nodes")
+    if not placed and not store.node_journals(info.id):
+        return None
+    agent = _agent(div.agent)
+    by_id = {e.id: e for e in envelopes}
+    env = by_id.get(envelope_id) if envelope_id is not None else None
+    handled = envelope_id if div.field in ("effect", "outcome") else None
+    if handled is None and env is not None:
+        handled = env.causation_id
+    for d in deliveries:
+        if d.envelope_id == handled and _agent(d.subscriber) == agent:
+            return d.node or _DRIVER
+    hosts = [
+        str(name)
+        for name, node in (placed.items() if isinstance(placed, dict) else ())
+        if isinstance(node, dict) and agent in (node.get("agents") or ())
+    ]
+    if len(hosts) == 1:
+        return hosts[0]
+    return None
+
+
 def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
     """Compare session ``b`` with session ``a`` (ids or unique prefixes)."""
     sa, sb = store.session(a), store.session(b)
@@ -261,6 +334,13 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
             causes.clear()
             break
         causes.update(names)
+    first = comparison.divergence
+    nodes: tuple[str | None, str | None] = (None, None)
+    if first is not None:
+        nodes = (
+            _hop_node(store, sa, env_a, del_a, first, first.original_id),
+            _hop_node(store, sb, env_b, del_b, first, first.replay_id),
+        )
     return SessionDiff(
         a=sa.id,
         b=sb.id,
@@ -271,4 +351,6 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
         latency=latency,
         differences=len(comparison.divergences),
         timing_effects=tuple(sorted(causes)),
+        node_a=nodes[0],
+        node_b=nodes[1],
     )

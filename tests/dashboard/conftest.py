@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
+from node_session import node_sessions  # noqa: F401 - shared fixture
 
 from pantheon.sessions import SessionStore
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
+from node_session import node_sessions  # noqa: F401 - shared fixture
 
 from bus import Bus
 from pantheon._team import team_setup

@@ -1,0 +1,131 @@
+"""The node of each hop of a multi-process session, on sessions really recorded by
+``pantheon run`` on ZeroMQ nodes: the read model, ``sessions show`` (and ``--json``) and
+``pantheon diff``."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from cli_run import pantheon
+from node_session import NodeSessions
+
+from pantheon import readmodel
+from pantheon.sessions import SessionStore
+
+
+def _placed(summary: dict[str, Any]) -> dict[str, str]:
+    """Agent -> the process the run's summary says hosts it."""
+    return {a: node for node, d in summary["nodes"].items() for a in d["agents"]}
+
+
+def test_the_read_model_gives_each_hop_and_dead_letter_its_node(
+    node_sessions: NodeSessions,
+) -> None:
+    s = node_sessions
+    placed = _placed(s.summaries["nodes3"])
+    with SessionStore(s.store, create=False) as store:
+        letters = readmodel.dead_letters(store, s.three)
+        requests = readmodel.requests(store, s.three)
+        bars = [b for r in requests for b in readmodel.waterfall(store, s.three, r.correlation_id)]
+        breakers = readmodel.breaker_timeline(store, s.three)
+        alone_letters = readmodel.dead_letters(store, s.alone)
+        alone_bars = readmodel.waterfall(
+            store, s.alone, readmodel.requests(store, s.alone)[0].correlation_id
+        )
+        assert readmodel.nodes(store, s.alone) == ()
+    # Every ticket failed on the Actor, which runs on node action: its dead letters are there.
+    assert letters and {d.node for d in letters} == {"action"}
+    assert breakers and {b.node for b in breakers} == {"action"}
+    # Each handling ran where its agent is placed; the driver's (the Learner) say so too.
+    nodes = Counter(b.node for b in bars)
+    assert set(nodes) == {"driver", "perception", "cognition", "action"}
+    for b in bars:
+        assert b.node == placed[b.agent.partition(":")[0]], b
+    # A single-process session's records have no node.
+    assert alone_letters and {d.node for d in alone_letters} == {None}
+    assert {b.node for b in alone_bars} == {None}
+
+
+def test_sessions_show_says_how_each_node_ended_and_where_its_journal_ends(
+    node_sessions: NodeSessions,
+) -> None:
+    s = node_sessions
+    with SessionStore(s.store, create=False) as store:
+        journals = store.node_journals(s.three)
+        cut = store.node_journals(s.killed)
+    out = pantheon("sessions", "show", s.three, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("node ")]
+    j = {n: (journals[n].shipments, journals[n].records) for n in journals}
+    assert lines == [
+        "node driver: observer, learner; ok; records the session itself",
+        f"node perception: sensor, monitor; ok; {j['perception'][0]} shipments, "
+        f"{j['perception'][1]:,} records, journal complete",
+        f"node cognition: reasoner, memory, planner; ok; {j['cognition'][0]} shipments, "
+        f"{j['cognition'][1]:,} records, journal complete",
+        f"node action: guardian, actor; ok; {j['action'][0]} shipments, "
+        f"{j['action'][1]:,} records, journal complete",
+    ]
+
+    # The killed node: when, and where its records stop.
+    out = pantheon("sessions", "show", s.killed, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    killed_at = s.summaries["killed"]["nodes"]["work2"]["killed_at_s"]  # type: ignore[index]
+    (work2,) = [line for line in out.stdout.splitlines() if line.startswith("node work2")]
+    if "work2" in cut:
+        w = cut["work2"]
+        assert not w.ended
+        assert work2 == (
+            f"node work2: reasoner; killed at {killed_at:.2f} s; journal ends after "
+            f"{w.records:,} records in {w.shipments} shipments (its last records died with it)"
+        )
+    else:  # killed before its first shipment
+        assert work2 == (
+            f"node work2: reasoner; killed at {killed_at:.2f} s; shipped no records "
+            "(they died with it)"
+        )
+    assert re.search(r"^node work1: reasoner; ok; .* journal complete$", out.stdout, re.M)
+
+    # --json: the same, per field, and the line.
+    out = pantheon(
+        "sessions", "show", s.killed, "--json", "--store", str(s.store), cwd=s.store.parent
+    )
+    doc = json.loads(out.stdout)
+    by_name = {n["name"]: n for n in doc["nodes"]}
+    assert list(by_name) == ["driver", "keep", "work1", "work2"]
+    assert by_name["work2"]["status"] == "killed"
+    assert by_name["work2"]["ended"] is False
+    assert by_name["work2"]["text"] == work2
+    assert by_name["work1"]["ended"] is True
+    assert by_name["driver"]["shipments"] is None
+
+
+def test_a_single_process_session_shows_as_before(node_sessions: NodeSessions) -> None:
+    s = node_sessions
+    out = pantheon("sessions", "show", s.alone, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    assert not [line for line in out.stdout.splitlines() if line.startswith("node ")]
+    out = pantheon(
+        "sessions", "show", s.alone, "--json", "--store", str(s.store), cwd=s.store.parent
+    )
+    assert "nodes" not in json.loads(out.stdout)
+
+
+def test_diff_names_the_node_where_the_first_difference_ran(node_sessions: NodeSessions) -> None:
+    s = node_sessions
+    placed = _placed(s.summaries["nodes3"])
+    out = pantheon("diff", s.alone, s.three, "--json", "--store", str(s.store), cwd=s.store.parent)
+    div = json.loads(out.stdout)["divergence"]
+    assert div is not None, out.stdout
+    agent = div["agent"].partition(":")[0]
+    # A is single-process: no node; B ran the hop where its agent is placed.
+    assert div["node_a"] is None
+    assert div["node_b"] == placed[agent]
+    assert f"from agent {div['agent']!r} (node {placed[agent]} in B)" in div["message"]
+
+    # The text says it too, and the other way round the node is A's.
+    out = pantheon("diff", s.three, s.alone, "--store", str(s.store), cwd=s.store.parent)
+    assert f"(node {placed[agent]} in A)" in out.stdout, out.stdout
