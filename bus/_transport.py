@@ -117,6 +117,12 @@ class Transport(abc.ABC):
 
     #: Called with no arguments when remote interest changes; the bus drops its route cache.
     on_change: Callable[[], None] | None = None
+    #: Names of this bus's subscriptions that its own publishes reach only through the
+    #: transport, never handed over in memory: a transport with a durable log (NATS) feeds
+    #: a group with members in several processes from the log alone, so a member's death
+    #: loses nothing it was handed. ``has_remote`` is true for their topics, and the
+    #: transport delivers them back like any remote message. Fixed for the transport's life.
+    fed_remotely: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     async def start(self, port: BusPort) -> None: ...

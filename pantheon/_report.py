@@ -89,6 +89,13 @@ class RunSummary:
     inside it (a chain of agents on that node) died with its accounting, as did what it
     published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
+    stream: dict[str, Any] = field(default_factory=dict)
+    """Of a NATS run in which a node was killed: which of its agents a live process took
+    over (``taken_over``: agent -> processes), which had no live member
+    (``no_live_member``), the items whose messages wait in the stream for those
+    (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
+    (``complete``) and when the run went quiet (``quiet_at_s``). See ``pantheon._takeover``.
+    Empty otherwise."""
     scheduling: dict[str, Any] = field(default_factory=dict)
     """How long the event loop's thread waited for a CPU while it had work (``source``,
     ``wall_s``, ``cpu_s``, ``wait_s``, ``share``; see ``bus._sched``): of a multi-process
@@ -252,6 +259,7 @@ def summarize(
     session_id: str | None,
     messages: int | None = None,
     unverified: Mapping[str, int | None] | None = None,
+    stream: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """Merge the :func:`local_report` of every process of a run and judge the result.
 
@@ -316,6 +324,7 @@ def summarize(
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),
         malformed_topic=getattr(scenario.input, "malformed_topic", None),
         unverified=dict(unverified or {}),
+        stream=dict(stream or {}),
         scheduling=_most_starved(reports),
     )
     summary.expectations = judge(scenario, summary)
@@ -415,7 +424,28 @@ def judge(
     if e.zero_lost:
         # Only what was counted: a process that died with its books is not "nothing lost".
         # Even one that settled nothing: what it published itself is in nobody's books.
-        if s.unverified:
+        # Unless the stream vouches for it (NATS): every agent it hosted was taken over and
+        # nothing waits (see pantheon._takeover).
+        taken_over = _taken_over(s.stream)
+        if s.unverified and s.stream.get("items"):
+            items = s.stream["items"]
+            shown = ", ".join(items[:MAX_LISTED_DEAD_LETTERS])
+            more = (
+                f" and {len(items) - MAX_LISTED_DEAD_LETTERS:,} more"
+                if len(items) > MAX_LISTED_DEAD_LETTERS
+                else ""
+            )
+            check(
+                "zero lost",
+                False,
+                True,
+                ("" if s.stream.get("complete") else "at least ")
+                + f"{len(items):,} items wait in the stream for "
+                f"{', '.join(s.stream['waiting'])} (no live member): {shown}{more}",
+            )
+        elif s.unverified and taken_over:
+            check("zero lost", s.accounting_ok, True, s.accounting_ok)
+        elif s.unverified:
             got: Any = "unknown: " + "; ".join(
                 f"node {node!r} ended without its accounting"
                 + ("" if n is None else f" after settling {n:,} messages")
@@ -481,6 +511,17 @@ def judge(
         passed, message = _custom(spec, scenario, s)
         check(f"custom: {spec}", passed, "pass", message)
     return out
+
+
+def _taken_over(stream: Mapping[str, Any]) -> bool:
+    """Whether the stream vouches for the killed nodes: each of their agents had a live
+    member to take what they left, that member finished it, and the list is whole."""
+    return (
+        bool(stream.get("killed"))
+        and not stream.get("no_live_member")
+        and bool(stream.get("complete"))
+        and not stream.get("messages")
+    )
 
 
 def accuracy_bounds(

@@ -1,0 +1,150 @@
+"""NATS takeover under ``pantheon run``: SIGKILL of a node mid-run (``faults.kill_node``) with a
+standby member of its agents elsewhere, and without one. Real node processes, a throwaway
+``nats-server -js`` (``server: auto``) on loopback, the session recorded in a real SQLite
+file; each run ends by itself (``run`` has no deadline of its own here but the test's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from untimed import copy_untimed
+
+from pantheon.sessions import SessionStore
+
+PLACEMENT = (
+    "  nodes:\n    perception: [sensor, monitor]\n"
+    "    cognition: [reasoner, memory, planner]\n    action: [guardian, actor]\n"
+)
+
+
+def scenario(workdir: Path, name: str, transport: str, faults: str, count: int) -> str:
+    """The NATS support scenario with ``transport`` lines in place of its placement, the
+    first ``count`` emails and ``faults``; returns its path relative to ``workdir``."""
+    path = workdir / "scenarios" / "support_email_nats.yaml"
+    text = path.read_text()
+    assert PLACEMENT in text and "  rate: 1000 " in text
+    text = (
+        text.replace(PLACEMENT, transport)
+        .replace("name: support_email_nats", f"name: {name}")
+        .replace("  rate: 1000 ", f"  count: {count}\n  rate: 200 ")
+    )
+    (workdir / "scenarios" / f"{name}.yaml").write_text(text + faults)
+    return f"scenarios/{name}.yaml"
+
+
+def run_json(workdir: Path, path: str) -> tuple[int, dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", "run", path, "--json", "--store", "s.db"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"COLUMNS": "250"},
+    )
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def recorded(workdir: Path, session: str) -> tuple[list[str], Counter[str]]:
+    """The valid emails the driver published (in order), and how many ``action.executed``
+    (the team's outcome) each got, from the session store."""
+    with SessionStore(workdir / "s.db") as s:
+        envelopes = s.envelopes(s.resolve(session))
+    inputs = [e.payload["id"] for e in envelopes if e.topic == "observation.email.received"]
+    actions = Counter(e.payload["email_id"] for e in envelopes if e.topic == "action.executed")
+    return inputs, actions
+
+
+def zero_lost(summary: dict[str, Any]) -> dict[str, Any]:
+    (check,) = [e for e in summary["expectations"] if e["name"] == "zero lost"]
+    return check
+
+
+def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
+    tmp_path: Path,
+) -> None:
+    """``cognition`` (reasoner, memory, planner: a chain inside one process) is SIGKILLed
+    mid-run; ``spare`` hosts a standby of each. What cognition held comes back to spare
+    after ``ack_wait``, what it had published is not handled twice, and the run says zero
+    lost although cognition never gave its accounting."""
+    copy_untimed(tmp_path)
+    path = scenario(
+        tmp_path,
+        "takeover",
+        PLACEMENT.replace("  nodes:", "  ack_wait: 2\n  nodes:")
+        + "  standby:\n    spare: [reasoner, memory, planner]\n",
+        # A slow Reasoner (8 at a time, 200 ms each): cognition holds several emails when
+        # it dies, whenever the kill lands in the input.
+        "\nfaults:\n  agents:\n    reasoner: {latency_ms: 200}\n"
+        "  kill_node: {node: cognition, at: 0.4}\n",
+        count=120,
+    )
+    code, summary = run_json(tmp_path, path)
+
+    nodes = summary["nodes"]
+    assert nodes["cognition"]["status"] == "killed"
+    assert {n: d["status"] for n, d in nodes.items() if n != "cognition"} == dict.fromkeys(
+        ("driver", "perception", "action", "spare"), "ok"
+    )
+    assert nodes["spare"]["agents"] == ["reasoner", "memory", "planner"]
+    # spare got what cognition held: messages delivered a second time.
+    assert nodes["spare"]["transport"]["redelivered"] > 0
+    stream = summary["stream"]
+    assert stream["killed"] == ["cognition"]
+    assert stream["taken_over"] == {
+        "reasoner": ["spare"],
+        "memory": ["spare"],
+        "planner": ["spare"],
+    }
+    assert stream["no_live_member"] == [] and stream["items"] == []
+    assert zero_lost(summary)["passed"] is True
+    assert code == 0 and summary["passed"] is True, summary["expectations"]
+
+    inputs, actions = recorded(tmp_path, summary["session_id"])
+    assert len(inputs) == summary["inputs"] == 120 - summary["malformed"]
+    # Every email decided, and exactly once: no loss, no duplicate outcome.
+    assert actions == Counter(inputs)
+    assert summary["dlq"] == {}
+
+
+def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
+    tmp_path: Path,
+) -> None:
+    """The Reasoner alone on ``think``, SIGKILLed mid-run, no standby: the run still ends
+    (the driver stops waiting for a group nobody is left to serve), fails zero lost, and
+    names exactly the emails that never got past the Reasoner: the ones waiting in the
+    stream for it."""
+    copy_untimed(tmp_path)
+    path = scenario(
+        tmp_path,
+        "orphan",
+        "  ack_wait: 2\n  nodes:\n"
+        "    keep: [sensor, monitor, memory, planner, guardian, actor]\n"
+        "    think: [reasoner]\n",
+        "\nfaults:\n  agents:\n    reasoner: {latency_ms: 200}\n"
+        "  kill_node: {node: think, at: 0.4}\n",
+        count=60,
+    )
+    code, summary = run_json(tmp_path, path)
+
+    assert summary["nodes"]["think"]["status"] == "killed"
+    inputs, actions = recorded(tmp_path, summary["session_id"])
+    assert len(inputs) == summary["inputs"] == 60 - summary["malformed"]
+    assert max(actions.values()) == 1
+    never = sorted(set(inputs) - set(actions))
+    assert never  # the kill left work behind
+    stream = summary["stream"]
+    assert stream["no_live_member"] == ["reasoner"] and stream["taken_over"] == {}
+    assert stream["complete"] is True
+    assert stream["items"] == stream["waiting"]["reasoner"] == never
+    check = zero_lost(summary)
+    assert check["passed"] is False
+    assert check["actual"].startswith(f"{len(never):,} items wait in the stream for reasoner")
+    assert check["actual"].endswith(", ".join(never))
+    assert code == 1 and summary["passed"] is False
