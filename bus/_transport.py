@@ -95,6 +95,11 @@ class Receipt:
 
     __slots__ = ()
 
+    #: True when the receiving bus has counted and observed the envelope already, and
+    #: only delivers it: it published it itself and it comes back through the transport
+    #: (see ``Transport.fed_remotely``), or it arrived before for another subscription.
+    looped: bool = False
+
     def expect(self, count: int) -> None:
         """``count`` subscriptions took the envelope; each will ``settle`` it once."""
         raise NotImplementedError

@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 from untimed import copy_untimed
 
 from pantheon.sessions import SessionStore
@@ -66,42 +67,51 @@ def zero_lost(summary: dict[str, Any]) -> dict[str, Any]:
     return check
 
 
+@pytest.mark.parametrize(
+    ("standby", "killed", "slow", "agents", "host"),
+    [
+        # A chain inside one process (reasoner -> planner, with memory asked on the way).
+        ("    spare: [reasoner, memory, planner]\n", "cognition", "reasoner",
+         ["reasoner", "memory", "planner"], "spare"),
+        # The driver hosts a standby of every agent; the last hop of the chain dies.
+        ("driver\n", "action", "actor", ["guardian", "actor"], "driver"),
+    ],
+    ids=["named-standby", "driver-standby"],
+)  # fmt: skip
 def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
-    tmp_path: Path,
+    tmp_path: Path, standby: str, killed: str, slow: str, agents: list[str], host: str
 ) -> None:
-    """``cognition`` (reasoner, memory, planner: a chain inside one process) is SIGKILLed
-    mid-run; ``spare`` hosts a standby of each. What cognition held comes back to spare
-    after ``ack_wait``, what it had published is not handled twice, and the run says zero
-    lost although cognition never gave its accounting."""
+    """A node is SIGKILLed mid-run while a standby of each of its agents runs elsewhere.
+    What it held comes back to the standby after ``ack_wait``, what it had published is
+    not handled twice, and the run says zero lost although the node never gave its
+    accounting."""
     copy_untimed(tmp_path)
     path = scenario(
         tmp_path,
         "takeover",
         PLACEMENT.replace("  nodes:", "  ack_wait: 2\n  nodes:")
-        + "  standby:\n    spare: [reasoner, memory, planner]\n",
-        # A slow Reasoner (8 at a time, 200 ms each): cognition holds several emails when
-        # it dies, whenever the kill lands in the input.
-        "\nfaults:\n  agents:\n    reasoner: {latency_ms: 200}\n"
-        "  kill_node: {node: cognition, at: 0.4}\n",
+        + "  standby:"
+        + (" " if standby == "driver\n" else "\n")
+        + standby,
+        # A slow agent (200 ms a message) on the node that dies: it holds several emails
+        # when it dies, whenever the kill lands in the input.
+        f"\nfaults:\n  agents:\n    {slow}: {{latency_ms: 200}}\n"
+        f"  kill_node: {{node: {killed}, at: 0.4}}\n",
         count=120,
     )
     code, summary = run_json(tmp_path, path)
 
     nodes = summary["nodes"]
-    assert nodes["cognition"]["status"] == "killed"
-    assert {n: d["status"] for n, d in nodes.items() if n != "cognition"} == dict.fromkeys(
-        ("driver", "perception", "action", "spare"), "ok"
+    assert nodes[killed]["status"] == "killed"
+    assert {n: d["status"] for n, d in nodes.items() if n != killed} == dict.fromkeys(
+        set(nodes) - {killed}, "ok"
     )
-    assert nodes["spare"]["agents"] == ["reasoner", "memory", "planner"]
-    # spare got what cognition held: messages delivered a second time.
-    assert nodes["spare"]["transport"]["redelivered"] > 0
+    assert set(agents) <= set(nodes[host]["agents"])
+    # The standby got what the killed node held: messages delivered a second time.
+    assert nodes[host]["transport"]["redelivered"] > 0
     stream = summary["stream"]
-    assert stream["killed"] == ["cognition"]
-    assert stream["taken_over"] == {
-        "reasoner": ["spare"],
-        "memory": ["spare"],
-        "planner": ["spare"],
-    }
+    assert stream["killed"] == [killed]
+    assert stream["taken_over"] == {agent: [host] for agent in agents}
     assert stream["no_live_member"] == [] and stream["items"] == []
     assert zero_lost(summary)["passed"] is True
     assert code == 0 and summary["passed"] is True, summary["expectations"]

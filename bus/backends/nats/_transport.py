@@ -90,6 +90,7 @@ _COUNTERS = (
     "duplicates_dropped",
     "resent",
     "received",
+    "looped",
     "redelivered",
     "skipped",
     "acked",
