@@ -24,17 +24,41 @@ PLACEMENT = (
 )
 
 
+# An agent on the driver (which no test kills) writing down every outcome it receives: the
+# team's own view of "decided", whatever the record keeps of a process that died.
+TALLY = """
+from agents import Agent, AgentSettings
+from bus import Envelope
+
+
+class Tally(Agent):
+    subscriptions = ("action.executed",)
+
+    class Settings(AgentSettings):
+        path: str
+
+    async def handle(self, env: Envelope) -> None:
+        with open(self.settings.path, "a", encoding="utf-8") as out:
+            out.write(env.payload["email_id"] + "\\n")
+"""
+
+
 def scenario(workdir: Path, name: str, transport: str, faults: str, count: int) -> str:
     """The NATS support scenario with ``transport`` lines in place of its placement, the
-    first ``count`` emails and ``faults``; returns its path relative to ``workdir``."""
+    first ``count`` emails, ``faults``, and a tally of outcomes on the driver (written to
+    ``<workdir>/<name>.tally``); returns its path relative to ``workdir``."""
     path = workdir / "scenarios" / "support_email_nats.yaml"
     text = path.read_text()
     assert PLACEMENT in text and "  rate: 1000 " in text
+    agents = text.index("\n", text.index("\nagents:") + 1) + 1
+    tally = f"  tally:\n    class: takeover_tally:Tally\n    settings: {{path: {name}.tally}}\n"
     text = (
-        text.replace(PLACEMENT, transport)
+        (text[:agents] + tally + text[agents:])
+        .replace(PLACEMENT, transport)
         .replace("name: support_email_nats", f"name: {name}")
         .replace("  rate: 1000 ", f"  count: {count}\n  rate: 200 ")
     )
+    (workdir / "scenarios" / "takeover_tally.py").write_text(TALLY)
     (workdir / "scenarios" / f"{name}.yaml").write_text(text + faults)
     return f"scenarios/{name}.yaml"
 
@@ -52,13 +76,14 @@ def run_json(workdir: Path, path: str) -> tuple[int, dict[str, Any]]:
     return proc.returncode, json.loads(proc.stdout)
 
 
-def recorded(workdir: Path, session: str) -> tuple[list[str], Counter[str]]:
-    """The valid emails the driver published (in order), and how many ``action.executed``
-    (the team's outcome) each got, from the session store."""
+def recorded(workdir: Path, session: str, name: str) -> tuple[list[str], Counter[str]]:
+    """The valid emails the driver published (in order, from the session store), and how
+    many ``action.executed`` (the team's outcome) each got, from the driver's tally."""
     with SessionStore(workdir / "s.db") as s:
         envelopes = s.envelopes(s.resolve(session))
     inputs = [e.payload["id"] for e in envelopes if e.topic == "observation.email.received"]
-    actions = Counter(e.payload["email_id"] for e in envelopes if e.topic == "action.executed")
+    tally = workdir / f"{name}.tally"
+    actions = Counter(tally.read_text().split() if tally.exists() else ())
     return inputs, actions
 
 
@@ -116,7 +141,7 @@ def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
     assert zero_lost(summary)["passed"] is True
     assert code == 0 and summary["passed"] is True, summary["expectations"]
 
-    inputs, actions = recorded(tmp_path, summary["session_id"])
+    inputs, actions = recorded(tmp_path, summary["session_id"], "takeover")
     assert len(inputs) == summary["inputs"] == 120 - summary["malformed"]
     # Every email decided, and exactly once: no loss, no duplicate outcome.
     assert actions == Counter(inputs)
@@ -144,7 +169,7 @@ def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
     code, summary = run_json(tmp_path, path)
 
     assert summary["nodes"]["think"]["status"] == "killed"
-    inputs, actions = recorded(tmp_path, summary["session_id"])
+    inputs, actions = recorded(tmp_path, summary["session_id"], "orphan")
     assert len(inputs) == summary["inputs"] == 60 - summary["malformed"]
     assert max(actions.values()) == 1
     never = sorted(set(inputs) - set(actions))
