@@ -4,8 +4,8 @@ node SIGKILLed mid-run, for several ``ack_wait`` values.
 
 ::
 
-    .venv/bin/python benchmarks/takeover_bench.py [--ack-wait 1,2,5] [--kill cognition]
-        [--at 0.3] [--json PATH]
+    .venv/bin/python benchmarks/takeover_bench.py [--ack-wait 1,2,5] [--heartbeat 1]
+        [--kill cognition] [--at 0.3] [--json PATH]
 
 Each row is one ``pantheon run --json`` of ``scenarios/support_email_nats.yaml`` (591
 emails at 1,000/s, ``server: auto``) with ``standby: {spare: <the killed node's agents>}``
@@ -14,7 +14,11 @@ and ``faults.kill_node`` at ``--at`` seconds; the baseline row runs it without t
 nothing waiting in the stream for a live group) minus the node's ``killed_at_s``: an upper
 bound on the time from the SIGKILL to the last email it held being decided by the standby.
 Every row also checks what the takeover must keep: every email's ``action.executed``
-exactly once (from the session store) and ``zero lost`` passed.
+exactly once (from the session store; ``decided_once``), ``zero lost``, and counts dead
+letters: a Reasoner whose Memory lookup (``Agent.request``, 5 s timeout) went to the killed
+node waits for the takeover, and fails when ``ack_wait`` is not shorter than that timeout.
+``--heartbeat`` sets ``transport.heartbeat`` (the directory forgets a node after
+``heartbeat * liveness``, liveness 3).
 """
 
 from __future__ import annotations
@@ -47,13 +51,15 @@ NODES = (
 )
 
 
-def run(workdir: Path, ack_wait: float | None, kill: str, at: float) -> dict[str, Any]:
+def run(
+    workdir: Path, ack_wait: float | None, kill: str, at: float, heartbeat: float = 1.0
+) -> dict[str, Any]:
     text = (ROOT / "scenarios" / "support_email_nats.yaml").read_text()
-    transport = NODES
+    transport = f"  heartbeat: {heartbeat}\n{NODES}"
     faults = ""
     if ack_wait is not None:
         standby = ", ".join(PLACEMENT[kill])
-        transport = f"  ack_wait: {ack_wait}\n{NODES}  standby:\n    spare: [{standby}]\n"
+        transport = f"  ack_wait: {ack_wait}\n{transport}  standby:\n    spare: [{standby}]\n"
         faults = f"\nfaults:\n  kill_node: {{node: {kill}, at: {at}}}\n"
     path = workdir / "scenarios" / "bench.yaml"
     path.write_text(text.replace(NODES, transport) + faults)
@@ -72,10 +78,12 @@ def run(workdir: Path, ack_wait: float | None, kill: str, at: float) -> dict[str
     zero = [e for e in summary["expectations"] if e["name"] == "zero lost"]
     row: dict[str, Any] = {
         "ack_wait_s": ack_wait,
+        "heartbeat_s": heartbeat,
         "elapsed_s": summary["elapsed_s"],
         "emails": sum(inputs.values()),
         "decided_once": actions == inputs,
         "zero_lost": bool(zero and zero[0]["passed"]),
+        "dead_letters": sum(summary["dlq"].values()),
     }
     if ack_wait is not None:
         killed_at = summary["nodes"][kill]["killed_at_s"]
@@ -91,6 +99,7 @@ def run(workdir: Path, ack_wait: float | None, kill: str, at: float) -> dict[str
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ack-wait", default="1,2,5")
+    parser.add_argument("--heartbeat", type=float, default=1.0)
     parser.add_argument("--kill", default="cognition", choices=sorted(PLACEMENT))
     parser.add_argument("--at", type=float, default=0.3)
     parser.add_argument("--json", type=Path)
@@ -100,11 +109,16 @@ def main() -> None:
         workdir = Path(tmp)
         shutil.copytree(ROOT / "scenarios", workdir / "scenarios")
         for ack_wait in [None, *(float(a) for a in args.ack_wait.split(","))]:
-            row = run(workdir, ack_wait, args.kill, args.at)
+            row = run(workdir, ack_wait, args.kill, args.at, args.heartbeat)
             rows.append(row)
             print(json.dumps(row), flush=True)
     if args.json:
-        out = {"machine": platform.platform(), "cpus": os.cpu_count(), "kill": args.kill}
+        out = {
+            "machine": platform.platform(),
+            "cpus": os.cpu_count(),
+            "kill": args.kill,
+            "heartbeat_s": args.heartbeat,
+        }
         args.json.write_text(json.dumps(out | {"rows": rows}, indent=2) + "\n")
 
 

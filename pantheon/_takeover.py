@@ -24,6 +24,13 @@ it emits carries the same ``Nats-Msg-Id`` (cause, emitter, ordinal) and the stre
 it once, so no item gets its outcome twice. Side effects outside the stream (an Actor's
 tool call) are at least once.
 
+*A request waits for the takeover too*: an agent asking one of the dead node's agents
+(``Agent.request``, 5 s by default) gets its answer from the standby after ``ack_wait``, so
+``ack_wait`` must be shorter than the asker's timeout, or its handling fails (dead-lettered:
+counted, not lost, but the item is not decided). A run is quiet again ``ack_wait`` plus
+0.2-2.5 s after the kill (the backlog the dead member's credit held up; measured by
+benchmarks/takeover_bench.py).
+
 After a run in which a node was killed, the driver (:func:`settle`, :func:`inspect`)
 waits until no live group has anything waiting, then reads what waits for the groups
 left with no live member and names the items, by the input key of the root message each
