@@ -99,6 +99,7 @@ async def run(
             outbox_dir=rec.outbox_dir,
             on_team=on_team,
             hold=served.hold if serve else None,
+            journal=rec.journal,
             # A handler may be waiting for a person: the drain waits out its timeout too.
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
         )

@@ -38,6 +38,8 @@ them (``node_lost``); only then is the cluster quiet.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import difflib
 import json
@@ -46,6 +48,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -65,6 +68,7 @@ from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig,
 from pantheon.scenario._agents import agent_class
 
 if TYPE_CHECKING:
+    from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
 
 __all__ = [
@@ -89,6 +93,9 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 _POLL = 0.02
 #: Lines of a node's stderr kept to explain its failure.
 _STDERR_TAIL = 40
+#: Longest control line the driver reads from a node (bytes): a journal shipment is at most
+#: ``MAX_SHIPMENT_BYTES`` (4 MiB) of chunks plus one chunk, base64-encoded in a JSON line.
+_LINE_LIMIT = 64 << 20
 #: Link repair counts every process reports, summed into the driver's ``links``.
 _LINK_COUNTS = ("redelivered", "node_lost", "peers_lost", "gaps", "resent", "relinked")
 
@@ -333,11 +340,30 @@ class NodeHost:
         self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
         if self.telemetry is not None:
             self.telemetry.instrument(self.bus)
+        self.recorder: ShippingRecorder | None = None
+
+    def ship_journal(self, ship: Callable[[bytes], None]) -> None:
+        """Record this node's part of the session and hand every journal shipment to
+        ``ship`` (on the recorder's writer thread, in order): under a driver, its control
+        link. Before :meth:`start`; needs the ``session_id`` the driver gave."""
+        from pantheon.sessions import ShippingRecorder
+
+        if self.bus.session_id is None:
+            raise ClusterError(f"node {self.node!r}: recording needs the run's --session id")
+        self.recorder = ShippingRecorder(self.bus.session_id, ship, seed=self.seed)
+
+    async def finish_journal(self) -> None:
+        """Ship the last records and the journal's end mark (after the agents stopped)."""
+        if self.recorder is not None:
+            recorder, self.recorder = self.recorder, None
+            await recorder.finish()
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
         the agents (from here on they may emit)."""
         await _connect(self.bus, self.endpoint, self.connect_timeout)
+        if self.recorder is not None:
+            self.recorder.attach(self.bus)
         await self.team.attach(self.bus)
         await _subscribed(self.bus)
         await _await_routes(self.bus, self.probes, self.connect_timeout, self.endpoint)
@@ -443,9 +469,25 @@ async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoin
 # -- the node side of the control pipe ---------------------------------------------------------
 
 
+#: One control line at a time: a node's recorder ships from its writer thread while the loop
+#: answers commands.
+_say_lock = threading.Lock()
+
+
 def _say(out: TextIO, event: str, **fields: Any) -> None:
-    out.write(json.dumps({"event": event, **fields}, default=repr) + "\n")
-    out.flush()
+    line = json.dumps({"event": event, **fields}, default=repr) + "\n"
+    with _say_lock:
+        out.write(line)
+        out.flush()
+
+
+def _shipper(out: TextIO) -> Callable[[bytes], None]:
+    """A node's journal shipments as ``journal`` control lines to its driver."""
+
+    def ship(data: bytes) -> None:
+        _say(out, "journal", data=base64.b64encode(data).decode("ascii"))
+
+    return ship
 
 
 async def _stdin_lines() -> asyncio.StreamReader:
@@ -473,14 +515,19 @@ async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
             _say(out, "error", message=f"unknown command {command!r}")
 
 
-async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
+async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool = False) -> None:
     """Run ``host`` under a driver's control: commands on stdin, JSON lines on ``out``.
+
+    ``journal``: record this node's part of the session and ship it to the driver as
+    ``journal`` lines (``pantheon.sessions.ShippingRecorder``).
 
     ``ready`` is sent once the agents run; then ``status`` and ``stop`` are answered,
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
     also makes the node leave. A start-up failure is sent as ``error`` and raised."""
     out = out or sys.stdout
     reader = await _stdin_lines()
+    if journal:
+        host.ship_journal(_shipper(out))
     try:
         await host.start()
     except Exception as exc:
@@ -500,6 +547,8 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 orphaned = True
                 with contextlib.suppress(TimeoutError):
                     await host.stop_agents(timeout=host.lost_after)
+                with contextlib.suppress(Exception):  # nobody reads the link any more
+                    await host.finish_journal()
                 return
             command = json.loads(line).get("cmd")
             if command == "status":
@@ -521,6 +570,9 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 # spans): the driver gives a node that has reported only a short while to
                 # exit, and a slow collector must not make it look dead.
                 await host.close_telemetry()
+                # Every journal line goes out before the report: the driver ends the session
+                # once it has the reports, so the link's order says the journal is whole.
+                await host.finish_journal()
                 _say(out, "report", report=host.report())
                 return
             else:
@@ -549,6 +601,10 @@ class _Child:
         self.alive = True
         self.last_status: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None
+        #: Where this node's journal shipments go (the driver's recorder), and how many came.
+        self.on_journal: Callable[[str, bytes], None] | None = None
+        self.shipments = 0
+        self.bad_lines = 0
         loop = asyncio.get_running_loop()
         self._readers = [
             loop.create_task(self._read_stdout()),
@@ -563,10 +619,26 @@ class _Child:
             except ValueError:
                 self.stderr.append(line.decode(errors="replace").rstrip())
                 continue
-            if isinstance(event, dict):
-                await self.events.put(event)
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == "journal":
+                self._journal(event)
+                continue
+            await self.events.put(event)
         self.alive = False
         await self.events.put({"event": "eof"})
+
+    def _journal(self, event: Mapping[str, Any]) -> None:
+        try:
+            data = base64.b64decode(event.get("data", ""), validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            # Counted and dropped (its records are missing from the session, and the store's
+            # count of this node's shipments shows the gap).
+            self.bad_lines += 1
+            return
+        self.shipments += 1
+        if self.on_journal is not None:
+            self.on_journal(self.name, data)
 
     async def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -585,6 +657,7 @@ class _Child:
             # Its own session: a Ctrl-C at the terminal reaches the driver only, which then
             # stops its children in order instead of every process dying at once.
             start_new_session=True,
+            limit=_LINE_LIMIT,
         )
         return cls(name, agents, proc, what)
 
@@ -685,6 +758,7 @@ class _Child:
                 (self.report or {}).get("transport", {}), self.last_status
             ),
             "transport": (self.report or {}).get("transport", {}),
+            "journal": {"shipments": self.shipments, "dropped_lines": self.bad_lines},
         }
 
 
@@ -699,7 +773,7 @@ def _clock_us(transport: Mapping[str, Any], status: Mapping[str, Any] | None) ->
 
 def _node_command(
     scenario_file: Path, node: str, endpoint: str, seed: int, session: str | None,
-    outbox: Path | None, keys: Path | None,
+    outbox: Path | None, keys: Path | None, journal: bool = False,
 ) -> list[str]:  # fmt: skip
     cmd = [
         sys.executable, "-m", "pantheon.cli", "node",
@@ -708,6 +782,8 @@ def _node_command(
     ]  # fmt: skip
     if session is not None:
         cmd += ["--session", session]
+        if journal:
+            cmd.append("--journal")
     if outbox is not None:
         cmd += ["--outbox", str(outbox)]
     if keys is not None:
@@ -729,6 +805,7 @@ class _Driver:
         outbox_dir: Path | None,
         start_timeout: float,
         drain_timeout: float,
+        journal: Callable[[str, bytes], None] | None = None,
     ) -> None:
         source = Path(scenario.source)
         if not source.is_file():
@@ -749,6 +826,7 @@ class _Driver:
         self.broker_stats: dict[str, Any] = {}
         self.curve = False
         self.startup_s = 0.0
+        self.journal = journal
         #: What a killed node left in the stream (pantheon._takeover.inspect), NATS only.
         self.stream: dict[str, Any] = {}
         sid = bus.session_id or "run"
@@ -766,8 +844,13 @@ class _Driver:
             outbox = self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
             run = _RUNS.get(id(self.bus.transport))
             keys = run.keys if run is not None else None
-            command = _node_command(self.source, name, self.endpoint, self.seed, sid, outbox, keys)
-            self.nodes[name] = await _Child.spawn(name, agents, command, f"node {name!r}")
+            command = _node_command(
+                self.source, name, self.endpoint, self.seed, sid, outbox, keys,
+                journal=self.journal is not None,
+            )  # fmt: skip
+            child = await _Child.spawn(name, agents, command, f"node {name!r}")
+            child.on_journal = self.journal
+            self.nodes[name] = child
 
     def _live(self) -> list[_Child]:
         return [n for n in self.nodes.values() if n.alive]
@@ -1100,13 +1183,15 @@ async def run_cluster(
     drain_timeout: float = 60.0,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     on_team: Callable[[Team], None] | None = None,
+    journal: Callable[[str, bytes], None] | None = None,
 ) -> RunSummary:
     """Run a ZeroMQ scenario as local processes and return its merged summary.
 
     ``bus`` must be a fresh bus on a :func:`cluster_transport`; without one, the broker is
     started here. The parameters are those of :func:`~pantheon._runtime.run_scenario`,
-    which calls this for a ZeroMQ scenario. Every process started is stopped on return,
-    also when the run fails."""
+    which calls this for a ZeroMQ scenario. ``journal(node, shipment)`` receives every
+    node's journal shipments (the run's recorder's ``ingest``); without it the nodes do not
+    record. Every process started is stopped on return, also when the run fails."""
     if bus is None:
         async with cluster_transport(scenario) as transport:
             return await run_cluster(
@@ -1119,6 +1204,7 @@ async def run_cluster(
                 drain_timeout=drain_timeout,
                 start_timeout=start_timeout,
                 on_team=on_team,
+                journal=journal,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
     if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
@@ -1135,6 +1221,7 @@ async def run_cluster(
         outbox_dir=outbox_dir,
         start_timeout=start_timeout,
         drain_timeout=drain_timeout,
+        journal=journal,
     )
     if on_team is not None:
         on_team(driver.team)  # the driver's agents: the others' calls are on their nodes

@@ -173,7 +173,7 @@ async def _run(
 ) -> RunSummary:
     seed = original.seed if original.seed is not None else scenario.seed
     recorder = run.recorder
-    outbox_dir = recorder.store.path.parent / "outbox"
+    outbox_dir = run.store.path.parent / "outbox"
     team = build_team(scenario, seed=seed, outbox_path=outbox_dir / f"{recorder.session_id}.jsonl")
     run.serve_desk(team.agents.values())
     observers: list[Observer] = team.of_role(Observer)

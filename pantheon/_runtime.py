@@ -31,6 +31,7 @@ async def run_scenario(
     drain_timeout: float = 60.0,
     on_team: Callable[[Team], None] | None = None,
     hold: Callable[[], Awaitable[Any]] | None = None,
+    journal: Callable[[str, bytes], None] | None = None,
 ) -> RunSummary:
     """Run the scenario to completion and judge its expectations.
 
@@ -43,7 +44,8 @@ async def run_scenario(
 
     A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
     and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
-    be on its broker.
+    be on its broker; ``journal(node, shipment)`` takes the nodes' records (the run's
+    recorder's ``ingest``).
     """
     if scenario.transport.kind in ("zmq", "nats"):
         from pantheon._cluster import run_cluster
@@ -57,6 +59,7 @@ async def run_scenario(
             attach=attach,
             drain_timeout=drain_timeout,
             on_team=on_team,
+            journal=journal,
         )
     seed = scenario.seed if seed is None else seed
     bus = bus or Bus()

@@ -35,7 +35,7 @@ from agents._approvals import APPROVAL_EFFECT
 from bus import Bus, Envelope
 from pantheon._approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
-from pantheon.scenario import ApprovalsConfig
+from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (
     DEFAULT_REPLAY_TIMEOUT,
     ApprovalBook,
@@ -84,6 +84,33 @@ def incomplete_reason(info: SessionInfo) -> str | None:
     if info.status == "running":
         return f"still being recorded (pid {info.pid} on {info.host})"
     return None
+
+
+def unrecorded_nodes(store: SessionStore, info: SessionInfo) -> list[str]:
+    """The processes of a multi-process session whose part of the run is not in its record:
+    every node of a session recorded before nodes shipped their journals (only the driver's
+    bus was recorded then), none of one recorded since (a node that died has a journal that
+    stops early, which :func:`node_cuts` says)."""
+    remote = sorted(set(info.summary.get("nodes") or ()) - {DRIVER_NODE})
+    if not remote:
+        return []
+    shipped = store.node_journals(info.id)
+    return [] if shipped else remote
+
+
+def node_cuts(store: SessionStore, info: SessionInfo) -> dict[str, str]:
+    """Nodes whose journal stops before their end mark, each with how far it reached (a
+    node killed or dead mid-run): a re-run goes on past where their records stop."""
+    remote = set(info.summary.get("nodes") or ()) - {DRIVER_NODE}
+    journals = store.node_journals(info.id)
+    cuts = {}
+    for node in sorted(remote):
+        j = journals.get(node)
+        if j is None:
+            cuts[node] = "shipped no records"
+        elif not j.ended:
+            cuts[node] = f"its records end after {j.records} in {j.shipments} shipments"
+    return cuts
 
 
 def past_the_record(div: ReplayDivergence) -> bool:

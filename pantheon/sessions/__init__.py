@@ -45,6 +45,7 @@ from pantheon.sessions._recorder import (
     DEFAULT_MAX_PENDING,
     DEFAULT_METRICS_INTERVAL,
     Recorder,
+    ShippingRecorder,
 )
 from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
 from pantheon.sessions._store import (
@@ -53,6 +54,7 @@ from pantheon.sessions._store import (
     STORE_ENV,
     BreakerTransition,
     MetricSnapshot,
+    NodeJournal,
     SessionInfo,
     SessionStore,
     StoredDeadLetter,
@@ -84,6 +86,7 @@ __all__ = [
     "LatencyDelta",
     "LatencyStats",
     "MetricSnapshot",
+    "NodeJournal",
     "RecordedError",
     "Recorder",
     "RecordingEffects",
@@ -97,6 +100,7 @@ __all__ = [
     "SessionNotFound",
     "SessionStore",
     "Setup",
+    "ShippingRecorder",
     "StoreError",
     "StoredDeadLetter",
     "StoredDelivery",
