@@ -11,11 +11,14 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from rich.console import Console
 from untimed import copy_untimed
 
+from pantheon._cli_cluster import print_stream
 from pantheon.sessions import SessionStore
 
 PLACEMENT = (
@@ -183,3 +186,14 @@ def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
     assert check["actual"].startswith(f"{len(never):,} items wait in the stream for reasoner")
     assert check["actual"].endswith(", ".join(never))
     assert code == 1 and summary["passed"] is False
+
+    # The printed summary says the same (what `pantheon run` without --json shows).
+    out = Console(record=True, width=250)
+    print_stream(out, SimpleNamespace(stream=stream))
+    text = out.export_text()
+    assert "takeover after think: none" in text
+    assert (
+        f"no live member of reasoner: {stream['messages']:,} messages of {len(never):,} items"
+        in text
+    )
+    assert f"  reasoner: {', '.join(never)}" in text
