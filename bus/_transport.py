@@ -17,6 +17,10 @@ own mailboxes, breakers and metrics; a transport answers one question and does t
   is needed; the bus advertises again after every change, so the latest one read is current.
 * ``flush()``: wait until everything handed over so far is settled by its receivers
   (handled or dead-lettered there), so ``Bus.drain`` covers remote work too.
+* ``fed_remotely``: subscription names the bus must not serve in memory from its own
+  publishes; the transport brings them back (a durable log feeding a group with members in
+  several processes), with a receipt marked ``looped`` so the bus counts and observes each
+  message once.
 * ``sync()``: wait until this bus's subscriptions are visible to every other bus. Across
   processes advertising is eventually consistent; a test or a startup sequence that needs
   "subscribed everywhere before the first publish" awaits this barrier instead of sleeping.
