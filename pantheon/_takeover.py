@@ -41,6 +41,7 @@ group of the killed node had a live member and nothing waits; otherwise it names
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
@@ -97,7 +98,7 @@ class InputKeys:
 
     def __init__(self, field: str) -> None:
         self.field = field
-        self.keys: dict[int, str] = {}
+        self.keys: OrderedDict[int, str] = OrderedDict()
 
     def on_publish(self, env: Envelope) -> None:
         if env.causation_id is not None or isinstance(env.reply, Receipt):
@@ -110,7 +111,7 @@ class InputKeys:
             return
         keys = self.keys
         if len(keys) >= MAX_INPUT_KEYS:
-            del keys[next(iter(keys))]
+            keys.popitem(last=False)
         keys[env.id] = str(key)
 
     def item(self, env: Envelope) -> str:

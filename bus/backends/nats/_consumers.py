@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -299,7 +299,9 @@ class Consumers:
         self.by_consumer: dict[str, tuple[Group, Lane]] = {}
         self.gids = itertools.count(1)
         self.req_ids = itertools.count(1)
-        self.seen: dict[int, None] = {}
+        # An OrderedDict: dropping the oldest of a plain dict with next(iter()) scans past
+        # every deleted slot at its front (see bus/_routing.py).
+        self.seen: OrderedDict[int, None] = OrderedDict()
 
     async def open_group(self, name: str, pattern: str) -> Group:
         """Create (or keep) the group's consumer on each lane, then start pulling."""
@@ -443,7 +445,7 @@ class Consumers:
         else:
             self.counts["received"] += 1
             if len(seen) >= _SEEN_IDS:
-                del seen[next(iter(seen))]
+                seen.popitem(last=False)
             seen[wire.id] = None
         assert self.port is not None
         try:
