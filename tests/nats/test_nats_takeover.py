@@ -99,15 +99,22 @@ def zero_lost(summary: dict[str, Any]) -> dict[str, Any]:
     ("standby", "killed", "slow", "agents", "host"),
     [
         # A chain inside one process (reasoner -> planner, with memory asked on the way).
-        ("    spare: [reasoner, memory, planner]\n", "cognition", "reasoner",
+        ("    spare: [reasoner, memory, planner]\n", "cognition", ("reasoner", 200),
          ["reasoner", "memory", "planner"], "spare"),
         # The driver hosts a standby of every agent; the last hop of the chain dies.
-        ("driver\n", "action", "actor", ["guardian", "actor"], "driver"),
+        ("driver\n", "action", ("actor", 200), ["guardian", "actor"], "driver"),
+        # ... or the first (the Sensor handles one email at a time).
+        ("driver\n", "perception", ("sensor", 20), ["sensor", "monitor"], "driver"),
     ],
-    ids=["named-standby", "driver-standby"],
+    ids=["named-standby", "driver-standby-action", "driver-standby-perception"],
 )  # fmt: skip
 def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
-    tmp_path: Path, standby: str, killed: str, slow: str, agents: list[str], host: str
+    tmp_path: Path,
+    standby: str,
+    killed: str,
+    slow: tuple[str, int],
+    agents: list[str],
+    host: str,
 ) -> None:
     """A node is SIGKILLed mid-run while a standby of each of its agents runs elsewhere.
     What it held comes back to the standby after ``ack_wait``, what it had published is
@@ -121,9 +128,9 @@ def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
         + "  standby:"
         + (" " if standby == "driver\n" else "\n")
         + standby,
-        # A slow agent (200 ms a message) on the node that dies: it holds several emails
-        # when it dies, whenever the kill lands in the input.
-        f"\nfaults:\n  agents:\n    {slow}: {{latency_ms: 200}}\n"
+        # A slow agent on the node that dies: it holds several emails when it dies,
+        # whenever the kill lands in the input.
+        f"\nfaults:\n  agents:\n    {slow[0]}: {{latency_ms: {slow[1]}}}\n"
         f"  kill_node: {{node: {killed}, at: 0.4}}\n",
         count=120,
     )
