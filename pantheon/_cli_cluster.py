@@ -469,6 +469,12 @@ def print_stream(out: Console, summary: Any) -> None:
         )
         for agent, items in stream["waiting"].items():
             out.print(f"  {escape(agent)}: {escape(', '.join(items))}", soft_wrap=True)
+        for agent, items in stream.get("handed_over", {}).items():
+            out.print(
+                f"  {escape(agent)}, handed over in the killed node's memory (at least): "
+                f"{escape(', '.join(items))}",
+                soft_wrap=True,
+            )
 
 
 def register(app: typer.Typer) -> None:

@@ -94,7 +94,9 @@ class RunSummary:
     over (``taken_over``: agent -> processes), which had no live member
     (``no_live_member``), the items whose messages wait in the stream for those
     (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
-    (``complete``) and when the run went quiet (``quiet_at_s``). See ``pantheon._takeover``.
+    (``complete``), items the killed node had handed to such an agent in its own memory
+    (``handed_over``, a lower bound: see ``pantheon._takeover``) and when the run went quiet
+    (``quiet_at_s``).
     Empty otherwise."""
     scheduling: dict[str, Any] = field(default_factory=dict)
     """How long the event loop's thread waited for a CPU while it had work (``source``,
@@ -427,22 +429,8 @@ def judge(
         # Unless the stream vouches for it (NATS): every agent it hosted was taken over and
         # nothing waits (see pantheon._takeover).
         taken_over = _taken_over(s.stream)
-        if s.unverified and s.stream.get("items"):
-            items = s.stream["items"]
-            shown = ", ".join(items[:MAX_LISTED_DEAD_LETTERS])
-            more = (
-                f" and {len(items) - MAX_LISTED_DEAD_LETTERS:,} more"
-                if len(items) > MAX_LISTED_DEAD_LETTERS
-                else ""
-            )
-            check(
-                "zero lost",
-                False,
-                True,
-                ("" if s.stream.get("complete") else "at least ")
-                + f"{len(items):,} items wait in the stream for "
-                f"{', '.join(s.stream['waiting'])} (no live member): {shown}{more}",
-            )
+        if s.unverified and (s.stream.get("items") or s.stream.get("handed_over")):
+            check("zero lost", False, True, _stream_lost(s.stream))
         elif s.unverified and taken_over:
             check("zero lost", s.accounting_ok, True, s.accounting_ok)
         elif s.unverified:
@@ -511,6 +499,34 @@ def judge(
         passed, message = _custom(spec, scenario, s)
         check(f"custom: {spec}", passed, "pass", message)
     return out
+
+
+def _stream_lost(stream: Mapping[str, Any]) -> str:
+    """What a killed node left in the stream, for the failed ``zero lost`` check: the items
+    waiting for its agents that no live process hosts, and those it had served in memory."""
+
+    def listed(items: list[str]) -> str:
+        more = len(items) - MAX_LISTED_DEAD_LETTERS
+        return ", ".join(items[:MAX_LISTED_DEAD_LETTERS]) + (
+            f" and {more:,} more" if more > 0 else ""
+        )
+
+    parts = []
+    items = stream.get("items") or []
+    if items:
+        parts.append(
+            ("" if stream.get("complete") else "at least ")
+            + f"{len(items):,} items wait in the stream for {', '.join(stream['waiting'])} "
+            f"(no live member): {listed(items)}"
+        )
+    handed = sorted({k for ks in (stream.get("handed_over") or {}).values() for k in ks})
+    if handed:
+        parts.append(
+            f"at least {len(handed):,} items were handed to "
+            f"{', '.join(stream['handed_over'])} in the memory of a killed node, handled or "
+            f"not: {listed(handed)}"
+        )
+    return "; ".join(parts)
 
 
 def _taken_over(stream: Mapping[str, Any]) -> bool:

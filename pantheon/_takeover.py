@@ -36,6 +36,10 @@ waits until no live group has anything waiting, then reads what waits for the gr
 left with no live member and names the items, by the input key of the root message each
 waiting message belongs to. ``zero lost`` (``pantheon._report.judge``) holds when every
 group of the killed node had a live member and nothing waits; otherwise it names the items.
+That list is exact for agents fed from the stream; an agent with no standby that the killed
+node fed in memory (a chain inside the node) also lost what was in its mailbox, and only the
+copies its consumer had not yet passed over are still in the stream to name
+(``handed_over``, at least those): give each agent of such a chain a standby.
 """
 
 from __future__ import annotations
@@ -167,21 +171,35 @@ async def inspect(
         for h in live:
             if subscriptions.get(h, {}).get(group[0]) == group[1] and h not in hosts:
                 hosts.append(h)
-    waiting, complete = await transport.waiting(orphaned, timeout) if orphaned else ({}, True)
-    by_agent: dict[str, set[str]] = {}
-    for group, envs in waiting.items():
-        if envs:
-            by_agent.setdefault(_agent(group), set()).update(keys.item(e) for e in envs)
+    waiting: dict[Group, list[Envelope]] = {}
+    handed: dict[Group, list[Envelope]] = {}
+    complete = True
+    if orphaned:
+        waiting, handed, complete = await transport.waiting(orphaned, timeout)
+    by_agent = _items(waiting, keys)
+    # Served in memory by the process that died (only it hosted the group): whether its
+    # member handled them died with it.
+    unknown = _items(handed, keys)
     no_member = list(dict.fromkeys(_agent(g) for g in orphaned))
     return {
         "killed": killed,
         "taken_over": {a: h for a, h in taken_over.items() if a not in no_member},
         "no_live_member": no_member,
-        "waiting": {agent: sorted(ks) for agent, ks in by_agent.items()},
+        "waiting": by_agent,
         "items": sorted({k for ks in by_agent.values() for k in ks}),
         "messages": sum(len(envs) for envs in waiting.values()),
+        "handed_over": unknown,
         "complete": complete,
     }
+
+
+def _items(by_group: Mapping[Group, list[Envelope]], keys: InputKeys) -> dict[str, list[str]]:
+    """Item keys per agent of the messages in ``by_group``."""
+    out: dict[str, set[str]] = {}
+    for group, envs in by_group.items():
+        if envs:
+            out.setdefault(_agent(group), set()).update(keys.item(e) for e in envs)
+    return {agent: sorted(ks) for agent, ks in out.items()}
 
 
 def _agent(group: Group) -> str:

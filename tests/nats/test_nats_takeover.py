@@ -189,6 +189,7 @@ def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
     assert stream["no_live_member"] == ["reasoner"] and stream["taken_over"] == {}
     assert stream["complete"] is True
     assert stream["items"] == stream["waiting"]["reasoner"] == never
+    assert stream["handed_over"] == {}  # the Reasoner's input came from other processes
     check = zero_lost(summary)
     assert check["passed"] is False
     assert check["actual"].startswith(f"{len(never):,} items wait in the stream for reasoner")

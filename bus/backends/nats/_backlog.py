@@ -14,15 +14,31 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import nats.js.errors
 from nats.aio.msg import Msg
 
-__all__ = ["count_waiting", "read_waiting"]
+from bus._envelope import Envelope
+
+__all__ = ["Waiting", "count_waiting", "read_waiting"]
 
 #: Seconds one pull request waits on the server while reading a dead group's messages.
 _PULL = 0.5
+
+
+class Waiting(NamedTuple):
+    """What the stream holds for consumer groups with no live member, per ``(name,
+    pattern)``, as envelopes (``NatsTransport.waiting``)."""
+
+    waiting: dict[tuple[str, str], list[Envelope]]
+    """Messages for the group, never handled by it: its next member will take them."""
+    handed_over: dict[tuple[str, str], list[Envelope]]
+    """Messages whose publisher served the group in memory (``skip``): the next member
+    passes them over, and whether the publisher's member handled them died with it if its
+    process did."""
+    complete: bool
+    """False when a dead member's messages had not come back within the timeout."""
 
 
 async def count_waiting(js: Any, stream: str, consumer: str) -> int:

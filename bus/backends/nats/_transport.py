@@ -56,6 +56,7 @@ from bus._errors import EncodeError, TransportError
 from bus._topics import matches
 from bus._transport import BusPort, Transport, wake
 from bus.backends.nats import _backlog, _dlq
+from bus.backends.nats._backlog import Waiting
 from bus.backends.nats._connect import connect, ensure_streams
 from bus.backends.nats._consumers import Consumers, Group
 from bus.backends.nats._directory import Directory
@@ -549,20 +550,19 @@ class NatsTransport(Transport):
             )
         return out
 
-    async def waiting(
-        self, groups: Iterable[tuple[str, str]], timeout: float
-    ) -> tuple[dict[tuple[str, str], list[Envelope]], bool]:
-        """The messages waiting in the stream for groups that have no live member, as the
-        group would receive them (those the publisher served in memory, ``skip``, and those
-        outside the group's pattern are not waiting for it); nothing is acknowledged. Also
-        whether that is all of them: False when a dead member's messages had not come back
-        within ``timeout`` seconds (``ack_wait`` after its death is enough)."""
+    async def waiting(self, groups: Iterable[tuple[str, str]], timeout: float) -> Waiting:
+        """What the stream holds for groups that have no live member, read as the group
+        would receive it; nothing is acknowledged (see :class:`Waiting`). ``timeout``: how
+        long to wait for what a dead member held to come back (``ack_wait`` after its
+        death is enough); past it, ``complete`` is False."""
         assert self._loop is not None
         deadline = self._loop.time() + timeout
-        out: dict[tuple[str, str], list[Envelope]] = {}
+        waiting: dict[tuple[str, str], list[Envelope]] = {}
+        handed: dict[tuple[str, str], list[Envelope]] = {}
         complete = True
         for name, pattern in groups:
-            envelopes: list[Envelope] = []
+            mine = waiting[(name, pattern)] = []
+            served = handed[(name, pattern)] = []
             for lane in range(len(LANES)):
                 consumer = consumer_name(name, pattern, lane)
                 bodies, whole = await _backlog.read_waiting(
@@ -574,14 +574,13 @@ class NatsTransport(Transport):
                         wire = decode_wire(body)
                     except ValueError:
                         continue  # malformed: dead-lettered by whoever reads it, not an item
-                    if (wire.skip is not None and name in wire.skip) or (
-                        wire.only is not None and name not in wire.only
+                    if (wire.only is not None and name not in wire.only) or not matches(
+                        pattern, wire.topic
                     ):
                         continue
-                    if matches(pattern, wire.topic):
-                        envelopes.append(envelope_of(wire, self._mono_to_wall))
-            out[(name, pattern)] = envelopes
-        return out, complete
+                    env = envelope_of(wire, self._mono_to_wall)
+                    (served if wire.skip is not None and name in wire.skip else mine).append(env)
+        return Waiting(waiting, handed, complete)
 
     # -- what crosses the parts ----------------------------------------------------------------
 
