@@ -97,7 +97,7 @@ class Bus:
         self.clock: Clock = clock if clock is not None else SystemClock()
         self.session_id = session_id
         self.dlq = DeadLetterQueue(self._redeliver, dlq_size)
-        self._routes = Routes(route_cache, self.transport.has_remote)
+        self._routes = Routes(route_cache, self.transport.has_remote, self.transport.fed_remotely)
         self._cache = self._routes.cache  # the hot path's one dict lookup
         self._subs: dict[str, Subscription] = {}
         self._gone_unlisted = 0  # unlisted sheds of subscriptions since removed

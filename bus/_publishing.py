@@ -322,23 +322,28 @@ class Dispatcher:
         route = self.cache.get(topic)
         if route is None:
             route = self.route(topic)
-        route.published += 1
-        hooks = self.hooks
-        tracer = hooks.tracer
-        if tracer is not None and env.trace is None:
-            # A root from a bus without a tracer gets its sampling decision here. A traced
-            # message gets no publish span: its process spans parent to the remote producer.
-            if tracer.skip:
-                tracer.skip -= 1
-                env.trace = UNSAMPLED
-            else:
-                tracer.on_publish(env)
-        if hooks.publish:
-            for observer in hooks.publish:
-                observer(env)
         receipt = env.reply
         if receipt is not None and not isinstance(receipt, Receipt):
             receipt = None
+        hooks = self.hooks
+        # A message this bus published itself, back from its transport for a subscription
+        # the transport feeds (``Transport.fed_remotely``), or one that reached it before
+        # for another subscription: counted, traced and shown to the observers once.
+        if receipt is None or not receipt.looped:
+            route.published += 1
+            tracer = hooks.tracer
+            if tracer is not None and env.trace is None:
+                # A root from a bus without a tracer gets its sampling decision here. A
+                # traced message gets no publish span: its process spans parent to the
+                # remote producer.
+                if tracer.skip:
+                    tracer.skip -= 1
+                    env.trace = UNSAMPLED
+                else:
+                    tracer.on_publish(env)
+            if hooks.publish:
+                for observer in hooks.publish:
+                    observer(env)
         took = 0
         full = None
         sub = route.single

@@ -29,17 +29,24 @@ class Route:
     __slots__ = ("inbound", "published", "remote", "single", "subs")
 
     def __init__(
-        self, subs: tuple[Subscription, ...], remote: bool, leaving: tuple[Subscription, ...]
+        self,
+        subs: tuple[Subscription, ...],
+        remote: bool,
+        leaving: tuple[Subscription, ...],
+        fed: tuple[Subscription, ...] = (),
     ) -> None:
+        #: What a message published here reaches in memory (the transport's ``fed`` are
+        #: reached only through it).
         self.subs = subs
         self.remote = remote
         self.published = 0
-        #: What a message from another bus may reach: ``subs``, and subscriptions that
-        #: ``off()`` is removing, which other buses may still route to until they know.
-        self.inbound = subs + leaving if leaving else subs
-        #: The one subscription of a topic that has exactly one and nothing leaving: a
-        #: message from another bus then needs no loop and no name check.
-        self.single = subs[0] if len(subs) == 1 and not leaving else None
+        #: What a message from another bus may reach: ``subs``, those the transport feeds,
+        #: and subscriptions that ``off()`` is removing, which other buses may still route
+        #: to until they know.
+        self.inbound = subs + fed + leaving if leaving or fed else subs
+        #: The one subscription of a topic that has exactly one and nothing leaving or fed
+        #: by the transport: a message then needs no loop and no name check.
+        self.single = subs[0] if len(subs) == 1 and not leaving and not fed else None
 
 
 class Routes:
@@ -49,9 +56,11 @@ class Routes:
     miss, :meth:`resolve`. ``has_remote(topic)`` asks the transport whether another bus
     subscribes too."""
 
-    __slots__ = ("_index", "_leaving", "cache", "has_remote", "size", "topic_counts")
+    __slots__ = ("_index", "_leaving", "cache", "fed", "has_remote", "size", "topic_counts")
 
-    def __init__(self, size: int, has_remote: Callable[[str], bool]) -> None:
+    def __init__(
+        self, size: int, has_remote: Callable[[str], bool], fed: frozenset[str] = frozenset()
+    ) -> None:
         if size < 1:
             raise ValueError(f"route_cache must be >= 1, got {size}")
         self._index: GlobIndex[Subscription] = GlobIndex()
@@ -61,6 +70,8 @@ class Routes:
         self.cache: OrderedDict[str, Route] = OrderedDict()
         self.size = size
         self.has_remote = has_remote
+        #: Subscription names the transport feeds (see ``Transport.fed_remotely``).
+        self.fed = fed
         self.topic_counts: dict[str, int] = {}
 
     def add(self, sub: Subscription) -> None:
@@ -92,10 +103,13 @@ class Routes:
 
     def resolve(self, topic: str) -> Route:
         leaving = self._leaving
+        subs = tuple(self._index.resolve(topic))
+        fed = self.fed
         route = Route(
-            tuple(self._index.resolve(topic)),
+            tuple(s for s in subs if s.name not in fed) if fed else subs,
             self.has_remote(topic),
             tuple(s for s in leaving.values() if matches(s.pattern, topic)) if leaving else (),
+            tuple(s for s in subs if s.name in fed) if fed else (),
         )
         cache = self.cache
         if len(cache) >= self.size:

@@ -17,6 +17,10 @@ own mailboxes, breakers and metrics; a transport answers one question and does t
   is needed; the bus advertises again after every change, so the latest one read is current.
 * ``flush()``: wait until everything handed over so far is settled by its receivers
   (handled or dead-lettered there), so ``Bus.drain`` covers remote work too.
+* ``fed_remotely``: subscription names the bus must not serve in memory from its own
+  publishes; the transport brings them back (a durable log feeding a group with members in
+  several processes), with a receipt marked ``looped`` so the bus counts and observes each
+  message once.
 * ``sync()``: wait until this bus's subscriptions are visible to every other bus. Across
   processes advertising is eventually consistent; a test or a startup sequence that needs
   "subscribed everywhere before the first publish" awaits this barrier instead of sleeping.
@@ -95,6 +99,11 @@ class Receipt:
 
     __slots__ = ()
 
+    #: True when the receiving bus has counted and observed the envelope already, and
+    #: only delivers it: it published it itself and it comes back through the transport
+    #: (see ``Transport.fed_remotely``), or it arrived before for another subscription.
+    looped: bool = False
+
     def expect(self, count: int) -> None:
         """``count`` subscriptions took the envelope; each will ``settle`` it once."""
         raise NotImplementedError
@@ -117,6 +126,12 @@ class Transport(abc.ABC):
 
     #: Called with no arguments when remote interest changes; the bus drops its route cache.
     on_change: Callable[[], None] | None = None
+    #: Names of this bus's subscriptions that its own publishes reach only through the
+    #: transport, never handed over in memory: a transport with a durable log (NATS) feeds
+    #: a group with members in several processes from the log alone, so a member's death
+    #: loses nothing it was handed. ``has_remote`` is true for their topics, and the
+    #: transport delivers them back like any remote message. Fixed for the transport's life.
+    fed_remotely: frozenset[str] = frozenset()
 
     @abc.abstractmethod
     async def start(self, port: BusPort) -> None: ...

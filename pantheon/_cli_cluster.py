@@ -447,6 +447,36 @@ def print_nodes(out: Console, summary: Any) -> None:
             )
 
 
+def print_stream(out: Console, summary: Any) -> None:
+    """What a killed node left on NATS: who took its agents over, and what waits in the
+    stream for those nobody could (nothing for any other run)."""
+    stream = getattr(summary, "stream", None) or {}
+    if not stream:
+        return
+    taken = "; ".join(f"{a} -> {', '.join(h)}" for a, h in stream["taken_over"].items())
+    out.print(
+        f"takeover after {', '.join(stream['killed'])}: {taken or 'none'}"
+        f"; quiet at {stream['quiet_at_s']:.2f}s",
+        soft_wrap=True,
+    )
+    if stream["no_live_member"]:
+        whole = "" if stream["complete"] else " (at least; more had not come back)"
+        out.print(
+            f"[red]no live member[/red] of {', '.join(stream['no_live_member'])}: "
+            f"{stream['messages']:,} messages of {len(stream['items']):,} items wait in the "
+            f"stream{whole}",
+            soft_wrap=True,
+        )
+        for agent, items in stream["waiting"].items():
+            out.print(f"  {escape(agent)}: {escape(', '.join(items))}", soft_wrap=True)
+        for agent, items in stream.get("handed_over", {}).items():
+            out.print(
+                f"  {escape(agent)}, handed over in the killed node's memory (at least): "
+                f"{escape(', '.join(items))}",
+                soft_wrap=True,
+            )
+
+
 def register(app: typer.Typer) -> None:
     """Add ``broker``, ``node`` and ``keys`` to the ``pantheon`` app."""
     app.command("broker")(broker)

@@ -60,6 +60,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
+from pantheon import _takeover
 from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
 from pantheon._remote_approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
@@ -132,6 +133,8 @@ class Placement:
         enabled = [n for n, cfg in scenario.agents.items() if cfg.enabled]
         placed = {a for agents in nodes.values() for a in agents}
         hosts = {DRIVER_NODE: tuple(a for a in enabled if a not in placed), **nodes}
+        for host, agents in _takeover.standby_hosts(scenario).items():
+            hosts[host] = (*hosts.get(host, ()), *agents)
         subscriptions = {host: _subscriptions(scenario, agents) for host, agents in hosts.items()}
         return cls(hosts, subscriptions)
 
@@ -207,6 +210,7 @@ def _nats_transport(scenario: Scenario, url: str, node: str, connect_timeout: fl
         heartbeat=cfg.heartbeat,
         liveness=cfg.liveness,
         connect_timeout=connect_timeout,
+        fed_remotely=_takeover.fed_groups(Placement.of(scenario).subscriptions),
     )
 
 
@@ -865,6 +869,8 @@ class _Driver:
         self.curve = False
         self.startup_s = 0.0
         self.journal = journal
+        #: What a killed node left in the stream (pantheon._takeover.inspect), NATS only.
+        self.stream: dict[str, Any] = {}
         sid = bus.session_id or "run"
         full = build_team(
             scenario,
@@ -951,6 +957,7 @@ class _Driver:
         if self.bus.context is None:
             self.bus.context = LiveEffects(self.seed)
         count_own_topics(self.bus)
+        keys = _takeover.input_keys(self.bus, self.scenario)
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
@@ -990,6 +997,7 @@ class _Driver:
         await self._wait_inputs(on_progress)
         await asyncio.gather(*chores)
         await self._quiesce(self.drain_timeout)
+        self.stream = await self._after_kill(keys, started)
         await self.team.stop()
         await asyncio.gather(*(n.call("stop", "stopped", self.drain_timeout) for n in self._live()))
         await self._quiesce(self.drain_timeout)
@@ -1014,6 +1022,34 @@ class _Driver:
                 log.error("journal end marks not read", nodes=sorted(missing))
         return self._summary(reports, elapsed, started)
 
+    async def _after_kill(self, keys: _takeover.InputKeys, started: float) -> dict[str, Any]:
+        """A NATS run that killed a node: wait until its standbys finished what it left,
+        then say what waits in the stream for its agents with no live member (see
+        :mod:`pantheon._takeover`). Nothing to say for any other run."""
+        killed = [n for n, c in self.nodes.items() if c.killed_at is not None]
+        if not killed or self.scenario.transport.kind != "nats":
+            return {}
+        ack_wait = _nats_config(self.scenario).ack_wait
+        subs = self.placement.subscriptions
+        live = [DRIVER_NODE, *(n for n, c in self.nodes.items() if n not in killed and c.alive)]
+        try:
+            await _takeover.settle(
+                self.bus.transport,
+                _takeover.groups_of(subs, live),
+                lambda: self._quiesce(self.drain_timeout),
+                ack_wait + self.drain_timeout,
+            )
+        except TimeoutError:
+            raise ClusterError(
+                f"the standbys of {', '.join(map(repr, killed))} did not finish what it left "
+                f"within {ack_wait + self.drain_timeout:g} s (ack_wait + drain timeout)"
+            ) from None
+        quiet_s = time.perf_counter() - started
+        stream = await _takeover.inspect(
+            self.bus.transport, subs, killed, live, keys, ack_wait + DEFAULT_CONNECT_TIMEOUT
+        )
+        return stream | {"quiet_at_s": round(quiet_s, 3)}
+
     async def _kill_later(self, name: str, at: float, since: float) -> None:
         loop = asyncio.get_running_loop()
         await asyncio.sleep(max(0.0, since + at - loop.time()))
@@ -1033,6 +1069,7 @@ class _Driver:
             session_id=self.bus.session_id,
             messages=messages,
             unverified={name: _settled_by(reports, name) for name in silent},
+            stream=self.stream,
         )
         driver_t = reports[0].get("transport", {})
         summary.nodes = {

@@ -89,6 +89,15 @@ class RunSummary:
     inside it (a chain of agents on that node) died with its accounting, as did what it
     published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
+    stream: dict[str, Any] = field(default_factory=dict)
+    """Of a NATS run in which a node was killed: which of its agents a live process took
+    over (``taken_over``: agent -> processes), which had no live member
+    (``no_live_member``), the items whose messages wait in the stream for those
+    (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
+    (``complete``), items the killed node had handed to such an agent in its own memory
+    (``handed_over``, a lower bound: see ``pantheon._takeover``) and when the run went quiet
+    (``quiet_at_s``).
+    Empty otherwise."""
     scheduling: dict[str, Any] = field(default_factory=dict)
     """How long the event loop's thread waited for a CPU while it had work (``source``,
     ``wall_s``, ``cpu_s``, ``wait_s``, ``share``; see ``bus._sched``): of a multi-process
@@ -252,6 +261,7 @@ def summarize(
     session_id: str | None,
     messages: int | None = None,
     unverified: Mapping[str, int | None] | None = None,
+    stream: Mapping[str, Any] | None = None,
 ) -> RunSummary:
     """Merge the :func:`local_report` of every process of a run and judge the result.
 
@@ -316,6 +326,7 @@ def summarize(
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),
         malformed_topic=getattr(scenario.input, "malformed_topic", None),
         unverified=dict(unverified or {}),
+        stream=dict(stream or {}),
         scheduling=_most_starved(reports),
     )
     summary.expectations = judge(scenario, summary)
@@ -415,7 +426,14 @@ def judge(
     if e.zero_lost:
         # Only what was counted: a process that died with its books is not "nothing lost".
         # Even one that settled nothing: what it published itself is in nobody's books.
-        if s.unverified:
+        # Unless the stream vouches for it (NATS): every agent it hosted was taken over and
+        # nothing waits (see pantheon._takeover).
+        taken_over = _taken_over(s.stream)
+        if s.unverified and (s.stream.get("items") or s.stream.get("handed_over")):
+            check("zero lost", False, True, _stream_lost(s.stream))
+        elif s.unverified and taken_over:
+            check("zero lost", s.accounting_ok, True, s.accounting_ok)
+        elif s.unverified:
             got: Any = "unknown: " + "; ".join(
                 f"node {node!r} ended without its accounting"
                 + ("" if n is None else f" after settling {n:,} messages")
@@ -481,6 +499,45 @@ def judge(
         passed, message = _custom(spec, scenario, s)
         check(f"custom: {spec}", passed, "pass", message)
     return out
+
+
+def _stream_lost(stream: Mapping[str, Any]) -> str:
+    """What a killed node left in the stream, for the failed ``zero lost`` check: the items
+    waiting for its agents that no live process hosts, and those it had served in memory."""
+
+    def listed(items: list[str]) -> str:
+        more = len(items) - MAX_LISTED_DEAD_LETTERS
+        return ", ".join(items[:MAX_LISTED_DEAD_LETTERS]) + (
+            f" and {more:,} more" if more > 0 else ""
+        )
+
+    parts = []
+    items = stream.get("items") or []
+    if items:
+        parts.append(
+            ("" if stream.get("complete") else "at least ")
+            + f"{len(items):,} items wait in the stream for {', '.join(stream['waiting'])} "
+            f"(no live member): {listed(items)}"
+        )
+    handed = sorted({k for ks in (stream.get("handed_over") or {}).values() for k in ks})
+    if handed:
+        parts.append(
+            f"at least {len(handed):,} items were handed to "
+            f"{', '.join(stream['handed_over'])} in the memory of a killed node, handled or "
+            f"not: {listed(handed)}"
+        )
+    return "; ".join(parts)
+
+
+def _taken_over(stream: Mapping[str, Any]) -> bool:
+    """Whether the stream vouches for the killed nodes: each of their agents had a live
+    member to take what they left, that member finished it, and the list is whole."""
+    return (
+        bool(stream.get("killed"))
+        and not stream.get("no_live_member")
+        and bool(stream.get("complete"))
+        and not stream.get("messages")
+    )
 
 
 def accuracy_bounds(

@@ -23,7 +23,7 @@ from typer.core import TyperCommand
 
 from agents import ProviderUnavailable
 from pantheon._cli_approvals import register as register_approvals
-from pantheon._cli_cluster import print_nodes
+from pantheon._cli_cluster import print_nodes, print_stream
 from pantheon._cli_cluster import register as register_cluster
 from pantheon._cli_dashboard import register as register_dashboard
 from pantheon._cli_monitor import register as register_monitor
@@ -430,6 +430,7 @@ def _print_summary(s: Any) -> None:
         table = _latency_table(s.hops, p95=False)
     out.print(table)
     print_nodes(out, s)
+    print_stream(out, s)
     for line in expectation_lines(s):
         out.print(line, soft_wrap=True)
     out.print(verdict_line(s))

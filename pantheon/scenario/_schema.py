@@ -285,6 +285,21 @@ class NatsTransportConfig(_Model):
     heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
     liveness: Annotated[int, Field(ge=1, le=100)] = 3
     credentials: NatsCredentials | None = None
+    standby: dict[_AgentName, tuple[_AgentName, ...]] | Literal["driver"] = Field(
+        default_factory=dict
+    )
+    """Standby members: process -> agents of ``nodes`` it also hosts, so that SIGKILL of
+    their node leaves their work to it (a process not in ``nodes`` is started for its
+    standbys alone; ``driver`` is the process running the scenario). ``driver`` alone: the
+    driver hosts a standby of every agent placed on a node. A standby is a full member of
+    its agent's consumer group from the start (docs/scenarios.md says why)."""
+
+    def standby_hosts(self) -> dict[str, tuple[str, ...]]:
+        """``standby`` as process -> agents (``driver`` spelled out)."""
+        if self.standby == "driver":
+            placed = dict.fromkeys(a for agents in self.nodes.values() for a in agents)
+            return {DRIVER_NODE: tuple(placed)} if placed else {}
+        return dict(self.standby)
 
     @model_validator(mode="after")
     def _auto_server_credentials(self) -> NatsTransportConfig:
@@ -1395,6 +1410,12 @@ def _cross_field_problems(
             )
         )
 
+    standby = transport.get("standby")
+    if kind == "nats" and isinstance(nodes, Mapping | None):
+        out.extend(_standby_problems(standby, nodes or {}, names, agents))
+        if isinstance(standby, Mapping):
+            nodes = {**(nodes or {}), **{n: () for n in standby if n != DRIVER_NODE}}
+
     kill = faults.get("kill_node")
     if kill is not None:
         if kind not in ("zmq", "nats"):
@@ -1417,4 +1438,49 @@ def _cross_field_problems(
                         f"transport.nodes has {', '.join(map(str, nodes)) or 'no nodes'}",
                     )
                 )
+    return out
+
+
+def _standby_problems(
+    standby: Any, nodes: Mapping[Any, Any], names: list[str], agents: Any
+) -> list[tuple[tuple[Any, ...], str]]:
+    """``transport.standby`` against the placement: each standby names a known, enabled
+    agent that ``transport.nodes`` places on another process, once per process."""
+    if not isinstance(standby, Mapping):
+        return []  # "driver", or a shape the field's own validation reports
+    disabled = {
+        name
+        for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
+        if isinstance(cfg, Mapping) and cfg.get("enabled") is False
+    }
+    placed: dict[Any, list[Any]] = {}
+    for node, hosted in nodes.items():
+        for agent in hosted if isinstance(hosted, list | tuple) else ():
+            placed.setdefault(agent, []).append(node)
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for node, listed in standby.items():
+        for i, agent in enumerate(listed if isinstance(listed, list | tuple) else ()):
+            if agent not in names:
+                why = f"standby on {node!r} names unknown agent {agent!r}"
+                why += _suggest(str(agent), names)
+            elif agent in disabled:
+                why = (
+                    f"standby on {node!r} names agent {agent!r}, which is disabled "
+                    f"(agents.{agent}.enabled: false)"
+                )
+            elif agent not in placed:
+                why = (
+                    f"agent {agent!r} is not placed on a node (the driver hosts it): a "
+                    "standby covers an agent of transport.nodes"
+                )
+            elif node in placed[agent]:
+                why = (
+                    f"node {node!r} already hosts agent {agent!r} (transport.nodes): a "
+                    "standby must be another process"
+                )
+            elif agent in listed[:i]:
+                why = f"standby on {node!r} lists agent {agent!r} twice"
+            else:
+                continue
+            out.append((("transport", "standby", node, i), why))
     return out

@@ -10,7 +10,8 @@ import pytest
 
 from bus import Bus
 from bus.backends.nats import AuthorizationError, ConnectError, NatsTransport
-from pantheon._cluster import cluster_transport
+from pantheon._cluster import Placement, cluster_transport
+from pantheon._takeover import fed_groups
 from pantheon.scenario import NatsTransportConfig, ScenarioError, load_scenario
 
 BASE = """\
@@ -112,3 +113,68 @@ async def test_server_auto_admits_the_scenario_s_nkey_only(write, tmp_path: Path
     gone = Bus(transport=NatsTransport(url, team="t", connect_timeout=1))
     with pytest.raises(ConnectError, match="cannot connect to NATS"):
         await gone.start()
+
+
+TEAM = """\
+agents:
+  reasoner: {}
+  memory: {}
+  planner: {}
+  actor: {enabled: false}
+"""
+NODES = "  nodes:\n    a: [reasoner, memory]\n    b: [planner]\n"
+
+
+def test_standby_members_join_the_placement_and_their_groups_go_through_the_stream(
+    write,
+) -> None:
+    """A named standby process hosts its agents beside the placement (a process of its
+    own when ``transport.nodes`` has no such node); every subscription hosted twice is fed
+    from the stream alone; ``kill_node`` may name a standby-only process."""
+    s = load_scenario(
+        write(
+            NODES
+            + "  standby:\n    b: [reasoner]\n    spare: [memory]\n"
+            + TEAM
+            + "faults:\n  kill_node: {node: spare, at: 1}\n"
+        )
+    )
+    placement = Placement.of(s)
+    assert placement.nodes == {
+        "a": ("reasoner", "memory"),
+        "b": ("planner", "reasoner"),
+        "spare": ("memory",),
+    }
+    assert placement.hosts["driver"] == ("observer",)
+    assert fed_groups(placement.subscriptions) == {
+        "reasoner",
+        "reasoner:learner.threshold.updated",
+        "memory",
+        "memory:action.executed",
+    }
+
+    every = Placement.of(load_scenario(write(NODES + "  standby: driver\n" + TEAM)))
+    assert every.hosts["driver"] == ("observer", "reasoner", "memory", "planner")
+    assert every.nodes == {"a": ("reasoner", "memory"), "b": ("planner",)}
+    assert "observer" not in fed_groups(every.subscriptions)
+    assert "planner" in fed_groups(every.subscriptions)
+
+
+@pytest.mark.parametrize(
+    ("standby", "field", "message"),
+    [
+        ("    b: [reasoner, reasoner]\n", "transport.standby.b[1]", "lists agent 'reasoner' twice"),
+        ("    b: [planer]\n", "transport.standby.b[0]", "unknown agent 'planer' (did you mean"),
+        ("    b: [actor]\n", "transport.standby.b[0]", "agent 'actor', which is disabled"),
+        ("    b: [observer]\n", "transport.standby.b[0]", "not placed on a node (the driver"),
+        ("    a: [memory]\n", "transport.standby.a[0]", "node 'a' already hosts agent 'memory'"),
+    ],
+)
+def test_a_bad_standby_is_one_located_line(write, standby: str, field: str, message: str) -> None:
+    path = write(NODES + "  standby:\n" + standby + TEAM)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (str(path), 11, field)
+    assert message in problem.message
+    assert "\n" not in str(problem)

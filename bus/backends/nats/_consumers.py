@@ -20,7 +20,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -58,6 +58,10 @@ _log = logging.getLogger("bus.nats")
 _PULL_EXPIRES = 5.0
 #: Handled message ids remembered per group (at least this many) to drop redeliveries.
 _DEDUP_IDS = 65_536
+#: Ids of the latest messages this node received, so that one delivered to several of its
+#: groups reaches its bus's observers once; a copy arriving after this many others is
+#: observed again.
+_SEEN_IDS = 65_536
 
 
 class Lane:
@@ -124,6 +128,7 @@ class StreamReceipt(Receipt):
         "expected",
         "finished",
         "group",
+        "looped",
         "pending",
         "released",
         "reply_to",
@@ -155,6 +160,7 @@ class StreamReceipt(Receipt):
         self.answered = False
         self.error: BaseException | None = None
         self.since = time.monotonic()
+        self.looped = False
 
     def expect(self, count: int) -> None:
         self.pending += count
@@ -235,6 +241,7 @@ class Consumers:
         "replicas",
         "req_ids",
         "schedule_write",
+        "seen",
         "send",
         "stream",
         "tasks",
@@ -292,6 +299,9 @@ class Consumers:
         self.by_consumer: dict[str, tuple[Group, Lane]] = {}
         self.gids = itertools.count(1)
         self.req_ids = itertools.count(1)
+        # An OrderedDict: dropping the oldest of a plain dict with next(iter()) scans past
+        # every deleted slot at its front (see bus/_routing.py).
+        self.seen: OrderedDict[int, None] = OrderedDict()
 
     async def open_group(self, name: str, pattern: str) -> Group:
         """Create (or keep) the group's consumer on each lane, then start pulling."""
@@ -425,7 +435,18 @@ class Consumers:
         receipt = StreamReceipt(self, group, ack, count, env, msg.data, wire.reply)
         env.reply = receipt
         group.held[ack] = receipt
-        self.counts["received"] += 1
+        seen = self.seen
+        if wire.origin == self.node or wire.id in seen:
+            # Published here for one of this node's fed groups, or delivered here already
+            # to another of its groups: its bus has counted and observed it once
+            # (``received`` is what reached this bus from others, each message once).
+            receipt.looped = True
+            self.counts["looped"] += 1
+        else:
+            self.counts["received"] += 1
+            if len(seen) >= _SEEN_IDS:
+                seen.popitem(last=False)
+            seen[wire.id] = None
         assert self.port is not None
         try:
             waiting = self.port.deliver(env, (name,))

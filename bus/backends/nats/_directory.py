@@ -62,6 +62,8 @@ class Directory:
 
     __slots__ = (
         "counts",
+        "fed",
+        "fed_index",
         "groups",
         "kv",
         "kv_prefix",
@@ -90,8 +92,10 @@ class Directory:
         groups: dict[tuple[str, str], Any],
         send: Callable[[str, bytes], None],
         on_change: Callable[[], None],
+        fed: frozenset[str] = frozenset(),
     ) -> None:
         self.node = node
+        self.fed = fed
         self.team = team
         self.kv_prefix = kv_prefix
         self.counts = counts
@@ -100,6 +104,8 @@ class Directory:
         self.on_change = on_change
         self.kv: Any = None  # set by the transport's start
         self.local_index: GlobIndex[str] = GlobIndex()
+        # This node's groups fed from the stream alone (``fed``), with their patterns.
+        self.fed_index: GlobIndex[tuple[str, str]] = GlobIndex()
         self.local_names: dict[str, frozenset[str]] = {}
         self.others: dict[str, NodeEntry] = {}
         self.seen_at: dict[str, float] = {}
@@ -112,9 +118,13 @@ class Directory:
     def set_local(self, subscriptions: list[tuple[str, str]]) -> None:
         """This node's subscriptions changed: local names and routes are resolved anew."""
         index: GlobIndex[str] = GlobIndex()
+        fed: GlobIndex[tuple[str, str]] = GlobIndex()
         for name, pattern in subscriptions:
             index.add(pattern, name)
+            if name in self.fed:
+                fed.add(pattern, (name, pattern))
         self.local_index = index
+        self.fed_index = fed
         self.local_names.clear()
         self.routes.clear()
 
@@ -220,16 +230,22 @@ class Directory:
         return [n for n in self.others if self.synced.get(n, 0) < self.version]
 
     def live_consumers(self) -> set[str]:
+        """The consumers of the groups other nodes host, and of this node's own fed ones."""
+        hosted = [p for e in self.others.values() for p in e.subs]
+        hosted += [p for p in self.groups if p[0] in self.fed]
         return {
             consumer_name(name, pattern, lane)
-            for entry in self.others.values()
-            for name, pattern in entry.subs
+            for name, pattern in hosted
             for lane in range(len(LANES))
         }
 
     def route(self, topic: str) -> Route:
-        local = set(self.local_index.resolve(topic))
-        groups = sorted({g for g in self.remote_index.resolve(topic) if g[0] not in local})
+        # A fed group of this node goes through the stream like a remote one (its members
+        # elsewhere may take it); the other local groups were served by the publishing bus.
+        local = set(self.local_index.resolve(topic)) - self.fed
+        fed = set(self.fed_index.resolve(topic)) if self.fed else set()
+        remote = {g for g in self.remote_index.resolve(topic) if g[0] not in local}
+        groups = sorted(remote | fed)
         if groups:
             subjects = tuple(subject_of(self.team, lane, topic) for lane in range(len(LANES)))
             tracked = [[consumer_name(n, p, lane) for n, p in groups] for lane in range(len(LANES))]

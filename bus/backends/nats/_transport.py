@@ -3,7 +3,9 @@
 Mapping (see ``_subjects.py``): team ``T`` has one stream ``PANTHEON_T`` capturing
 ``pantheon.T.>`` (file storage by default, a ``dedup_window`` for ``Nats-Msg-Id``). A message
 on topic ``a.b`` with priority HIGH is published on ``pantheon.T.high.a.b`` with
-``Nats-Msg-Id`` = the envelope id, so a publish repeated after a lost ack is stored once.
+``Nats-Msg-Id`` = the envelope id, so a publish repeated after a lost ack is stored once; a
+message a handler emitted is named by what caused it instead (see :meth:`_msg_id`), so a
+member that handles a message again after another died mid-way publishes nothing twice.
 Each subscription name is a consumer group: one durable pull consumer per priority lane
 (``critical``, ``high``, ``normal``), shared by every process hosting that name, with
 ``max_ack_pending`` = ``credit``. The directory of nodes (who hosts which ``(name,
@@ -44,15 +46,17 @@ import os
 import secrets
 import socket
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
 from bus._envelope import Envelope
 from bus._errors import EncodeError, TransportError
+from bus._topics import matches
 from bus._transport import BusPort, Transport, wake
-from bus.backends.nats import _dlq, _history, _journal
+from bus.backends.nats import _backlog, _dlq, _history, _journal
+from bus.backends.nats._backlog import Waiting
 from bus.backends.nats._connect import connect, ensure_streams
 from bus.backends.nats._consumers import Consumers, Group
 from bus.backends.nats._directory import Directory
@@ -63,17 +67,22 @@ from bus.backends.nats._options import check_options, credentials
 from bus.backends.nats._publisher import Outbox, Publisher
 from bus.backends.nats._replies import Replies
 from bus.backends.nats._subjects import (
+    LANES,
     check_token,
+    consumer_name,
     directory_bucket,
     dlq_subject,
     stream_name,
     sync_subject,
 )
-from bus.backends.nats._wire import Wire, encode
+from bus.backends.nats._wire import Wire, decode_wire, encode, envelope_of
 
 __all__ = ["DeadLetterEntry", "NatsTransport"]
 
 _log = logging.getLogger("bus.nats")
+
+#: Handlings whose emits :meth:`NatsTransport._msg_id` numbers (the oldest forgotten first).
+_ORDINALS = 65_536
 
 #: What ``stats()`` counts; every part adds to the one dict.
 _COUNTERS = (
@@ -83,6 +92,7 @@ _COUNTERS = (
     "duplicates_dropped",
     "resent",
     "received",
+    "looped",
     "redelivered",
     "skipped",
     "acked",
@@ -109,6 +119,11 @@ class NatsTransport(Transport):
     stream ack. A failed message is naked with delay ``backoff[0] * 2**(n-1)`` (at most
     ``backoff[1]``) and dead-lettered after ``max_deliver`` deliveries. A node silent for
     ``heartbeat * liveness`` seconds leaves the others' directory view.
+
+    ``fed_remotely`` names groups this node's bus never serves in memory: its own publishes
+    reach them through the stream like anyone's, so what one of their members held is
+    still in the stream when it dies (a standby member elsewhere takes it after
+    ``ack_wait``), at the cost of a round trip to the server per hop.
     """
 
     def __init__(
@@ -136,7 +151,9 @@ class NatsTransport(Transport):
         heartbeat: float = 1.0,
         liveness: int = 3,
         connect_timeout: float = 10.0,
+        fed_remotely: Iterable[str] = (),
     ) -> None:
+        self.fed_remotely = frozenset(fed_remotely)
         self.urls = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ValueError("NatsTransport: url needs at least one server")
@@ -191,6 +208,7 @@ class NatsTransport(Transport):
             groups=groups,
             send=outbox.send,
             on_change=self._directory_changed,
+            fed=self.fed_remotely,
         )
         self._publisher = publisher = Publisher(
             node=self.node,
@@ -231,6 +249,7 @@ class NatsTransport(Transport):
         self._requests = replies.requests
         self._forget_request = replies.forget
         # subscriptions and sync
+        self._ordinals: OrderedDict[tuple[int, str], int] = OrderedDict()
         self._wanted: list[tuple[str, str]] = []
         self._wanted_version = 0
         self._applier: asyncio.Task[None] | None = None
@@ -448,8 +467,35 @@ class NatsTransport(Transport):
                 f"message on {env.topic!r} is {len(body)} bytes encoded; the NATS server takes "
                 f"at most {self._nc.max_payload} (its max_payload)"
             )
-        self._publish(env, subject, body, str(env.id), route.tracked[env.priority])
+        msg_id = str(env.id) if inbox is not None else self._msg_id(env)
+        self._publish(env, subject, body, msg_id, route.tracked[env.priority])
         return True
+
+    def _msg_id(self, env: Envelope) -> str:
+        """The ``Nats-Msg-Id`` of a publish: for the k-th message subscription ``source``
+        emitted while handling message ``cause``, ``cause.source.k``; else the envelope id.
+
+        A member that dies after publishing what it emitted but before its ack reached the
+        server leaves the message to another member after ``ack_wait``; that one emits the
+        same messages again, under the same names, and the stream (within ``dedup_window``)
+        stores each once: no item gets its outcome twice. A request keeps its envelope id
+        (its asker waits on an inbox of its own). The ordinals are counted per handling for
+        the latest :data:`_ORDINALS` handlings: a handler still emitting for one message
+        after that many others began would restart at 0, and a repeat within the window
+        would be dropped."""
+        cause = env.causation_id
+        source = env.source
+        if cause is None or source is None:
+            return str(env.id)
+        ordinals = self._ordinals
+        key = (cause, source)
+        n = ordinals.get(key)
+        if n is None:
+            n = 0
+            if len(ordinals) >= _ORDINALS:
+                ordinals.popitem(last=False)
+        ordinals[key] = n + 1
+        return f"{cause}.{source}.{n}"
 
     async def send(self, envelope: Envelope) -> None:
         while not self.try_send(envelope):
@@ -512,6 +558,55 @@ class NatsTransport(Transport):
         """Republish dead letters (all of this team's, or those ``seqs``) to the subscription
         that failed them, then remove them from the DLQ stream; returns how many went."""
         return await _dlq.redrive(self._js, self.team, self.node, self._mono_to_wall, seqs)
+
+    # -- what waits in the stream --------------------------------------------------------------
+
+    async def backlog(self, groups: Iterable[tuple[str, str]]) -> dict[tuple[str, str], int]:
+        """Per ``(name, pattern)`` group, the messages its consumers have not had
+        acknowledged (held by a member, or not handed out yet), over every lane."""
+        out: dict[tuple[str, str], int] = {}
+        for name, pattern in groups:
+            out[(name, pattern)] = sum(
+                [
+                    await _backlog.count_waiting(
+                        self._js, self.stream, consumer_name(name, pattern, lane)
+                    )
+                    for lane in range(len(LANES))
+                ]
+            )
+        return out
+
+    async def waiting(self, groups: Iterable[tuple[str, str]], timeout: float) -> Waiting:
+        """What the stream holds for groups that have no live member, read as the group
+        would receive it; nothing is acknowledged (see :class:`Waiting`). ``timeout``: how
+        long to wait for what a dead member held to come back (``ack_wait`` after its
+        death is enough); past it, ``complete`` is False."""
+        assert self._loop is not None
+        deadline = self._loop.time() + timeout
+        waiting: dict[tuple[str, str], list[Envelope]] = {}
+        handed: dict[tuple[str, str], list[Envelope]] = {}
+        complete = True
+        for name, pattern in groups:
+            mine = waiting[(name, pattern)] = []
+            served = handed[(name, pattern)] = []
+            for lane in range(len(LANES)):
+                consumer = consumer_name(name, pattern, lane)
+                bodies, whole = await _backlog.read_waiting(
+                    self._nc, self._js, self.stream, consumer, self.batch, deadline
+                )
+                complete = complete and whole
+                for body in bodies:
+                    try:
+                        wire = decode_wire(body)
+                    except ValueError:
+                        continue  # malformed: dead-lettered by whoever reads it, not an item
+                    if (wire.only is not None and name not in wire.only) or not matches(
+                        pattern, wire.topic
+                    ):
+                        continue
+                    env = envelope_of(wire, self._mono_to_wall)
+                    (served if wire.skip is not None and name in wire.skip else mine).append(env)
+        return Waiting(waiting, handed, complete)
 
     # -- what crosses the parts ----------------------------------------------------------------
 
