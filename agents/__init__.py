@@ -2,7 +2,9 @@
 
 Perception: Observer, Monitor, Sensor. Cognition: Reasoner, Planner, Memory.
 Action: Guardian, Actor, Learner. Agents talk only through the bus; anything
-non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
+non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly. Every error
+they raise on purpose derives from :class:`AgentError` (the tree is drawn in
+:mod:`agents._errors`).
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox, redact
@@ -26,6 +28,7 @@ from agents._base import (
 )
 from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
+from agents._errors import AgentError
 from agents._outcomes import (
     Outcomes,
     OutcomeScore,
@@ -74,6 +77,7 @@ __all__ = [
     "ROLES",
     "Actor",
     "Agent",
+    "AgentError",
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",

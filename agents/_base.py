@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
 from agents._approvals import check_request as _check_request
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
+from agents._errors import AgentError
 from agents._providers import ChatResult, ModelProvider, ProviderError, RuleProvider, Usage
 from bus import (
     DEFAULT_BREAKER,
@@ -55,7 +56,7 @@ __all__ = [
 Prices = Mapping[str, tuple[float, float]]
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(AgentError, RuntimeError):
     """Raised by a scenario's fault injection, so injected failures are told from real ones."""
 
 

@@ -11,7 +11,7 @@ speaks the chat-completions protocol to any compatible server (OpenAI, Ollama, v
 over one pooled ``httpx`` client, with bounded retries. :func:`classify` is the support desk's
 question, asked the same way of either.
 
-Errors::
+Errors (a branch of :class:`agents.AgentError`)::
 
     ProviderError                  the provider failed or answered something unusable
     ├── ProviderUnavailable        the server could not be reached, after retries
@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from agents._effects import genai_span
+from agents._errors import AgentError
 
 if TYPE_CHECKING:
     import httpx
@@ -148,7 +149,7 @@ class ChatResult:
 # -- errors ------------------------------------------------------------------------------------
 
 
-class ProviderError(RuntimeError):
+class ProviderError(AgentError, RuntimeError):
     """The model provider failed or answered something unusable."""
 
 
