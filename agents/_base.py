@@ -322,9 +322,9 @@ class Agent:
     Settings: ClassVar[type[AgentSettings]] = AgentSettings
     #: Whether :meth:`handle` asks a model questions of its own through :meth:`chat`. A
     #: scenario with such an agent must name a model provider: the offline rules provider
-    #: answers only :func:`agents.classify`'s intent question, and anything else asked of it
-    #: fails. ``None`` lets ``pantheon validate`` read it off the code (a call
-    #: ``self.chat(...)`` in the class or a base of it); set it when the code cannot tell:
+    #: answers only which intent a message is, and anything else asked of it fails. ``None``
+    #: lets ``pantheon validate`` read it off the code (a call ``self.chat(...)`` in the
+    #: class or a base of it); set it when the code cannot tell:
     #: ``True`` for calls made through a helper, ``False`` for questions the rules answer.
     uses_model: ClassVar[bool | None] = None
 
