@@ -49,9 +49,13 @@ class FailsEvery(Triage):
     async def handle(self, env: Envelope) -> None:
         raise RuntimeError("audit is down")
 """
-SCENARIO = """\
+#: The support team's package, for the support inbox's email check (``input:`` with a path
+#: and no kind), from the temporary folder the scenario is written to.
+SUPPORT = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIO = f"""\
 version: 1
 name: setup_team
+path: [{SUPPORT}]
 input:
   path: tickets.jsonl
 agents:
