@@ -350,7 +350,10 @@ class RulesProviderConfig(_Model):
         if self.intents is not None:
             unknown = sorted(set(self.rules) - set(self.intents))
             if unknown:
-                raise ValueError(f"rules for intents not in intents: {', '.join(unknown)}")
+                raise ValueError(
+                    f"rules for {', '.join(unknown)}, which intents does not list "
+                    f"({', '.join(self.intents)})"
+                )
         return self
 
 

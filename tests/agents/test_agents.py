@@ -106,6 +106,13 @@ def test_guardian_redacts_pii_from_replies() -> None:
     assert any("redacted card" in r for r in d["reasons"])
 
 
+def test_guardian_without_a_pii_function_sends_replies_as_planned() -> None:
+    text = "You wrote: card 4111111111111111"
+    d = Guardian().decide(plan(steps=[{"tool": "reply", "to": "x", "text": text}]))
+    assert (d["verdict"], d["steps"][0]["text"]) == ("approved", text)
+    assert d["reasons"] == ["within policy"]
+
+
 def test_guardian_sends_big_refunds_to_a_human_with_the_reason() -> None:
     g = Guardian(settings={"refund_limit": 200, "min_confidence": 0.6})
     d = g.decide(plan(intent="refund", amount=349.99))
@@ -169,6 +176,14 @@ async def test_learner_raises_a_threshold_after_a_run_of_wrong_outcomes() -> Non
         ]
         assert reasoner.thresholds["bug"] == 0.5  # the Reasoner took the update
         assert learner.report()["intent_accuracy"] == 0.0
+
+
+def test_learner_reports_the_thresholds_of_the_intents_it_tunes() -> None:
+    labels = {"e1": {"intent": "bug", "action": "ticket"}}
+    learner = Learner(settings={"intents": INTENTS, "threshold": 0.3}, labels=labels)
+    learner.observe("action.executed", {"email_id": "e1", "intent": "bug", "action": "ticket"})
+    assert learner.report()["thresholds"] == dict.fromkeys(INTENTS, 0.3)
+    assert Learner().thresholds == {}  # no team's intents: nothing to tune until one moves
 
 
 async def test_learner_lowers_a_threshold_after_needless_escalations() -> None:

@@ -190,3 +190,14 @@ def test_missing_base_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ProviderError, match="OPENAI_BASE_URL"):
         OpenAIProvider()
+
+
+async def test_a_tie_goes_to_the_intent_the_team_lists_first() -> None:
+    rules = {"spam": [r"(?i)\bfree\b"], "refund": [r"(?i)\bmoney\b"]}
+    asked = [{"role": "user", "content": "Subject: free money\n\n"}]
+    by_rules = await RuleProvider(rules).chat(asked)
+    by_intents = await RuleProvider(rules, intents=("refund", "spam")).chat(asked)
+    assert by_rules.data["scores"] == {"refund": 0.5, "spam": 0.5}
+    assert (by_rules.data["intent"], by_intents.data["intent"]) == ("spam", "refund")
+    with pytest.raises(ValueError, match=r"rules for unknown intents: \['spam'\]"):
+        RuleProvider(rules, intents=("refund", "question"))
