@@ -33,6 +33,7 @@ from agents._base import (
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
+from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
     OutcomeScore,
@@ -90,6 +91,7 @@ __all__ = [
     "Handler",
     "InjectedFault",
     "InputItem",
+    "InputOrdinals",
     "Labels",
     "Learner",
     "LiveEffects",
@@ -117,6 +119,7 @@ __all__ = [
     "decision_text",
     "fault_timeline",
     "handler_arity",
+    "input_ordinal",
     "label_decision",
     "score_decisions",
     "total_usage",

@@ -8,7 +8,7 @@ import logging
 import math
 import random
 import time
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
@@ -21,6 +21,7 @@ from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable
 from agents._approvals import check_request as _check_request
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from agents._errors import AgentError
+from agents._ordinals import input_ordinal
 from agents._providers import ChatResult, ModelProvider, ProviderError, RuleProvider, Usage
 from bus import (
     DEFAULT_BREAKER,
@@ -66,9 +67,11 @@ class FaultMark:
     run's inputs taken in before the one a message comes from (the 401st email and all it
     causes are at ``messages=400``). Exactly one is set.
 
-    Inputs are counted per topic in the order they were published (the emails, not the
-    Monitor's samples in between), so a ``messages`` bound splits the same inputs on every
-    run with the same seed; a ``seconds`` bound depends on how fast the run went."""
+    Inputs are numbered per topic in the order their Observer published them (the emails,
+    not the Monitor's samples in between), and the number travels in the input's id to
+    every message it causes, in every process (:mod:`agents._ordinals`): a ``messages``
+    bound splits the same inputs on every run with the same seed, in one process or on
+    ZeroMQ and NATS nodes alike; a ``seconds`` bound depends on how fast the run went."""
 
     seconds: float | None = None
     messages: int | None = None
@@ -128,40 +131,6 @@ fault_timeline: ContextVar[FaultTimeline | None] = ContextVar("fault_timeline", 
 
 #: Whether the fault window was open for the delivery being handled (a tool fault asks).
 _window_open: ContextVar[bool] = ContextVar("pantheon_fault_window_open", default=True)
-
-#: Input positions an agent with a windowed fault remembers (oldest dropped; a message
-#: whose input was dropped counts as arriving now): far more than a run has in flight.
-_POSITIONS_KEPT = 65_536
-
-
-class _InputCounter:
-    """A bus publish listener numbering the run's inputs (no cause, no source, not
-    ``system.*``) per topic, in publish order: the ``messages`` of a fault window."""
-
-    __slots__ = ("base", "counts", "positions")
-
-    def __init__(self, base: int) -> None:
-        self.base = base
-        self.counts: Counter[str] = Counter()
-        self.positions: OrderedDict[int, int] = OrderedDict()
-
-    def on_publish(self, env: Envelope) -> None:
-        if env.causation_id is not None or env.source is not None:
-            return
-        if env.topic.startswith("system."):
-            return
-        self.positions[env.id] = self.base + self.counts[env.topic]
-        self.counts[env.topic] += 1
-        if len(self.positions) > _POSITIONS_KEPT:
-            self.positions.popitem(last=False)
-
-    def position(self, env: Envelope) -> int:
-        """Inputs before the one ``env`` comes from; one it did not see (a redriven dead
-        letter, a message from another process) is at the end of the timeline so far."""
-        found = self.positions.get(env.correlation_id)
-        if found is not None:
-            return found
-        return self.base + max(self.counts.values(), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +317,9 @@ class Agent:
         self.seed = seed
         self._draws: OrderedDict[str, int] = OrderedDict()  # bounded: see fault_draw_keys
         self._timeline = FaultTimeline(time.time())
-        self._inputs = _InputCounter(0)
+        #: Inputs up to the latest this agent handled a message of: where a message that
+        #: comes from no numbered input stands (see :meth:`_position`).
+        self._seen = 0
         if isinstance(settings, self.Settings):
             self.settings: Any = settings
         else:
@@ -382,9 +353,6 @@ class Agent:
             )
         self.bus = bus
         self._timeline = fault_timeline.get() or FaultTimeline(time.time())
-        if self.fault.windowed:
-            self._inputs = _InputCounter(self._timeline.messages)
-            bus.observe(self._inputs)
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(
@@ -438,7 +406,7 @@ class Agent:
             # Seconds depend on how fast the run went, and a replay feeds inputs without the
             # Observer's pace, so the verdict is an effect: recorded, and served on replay,
             # which then fails exactly where the recording did.
-            position = self._inputs.position(env)
+            position = self._position(env)
             seconds = time.time() - self._timeline.started
             open_ = await self.effect("fault.window", fault.applies, seconds, position)
             token = _window_open.set(bool(open_))
@@ -455,11 +423,30 @@ class Agent:
                     if isinstance(payload, dict)
                     else None
                 )
-                await self.inject(fault, f"{env.topic}/{key if key is not None else env.id}")
+                if key is None:
+                    # No name in the payload: the input's number and the hop, which every
+                    # run and transport agree on (an envelope id is random per process).
+                    ordinal = input_ordinal(env.correlation_id)
+                    key = env.id if ordinal is None else f"input {ordinal}.{env.hops}"
+                await self.inject(fault, f"{env.topic}/{key}")
             return await self.handle(env)
         finally:
             if token is not None:
                 _window_open.reset(token)
+
+    def _position(self, env: Envelope) -> int:
+        """Inputs taken in before the one ``env`` comes from, on this agent's timeline: its
+        number (:func:`~agents._ordinals.input_ordinal`) past the inputs the timeline
+        starts with. A message that comes from no numbered input (a Monitor's sample, a
+        redriven dead letter, a client's own publish) has no place in the input order and
+        stands at the end of the timeline as this agent has seen it: just past the latest
+        input it handled a message of."""
+        ordinal = input_ordinal(env.correlation_id)
+        if ordinal is None:
+            return self._timeline.messages + self._seen
+        if ordinal >= self._seen:
+            self._seen = ordinal + 1
+        return self._timeline.messages + ordinal
 
     def fault_window_open(self) -> bool:
         """Whether the delivery being handled is inside its fault window (always, for a

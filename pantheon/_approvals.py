@@ -86,7 +86,7 @@ class StoreDesk:
         self.timed_out = 0
 
     def serve(self, team: Team) -> None:
-        """Give every agent of ``team`` this desk (a run's ``on_team``)."""
+        """Give every agent of ``team`` this desk (what ``run_scenario(desk=...)`` does)."""
         for agent in team.agents.values():
             agent.desk = self
 
@@ -103,9 +103,20 @@ class StoreDesk:
                 self._book = ApprovalBook(self._store)
             return self._book
 
-    async def ask(self, agent: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
+    async def ask(
+        self, agent: str, request: Mapping[str, Any], *, node: str | None = None
+    ) -> Mapping[str, Any]:
         """Put the request in the store (or find it there, asked before a crash) and wait
-        for its decision; returns :meth:`agents.Decision.to_dict`."""
+        for its decision; returns :meth:`agents.Decision.to_dict`. ``node`` names the
+        process of a multi-process run whose agent asks (None: this one)."""
+        return await self.wait(await self.put(agent, request, node=node))
+
+    async def put(
+        self, agent: str, request: Mapping[str, Any], *, node: str | None = None
+    ) -> Approval:
+        """The first half of :meth:`ask`: the request's row, written (or found), not waited
+        for. A caller that must act between the two (the driver of a multi-process run,
+        which cancels the requests of a node it lost) calls this, then :meth:`wait`."""
         base = request_key(agent, request, 0)
         n = self._asked[base]
         self._asked[base] += 1
@@ -119,9 +130,15 @@ class StoreDesk:
                 request=request,
                 timeout=cfg.timeout,
                 default_approve=cfg.default == "approve",
+                node=node,
             )
         )
         self.asked += 1
+        return approval
+
+    async def wait(self, approval: Approval) -> Mapping[str, Any]:
+        """The second half of :meth:`ask`: wait until the row :meth:`put` returned is
+        decided; returns :meth:`agents.Decision.to_dict`."""
         if not approval.pending:
             return approval.decision().to_dict()
         log.info("approval %d waits for a person: %s", approval.id, approval.summary)
@@ -135,6 +152,18 @@ class StoreDesk:
         finally:
             self._waiting.pop(approval.id, None)
         return decided.decision().to_dict()
+
+    async def cancel(self, approval: Approval, *, by: str, note: str) -> Approval:
+        """Decide a pending request ``rejected`` (``by``, ``note``) because nobody can act
+        on its decision any more: the process that asked is gone. A decision made before
+        stands. Whoever waits for it (:meth:`wait`) gets the decision at once."""
+        decided = await asyncio.to_thread(
+            lambda: self._decide(self._open(), approval, False, note, by)
+        )
+        w = self._waiting.get(decided.id)
+        if w is not None and not decided.pending:
+            _resolve(w.future, decided)
+        return decided
 
     async def _watch(self) -> None:
         """While anything waits: read the waiting rows, resolve the decided ones, decide

@@ -58,7 +58,7 @@ def _clock(ts: float | None) -> str:
 def _line(a: Approval) -> str:
     state = a.status if a.pending else f"{a.status} by {a.decided_by}"
     note = f" ({a.note})" if a.note else ""
-    return f"#{a.id} [{state}] {a.agent}: {a.summary}{note}"
+    return f"#{a.id} [{state}] {a.asker}: {a.summary}{note}"
 
 
 def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool) -> None:
@@ -76,7 +76,7 @@ def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool)
         table.add_row(
             str(a.id),
             a.status,
-            a.agent,
+            a.asker,
             escape(a.summary),
             _clock(a.asked),
             f"{_clock(a.deadline)} then {a.default}" if a.pending else "-",

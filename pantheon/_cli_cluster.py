@@ -284,6 +284,12 @@ def node(
     control: Annotated[
         bool, typer.Option(hidden=True, help="Driven by `pantheon run` over stdin/stdout.")
     ] = False,
+    journal: Annotated[
+        bool,
+        typer.Option(
+            hidden=True, help="With --control and --session: ship this node's record to the driver."
+        ),
+    ] = False,
 ) -> None:
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
@@ -338,7 +344,7 @@ def node(
         from pantheon._cluster import serve_node
 
         try:
-            _run(serve_node(host))
+            _run(serve_node(host, journal=journal and session is not None))
         except ClusterError as exc:
             raise _err(str(exc)) from None
         return

@@ -34,7 +34,7 @@ from pantheon._console import report_console
 from pantheon._report import expectation_state
 from pantheon._summary_text import STATE_MARKS
 from pantheon._team import AgentSetupError
-from pantheon.rerun import replay_session
+from pantheon.rerun import replay_session, unrecorded_nodes
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -555,14 +555,14 @@ def register(app: typer.Typer) -> None:
                 if not whatif_command(st, info, changes, as_json=as_json).passed:
                     raise typer.Exit(1)
                 return
-            remote = sorted(set(info.summary.get("nodes") or ()) - {"driver"})
+            remote = unrecorded_nodes(st, info)
             if remote:
-                # The record holds what the driver's bus saw; hops handled on other nodes,
-                # and their effects, are not in it, so a replay would diverge at the first.
+                # Recorded before nodes shipped their journals: only what the driver's bus
+                # saw is there, so a replay would diverge at the first hop on another node.
                 raise _err(
-                    f"session {info.id} ran on several processes (nodes: {', '.join(remote)}); "
-                    "only the driver's messages are recorded, so it cannot be replayed exactly. "
-                    "Replay a single-process run of the same scenario instead."
+                    f"session {info.id} ran on several processes (nodes: {', '.join(remote)}) "
+                    "and was recorded before every node recorded its part: only the driver's "
+                    "messages are there, so it cannot be replayed exactly."
                 )
             telemetry = _telemetry()
             team = telemetry.wrap_setup(
@@ -607,6 +607,12 @@ def register(app: typer.Typer) -> None:
                     f"({escape(report.incomplete)}); replayed up to its last committed message: "
                     f"{report.reproduced_messages} of {report.recorded_messages} recorded "
                     "messages reproduced[/yellow]"
+                )
+            for node, reach in (report.cut or {}).items():
+                con.print(
+                    f"[yellow]node {node}'s journal stops before its end ({escape(reach)}): "
+                    f"the {report.cut_inputs} inputs it was in the middle of are not replayed "
+                    "(counted as skipped)[/yellow]"
                 )
             if report.divergence is None:
                 con.print("[green]matched[/green]")

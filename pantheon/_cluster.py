@@ -38,14 +38,18 @@ them (``node_lost``); only then is the cluster quiet.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import difflib
+import functools
 import json
 import os
 import re
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
@@ -58,12 +62,17 @@ from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon._inputs import count_inputs, run_flood
+from pantheon._remote_approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
 from pantheon._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
+from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
+    from pantheon._approvals import StoreDesk
+    from pantheon._node_journal import JetStreamShipper
+    from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
 
 __all__ = [
@@ -77,6 +86,8 @@ __all__ = [
     "serve_node",
 ]
 
+log = get_logger("pantheon.cluster")
+
 #: Seconds a node process may take from spawn to ready (Python start-up, imports, connect,
 #: route handshake) on a loaded machine.
 DEFAULT_START_TIMEOUT = 60.0
@@ -88,6 +99,9 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 _POLL = 0.02
 #: Lines of a node's stderr kept to explain its failure.
 _STDERR_TAIL = 40
+#: Longest control line the driver reads from a node (bytes): a journal shipment is at most
+#: ``MAX_SHIPMENT_BYTES`` (4 MiB) of chunks plus one chunk, base64-encoded in a JSON line.
+_LINE_LIMIT = 64 << 20
 #: Link repair counts every process reports, summed into the driver's ``links``.
 _LINK_COUNTS = ("redelivered", "node_lost", "peers_lost", "gaps", "resent", "relinked")
 
@@ -329,11 +343,41 @@ class NodeHost:
         self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
         if self.telemetry is not None:
             self.telemetry.instrument(self.bus)
+        self.recorder: ShippingRecorder | None = None
+        self._shipper: JetStreamShipper | None = None
+
+    def ship_journal(self, out: TextIO) -> None:
+        """Record this node's part of the session and ship it (``pantheon._node_journal``):
+        on NATS to the team's stream, on ZeroMQ as ``journal`` lines on ``out``, the
+        control link to the driver. Before :meth:`start` (inside the running loop); needs
+        the ``session_id`` the driver gave."""
+        from pantheon._node_journal import JetStreamShipper
+        from pantheon.sessions import ShippingRecorder
+
+        session = self.bus.session_id
+        if session is None:
+            raise ClusterError(f"node {self.node!r}: recording needs the run's --session id")
+        ship: Callable[[int, bytes, bool], None]
+        if hasattr(self.bus.transport, "journal_append"):
+            ship = self._shipper = JetStreamShipper(self.bus.transport, session)
+        else:
+            ship = _shipper(out)
+        self.recorder = ShippingRecorder(session, ship, seed=self.seed)
+
+    async def finish_journal(self) -> None:
+        """Ship the last records and the journal's end mark (after the agents stopped)."""
+        if self.recorder is not None:
+            recorder, self.recorder = self.recorder, None
+            await recorder.finish()
+            if self._shipper is not None:
+                await self._shipper.drain()
 
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
         the agents (from here on they may emit)."""
         await _connect(self.bus, self.endpoint, self.connect_timeout)
+        if self.recorder is not None:
+            self.recorder.attach(self.bus)
         await self.team.attach(self.bus)
         await _subscribed(self.bus)
         await _await_routes(self.bus, self.probes, self.connect_timeout, self.endpoint)
@@ -439,9 +483,26 @@ async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoin
 # -- the node side of the control pipe ---------------------------------------------------------
 
 
+#: One control line at a time: a node's recorder ships from its writer thread while the loop
+#: answers commands.
+_say_lock = threading.Lock()
+
+
 def _say(out: TextIO, event: str, **fields: Any) -> None:
-    out.write(json.dumps({"event": event, **fields}, default=repr) + "\n")
-    out.flush()
+    line = json.dumps({"event": event, **fields}, default=repr) + "\n"
+    with _say_lock:
+        out.write(line)
+        out.flush()
+
+
+def _shipper(out: TextIO) -> Callable[[int, bytes, bool], None]:
+    """A node's journal shipments as ``journal`` control lines to its driver (a pipe keeps
+    their order; a blocking write is the writer's backpressure)."""
+
+    def ship(seq: int, data: bytes, end: bool) -> None:
+        _say(out, "journal", data=base64.b64encode(data).decode("ascii"))
+
+    return ship
 
 
 async def _stdin_lines() -> asyncio.StreamReader:
@@ -469,18 +530,28 @@ async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
             _say(out, "error", message=f"unknown command {command!r}")
 
 
-async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
+async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool = False) -> None:
     """Run ``host`` under a driver's control: commands on stdin, JSON lines on ``out``.
+
+    ``journal``: record this node's part of the session and ship it to the driver as
+    ``journal`` lines (``pantheon.sessions.ShippingRecorder``).
 
     ``ready`` is sent once the agents run; then ``status`` and ``stop`` are answered,
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
-    also makes the node leave. A start-up failure is sent as ``error`` and raised."""
+    also makes the node leave. A start-up failure is sent as ``error`` and raised. The
+    agents' approval requests go to the driver and their decisions come back on the same
+    pipes, answered whatever the loop below is doing (:mod:`pantheon._remote_approvals`)."""
     out = out or sys.stdout
-    reader = await _stdin_lines()
+    desk = NodeDesk(host.node, functools.partial(_say, out))
+    desk.serve(host.team.agents.values())
+    commands, pump = desk.pump(await _stdin_lines())
+    if journal:
+        host.ship_journal(out)
     try:
         await host.start()
     except Exception as exc:
         _say(out, "error", message=str(exc))
+        pump.cancel()
         with contextlib.suppress(Exception):
             await host.aclose()
         raise
@@ -488,7 +559,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
     orphaned = False
     try:
         while True:
-            line = await reader.readline()
+            line = await commands.get()
             if not line:
                 # The driver is gone, and likely its broker with it: nobody will read a
                 # report, and work in flight may never settle. Leave within one liveness
@@ -496,6 +567,8 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 orphaned = True
                 with contextlib.suppress(TimeoutError):
                     await host.stop_agents(timeout=host.lost_after)
+                with contextlib.suppress(Exception):  # nobody reads the link any more
+                    await host.finish_journal()
                 return
             command = json.loads(line).get("cmd")
             if command == "status":
@@ -517,11 +590,15 @@ async def serve_node(host: NodeHost, out: TextIO | None = None) -> None:
                 # spans): the driver gives a node that has reported only a short while to
                 # exit, and a slow collector must not make it look dead.
                 await host.close_telemetry()
+                # Every journal line goes out before the report: the driver ends the session
+                # once it has the reports, so the link's order says the journal is whole.
+                await host.finish_journal()
                 _say(out, "report", report=host.report())
                 return
             else:
                 _say(out, "error", message=f"unknown command {command!r}")
     finally:
+        pump.cancel()
         await host.aclose(drain=not orphaned)
 
 
@@ -545,6 +622,13 @@ class _Child:
         self.alive = True
         self.last_status: dict[str, Any] | None = None
         self.report: dict[str, Any] | None = None
+        #: Where this node's journal shipments go (the driver's recorder), and how many came.
+        self.on_journal: Callable[[str, bytes], None] | None = None
+        self.shipments = 0
+        self.bad_lines = 0
+        #: Other events taken as they arrive instead of answering a :meth:`call` (``eof``
+        #: too, besides ending the calls): event kind -> handler.
+        self.handlers: dict[str, Callable[[dict[str, Any]], None]] = {}
         loop = asyncio.get_running_loop()
         self._readers = [
             loop.create_task(self._read_stdout()),
@@ -559,10 +643,32 @@ class _Child:
             except ValueError:
                 self.stderr.append(line.decode(errors="replace").rstrip())
                 continue
-            if isinstance(event, dict):
-                await self.events.put(event)
+            if not isinstance(event, dict):
+                continue
+            if event.get("event") == "journal":
+                self._journal(event)
+                continue
+            handler = self.handlers.get(str(event.get("event")))
+            if handler is not None:
+                handler(event)
+                continue
+            await self.events.put(event)
         self.alive = False
+        if (ended := self.handlers.get("eof")) is not None:
+            ended({"event": "eof"})
         await self.events.put({"event": "eof"})
+
+    def _journal(self, event: Mapping[str, Any]) -> None:
+        try:
+            data = base64.b64decode(event.get("data", ""), validate=True)
+        except (binascii.Error, TypeError, ValueError):
+            # Counted and dropped (its records are missing from the session, and the store's
+            # count of this node's shipments shows the gap).
+            self.bad_lines += 1
+            return
+        self.shipments += 1
+        if self.on_journal is not None:
+            self.on_journal(self.name, data)
 
     async def _read_stderr(self) -> None:
         assert self.proc.stderr is not None
@@ -581,6 +687,7 @@ class _Child:
             # Its own session: a Ctrl-C at the terminal reaches the driver only, which then
             # stops its children in order instead of every process dying at once.
             start_new_session=True,
+            limit=_LINE_LIMIT,
         )
         return cls(name, agents, proc, what)
 
@@ -588,22 +695,28 @@ class _Child:
         lines = [ln for ln in self.stderr if ln.strip()]
         return ("\n  " + "\n  ".join(lines[-12:])) if lines else ""
 
-    async def call(self, command: str, expect: str, timeout: float) -> dict[str, Any] | None:
-        """Send ``command`` and wait for the ``expect`` event; None if the node is gone."""
+    async def send(self, message: Mapping[str, Any]) -> bool:
+        """Write one command line to the process; False if it is gone."""
         if not self.alive:
-            return None
+            return False
         assert self.proc.stdin is not None
         # A node that dies closes its stdin pipe and its stdout together, and the loop may
         # notice the pipe first: ``alive`` is still True then. uvloop's write() raises
         # RuntimeError on a closed pipe (asyncio's drain() raises ConnectionResetError).
         if self.proc.stdin.is_closing():
             self.alive = False
-            return None
+            return False
         try:
-            self.proc.stdin.write(json.dumps({"cmd": command}).encode() + b"\n")
+            self.proc.stdin.write(json.dumps(message).encode() + b"\n")
             await self.proc.stdin.drain()
         except (BrokenPipeError, ConnectionResetError):
             self.alive = False
+            return False
+        return True
+
+    async def call(self, command: str, expect: str, timeout: float) -> dict[str, Any] | None:
+        """Send ``command`` and wait for the ``expect`` event; None if the node is gone."""
+        if not await self.send({"cmd": command}):
             return None
         try:
             async with asyncio.timeout(timeout):
@@ -681,6 +794,7 @@ class _Child:
                 (self.report or {}).get("transport", {}), self.last_status
             ),
             "transport": (self.report or {}).get("transport", {}),
+            "journal": {"shipments": self.shipments, "dropped_lines": self.bad_lines},
         }
 
 
@@ -695,7 +809,7 @@ def _clock_us(transport: Mapping[str, Any], status: Mapping[str, Any] | None) ->
 
 def _node_command(
     scenario_file: Path, node: str, endpoint: str, seed: int, session: str | None,
-    outbox: Path | None, keys: Path | None,
+    outbox: Path | None, keys: Path | None, journal: bool = False,
 ) -> list[str]:  # fmt: skip
     cmd = [
         sys.executable, "-m", "pantheon.cli", "node",
@@ -704,6 +818,8 @@ def _node_command(
     ]  # fmt: skip
     if session is not None:
         cmd += ["--session", session]
+        if journal:
+            cmd.append("--journal")
     if outbox is not None:
         cmd += ["--outbox", str(outbox)]
     if keys is not None:
@@ -725,6 +841,8 @@ class _Driver:
         outbox_dir: Path | None,
         start_timeout: float,
         drain_timeout: float,
+        desk: StoreDesk | None = None,
+        journal: Callable[[str, bytes], None] | None = None,
     ) -> None:
         source = Path(scenario.source)
         if not source.is_file():
@@ -742,9 +860,11 @@ class _Driver:
         self.start_timeout = start_timeout
         self.drain_timeout = drain_timeout
         self.nodes: dict[str, _Child] = {}
+        self.approvals = DeskRelay(desk, self.placement.nodes)
         self.broker_stats: dict[str, Any] = {}
         self.curve = False
         self.startup_s = 0.0
+        self.journal = journal
         sid = bus.session_id or "run"
         full = build_team(
             scenario,
@@ -760,8 +880,15 @@ class _Driver:
             outbox = self.outbox_dir / f"{sid or 'run'}.{name}.jsonl" if self.outbox_dir else None
             run = _RUNS.get(id(self.bus.transport))
             keys = run.keys if run is not None else None
-            command = _node_command(self.source, name, self.endpoint, self.seed, sid, outbox, keys)
-            self.nodes[name] = await _Child.spawn(name, agents, command, f"node {name!r}")
+            command = _node_command(
+                self.source, name, self.endpoint, self.seed, sid, outbox, keys,
+                journal=self.journal is not None,
+            )  # fmt: skip
+            child = await _Child.spawn(name, agents, command, f"node {name!r}")
+            child.on_journal = self.journal
+            child.handlers[APPROVAL_EVENT] = self.approvals.on_request(name, child.send)
+            child.handlers["eof"] = self.approvals.on_lost(name)
+            self.nodes[name] = child
 
     def _live(self) -> list[_Child]:
         return [n for n in self.nodes.values() if n.alive]
@@ -827,6 +954,16 @@ class _Driver:
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
+        follower = None
+        sid = self.bus.session_id
+        if (
+            self.journal is not None
+            and sid is not None
+            and hasattr(self.bus.transport, "journal_reader")
+        ):
+            from pantheon._node_journal import JournalFollower
+
+            follower = JournalFollower(self.bus.transport, sid, self.journal)
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)
@@ -869,6 +1006,12 @@ class _Driver:
                 node.report = answer["report"]
                 reports.append(node.report)
             await node._exited()
+        if follower is not None:
+            # A node reports once its journal is on the stream: read up to its end mark.
+            left = {name for name, node in self.nodes.items() if node.report is not None}
+            missing = await follower.finish(left, self.drain_timeout)
+            if missing:
+                log.error("journal end marks not read", nodes=sorted(missing))
         return self._summary(reports, elapsed, started)
 
     async def _kill_later(self, name: str, at: float, since: float) -> None:
@@ -926,6 +1069,7 @@ class _Driver:
 
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
+        await self.approvals.aclose()  # after the nodes: their pending requests cancelled
         await self.team.aclose()
 
 
@@ -1063,13 +1207,18 @@ async def run_cluster(
     drain_timeout: float = 60.0,
     start_timeout: float = DEFAULT_START_TIMEOUT,
     on_team: Callable[[Team], None] | None = None,
+    desk: StoreDesk | None = None,
+    journal: Callable[[str, bytes], None] | None = None,
 ) -> RunSummary:
     """Run a ZeroMQ scenario as local processes and return its merged summary.
 
     ``bus`` must be a fresh bus on a :func:`cluster_transport`; without one, the broker is
     started here. The parameters are those of :func:`~pantheon._runtime.run_scenario`,
-    which calls this for a ZeroMQ scenario. Every process started is stopped on return,
-    also when the run fails."""
+    which calls this for a ZeroMQ scenario. ``journal(node, shipment)`` receives every
+    node's journal shipments (the run's recorder's ``ingest``); without it the nodes do not
+    record. The nodes' agents ask ``desk`` for approval through the driver
+    (:mod:`pantheon._remote_approvals`). Every process started is stopped on return, also
+    when the run fails."""
     if bus is None:
         async with cluster_transport(scenario) as transport:
             return await run_cluster(
@@ -1082,6 +1231,8 @@ async def run_cluster(
                 drain_timeout=drain_timeout,
                 start_timeout=start_timeout,
                 on_team=on_team,
+                desk=desk,
+                journal=journal,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
     if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
@@ -1098,9 +1249,13 @@ async def run_cluster(
         outbox_dir=outbox_dir,
         start_timeout=start_timeout,
         drain_timeout=drain_timeout,
+        desk=desk,
+        journal=journal,
     )
     if on_team is not None:
         on_team(driver.team)  # the driver's agents: the others' calls are on their nodes
+    if desk is not None:
+        desk.serve(driver.team)
     try:
         return await driver.run(attach, on_progress)
     finally:

@@ -3,9 +3,13 @@
 What resuming does, exactly:
 
 1. Only a session whose recording process died (``aborted``; the store marks a ``running``
-   session so once its pid is gone) can be resumed, once: a running, finished, replay or
-   multi-process session, or one resumed before (by a resume that did not itself die), is
-   refused with the reason. A resume that died is resumed in turn.
+   session so once its pid is gone) can be resumed, once: a running, finished or replay
+   session, a ZeroMQ run (its nodes' records reach the store only through the driver, so
+   what they did after its last commit is nowhere), or one resumed before (by a resume
+   that did not itself die), is refused with the reason. A resume that died is resumed in
+   turn. A NATS run resumes in this one process: first, the shipments its nodes left on
+   the stream that the dead driver had not stored are added to its record
+   (``pantheon._node_journal.import_from_stream``), so what they did is served, not redone.
 2. A new session (kind ``resume``, ``replay_of`` the original) runs the recorded scenario's
    team on a fresh bus in this process.
 3. The original's recorded inputs are published again in recorded order, paced as a replay
@@ -123,8 +127,6 @@ async def resume(
                 raise SessionError(
                     f"session {original.id} was resumed already, as {other.id} ({other.status})"
                 )
-        if set(original.summary.get("nodes") or ()) - {"driver"}:
-            raise SessionError(f"session {original.id} ran on several processes; resume runs one")
         base = None if original.scenario_dir is None else Path(original.scenario_dir)
         scenario = parse_scenario(
             original.scenario_text or "",
@@ -132,7 +134,18 @@ async def resume(
             base_dir=base,
         )
         if scenario.transport.kind == "zmq":
-            raise SessionError(f"session {original.id} is a ZeroMQ run; resume runs one process")
+            # Its nodes' records reach the store only through the driver, so what they did
+            # after its last commit is nowhere: resuming would do it again.
+            raise SessionError(
+                f"session {original.id} is a ZeroMQ run: its nodes' records died with its "
+                "driver, so resuming would do again what they did (a NATS run's survive)"
+            )
+        if scenario.transport.kind == "nats":
+            # Whatever its nodes shipped and the dead driver had not stored is still on the
+            # stream: take it in first, so none of it is done twice.
+            from pantheon._node_journal import import_from_stream
+
+            await import_from_stream(st, original, scenario)
         policy = Resume()
         run = Rerun(
             st,
@@ -173,7 +186,7 @@ async def _run(
 ) -> RunSummary:
     seed = original.seed if original.seed is not None else scenario.seed
     recorder = run.recorder
-    outbox_dir = recorder.store.path.parent / "outbox"
+    outbox_dir = run.store.path.parent / "outbox"
     team = build_team(scenario, seed=seed, outbox_path=outbox_dir / f"{recorder.session_id}.jsonl")
     run.serve_desk(team.agents.values())
     observers: list[Observer] = team.of_role(Observer)
@@ -211,6 +224,7 @@ async def _run(
                     if source is None or (left is not None and left <= 0):
                         continue
                     observer.source = _skip(source, len(inputs))
+                    observer.ordinals = run.ordinals  # numbered on from the recorded ones
                     if left is not None:
                         observer.settings = observer.settings.model_copy(update={"count": left})
                     observer.done.clear()

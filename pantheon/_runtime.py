@@ -8,7 +8,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agents import LiveEffects, Observer
 from bus import Bus, Priority
@@ -16,6 +16,9 @@ from pantheon._inputs import count_inputs, run_flood
 from pantheon._report import RunSummary, local_report, summarize
 from pantheon._team import Team, build_team
 from pantheon.scenario import Scenario
+
+if TYPE_CHECKING:
+    from pantheon._approvals import StoreDesk
 
 __all__ = ["run_scenario"]
 
@@ -31,6 +34,8 @@ async def run_scenario(
     drain_timeout: float = 60.0,
     on_team: Callable[[Team], None] | None = None,
     hold: Callable[[], Awaitable[Any]] | None = None,
+    desk: StoreDesk | None = None,
+    journal: Callable[[str, bytes], None] | None = None,
 ) -> RunSummary:
     """Run the scenario to completion and judge its expectations.
 
@@ -40,10 +45,13 @@ async def run_scenario(
     (the live feed reads its agents' model usage from there). ``hold()``, once the input
     has ended, keeps the team running until it returns (``pantheon serve`` waits there for
     Ctrl-C, so the gateway goes on taking messages after a file input is read).
+    ``desk`` is where the team's approval requests go: every agent of this process gets
+    it, and in a multi-process run the nodes' agents ask it through the driver.
 
     A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
     and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
-    be on its broker.
+    be on its broker; ``journal(node, shipment)`` takes the nodes' records (the run's
+    recorder's ``ingest``).
     """
     if scenario.transport.kind in ("zmq", "nats"):
         from pantheon._cluster import run_cluster
@@ -57,6 +65,8 @@ async def run_scenario(
             attach=attach,
             drain_timeout=drain_timeout,
             on_team=on_team,
+            desk=desk,
+            journal=journal,
         )
     seed = scenario.seed if seed is None else seed
     bus = bus or Bus()
@@ -69,6 +79,8 @@ async def run_scenario(
     )
     if on_team is not None:
         on_team(team)
+    if desk is not None:
+        desk.serve(team)
     observers: list[Observer] = team.of_role(Observer)
     total = count_inputs(scenario)
     started = time.perf_counter()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,11 @@ class Recording:
     def store_path(self) -> Path | None:
         """The session store's file, when the run is recorded."""
         return None if self.recorder is None else Path(self.recorder.store.path)
+
+    @property
+    def journal(self) -> Callable[[str, bytes], None] | None:
+        """Where a multi-process run's nodes ship their records (None: not recorded)."""
+        return None if self.recorder is None else self.recorder.ingest
 
     async def attach(self, bus: Bus) -> None:
         if self.recorder is not None:
@@ -62,6 +67,8 @@ async def recording(
             scenario_text=scenario.text,
             scenario_dir=None if scenario.base_dir is None else str(scenario.base_dir),
             seed=scenario.seed if seed is None else seed,
+            # A multi-process run's nodes, each of which ships its part of the record.
+            nodes=tuple(getattr(scenario.transport, "nodes", None) or ()),
         )
         bus = Bus(session_id=recorder.session_id, transport=transport)
         rec = Recording(bus, recorder, session_store.path.parent / "outbox")

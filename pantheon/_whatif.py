@@ -59,6 +59,7 @@ from pantheon.rerun import (
     credit_inputs,
     diff_outcomes,
     incomplete_reason,
+    unrecorded_nodes,
 )
 from pantheon.scenario import ExpectConfig, Scenario, ScenarioError, parse_scenario
 from pantheon.sessions import SessionError, SessionStore
@@ -166,13 +167,14 @@ async def whatif_replay(
     incomplete = incomplete_reason(original)
     if incomplete is not None:
         raise SessionError(f"session {original.id} is {incomplete}: replay a finished session")
-    remote = sorted(set(original.summary.get("nodes") or ()) - {"driver"})
+    remote = unrecorded_nodes(store, original)
     if remote:
         # As for an exact replay: hops handled on other nodes, and their effects, are not
         # in the record, so there is nothing to serve them from or to compare them with.
         raise SessionError(
-            f"session {original.id} ran on several processes (nodes: {', '.join(remote)}); "
-            "only the driver's messages are recorded. Try the change on a single-process run."
+            f"session {original.id} ran on several processes (nodes: {', '.join(remote)}) "
+            "and was recorded before every node recorded its part: only the driver's "
+            "messages are there. Try the change on a newer run."
         )
     base_dir = None if original.scenario_dir is None else Path(original.scenario_dir)
     if isinstance(overlay, str):

@@ -52,7 +52,7 @@ def approval_cells(a: Approval) -> tuple[str, ...]:
         state = f"pending ({left:.0f}s, then {a.default})"
     else:
         state = f"{a.status} by {a.decided_by}"
-    return (str(a.id), state, a.agent, a.note, a.summary)
+    return (str(a.id), state, a.asker, a.note, a.summary)
 
 
 class DecisionScreen(ModalScreen[tuple[bool, str] | None]):
@@ -68,7 +68,7 @@ class DecisionScreen(ModalScreen[tuple[bool, str] | None]):
     def compose(self) -> ComposeResult:
         verb = "Approve" if self.approved else "Reject"
         with Vertical(id="decision"):
-            yield Label(f"{verb} #{self.approval.id} ({self.approval.agent})", classes="heading")
+            yield Label(f"{verb} #{self.approval.id} ({self.approval.asker})", classes="heading")
             yield Static(self.approval.summary, id="decision-summary")
             yield Input(placeholder="note (enter to confirm, escape to cancel)", id="note")
 

@@ -57,7 +57,7 @@ def approvals_panel(path: Path, info: SessionInfo) -> None:
                         "decision": a.status,
                         "by": a.decided_by,
                         "note": a.note,
-                        "agent": a.agent,
+                        "agent": a.asker,
                         "request": a.summary,
                         "decided": when(a.decided),
                     }
@@ -72,7 +72,7 @@ def approvals_panel(path: Path, info: SessionInfo) -> None:
 def _pending(path: Path, a: Approval) -> None:
     left = max(0.0, a.deadline - time.time())
     with st.container(border=True):
-        st.markdown(f"**#{a.id}** · {a.agent} · {a.summary}")
+        st.markdown(f"**#{a.id}** · {a.asker} · {a.summary}")
         st.caption(f"asked {when(a.asked)}; {a.default}s by itself in {left:.0f} s")
         note = st.text_input("Note", key=f"approval_note_{a.origin}_{a.id}")
         approve, reject = st.columns(2)

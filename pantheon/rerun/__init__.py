@@ -22,7 +22,9 @@ from pantheon.rerun._engine import (
     Setup,
     credit_inputs,
     incomplete_reason,
+    node_cuts,
     rerun,
+    unrecorded_nodes,
 )
 from pantheon.rerun._exact import ReplayReport, nondeterminism_hint, replay_session
 from pantheon.rerun._outcomes import (
@@ -53,9 +55,11 @@ __all__ = [
     "credit_inputs",
     "diff_outcomes",
     "incomplete_reason",
+    "node_cuts",
     "nondeterminism_hint",
     "outcome_spec",
     "replay_session",
     "rerun",
     "session_outcomes",
+    "unrecorded_nodes",
 ]

@@ -30,12 +30,12 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import Observer
+from agents import InputOrdinals, Observer, input_ordinal
 from agents._approvals import APPROVAL_EFFECT
 from bus import Bus, Envelope
 from pantheon._approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
-from pantheon.scenario import ApprovalsConfig
+from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (
     DEFAULT_REPLAY_TIMEOUT,
     ApprovalBook,
@@ -45,6 +45,8 @@ from pantheon.sessions import (
     SessionInfo,
     SessionStore,
     Setup,
+    StoredDeadLetter,
+    StoredDelivery,
     StoredEffect,
     StoredEnvelope,
 )
@@ -86,6 +88,33 @@ def incomplete_reason(info: SessionInfo) -> str | None:
     return None
 
 
+def unrecorded_nodes(store: SessionStore, info: SessionInfo) -> list[str]:
+    """The processes of a multi-process session whose part of the run is not in its record:
+    every node of a session recorded before nodes shipped their journals (only the driver's
+    bus was recorded then), none of one recorded since (a node that died has a journal that
+    stops early, which :func:`node_cuts` says)."""
+    remote = sorted(set(info.summary.get("nodes") or ()) - {DRIVER_NODE})
+    if not remote:
+        return []
+    shipped = store.node_journals(info.id)
+    return [] if shipped else remote
+
+
+def node_cuts(store: SessionStore, info: SessionInfo) -> dict[str, str]:
+    """Nodes whose journal stops before their end mark, each with how far it reached (a
+    node killed or dead mid-run): a re-run goes on past where their records stop."""
+    remote = set(info.summary.get("nodes") or ()) - {DRIVER_NODE}
+    journals = store.node_journals(info.id)
+    cuts = {}
+    for node in sorted(remote):
+        j = journals.get(node)
+        if j is None:
+            cuts[node] = "shipped no records"
+        elif not j.ended:
+            cuts[node] = f"its records end after {j.records} in {j.shipments} shipments"
+    return cuts
+
+
 def past_the_record(div: ReplayDivergence) -> bool:
     """A difference an incomplete record explains: the re-run has something (a message, an
     effect call, a delivery) where the record simply stops."""
@@ -98,16 +127,94 @@ def past_the_record(div: ReplayDivergence) -> bool:
 
 def _effect_index(
     effects: Iterable[StoredEffect],
+    deliveries: Callable[[], Iterable[StoredDelivery]] = tuple,
 ) -> dict[tuple[int, str | None], list[StoredEffect]]:
     """The original's effects by (envelope, subscriber), in ordinal order; calls that
-    diverged in it (it was itself a replay) answered nothing and are left out."""
+    diverged in it (it was itself a replay) answered nothing and are left out.
+
+    In a multi-process session a message can be handled by the same group on two nodes:
+    a node died mid-handling and the transport handed the message to another member.
+    Ordinals count per process, so the two handlings' calls would interleave; the one
+    served is the handling that ended (a delivery on that node), the one the run went on
+    with, and the cut one's calls are left out."""
     index: dict[tuple[int, str | None], list[StoredEffect]] = defaultdict(list)
     for e in effects:
         if e.flag != EFFECT_DIVERGED:
             index[(e.envelope_id, e.subscriber)].append(e)
-    for records in index.values():
+    handled: dict[tuple[int, str], set[str | None]] | None = None
+    for key, records in index.items():
+        nodes = {e.node for e in records}
+        if len(nodes) > 1:
+            if handled is None:
+                handled = defaultdict(set)
+                for d in deliveries():
+                    handled[(d.envelope_id, d.subscriber)].add(d.node)
+            ended = handled.get((key[0], key[1] or ""), set())
+            kept = [e for e in records if e.node in ended]
+            if kept:
+                records[:] = kept
         records.sort(key=lambda e: e.ordinal)
     return index
+
+
+def _touched(
+    lineage: Lineage,
+    cuts: dict[str, str],
+    deliveries: list[StoredDelivery],
+    dead_letters: list[StoredDeadLetter],
+    effects: list[StoredEffect],
+) -> set[int]:
+    """The inputs (by id) whose trees a cut node was in the middle of when it died.
+
+    Handlings it finished are in its journal like any other and replay exactly; what
+    cannot be done again in one process is: a handling it began and never ended (effects,
+    or messages it published, from it and no delivery), a message that reached its mailbox
+    and died there (a subscription it hosts took that topic, and nobody handled this one),
+    one the transport handed to a second member or dead-lettered as ``node_lost``."""
+    topic = {e.id: e.topic for e in lineage.envelopes}
+    ended: set[tuple[int, str | None]] = set()
+    hosted: set[str] = set()
+    handled: dict[tuple[int, str], int] = defaultdict(int)
+    takes: dict[str, set[str]] = defaultdict(set)
+    for d in deliveries:
+        handled[(d.envelope_id, d.subscriber)] += 1
+        takes[d.subscriber].add(topic.get(d.envelope_id, ""))
+        if d.node in cuts:
+            hosted.add(d.subscriber)
+            ended.add((d.envelope_id, d.node))
+    messages = {m for (m, _), n in handled.items() if n > 1}
+    messages.update(
+        e.envelope_id for e in effects if e.node in cuts and (e.envelope_id, e.node) not in ended
+    )
+    messages.update(
+        e.causation_id
+        for e in lineage.envelopes
+        if e.node in cuts and e.causation_id is not None and (e.causation_id, e.node) not in ended
+    )
+    messages.update(
+        e.id
+        for e in lineage.envelopes
+        for sub in hosted
+        if e.topic in takes[sub] and (e.id, sub) not in handled
+    )
+    messages.update(d.envelope_id for d in dead_letters if d.reason == "node_lost")
+    return {r for m in messages if (r := lineage.root.get(m)) is not None}
+
+
+def cut_root(
+    div: ReplayDivergence,
+    lineage: Lineage,
+    mapper: Mapper,
+    new_envelopes: list[StoredEnvelope],
+) -> int | None:
+    """The original input whose tree ``div`` is in (an extra message: through the input
+    its tree in the replay started from, which the replay re-published for that one)."""
+    if div.original_id is not None:
+        return lineage.root.get(div.original_id)
+    new = next((e for e in new_envelopes if e.id == div.replay_id), None)
+    if new is None or new.correlation_id is None:
+        return None
+    return mapper.to_original.get(new.correlation_id)
 
 
 class Tracker:
@@ -124,10 +231,14 @@ class Tracker:
         *,
         halts: bool,
         truncated: bool = False,
+        tolerated: set[int] | None = None,
     ) -> None:
         self.mapper = Mapper(lineage, inputs)
         self.halts = halts
         self.truncated = truncated
+        #: Original inputs whose trees a dead node's journal cut (:func:`node_cuts`): what
+        #: differs in them is not a difference, and does not stop the feed.
+        self.tolerated = tolerated or set()
         #: The effects runner's live calls: messages published while one of them runs
         #: belong to the effect and are not aligned (served effects publish nothing).
         self.active: Mapping[tuple[int, str | None], int] = {}
@@ -143,6 +254,12 @@ class Tracker:
             return
         extras = len(mapper.extras)
         orig = mapper.feed(env)
+        if self.tolerated and mapper.to_original.get(env.correlation_id) in self.tolerated:
+            if orig is not None and self.waiting:
+                self.waiting.discard(orig.id)
+                if not self.waiting:
+                    self.progress.set()
+            return
         if orig is None:
             if len(mapper.extras) > extras and not self.truncated:
                 self.differ("extra message")
@@ -334,6 +451,7 @@ class Rerun:
         truncated: bool = False,
         approvals: ApprovalsConfig | None = None,
         origin: str | None = None,
+        skip_cut: bool = False,
     ) -> None:
         self.store = store
         self.original = original
@@ -341,7 +459,25 @@ class Rerun:
         self.envelopes = store.envelopes(original.id)
         self.effects = store.effects(original.id)
         self.lineage = Lineage(self.envelopes, self.effects)
+        #: Nodes whose journal stops before its end, and the original inputs whose trees
+        #: it was in the middle of: what differs in them is not a difference, and with
+        #: ``skip_cut`` (an exact replay) they are not replayed at all: one process cannot
+        #: do again what a death cut short (see ``ReplayReport.cut``).
+        self.cuts = node_cuts(store, original)
+        self.tolerated = (
+            _touched(
+                self.lineage,
+                self.cuts,
+                store.deliveries(original.id),
+                store.dead_letters(original.id),
+                self.effects,
+            )
+            if self.cuts
+            else set()
+        )
         inputs = self.lineage.inputs
+        if skip_cut:
+            inputs = [e for e in inputs if e.id not in self.tolerated]
         if from_ts is not None:
             inputs = [e for e in inputs if e.wall - original.started >= from_ts]
         self.inputs: list[StoredEnvelope] = inputs
@@ -362,8 +498,10 @@ class Rerun:
             if approvals is None
             else StoreDesk(Path(store.path), self.recorder.session_id, approvals, origin=origin)
         )
-        self.tracker = Tracker(self.lineage, inputs, halts=policy.halts, truncated=truncated)
-        index = _effect_index(self.effects)
+        self.tracker = Tracker(
+            self.lineage, inputs, halts=policy.halts, truncated=truncated, tolerated=self.tolerated
+        )
+        index = _effect_index(self.effects, lambda: store.deliveries(original.id))
         self.runner = self.recorder.use_effects(
             lambda sink: RerunEffects(
                 sink,
@@ -379,14 +517,20 @@ class Rerun:
         self.tracker.active = self.runner.active
         #: The original inputs fed so far, in order.
         self.published: list[StoredEnvelope] = []
+        #: Gives each input fed the number it had in the original (an Observer that goes
+        #: on after them, in a resumed run, numbers its inputs from here).
+        self.ordinals = InputOrdinals()
 
     @property
     def session_id(self) -> str:
         return self.recorder.session_id
 
     def _effect_diverged(self, div: ReplayDivergence) -> None:
-        if not (self.truncated and past_the_record(div)):
-            self.tracker.differ("effect")
+        if self.truncated and past_the_record(div):
+            return
+        if self.tolerated and self.lineage.root.get(div.original_id or 0) in self.tolerated:
+            return
+        self.tracker.differ("effect")
 
     def serve_desk(self, agents: Iterable[Any]) -> None:
         """Give ``agents`` the new session's approval desk (none without ``approvals``)."""
@@ -413,7 +557,12 @@ class Rerun:
             while cursor < len(originals) and originals[cursor].seq < inp.seq:
                 o = originals[cursor]
                 cursor += 1
-                if lineage.root.get(o.id) in roots and o.id not in tracker.mapper.to_new:
+                root = lineage.root.get(o.id)
+                if (
+                    root in roots
+                    and root not in tracker.tolerated
+                    and o.id not in tracker.mapper.to_new
+                ):
                     tracker.waiting.add(o.id)
             if tracker.waiting:
                 tracker.progress.clear()
@@ -427,6 +576,11 @@ class Rerun:
                         return
                     tracker.waiting.clear()
             env = Envelope.new(inp.topic, inp.payload, inp.priority, session_id=bus.session_id)
+            ordinal = input_ordinal(inp.id)
+            if ordinal is not None:  # the number it had, for a fault window that asks
+                stamped = self.ordinals.stamp(inp.topic, ordinal)
+                if stamped is not None:
+                    env.id = env.correlation_id = stamped
             env.context = bus.context
             roots.add(inp.id)
             self.published.append(inp)

@@ -9,12 +9,17 @@ from pantheon.rerun._engine import (
     DEFAULT_REPLAY_TIMEOUT,
     Rerun,
     Setup,
+    cut_root,
     incomplete_reason,
     past_the_record,
     rerun,
 )
 from pantheon.rerun._policies import ExactReplay
-from pantheon.sessions import FailureMatch, ReplayDivergence, SessionStore
+from pantheon.sessions import (
+    FailureMatch,
+    ReplayDivergence,
+    SessionStore,
+)
 from pantheon.sessions._align import compare_runs, same_payload
 
 __all__ = ["ReplayReport", "nondeterminism_hint", "replay_session"]
@@ -34,7 +39,15 @@ class ReplayReport:
     committed message, and what the record lacks past that point (messages, deliveries and
     effects the team went on to produce) is not a divergence. ``recorded_messages`` is
     how many messages the record holds, ``reproduced_messages`` how many of them the
-    replay produced again."""
+    replay produced again.
+
+    ``cut`` names the nodes of a multi-process session whose journal stops before its end
+    (killed, or dead) and how far it reached. What such a node was doing when it died
+    (a handling cut short, then redelivered to another member or dead-lettered
+    ``node_lost``) is not something one process can do again, so the inputs whose trees
+    it was in the middle of are not replayed (``cut_inputs`` of them, counted in
+    ``inputs_skipped``); every other input must match exactly, the ones the node handled
+    to the end included."""
 
     new_session_id: str
     original_session_id: str
@@ -50,6 +63,8 @@ class ReplayReport:
     incomplete: str | None = None
     recorded_messages: int = 0
     reproduced_messages: int = 0
+    cut: dict[str, str] | None = None
+    cut_inputs: int = 0
 
     def raise_for_divergence(self) -> None:
         """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
@@ -72,6 +87,8 @@ class ReplayReport:
             "incomplete": self.incomplete,
             "recorded_messages": self.recorded_messages,
             "reproduced_messages": self.reproduced_messages,
+            "cut": self.cut,
+            "cut_inputs": self.cut_inputs,
         }
 
 
@@ -123,12 +140,15 @@ async def replay_session(
         timeout=timeout,
         from_ts=from_ts,
         truncated=incomplete is not None,
+        skip_cut=True,
     )
+    original_deliveries = store.deliveries(original.id)
+    new_envelopes = store.envelopes(run.session_id)
     try:
         comparison = compare_runs(
             run.lineage,
-            store.envelopes(run.session_id),
-            original_deliveries=store.deliveries(original.id),
+            new_envelopes,
+            original_deliveries=original_deliveries,
             new_deliveries=store.deliveries(run.session_id),
             original_effects=run.effects,
             new_effects=store.effects(run.session_id),
@@ -138,9 +158,18 @@ async def replay_session(
     except BaseException as exc:
         await run.fail({"replay_of": original.id, "error": repr(exc)})
         raise
+    cut_roots = run.tolerated
     divergence = comparison.divergence
-    if incomplete is not None:
-        divergence = next((d for d in comparison.divergences if not past_the_record(d)), None)
+    if incomplete is not None or cut_roots:
+        divergence = next(
+            (
+                d
+                for d in comparison.divergences
+                if not (incomplete is not None and past_the_record(d))
+                and cut_root(d, run.lineage, comparison.mapper, new_envelopes) not in cut_roots
+            ),
+            None,
+        )
     if divergence is not None and not live_effects:
         divergence = nondeterminism_hint(run, divergence)
     report = ReplayReport(
@@ -158,6 +187,8 @@ async def replay_session(
         incomplete=incomplete,
         recorded_messages=len(run.envelopes),
         reproduced_messages=len(comparison.pairs),
+        cut=run.cuts or None,
+        cut_inputs=len(cut_roots),
     )
     await run.finish("completed", {"replay": report.to_dict()})
     if raise_on_divergence:

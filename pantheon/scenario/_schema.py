@@ -884,9 +884,11 @@ class AgentConfig(_Model):
 class FaultMarkConfig(_Model):
     """A point on the run's timeline, ``{seconds: 2}`` or ``{messages: 300}``: seconds since
     the run started, or the run's inputs taken in before the one a message comes from
-    (counted per input topic, in publish order: ``{messages: 400}`` is where the 401st email
-    and everything it causes begin). A ``messages`` bound splits the inputs the same way on
-    every run; a ``seconds`` bound depends on the run's speed. A redrive continues its
+    (counted per input topic, in the order the Observer published them: ``{messages: 400}``
+    is where the 401st email and everything it causes begin). The number travels in the
+    input's id to every message it causes, so every process of a ZeroMQ or NATS run counts
+    as one process does. A ``messages`` bound splits the inputs the same way on every run;
+    a ``seconds`` bound depends on the run's speed. A redrive continues its
     original run's timeline (it happens later), so a window that ended during the run is
     over for the redrive too."""
 

@@ -45,6 +45,9 @@ from pantheon.sessions._recorder import (
     DEFAULT_MAX_PENDING,
     DEFAULT_METRICS_INTERVAL,
     Recorder,
+    ShippingRecorder,
+    import_envelopes,
+    import_shipments,
 )
 from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
 from pantheon.sessions._store import (
@@ -53,6 +56,7 @@ from pantheon.sessions._store import (
     STORE_ENV,
     BreakerTransition,
     MetricSnapshot,
+    NodeJournal,
     SessionInfo,
     SessionStore,
     StoredDeadLetter,
@@ -84,6 +88,7 @@ __all__ = [
     "LatencyDelta",
     "LatencyStats",
     "MetricSnapshot",
+    "NodeJournal",
     "RecordedError",
     "Recorder",
     "RecordingEffects",
@@ -97,6 +102,7 @@ __all__ = [
     "SessionNotFound",
     "SessionStore",
     "Setup",
+    "ShippingRecorder",
     "StoreError",
     "StoredDeadLetter",
     "StoredDelivery",
@@ -104,6 +110,8 @@ __all__ = [
     "StoredEnvelope",
     "diff_sessions",
     "export_jsonl",
+    "import_envelopes",
+    "import_shipments",
     "new_session_id",
     "redrive",
     "resolve_store_path",

@@ -14,6 +14,11 @@ crashed one (kind ``resume``) shares its original's origin, so request 3 is requ
 whichever of the two a person names, and a resumed run asking again for a request it asked
 before the crash (same key) gets that row back, decided or still pending, never a second one.
 
+A request asked by an agent on another process of a multi-process run (a ZeroMQ or NATS
+node) names that process in ``node`` (None: the process that runs the scenario); the
+driver writes the row on the node's behalf (``pantheon._remote_approvals``). Tables made
+before ``node`` existed get the column, empty, the first time a book opens them.
+
 Deciding is one conditional ``UPDATE ... WHERE status = 'pending'``: when a person and the
 timeout (or two people) decide at once, exactly one wins and every reader sees that one.
 """
@@ -55,6 +60,7 @@ CREATE TABLE IF NOT EXISTS approvals (
     note TEXT NOT NULL DEFAULT '',
     decided_by TEXT,
     decided REAL,
+    node TEXT,
     PRIMARY KEY (origin, id),
     UNIQUE (origin, key)
 )
@@ -62,7 +68,7 @@ CREATE TABLE IF NOT EXISTS approvals (
 
 _COLS = (
     "origin, id, key, session, agent, summary, request, asked, deadline, default_approve, "
-    "status, note, decided_by, decided"
+    "status, note, decided_by, decided, node"
 )
 
 #: Characters at most in a decision's note and in who decided.
@@ -119,6 +125,15 @@ class Approval:
     #: Why the stored row cannot be trusted (a column not of its type, a request that is
     #: not a JSON object), or None. A corrupt row is listed and reported, never decided on.
     corrupt: str | None = None
+    #: The node of a multi-process run whose agent asked; None for the driver's own agents
+    #: and in-process runs.
+    node: str | None = None
+
+    @property
+    def asker(self) -> str:
+        """Who asked, as every reader shows it: the agent, with its node in a multi-process
+        run (``guardian@action``)."""
+        return self.agent if self.node is None else f"{self.agent}@{self.node}"
 
     @property
     def pending(self) -> bool:
@@ -159,6 +174,7 @@ class Approval:
             "note": self.note,
             "decided_by": self.decided_by,
             "decided": self.decided,
+            "node": self.node,
         }
 
 
@@ -169,6 +185,7 @@ _TYPES: tuple[tuple[int, str, tuple[type, ...], str], ...] = (
     (8, "deadline", _NUMBER, "number"), (11, "note", _TEXT, "text"),
     (12, "decided_by", (str, type(None)), "text"),
     (13, "decided", (int, float, type(None)), "number"),
+    (14, "node", (str, type(None)), "text"),
 )  # fmt: skip
 
 
@@ -193,7 +210,7 @@ def _row(r: tuple[Any, ...]) -> Approval:
             v[i] = None if type(None) in kinds else repr(r[i]) if label == "text" else 0.0
     return Approval(
         v[0], v[1], v[2], v[3], v[4], v[5], request if problem is None else {}, v[7], v[8],
-        bool(r[9]), v[10], v[11], v[12], v[13], problem,
+        bool(r[9]), v[10], v[11], v[12], v[13], problem, v[14],
     )  # fmt: skip
 
 
@@ -225,10 +242,15 @@ class ApprovalBook:
         try:
             # Created on first use, so stores made before approvals existed keep working;
             # looked for first, so a reader does not take the write lock for nothing.
-            have = store._query("SELECT 1 FROM sqlite_master WHERE name = 'approvals'")
-            if not have:
+            columns = {r[1] for r in store._query("PRAGMA table_info(approvals)")}
+            if not columns:
                 with store._tx() as conn:
                     conn.execute(_SCHEMA)
+            elif "node" not in columns:  # a table made before multi-process approvals
+                with store._tx() as conn:
+                    have = {r[1] for r in conn.execute("PRAGMA table_info(approvals)")}
+                    if "node" not in have:  # another process may have added it meanwhile
+                        conn.execute("ALTER TABLE approvals ADD COLUMN node TEXT")
         except sqlite3.DatabaseError as exc:
             raise ApprovalError(f"{store.path}: cannot keep approvals: {exc}") from exc
 
@@ -246,11 +268,12 @@ class ApprovalBook:
         request: Mapping[str, Any],
         timeout: float,
         default_approve: bool,
+        node: str | None = None,
         now: float | None = None,
     ) -> Approval:
         """The request with ``key`` in ``origin``: created pending (numbered next, with a
         deadline ``timeout`` seconds from now), or the existing one, taken over by
-        ``session`` (a resumed run asking again keeps the original deadline)."""
+        ``session`` and ``node`` (a resumed run asking again keeps the original deadline)."""
         now = time.time() if now is None else now
         text = json.dumps(dict(request), sort_keys=True, default=repr)
         summary = str(request.get("summary", ""))
@@ -260,18 +283,18 @@ class ApprovalBook:
             ).fetchone()
             if row is not None:
                 conn.execute(
-                    "UPDATE approvals SET session = ? WHERE origin = ? AND key = ?",
-                    (session, origin, key),
+                    "UPDATE approvals SET session = ?, node = ? WHERE origin = ? AND key = ?",
+                    (session, node, origin, key),
                 )
-                return _row((*row[:3], session, *row[4:]))
+                return _row((*row[:3], session, *row[4:14], node))
             n = conn.execute(
                 "SELECT coalesce(max(id), 0) + 1 FROM approvals WHERE origin = ?", (origin,)
             ).fetchone()[0]
             values = (
                 origin, n, key, session, agent, summary, text, now, now + timeout,
-                int(default_approve), "pending", "", None, None,
+                int(default_approve), "pending", "", None, None, node,
             )  # fmt: skip
-            conn.execute(f"INSERT INTO approvals ({_COLS}) VALUES ({','.join('?' * 14)})", values)
+            conn.execute(f"INSERT INTO approvals ({_COLS}) VALUES ({','.join('?' * 15)})", values)
         return _row(values)
 
     def decide(

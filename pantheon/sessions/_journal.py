@@ -261,20 +261,23 @@ class Materializer:
         conn.execute("BEGIN IMMEDIATE")
         try:
             row = conn.execute(
-                "SELECT seq, kind, first, blob FROM journal WHERE session = ? ORDER BY seq LIMIT 1",
+                "SELECT seq, kind, first, blob, node FROM journal WHERE session = ? "
+                "ORDER BY seq LIMIT 1",
                 (sid,),
             ).fetchone()
             if row is None:
                 conn.execute("COMMIT")
                 return False
-            jseq, kind, first, blob = row
+            jseq, kind, first, blob, node = row
             if kind == "envelopes":
-                insert_rows(conn, "envelopes", [(sid, *r) for r in decode_envelopes(blob, first)])
+                envs = decode_envelopes(blob, first)
+                insert_rows(conn, "envelopes", [(sid, *r, node) for r in envs])
             elif kind == "effects":
-                insert_rows(conn, "effects", [(sid, *r) for r in decode_effects(blob, first)])
+                effs = decode_effects(blob, first)
+                insert_rows(conn, "effects", [(sid, *r, node) for r in effs])
             else:
                 rows = self._pairing.fill(decode_deliveries(blob, first))
-                insert_rows(conn, "deliveries", [(sid, *r) for r in rows])
+                insert_rows(conn, "deliveries", [(sid, *r, node) for r in rows])
             conn.execute("DELETE FROM journal WHERE session = ? AND seq = ?", (sid, jseq))
         except BaseException:
             conn.execute("ROLLBACK")

@@ -43,6 +43,7 @@ from types import SimpleNamespace
 from typing import Any, TypeVar
 
 from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
+from bus._transport import InProcessTransport, Receipt
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, EffectSink, RecordingEffects
 from pantheon.sessions._errors import RecordingError
@@ -53,6 +54,12 @@ from pantheon.sessions._journal import (
     encode_effects,
     insert_rows,
 )
+from pantheon.sessions._shipping import (
+    MAX_SHIPMENT_BYTES,
+    Shipment,
+    decode_shipment,
+    encode_shipment,
+)
 from pantheon.sessions._store import (
     SessionStore,
     Status,
@@ -62,6 +69,9 @@ from pantheon.sessions._store import (
 from pantheon.telemetry import get_logger
 
 R = TypeVar("R", bound=RecordingEffects)
+#: Where a node's writer hands each shipment: (its number, its bytes, whether it is the end
+#: mark), on the writer thread, in order.
+Ship = Callable[[int, bytes, bool], None]
 
 __all__ = [
     "DEFAULT_COMMIT_INTERVAL",
@@ -69,6 +79,9 @@ __all__ = [
     "DEFAULT_MAX_PENDING",
     "DEFAULT_METRICS_INTERVAL",
     "Recorder",
+    "ShippingRecorder",
+    "import_envelopes",
+    "import_shipments",
 ]
 
 log = get_logger("pantheon.sessions")
@@ -162,9 +175,33 @@ class _Writer(threading.Thread):
     """
 
     def __init__(
-        self, path: Path, synchronous: str, session_id: str, wall_base: float, mono_base: int
+        self,
+        path: Path | None,
+        synchronous: str,
+        session_id: str,
+        wall_base: float,
+        mono_base: int,
+        *,
+        ship: Ship | None = None,
+        nodes: Sequence[str] = (),
     ) -> None:
         super().__init__(name=f"pantheon-recorder-{session_id}", daemon=True)
+        #: Ship mode (a node's recorder): each commit becomes a :class:`Shipment` handed to
+        #: ``ship`` instead of a transaction on ``path``.
+        self.ship = ship
+        #: A multi-process run's nodes, in placement order: a dead letter's entry id in the
+        #: store is ``own id * (len(nodes) + 1) + index`` (the driver's index 0, a node's its
+        #: position + 1), so the processes' entry ids never collide and a single-process
+        #: run's stay its own.
+        self.node_index = {name: i + 1 for i, name in enumerate(nodes)}
+        self.processes = len(nodes) + 1
+        #: Set once the bus has peers: envelopes that came from another process are that
+        #: process's to journal (see ``_shipping``).
+        self.own_only = False
+        #: Shipments a node sent that could not be decoded (dropped; the node is named in
+        #: the log, and its journal shows the gap).
+        self.bad_shipments = 0
+        self._applied: dict[str, int] = {}  # node -> shipments applied
         self.path = path
         self.synchronous = synchronous
         self.session_id = session_id
@@ -192,6 +229,7 @@ class _Writer(threading.Thread):
         self._committed = 0
         self._journal: deque[float] = deque()  # creation times of our unmaterialized chunks
         self._jseq = 0
+        self._ship_seq = 0
         self._seq = {"envelopes": 0, "deliveries": 0, "breakers": 0, "effects": 0, "metrics": 0}
         self._cpu_mark: tuple[float, float] | None = None
         self._forced = 0.0
@@ -241,13 +279,16 @@ class _Writer(threading.Thread):
     # -- the thread -------------------------------------------------------------------------
 
     def run(self) -> None:
+        conn: Any = None
         try:
-            conn = connect(self.path, self.synchronous)
+            if self.ship is None:
+                assert self.path is not None
+                conn = connect(self.path, self.synchronous)
         except BaseException as exc:
             self._fail(exc)
             return
         try:
-            materializer = Materializer(conn, self.session_id, fresh=True)
+            materializer = None if conn is None else Materializer(conn, self.session_id, fresh=True)
             while True:
                 with self._cond:
                     if not self._stopping and self._committed == self._submitted:
@@ -269,14 +310,17 @@ class _Writer(threading.Thread):
                     # Give the lists back: the bus thread frees the envelopes.
                     self.spent.extend(batches)
                     del batches
-                if self._journal:
+                if self._journal and materializer is not None:
                     self._materialize(materializer, time.monotonic(), everything=stopping)
                 if stopping and not self.inbox and not self.events and not self._journal:
                     break
+            if self.ship is not None:
+                self.ship(self._ship_seq, encode_shipment(Shipment(self._ship_seq, end=True)), True)
         except BaseException as exc:
             self._fail(exc)
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
             with self._cond:
                 self._cond.notify_all()
 
@@ -351,7 +395,7 @@ class _Writer(threading.Thread):
         seq = self._seq
         wall = time.time()
 
-        dlq_rows, breaker_rows, effects, metric_rows = [], [], [], []
+        dlq_rows, breaker_rows, effects, metric_rows, shipments = [], [], [], [], []
         for ev in batch_events:
             kind = ev[0]
             if kind == "effect":
@@ -360,25 +404,30 @@ class _Writer(threading.Thread):
                 d: DeadLetter = ev[1]
                 env = d.envelope
                 dlq_rows.append(
-                    (sid, d.entry_id, to_db(env.id), env.topic, d.subscriber, d.reason,
-                     d.error_type, d.error, d.traceback, d.attempts, d.time, 0, None)
+                    (sid, d.entry_id * self.processes, to_db(env.id), env.topic, d.subscriber,
+                     d.reason, d.error_type, d.error, d.traceback, d.attempts, d.time, 0, None,
+                     None)
                 )  # fmt: skip
             elif kind == "breaker":
-                breaker_rows.append((sid, seq["breakers"], *ev[1:]))
+                breaker_rows.append((sid, seq["breakers"], *ev[1:], None))
                 seq["breakers"] += 1
             elif kind == "metrics":
                 metric_rows.append(
                     (sid, seq["metrics"], ev[1], json.dumps(ev[2], default=safe_repr))
                 )
                 seq["metrics"] += 1
+            elif kind == "ingest":
+                shipments.append(ev)
         del batch_events
 
-        journal_rows = []
+        journal_rows: list[tuple[Any, ...]] = []
         n_rows = 0
         # Each kind with its own encoder; effects are journaled too (see ``_journal``), so a
         # commit binds one row per chunk of 2,048 and not 12 columns per effect.
         kinds: list[tuple[str, Sequence[Any], Callable[[Sequence[Any]], bytes]]] = []
         for envs, dels in batches:
+            if self.own_only:
+                envs = [e for e in envs if not isinstance(e.reply, Receipt)]
             kinds.append(("envelopes", envs, self._encoder.envelopes))
             kinds.append(("deliveries", dels, self._encoder.deliveries))
         kinds.append(("effects", effects, encode_effects))
@@ -386,14 +435,27 @@ class _Writer(threading.Thread):
             for i in range(0, len(batch), CHUNK_ROWS):
                 part = batch[i : i + CHUNK_ROWS]
                 journal_rows.append(
-                    (sid, self._jseq, kind, seq[kind], len(part), wall, encode(part))
+                    (sid, self._jseq, kind, seq[kind], len(part), wall, encode(part), None)
                 )
                 self._jseq += 1
                 seq[kind] += len(part)
                 n_rows += len(part)
         del effects
 
-        if not (dlq_rows or breaker_rows or metric_rows):
+        if self.ship is not None:
+            self._ship(journal_rows, dlq_rows, breaker_rows)
+            self.commits += 1
+            self.rows += n_rows + len(dlq_rows) + len(breaker_rows)
+            self.max_commit_s = max(self.max_commit_s, time.perf_counter() - started)
+            return
+        node_rows = [
+            row
+            for ev in shipments
+            if (row := self._ingest(ev[1], ev[2], journal_rows, dlq_rows, breaker_rows))
+        ]
+        n_rows += sum(row[3] for row in node_rows)
+
+        if not (dlq_rows or breaker_rows or metric_rows or node_rows):
             # The common case: one statement, its own transaction, one GIL handoff.
             insert_rows(conn, "journal", journal_rows)
         else:
@@ -403,6 +465,14 @@ class _Writer(threading.Thread):
                 insert_rows(conn, "dead_letters", dlq_rows, "INSERT OR REPLACE")
                 insert_rows(conn, "breaker_transitions", breaker_rows)
                 insert_rows(conn, "metrics", metric_rows)
+                for row in node_rows:
+                    conn.execute(
+                        "INSERT INTO session_nodes VALUES (?, ?, ?, ?, ?, ?) "
+                        "ON CONFLICT (session, node) DO UPDATE SET batches = excluded.batches, "
+                        "records = records + excluded.records, ended = excluded.ended, "
+                        "last = excluded.last",
+                        row,
+                    )
             except BaseException:
                 conn.execute("ROLLBACK")
                 raise
@@ -412,6 +482,110 @@ class _Writer(threading.Thread):
         self.commits += 1
         self.rows += n_rows + len(dlq_rows) + len(breaker_rows) + len(metric_rows)
         self.max_commit_s = max(self.max_commit_s, time.perf_counter() - started)
+
+    def continue_from(self, conn: Any) -> None:
+        """Take up an existing session's positions (rows and journal chunks already stored,
+        shipments applied per node), so what this writer adds goes after them."""
+        sid = self.session_id
+        for kind in ("envelopes", "deliveries", "effects"):
+            (rows,) = conn.execute(
+                f"SELECT max(seq) FROM {kind} WHERE session = ?", (sid,)
+            ).fetchone()
+            (chunks,) = conn.execute(
+                "SELECT max(first + count - 1) FROM journal WHERE session = ? AND kind = ?",
+                (sid, kind),
+            ).fetchone()
+            self._seq[kind] = (
+                max(-1 if rows is None else rows, -1 if chunks is None else chunks) + 1
+            )
+        (jseq,) = conn.execute("SELECT max(seq) FROM journal WHERE session = ?", (sid,)).fetchone()
+        self._jseq = 0 if jseq is None else jseq + 1
+        (bseq,) = conn.execute(
+            "SELECT max(seq) FROM breaker_transitions WHERE session = ?", (sid,)
+        ).fetchone()
+        self._seq["breakers"] = 0 if bseq is None else bseq + 1
+        for node, batches in conn.execute(
+            "SELECT node, batches FROM session_nodes WHERE session = ?", (sid,)
+        ):
+            self._applied[node] = batches
+
+    def _ship(
+        self,
+        journal_rows: list[tuple[Any, ...]],
+        dlq_rows: list[tuple[Any, ...]],
+        breaker_rows: list[tuple[Any, ...]],
+    ) -> None:
+        """Ship mode: this commit's chunks and rare rows as shipments (``_shipping``), in
+        order, numbered by ``_ship_seq``. Chunks keep the node's own positions; the driver
+        gives them the session's."""
+        chunks = [(r[2], r[4], r[5], r[6]) for r in journal_rows]
+        dead = [r[1:11] for r in dlq_rows]
+        breakers = [r[2:7] for r in breaker_rows]
+        while True:
+            take, size = 0, 0
+            while take < len(chunks) and (
+                take == 0 or size + len(chunks[take][3]) <= MAX_SHIPMENT_BYTES
+            ):
+                size += len(chunks[take][3])
+                take += 1
+            last = take == len(chunks)
+            part = Shipment(
+                self._ship_seq,
+                chunks[:take],
+                dead if last else [],
+                breakers if last else [],
+            )
+            chunks = chunks[take:]
+            if part.records:
+                assert self.ship is not None
+                self.ship(part.seq, encode_shipment(part), False)
+                self._ship_seq += 1
+            if last:
+                return
+
+    def _ingest(
+        self,
+        node: str,
+        data: bytes,
+        journal_rows: list[tuple[Any, ...]],
+        dlq_rows: list[tuple[Any, ...]],
+        breaker_rows: list[tuple[Any, ...]],
+    ) -> tuple[Any, ...] | None:
+        """Add one node's shipment to this commit's rows, at the session's next positions;
+        returns its ``session_nodes`` row (None for a duplicate or undecodable one)."""
+        try:
+            shipment = decode_shipment(data)
+        except ValueError as exc:
+            self.bad_shipments += 1
+            log.error("undecodable journal shipment dropped", node=node, error=str(exc))
+            return None
+        index = self.node_index.get(node)
+        if index is None:
+            # Only the placement's nodes are linked to the driver; anything else is a bug
+            # or a forged line, and must not take another process's entry ids.
+            self.bad_shipments += 1
+            log.error("journal shipment from a node the run does not place dropped", node=node)
+            return None
+        applied = self._applied.get(node, 0)
+        if shipment.seq < applied:
+            return None  # delivered twice: applied already
+        self._applied[node] = shipment.seq + 1
+        sid = self.session_id
+        seq = self._seq
+        for kind, count, wall, blob in shipment.chunks:
+            if kind not in ("envelopes", "deliveries", "effects"):
+                self.bad_shipments += 1
+                log.error("journal chunk of unknown kind dropped", node=node, kind=kind)
+                continue
+            journal_rows.append((sid, self._jseq, kind, seq[kind], count, wall, blob, node))
+            self._jseq += 1
+            seq[kind] += count
+        for entry_id, *rest in shipment.dead_letters:
+            dlq_rows.append((sid, entry_id * self.processes + index, *rest, 0, None, node))
+        for breaker in shipment.breakers:
+            breaker_rows.append((sid, seq["breakers"], *breaker, node))
+            seq["breakers"] += 1
+        return (sid, node, shipment.seq + 1, shipment.records, int(shipment.end), time.time())
 
 
 class Recorder:
@@ -448,10 +622,10 @@ class Recorder:
         commit_rows: int = DEFAULT_COMMIT_ROWS,
         max_pending: int = DEFAULT_MAX_PENDING,
         metrics_interval: float = DEFAULT_METRICS_INTERVAL,
+        nodes: Sequence[str] = (),
     ) -> None:
-        if commit_interval <= 0 or commit_rows < 1 or max_pending < 2:
-            raise ValueError("commit_interval, commit_rows and max_pending must be positive")
-        self.store = store
+        self._check(commit_interval, commit_rows, max_pending)
+        self.store: SessionStore | None = store
         self.session_id = store.begin_session(
             session_id,
             scenario=scenario,
@@ -462,14 +636,42 @@ class Recorder:
             scenario_dir=scenario_dir,
             forked_from=forked_from,
         )
+        self._setup(
+            _Writer(
+                store.path,
+                store.synchronous,
+                self.session_id,
+                time.time(),
+                time.monotonic_ns(),
+                nodes=nodes,
+            ),
+            seed,
+            commit_interval,
+            commit_rows,
+            max_pending,
+            metrics_interval,
+        )
+
+    @staticmethod
+    def _check(commit_interval: float, commit_rows: int, max_pending: int) -> None:
+        if commit_interval <= 0 or commit_rows < 1 or max_pending < 2:
+            raise ValueError("commit_interval, commit_rows and max_pending must be positive")
+
+    def _setup(
+        self,
+        writer: _Writer,
+        seed: int | None,
+        commit_interval: float,
+        commit_rows: int,
+        max_pending: int,
+        metrics_interval: float,
+    ) -> None:
         self.seed = seed
         self.commit_interval = commit_interval
         self.commit_rows = commit_rows
         self.max_pending = max_pending
         self.metrics_interval = metrics_interval
-        self._writer = _Writer(
-            store.path, store.synchronous, self.session_id, time.time(), time.monotonic_ns()
-        )
+        self._writer = writer
         self._writer.start()
         self._effects = EffectsContext.wrap(RecordingEffects(self._writer.events.append, seed))
         self._bus: Bus | None = None
@@ -493,7 +695,19 @@ class Recorder:
         atexit.register(self._atexit)
 
     def __repr__(self) -> str:
-        return f"Recorder({self.session_id!r}, store={str(self.store.path)!r})"
+        where = "shipped" if self.store is None else repr(str(self.store.path))
+        return f"{type(self).__name__}({self.session_id!r}, store={where})"
+
+    def ingest(self, node: str, shipment: bytes) -> None:
+        """Add a shipment of node ``node``'s journal (``_shipping``) to this session: it is
+        committed with this recorder's next commit. Any thread; the driver of a multi-process
+        run calls it for every shipment its nodes send."""
+        self._writer.events.append(("ingest", node, shipment))
+
+    def nodes(self) -> dict[str, int]:
+        """Shipments applied so far, per node (the writer's count; the store's is
+        ``session_nodes``)."""
+        return dict(self._writer._applied)
 
     async def __aenter__(self) -> Recorder:
         return self
@@ -551,6 +765,7 @@ class Recorder:
         self._prev_context = bus.context
         bus.context = self._effects
         self._handle = bus.observe(self._tap)
+        self._writer.own_only = type(bus.transport) is not InProcessTransport
         _gc_tuning.attach()
         self._gc_tuned = True
         if hasattr(time, "pthread_getcpuclockid"):
@@ -566,7 +781,7 @@ class Recorder:
 
     def snapshot(self) -> None:
         """Queue a ``bus.stats()`` snapshot now (the ticker takes one every second)."""
-        if self._bus is not None:
+        if self._bus is not None and self.store is not None:
             self._writer.events.append(("metrics", time.time(), self._bus.stats().to_dict()))
 
     def _swap(self) -> int:
@@ -651,9 +866,9 @@ class Recorder:
 
     def _raise_if_failed(self) -> None:
         if self._writer.error is not None:
+            where = "the driver" if self.store is None else self.store.path
             raise RecordingError(
-                f"session {self.session_id}: recording to {self.store.path} failed: "
-                f"{self._writer.error!r}"
+                f"session {self.session_id}: recording to {where} failed: {self._writer.error!r}"
             ) from self._writer.error
 
     async def finish(
@@ -680,10 +895,11 @@ class Recorder:
         self._detach()
         await asyncio.to_thread(self._writer.close)
         self._release()
-        summary = dict(summary or {})
-        if self._writer.error is not None:
-            summary["recording_error"] = repr(self._writer.error)
-        await asyncio.to_thread(self.store.end_session, self.session_id, status, summary)
+        if self.store is not None:
+            summary = dict(summary or {})
+            if self._writer.error is not None:
+                summary["recording_error"] = repr(self._writer.error)
+            await asyncio.to_thread(self.store.end_session, self.session_id, status, summary)
         self._raise_if_failed()
 
     def _untune_gc(self) -> None:
@@ -699,3 +915,92 @@ class Recorder:
         with contextlib.suppress(Exception):
             self._swap()
         self._writer.close(timeout=10.0)
+
+
+def import_shipments(
+    store: SessionStore,
+    session_id: str,
+    nodes: Sequence[str],
+    shipments: Sequence[tuple[str, bytes]],
+) -> int:
+    """Add nodes' journal shipments (``(node, bytes)``, each node's in order) to a session
+    no process is recording any more, after what it holds, and materialize them; returns
+    how many were applied (shipments the session has already are skipped). ``pantheon
+    resume`` of a NATS run reads from the stream what its dead driver had not stored."""
+    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0, nodes=nodes)
+    conn = connect(store.path, store.synchronous)
+    try:
+        writer.continue_from(conn)
+        before = sum(writer._applied.values())
+        for node, data in shipments:
+            writer.events.append(("ingest", node, data))
+        writer._commit(conn, [])
+        Materializer(conn, session_id).run()
+    finally:
+        conn.close()
+    if writer.bad_shipments:
+        log.error(
+            "journal shipments dropped on import", session=session_id, count=writer.bad_shipments
+        )
+    return sum(writer._applied.values()) - before
+
+
+def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[Envelope]) -> int:
+    """Add envelopes the recording process published and never stored (it died first) to
+    its session, as its own (node ``None``), after what the session holds; those it has
+    already are skipped, and ``created`` is taken as wall-clock ns. Returns how many were
+    added. ``pantheon resume`` of a NATS run reads them back from the team's stream."""
+    have = {e.id for e in store.envelopes(session_id)}
+    missing = [e for e in envelopes if e.id not in have]
+    if not missing:
+        return 0
+    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0)
+    conn = connect(store.path, store.synchronous)
+    try:
+        writer.continue_from(conn)
+        encoder = ChunkEncoder(0.0, 0)  # created is wall-clock ns already
+        rows = []
+        for i in range(0, len(missing), CHUNK_ROWS):
+            part = missing[i : i + CHUNK_ROWS]
+            rows.append(
+                (session_id, writer._jseq, "envelopes", writer._seq["envelopes"], len(part),
+                 time.time(), encoder.envelopes(part), None)
+            )  # fmt: skip
+            writer._jseq += 1
+            writer._seq["envelopes"] += len(part)
+        insert_rows(conn, "journal", rows)
+        Materializer(conn, session_id).run()
+    finally:
+        conn.close()
+    return len(missing)
+
+
+class ShippingRecorder(Recorder):
+    """A node's recorder in a multi-process run: records its bus exactly as :class:`Recorder`
+    does, but its writer ships every commit to the driver (``ship(seq, bytes, end)``, called
+    on the writer thread, in order, ``end`` on the last; see ``_shipping``) instead of
+    writing a store. The driver
+    passes each one to its own recorder's :meth:`Recorder.ingest`. ``finish`` ships the last
+    records and an end mark; the session's status and summary are the driver's."""
+
+    def __init__(
+        self,
+        session_id: str,
+        ship: Ship,
+        *,
+        seed: int | None = None,
+        commit_interval: float = DEFAULT_COMMIT_INTERVAL,
+        commit_rows: int = DEFAULT_COMMIT_ROWS,
+        max_pending: int = DEFAULT_MAX_PENDING,
+    ) -> None:
+        self._check(commit_interval, commit_rows, max_pending)
+        self.store = None
+        self.session_id = session_id
+        self._setup(
+            _Writer(None, "", session_id, time.time(), time.monotonic_ns(), ship=ship),
+            seed,
+            commit_interval,
+            commit_rows,
+            max_pending,
+            DEFAULT_METRICS_INTERVAL,
+        )

@@ -31,6 +31,7 @@ import socket
 import sqlite3
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ __all__ = [
     "STORE_ENV",
     "BreakerTransition",
     "MetricSnapshot",
+    "NodeJournal",
     "SessionInfo",
     "SessionStore",
     "StoredDeadLetter",
@@ -67,8 +69,10 @@ __all__ = [
 ]
 
 #: Bumped on any incompatible change to the tables below. 2: the journal holds effects too
-#: (``kind = 'effects'``); a version-1 store is migrated in place when opened (``_migrate``).
-SCHEMA_VERSION = 2
+#: (``kind = 'effects'``). 3: records carry the ``node`` (process) that made them, and
+#: ``session_nodes`` says how far each node's journal reached (multi-process runs). An older
+#: store is migrated in place when opened (``_migrate``).
+SCHEMA_VERSION = 3
 #: Where the store lives when neither an explicit path nor ``$PANTHEON_STORE`` says otherwise
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
@@ -120,6 +124,7 @@ CREATE TABLE IF NOT EXISTS envelopes (
     wall REAL NOT NULL,
     payload BLOB,
     payload_repr INTEGER NOT NULL DEFAULT 0,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS deliveries (
@@ -133,6 +138,7 @@ CREATE TABLE IF NOT EXISTS deliveries (
     outcome TEXT NOT NULL,
     error_type TEXT,
     error TEXT,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS breaker_transitions (
@@ -143,6 +149,7 @@ CREATE TABLE IF NOT EXISTS breaker_transitions (
     old TEXT NOT NULL,
     new TEXT NOT NULL,
     reason TEXT,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -159,6 +166,7 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     time REAL NOT NULL,
     redriven INTEGER NOT NULL DEFAULT 0,
     redriven_by TEXT,
+    node TEXT,
     PRIMARY KEY (session, entry_id)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS effects (
@@ -175,6 +183,7 @@ CREATE TABLE IF NOT EXISTS effects (
     time REAL NOT NULL,
     started_ns INTEGER NOT NULL,
     ended_ns INTEGER NOT NULL,
+    node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dead_letters_envelope ON dead_letters (session, envelope_id);
@@ -186,7 +195,17 @@ CREATE TABLE IF NOT EXISTS journal (
     count INTEGER NOT NULL,
     created REAL NOT NULL,
     blob BLOB NOT NULL,
+    node TEXT,
     PRIMARY KEY (session, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS session_nodes (
+    session TEXT NOT NULL,
+    node TEXT NOT NULL,
+    batches INTEGER NOT NULL,
+    records INTEGER NOT NULL,
+    ended INTEGER NOT NULL DEFAULT 0,
+    last REAL NOT NULL,
+    PRIMARY KEY (session, node)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS metrics (
     session TEXT NOT NULL,
@@ -223,7 +242,55 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP TABLE journal",
         "ALTER TABLE journal_v2 RENAME TO journal",
     ),
+    2: (
+        *(
+            f"ALTER TABLE {t} ADD COLUMN node TEXT"
+            for t in (
+                "envelopes",
+                "deliveries",
+                "effects",
+                "breaker_transitions",
+                "dead_letters",
+                "journal",
+            )
+        ),
+        """CREATE TABLE session_nodes (
+            session TEXT NOT NULL,
+            node TEXT NOT NULL,
+            batches INTEGER NOT NULL,
+            records INTEGER NOT NULL,
+            ended INTEGER NOT NULL DEFAULT 0,
+            last REAL NOT NULL,
+            PRIMARY KEY (session, node)
+        ) WITHOUT ROWID""",
+    ),
 }
+
+
+def _causal(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """Envelope rows (seq order) with every message after the one that caused it, otherwise
+    in seq order. One process publishes a cause before its effects, so a single-process
+    session is in this order already; a multi-process session's seqs follow the order its
+    nodes' shipments reached the driver, which readers that walk trees (diff, outcomes)
+    must not see."""
+    ids = {r[1] for r in rows}
+    seen: set[int] = set()
+    waiting: dict[int, list[tuple[Any, ...]]] = defaultdict(list)
+    out: list[tuple[Any, ...]] = []
+    for row in rows:
+        cause = row[4]
+        if cause is not None and cause in ids and cause not in seen:
+            waiting[cause].append(row)
+            continue
+        ready = [row]
+        while ready:
+            r = ready.pop()
+            out.append(r)
+            seen.add(r[1])
+            ready.extend(reversed(waiting.pop(r[1], ())))
+    # A cycle cannot come from a bus; a damaged record keeps its rows, in seq order.
+    out.extend(r for rs in waiting.values() for r in rs)
+    return out
 
 
 def to_db(i: int) -> int:
@@ -390,6 +457,9 @@ class StoredEnvelope:
     wall: float
     payload: Any
     payload_repr: bool
+    node: str | None = None
+    """The process that published it: a node of a multi-process run; ``None`` for the
+    process that recorded the session."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -405,6 +475,7 @@ class StoredEnvelope:
             "wall": self.wall,
             "payload": self.payload,
             "payload_repr": self.payload_repr,
+            "node": self.node,
         }
 
 
@@ -421,6 +492,9 @@ class StoredDelivery:
     outcome: str
     error_type: str | None
     error: str | None
+    node: str | None = None
+    """The process that handled it: a node of a multi-process run; ``None`` for the process
+    that recorded the session (a single-process run, or a multi-process run's driver)."""
 
     @property
     def queue_wait_ns(self) -> int:
@@ -445,6 +519,8 @@ class StoredDeadLetter:
     time: float
     redriven: bool
     redriven_by: str | None
+    node: str | None = None
+    """The process whose queue dead-lettered it (``None``: the recording process)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -460,6 +536,7 @@ class StoredDeadLetter:
             "time": self.time,
             "redriven": self.redriven,
             "redriven_by": self.redriven_by,
+            "node": self.node,
         }
 
 
@@ -482,6 +559,8 @@ class StoredEffect:
     time: float
     started_ns: int = 0
     ended_ns: int = 0
+    node: str | None = None
+    """The process whose agent made the call (``None``: the recording process)."""
 
     @property
     def value(self) -> Any:
@@ -515,6 +594,30 @@ class BreakerTransition:
     old: str
     new: str
     reason: str | None
+    node: str | None = None
+    """The process whose breaker it was (``None``: the recording process)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJournal:
+    """How far one node's journal reached in a multi-process session: ``shipments`` and
+    ``records`` applied, whether its end mark came (``ended``: the node left cleanly, so
+    nothing it did is missing) and when the last shipment was stored (wall seconds)."""
+
+    node: str
+    shipments: int
+    records: int
+    ended: bool
+    last: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "shipments": self.shipments,
+            "records": self.records,
+            "ended": self.ended,
+            "last": self.last,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -886,7 +989,7 @@ class SessionStore:
 
     def _with_journal(
         self, session_id: str, sql: str, params: tuple[Any, ...], kind: str
-    ) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes]]]:
+    ) -> tuple[list[tuple[Any, ...]], list[tuple[int, bytes, str | None]]]:
         """Rows and the still-journaled chunks of one kind, read in one snapshot."""
         with self._lock:
             try:
@@ -894,7 +997,7 @@ class SessionStore:
                 try:
                     rows = self._conn.execute(sql, params).fetchall()
                     chunks = self._conn.execute(
-                        "SELECT first, blob FROM journal WHERE session = ? AND kind = ? "
+                        "SELECT first, blob, node FROM journal WHERE session = ? AND kind = ? "
                         "ORDER BY seq",
                         (session_id, kind),
                     ).fetchall()
@@ -909,20 +1012,22 @@ class SessionStore:
         rows, chunks = self._with_journal(
             session_id,
             "SELECT seq, id, topic, priority, causation_id, correlation_id, source, hops, "
-            "created_ns, wall, payload, payload_repr FROM envelopes "
+            "created_ns, wall, payload, payload_repr, node FROM envelopes "
             "WHERE session = ? AND seq > ? ORDER BY seq",
             (session_id, after_seq),
             "envelopes",
         )
-        for first, blob in chunks:
+        for first, blob, node in chunks:
             try:
                 decoded = decode_envelopes(blob, first)
             except Exception as exc:  # a damaged chunk: whatever the decoder raises
                 raise self._damaged(
                     session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
                 ) from exc
-            rows.extend(r for r in decoded if r[0] > after_seq)
+            rows.extend((*r, node) for r in decoded if r[0] > after_seq)
         rows.sort(key=lambda r: r[0])
+        if rows and self.node_journals(session_id):
+            rows = _causal(rows)
         out = []
         for r in rows:
             try:
@@ -933,7 +1038,7 @@ class SessionStore:
                 ) from exc
             out.append(StoredEnvelope(
                 r[0], from_db(r[1]), r[2], r[3], from_db(r[4]), from_db(r[5]), r[6], r[7], r[8],
-                r[9], payload=payload, payload_repr=bool(r[11]),
+                r[9], payload=payload, payload_repr=bool(r[11]), node=r[12],
             ))  # fmt: skip
         return out
 
@@ -945,19 +1050,20 @@ class SessionStore:
                 try:
                     rows = self._conn.execute(
                         "SELECT seq, subscriber, envelope_id, enqueued_ns, started_ns, "
-                        "ended_ns, outcome, error_type, error FROM deliveries "
+                        "ended_ns, outcome, error_type, error, node FROM deliveries "
                         "WHERE session = ? ORDER BY seq",
                         (session_id,),
                     ).fetchall()
                     chunks = self._conn.execute(
-                        "SELECT first, blob FROM journal WHERE session = ? "
+                        "SELECT first, blob, node FROM journal WHERE session = ? "
                         "AND kind = 'deliveries' ORDER BY seq",
                         (session_id,),
                     ).fetchall()
                     if chunks:
                         pairing = ErrorPairing(self._conn, session_id, fresh=False)
-                        for first, blob in chunks:
-                            rows.extend(pairing.fill(decode_deliveries(blob, first)))
+                        for first, blob, node in chunks:
+                            filled = pairing.fill(decode_deliveries(blob, first))
+                            rows.extend((*r, node) for r in filled)
                 finally:
                     self._conn.execute("COMMIT")
             except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
@@ -967,7 +1073,7 @@ class SessionStore:
     def dead_letters(self, session_id: str) -> list[StoredDeadLetter]:
         rows = self._query(
             "SELECT entry_id, envelope_id, topic, subscriber, reason, error_type, error, "
-            "traceback, attempts, time, redriven, redriven_by FROM dead_letters "
+            "traceback, attempts, time, redriven, redriven_by, node FROM dead_letters "
             "WHERE session = ? ORDER BY entry_id",
             (session_id,),
             session=session_id,
@@ -975,7 +1081,7 @@ class SessionStore:
         return [
             StoredDeadLetter(
                 r[0], from_db(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9],
-                redriven=bool(r[10]), redriven_by=r[11],
+                redriven=bool(r[10]), redriven_by=r[11], node=r[12],
             )
             for r in rows
         ]  # fmt: skip
@@ -986,7 +1092,7 @@ class SessionStore:
         reader after a few kinds does not decode every tool result."""
         sql = (
             "SELECT seq, envelope_id, subscriber, ordinal, name, flag, result, error_type, "
-            "error, time, started_ns, ended_ns FROM effects WHERE session = ?"
+            "error, time, started_ns, ended_ns, node FROM effects WHERE session = ?"
         )
         params: tuple[Any, ...] = (session_id,)
         if name is not None:
@@ -995,10 +1101,10 @@ class SessionStore:
         sql += " ORDER BY seq"  # said, not left to the plan's choice of index
         rows, chunks = self._with_journal(session_id, sql, params, "effects")
         if chunks:
-            journaled = []
-            for first, blob in chunks:
+            journaled: list[tuple[Any, ...]] = []
+            for first, blob, node in chunks:
                 try:
-                    journaled.extend(decode_effects(blob, first))
+                    journaled.extend((*r, node) for r in decode_effects(blob, first))
                 except Exception as exc:  # a damaged chunk: whatever the decoder raises
                     raise self._damaged(
                         session_id, f"journal chunk at effect {first} cannot be decoded ({exc})"
@@ -1030,9 +1136,20 @@ class SessionStore:
                     ) from exc
         return [StoredEffect(r[0], from_db(r[1]), *r[2:]) for r in rows]
 
+    def node_journals(self, session_id: str) -> dict[str, NodeJournal]:
+        """The nodes that shipped records to a multi-process session, by name (empty for a
+        single-process one, and for one recorded before nodes shipped theirs)."""
+        rows = self._query(
+            "SELECT node, batches, records, ended, last FROM session_nodes "
+            "WHERE session = ? ORDER BY node",
+            (session_id,),
+            session=session_id,
+        )
+        return {r[0]: NodeJournal(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows}
+
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:
         rows = self._query(
-            "SELECT seq, time, name, old, new, reason FROM breaker_transitions "
+            "SELECT seq, time, name, old, new, reason, node FROM breaker_transitions "
             "WHERE session = ? ORDER BY seq",
             (session_id,),
             session=session_id,

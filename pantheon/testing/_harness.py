@@ -18,7 +18,15 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Agent, AgentSettings, ApprovalDesk, ChatResult, FunctionAgent, Handler
+from agents import (
+    Agent,
+    AgentSettings,
+    ApprovalDesk,
+    ChatResult,
+    FunctionAgent,
+    Handler,
+    InputOrdinals,
+)
 from agents._effects import call_maybe_async
 from bus import Bus, DeadLetter, Envelope, Priority, matches
 from bus.testing import capture_events
@@ -150,6 +158,9 @@ class AgentHarness:
         self._effects = effects
         self._seen = seen  # filled by capture_events as the bus publishes
         self._sent: set[int] = set()
+        # What send() publishes is the agent's outside input, numbered as an Observer
+        # numbers its inputs: a ``messages`` fault window counts them.
+        self._ordinals = InputOrdinals()
         self._last_dead = 0  # entry id of the newest dead letter already reported
 
     async def send(
@@ -166,7 +177,7 @@ class AgentHarness:
 
         Raises :class:`AgentFailed` if a message was dead-lettered meanwhile (``check=False``
         to look at :attr:`dead_letters` instead), ``TimeoutError`` after ``timeout``."""
-        env = await self.bus.emit(topic, payload, priority)
+        env = await self.bus.emit(topic, payload, priority, id=self._ordinals.stamp(topic))
         self._sent.add(env.id)
         await self.settle(timeout=timeout, check=check)
         return env

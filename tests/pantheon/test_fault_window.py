@@ -6,12 +6,15 @@ of its dead letters gets through; the same fault without a window fails them aga
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 
 import pytest
+from approval_run import WAIT, spawn, stop, wait_for
 from typer.testing import CliRunner
 
-from agents import Fault, FaultMark
+from agents import Fault, FaultMark, input_ordinal
 from pantheon.cli import app
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import SessionStore
@@ -67,6 +70,18 @@ def test_flaky_actors_dead_letters_redrive_once_the_incident_is_over(tmp_path: P
     # The window verdicts are effects, so the run replays exactly.
     result = runner.invoke(app, ["replay", sid, "--store", str(store)])
     assert result.exit_code == 0, result.output
+    # The replay fed every email under the number it had (a live verdict would agree).
+    with SessionStore(store, create=False) as st:
+        replay = next(s for s in st.sessions() if s.replay_of == sid and s.kind != "redrive")
+        numbers = {
+            session: [
+                input_ordinal(e.id)
+                for e in st.envelopes(session)
+                if e.topic == "observation.email.received" and e.causation_id is None
+            ]
+            for session in (sid, replay.id)
+        }
+    assert numbers[sid] == numbers[replay.id] == list(range(len(emails)))
 
 
 def test_a_redrive_that_fails_again_says_so_and_exits_1(tmp_path: Path) -> None:
@@ -125,3 +140,50 @@ def test_scenario_fault_window_reaches_the_agent() -> None:
     scenario = parse_scenario(FLAKY.read_text(encoding="utf-8"), base_dir=FLAKY.parent)
     fault = scenario.faults.agents["actor"]
     assert fault.from_ is None and fault.until is not None and fault.until.messages == 400
+
+
+def test_a_resumed_run_numbers_its_inputs_on_from_the_recorded_ones(tmp_path: Path) -> None:
+    """A run SIGKILLed mid-input, then ``pantheon resume``: the recorded inputs are fed
+    again under their numbers and the Observer goes on from there, so every input of the
+    resumed session has the number it would have had in one uninterrupted run (a
+    ``messages`` window splits them the same way)."""
+    (tmp_path / "slow_mod.py").write_text("async def route(env, agent):\n    pass\n")
+    (tmp_path / "tickets.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}"}) + "\n" for i in range(20)), encoding="utf-8"
+    )
+    (tmp_path / "slow.yaml").write_text(
+        "version: 1\nname: slow\n"
+        "input: {kind: jsonl, path: tickets.jsonl, topic: ticket.new, rate: 10}\n"
+        'agents:\n  router: {handler: "slow_mod:route", subscribe: [ticket.new]}\n',
+        encoding="utf-8",
+    )
+    store = tmp_path / "s.db"
+    run = spawn("run", "slow.yaml", store=store, cwd=tmp_path)
+
+    def numbers(session: str | None = None) -> list[int | None]:
+        if not store.exists():
+            return []
+        with SessionStore(store, create=False) as st:
+            sessions = st.sessions()
+            if not sessions:
+                return []
+            sid = session or sessions[0].id  # the newest
+            return [input_ordinal(e.id) for e in st.envelopes(sid) if e.topic == "ticket.new"]
+
+    try:
+        wait_for("some inputs in the recording", lambda: len(numbers()) >= 3, run)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=WAIT)
+    finally:
+        stop(run)
+    with SessionStore(store) as st:  # opening the store finds the process gone
+        (original,) = st.sessions()
+    recorded = numbers(original.id)
+    assert 3 <= len(recorded) < 20 and recorded == list(range(len(recorded)))
+    resumed = spawn("resume", original.id, store=store, cwd=tmp_path)
+    try:
+        out, err = resumed.communicate(timeout=WAIT)
+    finally:
+        stop(resumed)
+    assert resumed.returncode == 0, err
+    assert numbers(json.loads(out)["session_id"]) == list(range(20))

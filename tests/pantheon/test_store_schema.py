@@ -205,7 +205,9 @@ def test_a_damaged_effects_chunk_is_a_store_error_naming_it(tmp_path: Path) -> N
         sid = store.begin_session(None)
         with sqlite3.connect(path) as conn:
             conn.execute(
-                "INSERT INTO journal VALUES (?, 0, 'effects', 0, 1, 0.0, ?)", (sid, b"\xc1junk")
+                "INSERT INTO journal (session, seq, kind, first, count, created, blob) "
+                "VALUES (?, 0, 'effects', 0, 1, 0.0, ?)",
+                (sid, b"\xc1junk"),
             )
         with pytest.raises(StoreError, match="journal chunk at effect 0 cannot be decoded"):
             store.effects(sid)

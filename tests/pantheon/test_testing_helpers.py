@@ -14,7 +14,16 @@ from pydantic import ValidationError
 
 import pantheon
 import pantheon.testing
-from agents import Agent, AgentSettings, ChatResult, FunctionAgent, OpenAIProvider
+from agents import (
+    Agent,
+    AgentOptions,
+    AgentSettings,
+    ChatResult,
+    Fault,
+    FaultMark,
+    FunctionAgent,
+    OpenAIProvider,
+)
 from bus import Bus, Envelope
 from bus.testing import FakeClock
 from pantheon import RunSummary
@@ -150,6 +159,22 @@ async def test_an_exception_fake_fails_the_call_and_the_test_sees_why() -> None:
     )
     assert "Traceback" in message and "raise fake" in message
     assert [d.envelope.payload["id"] for d in info.value.dead_letters] == ["t1"]
+
+
+async def test_what_a_harness_sends_is_numbered_input_for_a_fault_window() -> None:
+    """``send`` is the agent's outside input, numbered per topic as an Observer numbers
+    its inputs: a fault over the first two messages fails those two and no other."""
+    fault = Fault(failure_rate=1.0, until=FaultMark(messages=2))
+    async with agent_harness(Lookup, fault=fault, options=AgentOptions(breaker=None)) as h:
+        failed = []
+        for i in range(4):
+            try:
+                await h.send("ticket.new", {"id": f"t{i}", "customer": "ann"})
+            except AgentFailed:
+                failed.append(i)
+    assert failed == [0, 1]
+    verdicts = [c.result for c in h.calls("fault.window")]  # one per attempt
+    assert verdicts[-2:] == [False, False] and set(verdicts[:-2]) == {True}
 
 
 async def test_a_failing_handler_is_reported_once_and_check_false_leaves_it_to_the_test() -> None:

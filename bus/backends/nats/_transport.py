@@ -45,19 +45,20 @@ import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
 from bus._envelope import Envelope
 from bus._errors import EncodeError, TransportError
 from bus._transport import BusPort, Transport, wake
-from bus.backends.nats import _dlq
+from bus.backends.nats import _dlq, _history, _journal
 from bus.backends.nats._connect import connect, ensure_streams
 from bus.backends.nats._consumers import Consumers, Group
 from bus.backends.nats._directory import Directory
 from bus.backends.nats._dlq import DeadLetterEntry
 from bus.backends.nats._errors import ConnectError
+from bus.backends.nats._journal import JournalReader
 from bus.backends.nats._options import check_options, credentials
 from bus.backends.nats._publisher import Outbox, Publisher
 from bus.backends.nats._replies import Replies
@@ -477,6 +478,31 @@ class NatsTransport(Transport):
         }
 
     # -- dead letters --------------------------------------------------------------------------
+
+    async def journal_append(self, key: str, seq: int, data: bytes, end: bool = False) -> None:
+        """Store a recorder's shipment ``seq`` (opaque bytes) of recording ``key`` from this
+        node on the team's stream; returns once the server acknowledged it (``_journal``)."""
+        if self._js is None:
+            raise TransportError(f"NatsTransport {self.node!r} is not started")
+        await _journal.append(self._js, self.team, key, self.node, seq, data, end)
+
+    def journal_reader(
+        self,
+        key: str,
+        on_shipment: Callable[[str, int, bytes, bool], None],
+        done: dict[str, int] | None = None,
+    ) -> JournalReader:
+        """A reader of recording ``key``'s shipments from every node (``_journal``)."""
+        if self._js is None:
+            raise TransportError(f"NatsTransport {self.node!r} is not started")
+        return JournalReader(self._js, self.team, key, on_shipment, done)
+
+    async def published(self, origin: str, session_id: str) -> list[Envelope]:
+        """The messages of ``session_id`` that node ``origin`` published and the team's
+        stream still holds (``_history``): a dead process's sent messages, exactly."""
+        if self._js is None:
+            raise TransportError(f"NatsTransport {self.node!r} is not started")
+        return await _history.published(self._js, self.team, origin, session_id)
 
     async def dead_letters(self) -> list[DeadLetterEntry]:
         """Every message of this team in the DLQ stream, oldest first."""

@@ -1,0 +1,130 @@
+"""A NATS run whose driver is SIGKILLed mid-run, resumed: every input decided exactly once.
+
+The nodes ship their records to the team's stream, so what they did survives the driver;
+``pantheon resume`` takes in what the dead driver had not stored (the nodes' shipments and
+its own published inputs, read back from the stream) and finishes the run in one process,
+serving everything that was done and doing only the rest."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from untimed import copy_untimed
+
+from bus.backends.nats import NatsServer
+
+_WAIT = 120.0
+
+
+def _node_pids(session: str) -> list[int]:
+    """The live node processes of ``session`` (they outlive their driver briefly)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"node" in cmdline and session.encode() in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _until(what: str, check: object, timeout: float = _WAIT) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
+    if not db.exists():
+        return []
+    try:
+        with sqlite3.connect(db, timeout=5) as conn:
+            return conn.execute(sql).fetchall()
+    except sqlite3.OperationalError:  # the driver is still creating it
+        return []
+
+
+def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once(
+    tmp_path: Path,
+) -> None:
+    copy_untimed(tmp_path)
+    server = NatsServer().start()
+    try:
+        text = (tmp_path / "scenarios" / "support_email_nats.yaml").read_text()
+        auto = "  server: auto"
+        assert auto in text
+        lines = [ln for ln in text.splitlines() if not ln.startswith(auto)]
+        text = "\n".join(lines).replace("  kind: nats\n", f"  kind: nats\n  url: {server.url}\n")
+        # Slow enough that the kill lands mid-run.
+        text += "\nfaults:\n  agents:\n    reasoner: {latency_ms: 4}\n"
+        (tmp_path / "scenarios" / "resumable.yaml").write_text(text)
+
+        db = tmp_path / "s.db"
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "pantheon.cli", "run", "scenarios/resumable.yaml",
+             "--store", "s.db"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=os.environ | {"COLUMNS": "200"},
+        )  # fmt: skip
+        # Kill it once the Actor's node has shipped records (decisions are being made) and
+        # before the run ends.
+        _until(
+            "the action node's first shipment",
+            lambda: _query(db, "SELECT records FROM session_nodes WHERE node = 'action'"),
+        )
+        driver.send_signal(signal.SIGKILL)
+        driver.wait(timeout=30)
+        (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
+        assert isinstance(session, str)
+        # Its nodes notice the closed control link, ship their last records, and leave.
+        _until("the orphaned nodes to leave", lambda: not _node_pids(session))
+
+        resumed = subprocess.run(
+            [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db",
+             "--json"],
+            cwd=tmp_path, capture_output=True, text=True, timeout=300,
+            env=os.environ | {"COLUMNS": "200"},
+        )  # fmt: skip
+    finally:
+        server.stop()
+    summary = json.loads(resumed.stdout)
+    assert resumed.returncode == (0 if summary["passed"] else 1), resumed.stderr
+
+    # The whole story has every input: 591 emails decided, 9 malformed, as a plain run.
+    assert (summary["inputs"], summary["malformed"]) == (591, 9)
+    assert summary["accounting_ok"] is True
+    # Every node's journal reached its end mark (read from the stream by the resume).
+    journals = _query(db, f"SELECT node, ended FROM session_nodes WHERE session = '{session}'")
+    assert sorted(journals) == [("action", 1), ("cognition", 1), ("perception", 1)]
+
+    # Every tool call of every email, across the dead run's nodes and the resume, made
+    # exactly once, and every email the team acts on was acted on.
+    calls: collections.Counter[tuple[str, int]] = collections.Counter()
+    tools: collections.Counter[str] = collections.Counter()
+    mine: collections.Counter[str] = collections.Counter()
+    for path in (tmp_path / "outbox").glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            call = json.loads(line)
+            calls[(call["email_id"], call["step"])] += 1
+            tools[call["tool"]] += 1
+            if path.stem == summary["session_id"]:
+                mine[call["tool"]] += 1
+    assert [k for k, n in calls.items() if n > 1] == []
+    # The same calls as a run that never died (support_email.yaml, this seed).
+    assert tools == {"reply": 390, "ticket": 179, "escalate": 126}
+    # The resume made only the calls the dead run had not: what its nodes did was served.
+    assert dict(mine) == summary["outbox"]
+    assert 0 < sum(mine.values()) < sum(tools.values())
+    assert summary["resume"]["effects_served"] > 0
