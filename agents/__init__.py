@@ -3,9 +3,15 @@
 Perception: Observer, Monitor, Sensor. Cognition: Reasoner, Planner, Memory.
 Action: Guardian, Actor, Learner. Agents talk only through the bus; anything
 non-deterministic goes through :meth:`Agent.effect` so sessions replay exactly.
+
+A team gives the roles its own logic by settings: what the Sensor extracts, the question the
+Reasoner asks and the actions its answers call for, what the Guardian redacts, the intents
+the Learner tunes, as the support desk does from ``scenarios/support/`` and the on-call team
+from ``scenarios/oncall/``. Every error they raise on purpose derives from
+:class:`AgentError` (the tree is drawn in :mod:`agents._errors`).
 """
 
-from agents._action import Actor, Guardian, Learner, Outbox, redact
+from agents._action import Actor, Guardian, Learner, Outbox
 from agents._approvals import ApprovalDesk, ApprovalUnavailable, Decision
 from agents._base import (
     Agent,
@@ -24,8 +30,9 @@ from agents._base import (
     handler_arity,
     total_usage,
 )
-from agents._cognition import ACTION_FOR_INTENT, Memory, Planner, Reasoner
+from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
+from agents._errors import AgentError
 from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
@@ -42,13 +49,8 @@ from agents._perception import (
     Monitor,
     Observer,
     Sensor,
-    email_problem,
-    extract_features,
-    find_pii,
-    read_emails,
 )
 from agents._providers import (
-    INTENTS,
     ChatResult,
     ModelProvider,
     OpenAIProvider,
@@ -59,7 +61,6 @@ from agents._providers import (
     SupportsChat,
     ToolCall,
     Usage,
-    classify,
 )
 
 #: Role name -> class, in pipeline order.
@@ -69,12 +70,11 @@ ROLES: dict[str, type[Agent]] = {
 }
 
 __all__ = [
-    "ACTION_FOR_INTENT",
     "DEFAULT_MAX_LABELS",
-    "INTENTS",
     "ROLES",
     "Actor",
     "Agent",
+    "AgentError",
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",
@@ -116,17 +116,11 @@ __all__ = [
     "ToolCall",
     "Usage",
     "UsageMeter",
-    "classify",
     "decision_text",
-    "email_problem",
-    "extract_features",
     "fault_timeline",
-    "find_pii",
     "handler_arity",
     "input_ordinal",
     "label_decision",
-    "read_emails",
-    "redact",
     "score_decisions",
     "total_usage",
 ]

@@ -14,18 +14,10 @@ from pydantic import Field, ImportString, PrivateAttr, model_validator
 from agents._base import Agent, AgentSettings, Fault
 from agents._effects import call_maybe_async
 from agents._outcomes import Outcomes, OutcomeSpec
-from agents._perception import Labels, find_pii
-from agents._providers import INTENTS
+from agents._perception import Labels
 from bus import Envelope
 
-__all__ = ["SUPPORT_OUTCOME", "Actor", "Guardian", "Learner", "Outbox", "redact"]
-
-
-def redact(text: str, spans: list[dict[str, Any]]) -> str:
-    """Replace each span with ``[REDACTED <kind>]``, right to left so offsets stay valid."""
-    for span in sorted(spans, key=lambda s: s["start"], reverse=True):
-        text = f"{text[: span['start']]}[REDACTED {span['kind']}]{text[span['end'] :]}"
-    return text
+__all__ = ["SUPPORT_OUTCOME", "Actor", "Guardian", "Learner", "Outbox"]
 
 
 #: The verdict of a decision a person has to make (see :class:`Guardian`).
@@ -41,10 +33,13 @@ class Guardian(Agent):
     Without a ``policy`` setting it applies the support desk's rules, in order: spam is
     ignored; confidence under ``min_confidence`` goes to a human; a refund over
     ``refund_limit`` needs human approval; personal data is redacted from replies
-    (``block_pii_in_replies``). "Needs human approval" means, by ``over_limit``: escalate
-    (the humans queue gets it and the run goes on) or ask (a person approves or rejects it
-    through :meth:`~agents.Agent.approve` while the proposal waits: approved, it runs as
-    proposed; rejected, nothing runs).
+    (``block_pii_in_replies``) by the team's ``pii`` function (setting, ``"module:function"``:
+    text in, the redacted text and the kinds of data it hid out; the support desk's is
+    ``support.pii:scrub``). What personal data looks like is the team's to say: without a
+    ``pii`` function, replies go out as planned. "Needs human approval" means, by
+    ``over_limit``: escalate (the humans queue gets it and the run goes on) or ask (a person
+    approves or rejects it through :meth:`~agents.Agent.approve` while the proposal waits:
+    approved, it runs as proposed; rejected, nothing runs).
 
     Another team brings its own rules as ``policy: "module:name"``, so the Guardian's place
     in the team (every proposal passes it, every decision is published and counted, blocked
@@ -69,6 +64,9 @@ class Guardian(Agent):
         refund_limit: Annotated[float, Field(ge=0)] = 200.0
         min_confidence: Annotated[float, Field(ge=0, le=1)] = 0.6
         block_pii_in_replies: bool = True
+        pii: ImportString[Callable[[str], tuple[str, Sequence[str]]]] | None = None
+        """``"module:function"`` redacting personal data from a reply's text: returns the
+        new text and the kinds of data it hid (none: nothing to hide)."""
         over_limit: Literal["escalate", "ask"] = "escalate"
         """A refund over ``refund_limit``: ``escalate`` to the humans queue, or ``ask`` a
         person to approve or reject it while the run waits (``approvals`` in the scenario
@@ -117,6 +115,7 @@ class Guardian(Agent):
         self.refund_limit = self.settings.refund_limit
         self.min_confidence = self.settings.min_confidence
         self.block_pii = self.settings.block_pii_in_replies
+        self.pii = self.settings.pii
         self.over_limit = self.settings.over_limit
         self.policy: Policy | None = self.settings.build_policy()
         self.decisions: Counter[str] = Counter()
@@ -181,13 +180,12 @@ class Guardian(Agent):
             verdict, action = "escalated", "escalate"
             steps = [{"tool": "escalate", "queue": "humans", "why": escalate}]
             reasons.append(escalate)
-        if self.block_pii:
+        if self.block_pii and self.pii is not None:
             for step in steps:
                 if step["tool"] == "reply":
-                    spans = find_pii(step["text"])
-                    if spans:
-                        step["text"] = redact(step["text"], spans)
-                        kinds = sorted({s["kind"] for s in spans})
+                    text, kinds = self.pii(step["text"])
+                    if kinds:
+                        step["text"] = text
                         reasons.append(f"redacted {', '.join(kinds)} from reply")
                         if verdict == "approved":
                             verdict = "modified"
@@ -381,6 +379,9 @@ class Learner(Agent):
         step: Annotated[float, Field(gt=0, le=1)] = 0.05
         threshold: Annotated[float, Field(ge=0, le=1)] = 0.4
         thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
+        intents: tuple[str, ...] = ()
+        """The intents whose thresholds it tunes, each starting at ``threshold`` (the
+        Reasoner's ``actions``; any other intent an outcome names joins when first moved)."""
 
     def __init__(
         self,
@@ -404,7 +405,9 @@ class Learner(Agent):
         self.outcomes = Outcomes(self.outcome, self.labels)
         self.window = self.settings.window
         self.step = self.settings.step
-        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
+        self.thresholds: dict[str, float] = dict.fromkeys(
+            self.settings.intents, self.settings.threshold
+        )
         self.thresholds.update(self.settings.thresholds)
         self.scored = self.intent_correct = 0
         self.unlabelled = 0
@@ -472,7 +475,7 @@ class Learner(Agent):
         return [u for u in updates if u is not None]
 
     def _move(self, intent: str, delta: float, reason: str) -> dict[str, Any] | None:
-        old = self.thresholds.get(intent, 0.4)
+        old = self.thresholds.get(intent, self.settings.threshold)
         new = round(min(0.95, max(0.05, old + delta)), 4)
         if new == old:
             return None

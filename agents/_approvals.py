@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from agents._errors import AgentError
+
 __all__ = ["APPROVAL_EFFECT", "ApprovalDesk", "ApprovalUnavailable", "Decision", "check_request"]
 
 #: The effect name an approval is recorded under.
@@ -22,7 +24,7 @@ APPROVAL_EFFECT = "human.approval"
 MAX_SUMMARY = 500
 
 
-class ApprovalUnavailable(RuntimeError):
+class ApprovalUnavailable(AgentError, RuntimeError):
     """An agent asked for approval where nobody can be asked (no desk: a bare agent outside
     ``pantheon run``), or asked with a request that cannot be shown to a person."""
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict
 from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
 from agents._approvals import check_request as _check_request
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
+from agents._errors import AgentError
 from agents._ordinals import input_ordinal
 from agents._providers import ChatResult, ModelProvider, ProviderError, RuleProvider, Usage
 from bus import (
@@ -56,7 +57,7 @@ __all__ = [
 Prices = Mapping[str, tuple[float, float]]
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(AgentError, RuntimeError):
     """Raised by a scenario's fault injection, so injected failures are told from real ones."""
 
 
@@ -290,9 +291,9 @@ class Agent:
     Settings: ClassVar[type[AgentSettings]] = AgentSettings
     #: Whether :meth:`handle` asks a model questions of its own through :meth:`chat`. A
     #: scenario with such an agent must name a model provider: the offline rules provider
-    #: answers only :func:`agents.classify`'s intent question, and anything else asked of it
-    #: fails. ``None`` lets ``pantheon validate`` read it off the code (a call
-    #: ``self.chat(...)`` in the class or a base of it); set it when the code cannot tell:
+    #: answers only which intent a message is, and anything else asked of it fails. ``None``
+    #: lets ``pantheon validate`` read it off the code (a call ``self.chat(...)`` in the
+    #: class or a base of it); set it when the code cannot tell:
     #: ``True`` for calls made through a helper, ``False`` for questions the rules answer.
     uses_model: ClassVar[bool | None] = None
 

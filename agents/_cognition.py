@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ImportString
 
 from agents._base import Agent, AgentSettings
-from agents._providers import INTENTS, classify
+from agents._providers import SupportsChat
 from bus import Envelope, Priority
 
-__all__ = ["ACTION_FOR_INTENT", "Memory", "Planner", "Reasoner"]
-
-#: The support desk's standing policy: what each intent calls for, before the Guardian.
-ACTION_FOR_INTENT = {
-    "question": "reply",
-    "complaint": "ticket",
-    "refund": "reply",
-    "bug": "ticket",
-    "spam": "ignore",
-    "outage": "escalate",
-}
+__all__ = ["Memory", "Planner", "Reasoner"]
 
 
 class Memory(Agent):
@@ -91,14 +82,19 @@ class Memory(Agent):
 
 
 class Reasoner(Agent):
-    """Classifies each enriched email with the model provider and proposes ranked actions.
+    """Asks the model provider the team's question about each enriched message and proposes
+    ranked actions.
 
-    The question goes through :meth:`Agent.chat` (:func:`agents.classify` asked of the agent,
-    not of the provider), so it is recorded, replayed, and counted in :attr:`Agent.usage`.
+    What to ask is the team's: ``question`` (setting, ``"module:function"``) is an async
+    function ``(model, subject, body)`` returning at least ``{"intent", "confidence"}``, and
+    ``actions`` maps each intent it can answer to the action that intent calls for. The
+    support desk's are ``support.intents:classify`` and its ``ACTION_FOR_INTENT``. The
+    question is asked of the agent, not of the provider (it goes through
+    :meth:`Agent.chat`), so it is recorded, replayed, and counted in :attr:`Agent.usage`.
 
     ``thresholds`` (per intent, tuned by the Learner) is the confidence under which the
     Reasoner does not trust the provider's intent: it halves the confidence, which sends the
-    email to a human through the Guardian. A sender with earlier complaints who writes again
+    item to a human through the Guardian. A sender with earlier complaints who writes again
     on the same thread is treated as a complaint follow-up.
     """
 
@@ -106,16 +102,33 @@ class Reasoner(Agent):
     subscriptions = ("sensor.email.enriched", "learner.threshold.updated")
 
     class Settings(AgentSettings):
+        question: ImportString[Callable[..., Awaitable[Mapping[str, Any]]]] | None = None
+        """``"module:function"``: ``async (model, subject, body) -> {"intent",
+        "confidence", ...}``, the question asked of every message."""
+        actions: dict[str, str] = Field(default_factory=dict)
+        """Intent -> the action it calls for (``escalate`` is always ranked second)."""
         threshold: Annotated[float, Field(ge=0, le=1)] = 0.4
         """Confidence under which an intent is not trusted (the Learner moves it)."""
         thresholds: dict[str, Annotated[float, Field(ge=0, le=1)]] = Field(default_factory=dict)
         """Per-intent starting thresholds, overriding ``threshold``."""
 
+    settings: Settings
+
     def __init__(self, name: str | None = None, **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
         if self.provider is None:
             raise TypeError("a Reasoner needs a model provider (provider=...)")
-        self.thresholds: dict[str, float] = dict.fromkeys(INTENTS, self.settings.threshold)
+        if self.settings.question is None or not self.settings.actions:
+            raise TypeError(
+                f"{self.name}: a Reasoner needs its team's question and actions (settings "
+                "question: 'module:function' and actions: {intent: action}; the support "
+                "desk's are support.intents:classify and its ACTION_FOR_INTENT)"
+            )
+        self.question: Callable[[SupportsChat, str, str], Awaitable[Mapping[str, Any]]] = (
+            self.settings.question
+        )
+        self.actions = dict(self.settings.actions)
+        self.thresholds: dict[str, float] = dict.fromkeys(self.actions, self.settings.threshold)
         self.thresholds.update(self.settings.thresholds)
 
     async def handle(self, env: Envelope) -> None:
@@ -129,7 +142,7 @@ class Reasoner(Agent):
         history = await self.effect(
             "memory.lookup", self.request, "memory.lookup", {"sender": sender}
         )
-        verdict = await classify(self, email.get("subject", ""), email.get("body", ""))
+        verdict = await self.question(self, email.get("subject", ""), email.get("body", ""))
         thresholds = await self.effect("reasoner.thresholds", dict, self.thresholds)
         intent, confidence = verdict["intent"], float(verdict["confidence"])
         if (
@@ -141,7 +154,7 @@ class Reasoner(Agent):
         trusted = confidence >= thresholds.get(intent, 0.0)
         if not trusted:
             confidence = round(confidence / 2, 4)
-        primary = ACTION_FOR_INTENT[intent]
+        primary = self.actions[intent]
         actions = [{"action": primary, "score": confidence}]
         if primary != "escalate":
             actions.append({"action": "escalate", "score": round(1 - confidence, 4)})

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from collections import OrderedDict
-from collections.abc import AsyncIterable, AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ImportString
 
 from agents._base import Agent, AgentSettings
 from agents._ordinals import InputOrdinals
@@ -25,80 +21,7 @@ __all__ = [
     "Monitor",
     "Observer",
     "Sensor",
-    "email_problem",
-    "extract_features",
-    "find_pii",
-    "read_emails",
 ]
-
-_REQUIRED = ("id", "from", "subject", "body")
-#: Control characters other than tab, newline and carriage return (counted in C: a Python
-#: loop over every character of every body was a third of the Observer's time).
-_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
-
-
-def read_emails(path: Path) -> Iterator[dict[str, Any]]:
-    """Every line of a JSONL inbox as a record; a line that is not a JSON object becomes
-    ``{"_line": n, "_error": ..., "_raw": ...}`` so a caller can report it, not crash."""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield {"_line": n, "_error": f"not JSON: {exc.msg}", "_raw": line[:200]}
-                continue
-            except RecursionError:  # valid syntax, nested past the interpreter's limit
-                yield {
-                    "_line": n,
-                    "_error": "not JSON: nested too deep to read",
-                    "_raw": line[:200],
-                }
-                continue
-            except ValueError as exc:  # an integer past 4,300 digits: its first clause
-                why = str(exc).split(";", 1)[0]
-                yield {"_line": n, "_error": f"not JSON: {why}", "_raw": line[:200]}
-                continue
-            if not isinstance(record, dict):
-                yield {"_line": n, "_error": "not a JSON object", "_raw": line[:200]}
-                continue
-            record["_line"] = n
-            yield record
-
-
-def email_problem(record: Any) -> str | None:
-    """Why ``record`` is not an email the support team can act on, or ``None`` if it is.
-
-    The support scenario's ``input.validate`` (``"agents:email_problem"``): the Observer
-    publishes a record it rejects on the input's malformed topic instead, so the team never
-    sees a body that is a dict or a sender that is not an address.
-    """
-    if not isinstance(record, Mapping):
-        return "not a JSON object"
-    if "_error" in record:  # a record from read_emails() that was not JSON at all
-        return str(record["_error"])
-    for key in _REQUIRED:
-        if key not in record:
-            return f"missing field {key!r}"
-        if not isinstance(record[key], str):
-            return f"field {key!r} is {type(record[key]).__name__}, not a string"
-    if not record["subject"].strip() and not record["body"].strip():
-        return "empty subject and body"
-    if "@" not in record["from"]:
-        return f"sender {record['from']!r} is not an address"
-    body = record["body"]
-    control = len(_CONTROL.findall(body))
-    if control > max(2, len(body) // 20):
-        return f"body is binary garbage ({control} control characters)"
-    received = record.get("received_at")
-    if received is not None:
-        try:
-            datetime.fromisoformat(str(received).replace("Z", "+00:00"))
-        except ValueError:
-            return f"received_at {received!r} is not an ISO-8601 time"
-    return None
-
 
 # -- Observer ----------------------------------------------------------------------------------
 
@@ -297,93 +220,32 @@ class Observer(Agent):
 
 # -- Sensor ------------------------------------------------------------------------------------
 
-_ORDER = re.compile(r"\bORD-\d{4,}\b")
-_AMOUNT = re.compile(
-    r"(?:[$€£]\s?(\d{1,3}(?:,\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?))"
-    r"|(?:\b(\d{1,3}(?:,\d{3})*(?:\.\d{1,2})?|\d+(?:\.\d{1,2})?)\s?(?:USD|EUR|GBP|dollars|euros)\b)"
-)
-#: What every match of _AMOUNT contains: a currency sign or a currency word.
-_AMOUNT_MARKS = ("$", "€", "£", "USD", "EUR", "GBP", "dollars", "euros")
-_EMAIL = re.compile(r"\b[\w.+-]+@[\w-]+(?:\.[\w-]+)+\b")
-_CARD = re.compile(r"\b(?:\d[ -]?){12,18}\d\b")
-_IBAN = re.compile(r"\b[A-Z]{2}\d{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,3})?\b")
-# Not inside a longer run of digit groups (a card that failed Luhn is not a phone).
-_PHONE = re.compile(
-    r"(?<![\w-])(?<!\d )\+?\(?\d{1,4}\)?[ .-]?\d{3,4}[ .-]?\d{3,4}(?:[ .-]?\d{2,4})?(?![ .-]?\d)"
-)
-
-
-def _luhn(digits: str) -> bool:
-    total = 0
-    for i, ch in enumerate(reversed(digits)):
-        d = int(ch)
-        if i % 2:
-            d *= 2
-            if d > 9:
-                d -= 9
-        total += d
-    return total % 10 == 0
-
-
-def find_pii(text: str) -> list[dict[str, Any]]:
-    """Spans of personal data: card numbers (Luhn-checked), IBANs, email addresses, phones.
-
-    Earlier kinds win overlaps, so a card number is not also reported as a phone."""
-    spans: list[dict[str, Any]] = []
-
-    def free(start: int, end: int) -> bool:
-        return all(end <= s["start"] or start >= s["end"] for s in spans)
-
-    for m in _CARD.finditer(text):
-        digits = re.sub(r"\D", "", m.group())
-        if 13 <= len(digits) <= 19 and _luhn(digits):
-            spans.append({"kind": "card", "start": m.start(), "end": m.end()})
-    for kind, pattern in (("iban", _IBAN), ("email", _EMAIL), ("phone", _PHONE)):
-        if pattern is _EMAIL and "@" not in text:
-            continue  # a substring test in C skips a regex scan of the whole body
-        for m in pattern.finditer(text):
-            if kind == "phone" and not 7 <= sum(c.isdigit() for c in m.group()) <= 15:
-                continue  # E.164 numbers have at most 15 digits; longer runs are not phones
-            if free(m.start(), m.end()):
-                spans.append({"kind": kind, "start": m.start(), "end": m.end()})
-    spans.sort(key=lambda s: s["start"])
-    return spans
-
-
-def extract_features(email: dict[str, Any]) -> dict[str, Any]:
-    """Order ids, money amounts, PII spans and attachment facts of one email."""
-    text = f"{email.get('subject', '')}\n{email.get('body', '')}"
-    amounts = []
-    # Each regex scans the whole text; most emails have no amount and no order id, and a
-    # substring test (in C) says so for a fraction of a scan: a fifth of the Sensor's cost.
-    if any(mark in text for mark in _AMOUNT_MARKS):
-        for m in _AMOUNT.finditer(text):
-            raw = m.group(1) or m.group(2)
-            amounts.append(float(raw.replace(",", "")))
-    attachments = email.get("attachments") or []
-    names = [str(a.get("name", "")) for a in attachments if isinstance(a, dict)]
-    return {
-        "order_ids": sorted(set(_ORDER.findall(text))) if "ORD-" in text else [],
-        "amounts": amounts,
-        "amount": max(amounts) if amounts else None,
-        "pii": find_pii(str(email.get("body", ""))),
-        "attachments": names,
-        "has_invoice": any("invoice" in n.lower() or "receipt" in n.lower() for n in names),
-        "follow_up": bool(email.get("thread")),
-    }
-
 
 class Sensor(Agent):
-    """Extracts what the Reasoner and Guardian need from the raw email."""
+    """Extracts what the rest of the team needs from each raw input, once, so no agent after
+    it parses the same text again.
+
+    What to extract is the team's: ``extract`` (setting, ``"module:function"``) takes the
+    payload and returns its features (plain data); the support desk's is
+    ``support.emails:extract_features`` (order ids, amounts, personal data, attachments).
+    Without one the features are empty. Each input is published on
+    ``sensor.email.enriched`` as ``{"email": payload, "features": ...}``.
+    """
 
     role = "sensor"
     subscriptions = ("observation.email.received",)
 
+    class Settings(AgentSettings):
+        extract: ImportString[Callable[[Any], Mapping[str, Any]]] | None = None
+        """``"module:function"`` computing a payload's features; none: no features."""
+
+    settings: Settings
+
     async def handle(self, env: Envelope) -> None:
-        email = env.payload
-        await self.emit(
-            "sensor.email.enriched", {"email": email, "features": extract_features(email)}
-        )
+        payload = env.payload
+        extract = self.settings.extract
+        features = {} if extract is None else dict(extract(payload))
+        await self.emit("sensor.email.enriched", {"email": payload, "features": features})
 
 
 # -- Monitor -----------------------------------------------------------------------------------

@@ -8,10 +8,10 @@ from the record and never calls the model.
 Two providers ship. :class:`RuleProvider` scores intents with the scenario's regular
 expressions: offline, deterministic, free, and honest about its accuracy. :class:`OpenAIProvider`
 speaks the chat-completions protocol to any compatible server (OpenAI, Ollama, vLLM, llama.cpp)
-over one pooled ``httpx`` client, with bounded retries. :func:`classify` is the support desk's
-question, asked the same way of either.
+over one pooled ``httpx`` client, with bounded retries. What a team asks is its own (the support
+desk's intent question is ``support.intents.classify``, in ``scenarios/support/``).
 
-Errors::
+Errors (a branch of :class:`agents.AgentError`)::
 
     ProviderError                  the provider failed or answered something unusable
     ├── ProviderUnavailable        the server could not be reached, after retries
@@ -33,12 +33,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, Self, runtime_checkable
 
 from agents._effects import genai_span
+from agents._errors import AgentError
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = [
-    "INTENTS",
     "ChatResult",
     "ModelProvider",
     "OpenAIProvider",
@@ -49,10 +49,7 @@ __all__ = [
     "SupportsChat",
     "ToolCall",
     "Usage",
-    "classify",
 ]
-
-INTENTS = ("question", "complaint", "refund", "bug", "spam", "outage")
 
 #: HTTP statuses worth another attempt: rate limiting and the server-side failures that are
 #: usually transient (an overloaded or restarting model server, a proxy in front of it).
@@ -148,7 +145,7 @@ class ChatResult:
 # -- errors ------------------------------------------------------------------------------------
 
 
-class ProviderError(RuntimeError):
+class ProviderError(AgentError, RuntimeError):
     """The model provider failed or answered something unusable."""
 
 
@@ -207,8 +204,8 @@ class ModelProvider(Protocol):
 
 
 class SupportsChat(Protocol):
-    """Anything :func:`classify` can ask: a :class:`ModelProvider`, or an agent, whose
-    :meth:`~agents.Agent.chat` records the call and counts its tokens."""
+    """Anything a team's question can be asked of: a :class:`ModelProvider`, or an agent,
+    whose :meth:`~agents.Agent.chat` records the call and counts its tokens."""
 
     async def chat(
         self,
@@ -219,93 +216,23 @@ class SupportsChat(Protocol):
     ) -> ChatResult: ...
 
 
-# -- the support desk's question ---------------------------------------------------------------
-
-_CLASSIFY_PROMPT = (
-    "You classify customer support emails. Answer with one JSON object only: "
-    '{"intent": one of ' + ", ".join(INTENTS) + ', "confidence": number between 0 and 1}.'
-)
-
-_CLASSIFY_FORMAT: dict[str, Any] = {
-    "type": "json_schema",
-    "json_schema": {
-        "name": "email_intent",
-        "strict": True,
-        "schema": {
-            "type": "object",
-            "properties": {
-                "intent": {"type": "string", "enum": list(INTENTS)},
-                "confidence": {"type": "number", "minimum": 0, "maximum": 1},
-            },
-            "required": ["intent", "confidence"],
-            "additionalProperties": False,
-        },
-    },
-}
+# -- the rules provider's reading of a message --------------------------------------------------
 
 _SUBJECT = "Subject: "
 
 
-def _email_text(subject: str, body: str) -> str:
-    return f"{_SUBJECT}{subject}\n\n{body}"
-
-
 def _split_email(text: str) -> tuple[str, str]:
-    """Subject and body back out of :func:`_email_text`; a text not in that shape is all
-    body. A subject that itself holds a blank line is split at it."""
+    """Subject and body of a message written ``Subject: <subject>``, a blank line, then the
+    body; a text not in that shape is all body. A subject that itself holds a blank line is
+    split at it."""
     if not text.startswith(_SUBJECT):
         return "", text
     subject, _, body = text[len(_SUBJECT) :].partition("\n\n")
     return subject, body
 
 
-async def classify(model: SupportsChat, subject: str, body: str) -> dict[str, Any]:
-    """Ask ``model`` which of :data:`INTENTS` an email is, and check the answer.
-
-    One prompt and one JSON schema for every provider, so intents from different models are
-    comparable and an answer is held to the same rules whoever gave it. Returns
-    ``{"intent", "confidence" (clamped to [0, 1]), "scores", "usage", "model"}``; ``scores``
-    are the provider's per-intent shares when it gives them, else the winner's confidence.
-    Raises :class:`ProviderResponseError` for an answer without a known intent.
-    """
-    result = await model.chat(
-        [
-            {"role": "system", "content": _CLASSIFY_PROMPT},
-            {"role": "user", "content": _email_text(subject, body)},
-        ],
-        response_format=_CLASSIFY_FORMAT,
-        temperature=0.0,
-    )
-    who = result.model or "the model"
-    answer = result.data
-    if not isinstance(answer, Mapping) or "intent" not in answer:
-        raise ProviderResponseError(f"{who} gave no intent: {result.content!r:.{EXCERPT}}")
-    intent = str(answer["intent"]).strip().lower()
-    if intent not in INTENTS:
-        raise ProviderResponseError(f"{who} answered unknown intent {intent!r}")
-    try:
-        confidence = float(answer.get("confidence", 0.5))
-    except (TypeError, ValueError):
-        confidence = math.nan
-    if not math.isfinite(confidence):
-        raise ProviderResponseError(f"{who} gave no usable confidence: {answer!r:.{EXCERPT}}")
-    confidence = min(max(confidence, 0.0), 1.0)
-    scores = answer.get("scores")
-    return {
-        "intent": intent,
-        "confidence": confidence,
-        "scores": dict(scores) if isinstance(scores, Mapping) else {intent: confidence},
-        "usage": result.usage.to_dict(),
-        "model": result.model,
-    }
-
-
 class _Provider:
-    """What the shipped providers share: ``async with`` closing and :meth:`classify`."""
-
-    async def classify(self: SupportsChat, subject: str, body: str) -> dict[str, Any]:
-        """:func:`classify` asked of this provider directly (no recording, no accounting)."""
-        return await classify(self, subject, body)
+    """What the shipped providers share: ``async with`` closing and :meth:`check`."""
 
     async def check(self) -> None:
         """Raise :class:`ProviderUnavailable` now if the model cannot be reached, so a run
@@ -327,11 +254,14 @@ class _Provider:
 class RuleProvider(_Provider):
     """Scores each intent by how many of its patterns match; confidence is the winner's share.
 
-    It answers :func:`classify`'s question only: the last user message is read as
-    ``Subject: <subject>``, a blank line, then the body, because a subject match counts
-    double (subjects are short and deliberate). With no match at all the ``default_intent``
-    wins at confidence 0.3, low enough that the Guardian escalates. The answer is the JSON
-    ``{"intent", "confidence", "scores"}``; it uses no tokens and reports none.
+    It answers one kind of question, which intent a message is: the last user message is
+    read as ``Subject: <subject>``, a blank line, then the body, because a subject match
+    counts double (subjects are short and deliberate). With no match at all the
+    ``default_intent`` wins at confidence 0.3, low enough that the Guardian escalates. The
+    answer is the JSON ``{"intent", "confidence", "scores"}``; it uses no tokens and reports
+    none. ``intents`` (the team's, e.g. ``support.intents.INTENTS``) are the intents the
+    rules may name, in the order a tie is broken (the first wins); without them, the rules'
+    own order.
     """
 
     name = "rules"
@@ -341,10 +271,17 @@ class RuleProvider(_Provider):
         self,
         rules: Mapping[str, Sequence[str | re.Pattern[str]]],
         default_intent: str = "question",
+        *,
+        intents: Sequence[str] | None = None,
     ) -> None:
-        unknown = set(rules) - set(INTENTS)
-        if unknown:
-            raise ValueError(f"rules for unknown intents: {sorted(unknown)}")
+        if intents is not None:
+            unknown = set(rules) - set(intents)
+            if unknown:
+                raise ValueError(f"rules for unknown intents: {sorted(unknown)}")
+        #: Intent -> its rank in a tie (lower wins).
+        self._rank = {
+            intent: n for n, intent in enumerate(intents if intents is not None else rules)
+        }
         self._rules = {
             intent: [re.compile(p) for p in patterns] for intent, patterns in rules.items()
         }
@@ -391,7 +328,7 @@ class RuleProvider(_Provider):
     ) -> str | None:
         """Why this provider cannot give what a call asks for (``None`` when it can).
 
-        It answers one question, :func:`classify`'s, with ``{"intent", "confidence",
+        It answers one question, which intent a message is, with ``{"intent", "confidence",
         "scores"}``. Tools, or a JSON schema requiring any other field, would get that answer
         regardless, and the caller would fail later and far away (a ``KeyError`` on the
         missing field, then an open breaker); saying so at the call names the cause."""
@@ -453,7 +390,7 @@ class RuleProvider(_Provider):
         if not scores:
             return {"intent": self.default_intent, "confidence": 0.3, "scores": {}}
         total = sum(scores.values())
-        intent = max(scores, key=lambda k: (scores[k], -INTENTS.index(k)))
+        intent = max(scores, key=lambda k: (scores[k], -self._rank[k]))
         return {
             "intent": intent,
             "confidence": round(scores[intent] / total, 4),

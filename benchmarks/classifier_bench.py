@@ -71,7 +71,7 @@ def main() -> None:
 
     config = load_scenario(SCENARIO).provider
     assert isinstance(config, RulesProviderConfig)
-    provider = RuleProvider(config.rules, config.default_intent)
+    provider = RuleProvider(config.rules, config.default_intent, intents=config.intents)
     data = emails()
     for subject, body in data:
         want = provider._classify_reference(subject, body)

@@ -112,8 +112,15 @@ async def one_run(
 ) -> dict[str, Any]:
     scenario = load_scenario(ROOT / "scenarios/support_email.yaml")
     provider = SimulatedModel(
-        RuleProvider(scenario.provider.rules, scenario.provider.default_intent), latency_ms / 1000
+        RuleProvider(
+            scenario.provider.rules,
+            scenario.provider.default_intent,
+            intents=scenario.provider.intents,
+        ),
+        latency_ms / 1000,
     )
+    # The support team's own logic (scenarios/support/), as the scenario gives it to each role.
+    settings = {name: cfg.settings for name, cfg in scenario.agents.items()}
     done = 0
 
     recorder = store = telemetry = None
@@ -145,13 +152,17 @@ async def one_run(
         observer = Observer(source=open_input(scenario.model_copy(update={"input": inp})))
         team = [
             observer,
-            Sensor(),
+            Sensor(settings=settings["sensor"]),
             Memory(),
-            Reasoner(provider=provider, options=AgentOptions(concurrency=reasoner_concurrency)),
+            Reasoner(
+                provider=provider,
+                settings=settings["reasoner"],
+                options=AgentOptions(concurrency=reasoner_concurrency),
+            ),
             Planner(),
-            Guardian(settings=scenario.policy.model_dump()),
+            Guardian(settings={**scenario.policy.model_dump(), **settings["guardian"]}),
             Actor(outbox=Outbox(None)),
-            Learner(),
+            Learner(settings=settings["learner"]),
             Monitor(sample=False),
         ]
         for agent in team:

@@ -15,6 +15,7 @@ in :mod:`pantheon._errors`). Depends on ``agents`` and ``bus``, never on ``dashb
 """
 
 from pantheon._api import Session, replay, run
+from pantheon._cluster import ClusterError
 from pantheon._errors import PantheonError
 from pantheon._report import RunSummary
 from pantheon._team import AgentSetupError
@@ -22,6 +23,7 @@ from pantheon.scenario import Problem, Scenario, ScenarioError, load_scenario, p
 
 __all__ = [
     "AgentSetupError",
+    "ClusterError",
     "PantheonError",
     "Problem",
     "RunSummary",

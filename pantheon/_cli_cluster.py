@@ -32,11 +32,11 @@ from pantheon.scenario._schema import bind_is_local
 
 __all__ = ["print_nodes", "register"]
 
-#: Agent configuration for a node started without ``--scenario``: the nine built-in roles at
-#: their defaults (the Reasoner with no rules answers its default intent).
+#: Agent configuration for a node started without ``--scenario``: the built-in roles at their
+#: defaults, less the Reasoner, which asks its team's question and so needs the team's scenario.
 _DEFAULT_SCENARIO = (
     "version: 1\nname: node\ninput: {kind: generator, topic: node.idle, count: 1}\nagents:\n"
-    + "".join(f"  {role}: {{}}\n" for role in ROLES)
+    + "".join(f"  {role}: {{}}\n" for role in ROLES if role != "reasoner")
 )
 
 

@@ -33,6 +33,7 @@ from pantheon import readmodel
 from pantheon._console import report_console
 from pantheon._report import expectation_state
 from pantheon._summary_text import STATE_MARKS
+from pantheon._team import AgentSetupError
 from pantheon.rerun import replay_session, unrecorded_nodes
 from pantheon.sessions import (
     STORE_ENV,
@@ -586,12 +587,18 @@ def register(app: typer.Typer) -> None:
                     st, info.id, team, live_effects=live_effects, from_ts=from_ts
                 )
 
-            if as_json:
-                report = asyncio.run(run())
-            else:
-                with con.status(f"replaying {info.id} ..."):
+            try:
+                if as_json:
                     report = asyncio.run(run())
-            telemetry.shutdown()
+                else:
+                    with con.status(f"replaying {info.id} ..."):
+                        report = asyncio.run(run())
+            except AgentSetupError as exc:
+                # The recorded team cannot be built today (its code changed since): a
+                # located line, as for a run, not a traceback.
+                raise _err(f"session {info.id}: nothing ran: {exc}") from None
+            finally:
+                telemetry.shutdown()
         if as_json:
             _dump(report.to_dict())
         else:

@@ -6,16 +6,29 @@
     ├── ScenarioError            a scenario file is wrong (every problem, located)
     ├── ImportProblem            an import path in a scenario leads nowhere usable
     ├── AgentSetupError          an agent's class raised while the team was built
-    ├── SessionError             the session store, recording and replay
+    ├── ClusterError             a multi-process run's processes (ZeroMQ or NATS)
+    ├── SessionError             the session store, recording and replay (pantheon.sessions)
     │   ├── StoreError → SchemaVersionError, SessionNotFound
     │   ├── RecordingError
-    │   └── ReplayDivergence
+    │   ├── ReplayDivergence
+    │   └── ApprovalError → ApprovalNotFound, AlreadyDecided
     ├── LiveError                the live feed → FeedNotFound, FeedClosed, ProtocolError
-    ├── ClusterError             a ZeroMQ run's processes
-    └── TelemetryConfigError     OTEL_* settings that cannot be honoured
+    ├── GatewayError             the HTTP gateway cannot start → TokenError
+    ├── InboxFull                the gateway's inbox is full (the gateway answers 429)
+    ├── InboxClosed              the gateway's inbox has ended (the gateway answers 503)
+    ├── TelemetryConfigError     OTEL_* settings that cannot be honoured
+    ├── TeamNameError            ``pantheon new`` was given a name a team cannot have
+    └── AgentFailed              pantheon.testing: the agent under test dead-lettered a message
 
-Each keeps the builtin base it had (``ValueError``, ``RuntimeError``, ``KeyError``) so code
-that caught those goes on working.
+Each keeps the builtin base it had (``ValueError``, ``RuntimeError``, ``KeyError``,
+``AssertionError``) so code that caught those goes on working. Users catch them where they
+call: ``pantheon`` exports the run's (``ScenarioError``, ``AgentSetupError``,
+``ClusterError``), each sub-package its own.
+
+One exception is left out on purpose: :class:`pantheon.sessions.RecordedError` stands in,
+during a replay, for an exception the *team's* code raised in the original run. A handler
+that caught ``PantheonError`` around an effect would catch the stand-in on replay but not
+the original live, and the replay would leave the recorded path.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from agents import InputItem
 from bus import Bus, BusError, Priority
+from pantheon._errors import PantheonError
 from pantheon._imports import INPUT_GROUP, ImportProblem, add_import_roots, load_object
 from pantheon.scenario import (
     FileInputConfig,
@@ -398,12 +399,12 @@ def _lines(fd: int, stop: threading.Event) -> Iterator[bytes]:
 # -- http (the gateway's webhook inbox) ---------------------------------------------------------
 
 
-class InboxFull(Exception):
+class InboxFull(PantheonError):
     """The inbox holds ``buffer`` records the Observer has not published yet: the bus is
     holding it back. The gateway answers 429 with Retry-After."""
 
 
-class InboxClosed(Exception):
+class InboxClosed(PantheonError):
     """The input has ended (``count``, ``duration``, or the run is stopping)."""
 
 

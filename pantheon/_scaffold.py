@@ -15,6 +15,8 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path, PurePosixPath
 
+from pantheon._errors import PantheonError
+
 __all__ = [
     "TEMPLATE",
     "TeamNameError",
@@ -38,7 +40,7 @@ _SUFFIX = ".tmpl"
 _DOT = "dot-"
 
 
-class TeamNameError(ValueError):
+class TeamNameError(PantheonError, ValueError):
     """A team name that cannot be a folder, scenario name and module name all at once."""
 
 

@@ -158,7 +158,7 @@ def _provider(scenario: Scenario) -> ModelProvider:
     if p.kind == "custom":
         provider: ModelProvider = provider_class(p.class_, p.settings)(**p.settings)
         return provider
-    return RuleProvider(p.rules, p.default_intent)
+    return RuleProvider(p.rules, p.default_intent, intents=p.intents)
 
 
 async def check_model(scenario: Scenario) -> None:

@@ -1,4 +1,6 @@
-"""Suite-wide: an xdist worker's environment is the one ``pytest`` was started with.
+"""Suite-wide: an xdist worker's environment is the one ``pytest`` was started with, and the
+teams of ``scenarios/`` (``support``, ``oncall``) import as their scenarios import them: with
+that folder on the path.
 
 In a worker, GNU readline (imported by pytest's debugger support) finds no terminal and
 exports ``COLUMNS=80`` and ``LINES=24``; every CLI child a test starts would then print at
@@ -8,11 +10,17 @@ values to each worker, which puts them back before any test runs."""
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 _SIZE = ("COLUMNS", "LINES")
+
+SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+if str(SCENARIOS) not in sys.path:
+    sys.path.insert(0, str(SCENARIOS))
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent with -p no:xdist

@@ -349,12 +349,27 @@ class RulesProviderConfig(_Model):
     """The offline, deterministic provider: intents recognised by regular expressions.
 
     ``rules`` maps an intent to its patterns, compiled at load (``pattern.pattern`` gives the
-    source back); an email matching none gets ``default_intent``.
+    source back); an email matching none gets ``default_intent``. ``intents`` are the team's
+    (the support desk's: question, complaint, refund, bug, spam, outage): the rules may name
+    only these, and a tie goes to the one listed first; without them, to the rule listed
+    first.
     """
 
     kind: Literal["rules"] = "rules"
     rules: dict[str, tuple[_Rule, ...]] = Field(default_factory=dict)
     default_intent: str = "question"
+    intents: tuple[str, ...] | None = None
+
+    @model_validator(mode="after")
+    def _known_intents(self) -> RulesProviderConfig:
+        if self.intents is not None:
+            unknown = sorted(set(self.rules) - set(self.intents))
+            if unknown:
+                raise ValueError(
+                    f"rules for {', '.join(unknown)}, which intents does not list "
+                    f"({', '.join(self.intents)})"
+                )
+        return self
 
 
 def _env_base_url() -> str:
@@ -626,12 +641,14 @@ class JsonlInputConfig(_InputBase):
 
 
 #: What ``kind: file`` (the input of scenarios written before ``jsonl``) means: the support
-#: inbox, routed, labelled and checked as the Observer once did for every file.
+#: inbox, routed, labelled and checked as the Observer once did for every file (the check is
+#: the support team's, ``scenarios/support/emails.py``: a scenario using ``kind: file`` has
+#: that folder on its ``path:`` or sits beside it).
 SUPPORT_INBOX: dict[str, str] = {
     "topic": "observation.email.received",
     "label": "expected",
     "malformed_topic": "observation.email.malformed",
-    "validate": "agents:email_problem",
+    "validate": "support.emails:email_problem",
 }
 
 

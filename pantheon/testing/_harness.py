@@ -30,6 +30,7 @@ from agents import (
 from agents._effects import call_maybe_async
 from bus import Bus, DeadLetter, Envelope, Priority, matches
 from bus.testing import capture_events
+from pantheon._errors import PantheonError
 from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 
 __all__ = [
@@ -48,7 +49,7 @@ __all__ = [
 DEFAULT_SEND_TIMEOUT = 5.0
 
 
-class AgentFailed(AssertionError):
+class AgentFailed(PantheonError, AssertionError):
     """The agent under test failed a message for good (retries exhausted, or its breaker
     open): a test failure, with each dead letter's error and traceback in the message.
 

@@ -411,9 +411,9 @@ _KEYWORDS = {
 
 
 def classify_reply(request: dict[str, Any]) -> dict[str, Any]:
-    """Answers the classification question (:func:`agents.classify`) with a keyword count
-    over the last user message: ``{"intent", "confidence"}``. Crude on purpose: enough for a
-    whole team to run against the server, not a model of anything."""
+    """Answers the support desk's classification question (``support.intents.classify``)
+    with a keyword count over the last user message: ``{"intent", "confidence"}``. Crude on
+    purpose: enough for a whole team to run against the server, not a model of anything."""
     text = ""
     for message in reversed(request.get("messages") or ()):
         if isinstance(message, dict) and message.get("role") == "user":

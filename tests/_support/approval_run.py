@@ -28,6 +28,8 @@ def scenario(tmp_path: Path, approvals: str) -> Path:
     """The approvals scenario in tmp_path with its ``approvals:`` block replaced."""
     text = (HERE / "approvals.yaml").read_text(encoding="utf-8")
     text = re.sub(r"approvals:\n(  .*\n)+", approvals.strip() + "\n", text)
+    # The copy is elsewhere: the support team's folder, by its absolute path.
+    text = text.replace("path: [../../../scenarios]", f"path: [{ROOT / 'scenarios'}]")
     (tmp_path / "emails.jsonl").write_text(
         (HERE / "emails.jsonl").read_text(encoding="utf-8"), encoding="utf-8"
     )

@@ -70,6 +70,7 @@ def write_model_scenario(
     server at ``base_url``, priced by :data:`PRICES` unless ``prices`` is false."""
     data = yaml.safe_load((ROOT / "scenarios" / "support_email.yaml").read_text())
     data["name"] = "support_model"
+    data["path"] = [str(ROOT / "scenarios")]  # the support team's package, from elsewhere
     data["provider"] = {
         "kind": "openai",
         "base_url": base_url,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.intents import ACTION_FOR_INTENT, classify
 
 from agents import (
     Agent,
@@ -370,7 +371,10 @@ async def test_the_reasoner_counts_tokens_against_a_server() -> None:
     email = {"id": "e1", "from": "a@x.example", "subject": "Refund", "body": "I was charged"}
     with ModelServer(classify_reply) as s:
         async with provider_for(s) as provider, Bus() as bus:
-            reasoner = Reasoner(provider=provider)
+            reasoner = Reasoner(
+                provider=provider,
+                settings={"question": classify, "actions": ACTION_FOR_INTENT},
+            )
             await reasoner.attach(bus)
 
             @bus.on("memory.lookup", name="memory")

@@ -1,5 +1,6 @@
-"""The provider interface: result values, the rule provider, and :func:`agents.classify`
-asked of any provider (the OpenAI one against a real local server, no mock objects)."""
+"""The provider interface: result values, the rule provider, and the support desk's question
+(``support.intents.classify``) asked of any provider (the OpenAI one against a real local
+server, no mock objects)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from support.intents import INTENTS, classify
 
 import agents
 import pantheon.testing
@@ -20,7 +22,6 @@ from agents import (
     RuleProvider,
     ToolCall,
     Usage,
-    classify,
 )
 from pantheon.testing import ModelServer
 
@@ -112,7 +113,7 @@ async def test_rule_provider_needs_a_user_message() -> None:
 async def test_rule_provider_classify_keeps_subject_and_body_apart(
     subject: str, body: str, verdict: dict[str, Any]
 ) -> None:
-    got = await RuleProvider(RULES).classify(subject, body)
+    got = await classify(RuleProvider(RULES), subject, body)
     assert {k: got[k] for k in verdict} == verdict
     assert got["usage"] == {"input_tokens": 0, "output_tokens": 0} and got["model"] == "rules"
 
@@ -123,7 +124,7 @@ async def test_rule_provider_classify_keeps_subject_and_body_apart(
 async def test_classifies_through_chat_completions() -> None:
     with ModelServer('```json\n{"intent": "Refund", "confidence": 0.82}\n```') as s:
         async with OpenAIProvider(s.base_url, model="local-model", api_key="sk-test") as p:
-            verdict = await p.classify("Refund please", "ORD-1 was broken")
+            verdict = await classify(p, "Refund please", "ORD-1 was broken")
         [req] = s.requests
     prompt_words = sum(len(m["content"].split()) for m in req.body["messages"])
     assert verdict == {
@@ -137,7 +138,7 @@ async def test_classifies_through_chat_completions() -> None:
     assert req.body["model"] == "local-model" and req.body["temperature"] == 0
     assert req.body["messages"][1]["content"] == "Subject: Refund please\n\nORD-1 was broken"
     schema = req.body["response_format"]["json_schema"]["schema"]
-    assert schema["properties"]["intent"]["enum"] == list(agents.INTENTS)
+    assert schema["properties"]["intent"]["enum"] == list(INTENTS)
     assert req.headers["Authorization"] == "Bearer sk-test"
 
 
@@ -145,7 +146,7 @@ async def test_base_url_from_environment(monkeypatch: pytest.MonkeyPatch) -> Non
     with ModelServer({"intent": "spam", "confidence": 1.7}) as s:
         monkeypatch.setenv("OPENAI_BASE_URL", s.base_url)
         async with OpenAIProvider() as p:
-            verdict = await p.classify("win", "lottery")
+            verdict = await classify(p, "win", "lottery")
         assert verdict["intent"] == "spam" and verdict["confidence"] == 1.0  # clamped
         assert "Authorization" not in s.requests[0].headers
 
@@ -165,7 +166,7 @@ async def test_unusable_classifications_are_response_errors(
     with ModelServer(reply) as s:
         async with OpenAIProvider(s.base_url, max_retries=0) as p:
             with pytest.raises(error, match=message):
-                await p.classify("s", "b")
+                await classify(p, "s", "b")
 
 
 async def test_classify_asks_any_chat_model_the_same_question() -> None:
@@ -189,3 +190,14 @@ def test_missing_base_url_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     with pytest.raises(ProviderError, match="OPENAI_BASE_URL"):
         OpenAIProvider()
+
+
+async def test_a_tie_goes_to_the_intent_the_team_lists_first() -> None:
+    rules = {"spam": [r"(?i)\bfree\b"], "refund": [r"(?i)\bmoney\b"]}
+    asked = [{"role": "user", "content": "Subject: free money\n\n"}]
+    by_rules = await RuleProvider(rules).chat(asked)
+    by_intents = await RuleProvider(rules, intents=("refund", "spam")).chat(asked)
+    assert by_rules.data["scores"] == {"refund": 0.5, "spam": 0.5}
+    assert (by_rules.data["intent"], by_intents.data["intent"]) == ("spam", "refund")
+    with pytest.raises(ValueError, match=r"rules for unknown intents: \['spam'\]"):
+        RuleProvider(rules, intents=("refund", "question"))

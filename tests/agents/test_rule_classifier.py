@@ -14,14 +14,15 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.intents import INTENTS
 
-from agents import INTENTS, RuleProvider
+from agents import RuleProvider
 from agents._providers import _ASCII_FOLD, _needles, _PatternSet
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = yaml.safe_load((ROOT / "scenarios" / "support_email.yaml").read_text())
 RULES: dict[str, list[str]] = SCENARIO["provider"]["rules"]
-PROVIDER = RuleProvider(RULES, SCENARIO["provider"]["default_intent"])
+PROVIDER = RuleProvider(RULES, SCENARIO["provider"]["default_intent"], intents=INTENTS)
 
 
 def old_classify(

@@ -6,6 +6,7 @@ and nothing printed; any other exception, with a traceback."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -48,10 +49,23 @@ class Interrupts(Triage):
 class FailsEvery(Triage):
     async def handle(self, env: Envelope) -> None:
         raise RuntimeError("audit is down")
+
+
+class Moody(Triage):
+    def __init__(self, *args, **kwargs):
+        import os
+
+        if os.environ.get("SETUPTEAM_MOODY"):
+            raise ValueError("not today")
+        super().__init__(*args, **kwargs)
 """
-SCENARIO = """\
+#: The support team's package, for the support inbox's email check (``input:`` with a path
+#: and no kind), from the temporary folder the scenario is written to.
+SUPPORT = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIO = f"""\
 version: 1
 name: setup_team
+path: [{SUPPORT}]
 input:
   path: tickets.jsonl
 agents:
@@ -74,6 +88,8 @@ def team(tmp_path_factory: pytest.TempPathFactory) -> Path:
     emails = [{"id": f"e{i}", "from": "a@x.io", "subject": "s", "body": "b"} for i in range(3)]
     (folder / "tickets.jsonl").write_text("".join(json.dumps(e) + "\n" for e in emails))
     (folder / "scenario.yaml").write_text(SCENARIO, encoding="utf-8")
+    moody = SCENARIO.replace('"setupteam_mod:Triage"', '"setupteam_mod:Moody"')
+    (folder / "moody.yaml").write_text(moody, encoding="utf-8")
     for cls in (*BROKEN, "FailsEvery"):
         (folder / f"with_{cls}.yaml").write_text(SCENARIO + ADDED.format(cls=cls))
         (folder / f"add_{cls}.yaml").write_text("add_agents:\n" + ADDED.format(cls=cls))
@@ -151,3 +167,20 @@ def test_a_node_process_reports_a_constructor_that_raises_in_one_line(team: Path
     assert proc.returncode == 2, proc.stdout + proc.stderr
     out = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
     assert out == [f"error: {_line(team, 'Raises')}"]
+
+
+def test_a_replay_whose_team_cannot_be_built_now_is_one_located_line(team: Path) -> None:
+    """A session recorded by a team whose code has changed since (its class now refuses its
+    configuration) is refused in one line naming the session and the cause."""
+    proc = pantheon("run", "moody.yaml", "--store", "moody.db", "--json", cwd=team)
+    assert proc.returncode == 0, proc.stderr
+    sid = json.loads(proc.stdout)["session_id"]
+    env = {**os.environ, "SETUPTEAM_MOODY": "1"}
+    proc = pantheon("replay", sid, "--store", "moody.db", cwd=team, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    out = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
+    assert out == [
+        f"error: session {sid}: nothing ran: agent 'triage': setupteam_mod:Moody could not "
+        f"be built: ValueError: not today ({team / 'setupteam_mod.py'}:39)"
+    ]
+    assert "Traceback" not in proc.stderr

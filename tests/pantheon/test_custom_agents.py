@@ -63,7 +63,10 @@ EMAILS = [
     {"id": "e3", "from": "c@x.io", "subject": "Export broken", "body": "The export fails."},
 ]
 
-SCENARIO = """\
+#: ``input:`` with a path and no kind is the support inbox, checked by the support team's
+#: ``support.emails:email_problem``: its folder, from wherever the scenario is written.
+SUPPORT = Path(__file__).resolve().parents[2] / "scenarios"
+SCENARIO = f"""\
 version: 1
 name: own_team
 input:
@@ -83,6 +86,7 @@ agents:
 expect:
   zero_lost: true
   max_dlq: 0
+path: [{SUPPORT}]
 """
 
 
@@ -326,6 +330,7 @@ def test_a_provider_of_ones_own_by_class_path(team: Path, tmp_path: Path) -> Non
     (team / "ownprov_mod.py").write_text(PROVIDER_MODULE, encoding="utf-8")
     text = (
         "version: 1\nname: own_model\ninput:\n  path: tickets.jsonl\n"
+        f"path: [{SUPPORT}]\n"
         "provider:\n  kind: custom\n  class: ownprov_mod:Echo\n"
         "  settings: {model: echo-2, shout: true}\n"
         "prices:\n  echo-2: {input: 1.0, output: 2.0}\n"

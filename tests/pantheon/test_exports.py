@@ -15,6 +15,7 @@ def test_public_names_are_exactly_the_user_api() -> None:
     assert public - modules == set(pantheon.__all__)
     assert set(pantheon.__all__) == {
         "AgentSetupError",
+        "ClusterError",
         "PantheonError",
         "Problem",
         "RunSummary",

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from cli_run import pantheon
+from support import email_problem, read_emails
 
-from agents import email_problem, read_emails
 from bus.backends.nats import NatsServer
 from pantheon.sessions import SessionStore
 
@@ -39,7 +39,8 @@ def _variant(tmp_path: Path, name: str, transport: str) -> Path:
     breaker = text[text.index("    # Tuned above the noise floor") : text.index("  learner:")]
     edits = {
         INPROCESS: transport,
-        "name: flaky_actor": f"name: flaky_{name}",
+        # Written elsewhere: the support team's package (scenarios/support/) by its path.
+        "name: flaky_actor": f"name: flaky_{name}\npath: [{FLAKY.parent}]",
         "path: data/": f"path: {FLAKY.parent}/data/",
         "  rate: 0 ": f"  count: {INPUTS}\n  rate: 0 ",
         "retry: {attempts: 3, backoff: 0.01}": "retry: {attempts: 2, backoff: 0.001}",

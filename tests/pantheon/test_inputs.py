@@ -295,16 +295,18 @@ NOT_CALLABLE = 42
 '''
 
 
-#: The nine built-in roles at their defaults: a scenario's team is what it lists.
+#: The nine built-in roles, given the support team's logic (scenarios/support/) and
+#: otherwise at their defaults: a scenario's team is what it lists.
 SUPPORT_TEAM = (
     "observer",
-    "sensor",
+    'sensor: {settings: {extract: "support.emails:extract_features"}}',
     "memory",
-    "reasoner",
+    'reasoner: {settings: {question: "support.intents:classify", actions: {question: reply, '
+    "complaint: ticket, refund: reply, bug: ticket, spam: ignore, outage: escalate}}}",
     "planner",
-    "guardian",
+    'guardian: {settings: {pii: "support.pii:scrub"}}',
     "actor",
-    "learner",
+    "learner: {settings: {intents: [question, complaint, refund, bug, spam, outage]}}",
     "monitor",
 )
 
@@ -315,7 +317,7 @@ def write_generator(
     module = module_name(tmp_path, "gen")
     (tmp_path / f"{module}.py").write_text(GENERATOR, encoding="utf-8")
     path = tmp_path / "gen.yaml"
-    agents = "".join(f"  {name}: {{}}\n" for name in team)
+    agents = "".join(f"  {a}\n" if ":" in a else f"  {a}: {{}}\n" for a in team)
     path.write_text(
         f"version: 1\nname: gen\nseed: 11\nagents:\n{agents}input:\n  kind: generator\n"
         + textwrap.indent(body.format(module=module), "  "),

@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.intents import INTENTS, classify
 
-from agents import INTENTS, Agent, FunctionAgent, ProviderError, RuleProvider
+from agents import Agent, FunctionAgent, ProviderError, RuleProvider
 from bus import Envelope
 from pantheon.scenario import ScenarioError, load_scenario
 from pantheon.scenario._agents import uses_model
@@ -159,7 +160,7 @@ async def test_the_rules_provider_refuses_tools_and_answers_its_own_question() -
         "the offline rules provider cannot answer JSON schema 's': it gives only intent, "
         "confidence, scores, not severity"
     )
-    answer = await rules.classify("Checkout is down", "Help")
+    answer = await classify(rules, "Checkout is down", "Help")
     assert answer["intent"] == "outage" and answer["intent"] in INTENTS
 
 

@@ -398,6 +398,18 @@ def test_bad_scenario_names_line_and_field(write, case: str) -> None:
     assert f"{path}:{p.line}:{p.column}: {field}: " in str(p)
 
 
+def test_rules_may_name_only_the_intents_the_provider_lists(write) -> None:
+    text = GOOD + (
+        "provider:\n  kind: rules\n  rules: {refund: [x], refnud: [y]}\n"
+        "  intents: [question, refund]\n"
+    )
+    (p,) = problems_of(write(text))
+    assert (p.line, p.field) == (line_of(text, "provider:"), "provider")
+    assert p.message == "rules for refnud, which intents does not list (question, refund)"
+    ok = load_scenario(write(text.replace("refnud", "question"), "ok.yaml"))
+    assert ok.provider.intents == ("question", "refund")
+
+
 def test_error_column_points_at_the_key(write) -> None:
     text = GOOD.replace("overflow: block", "overflow: drop")
     (p,) = problems_of(write(text))
