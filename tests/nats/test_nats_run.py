@@ -69,6 +69,22 @@ def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:
     urls = {n["transport"]["url"] for n in nodes.values()}
     assert len(urls) == 1 and urls.pop().startswith("nats://127.0.0.1:")
 
+    # Every node's journal came through the stream, whole; the session replays in this one
+    # process (the run's server is gone by now) with every effect served from the record.
+    with SessionStore(tmp_path / "s.db") as store:
+        journals = store.node_journals(over_nats["session_id"])
+    assert {n: j.ended for n, j in journals.items()} == {
+        "perception": True, "cognition": True, "action": True,
+    }  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "pantheon.cli", "replay", over_nats["session_id"], "--store",
+         "s.db", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    report = json.loads(proc.stdout)
+    assert (proc.returncode, report["matched"], report["effects_called"]) == (0, True, 0)
+    assert report["inputs_replayed"] == 600 and report["effects_served"] > 0
+
 
 def test_a_sigkilled_node_in_a_nats_run_loses_nothing(tmp_path: Path) -> None:
     """``faults.kill_node`` on a NATS run: the Reasoner runs on two nodes (one consumer
