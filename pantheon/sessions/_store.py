@@ -89,7 +89,19 @@ EFFECT_ERROR = 1
 EFFECT_REPR = 2  # the result could not be encoded; its repr is stored and cannot be served
 EFFECT_DIVERGED = 3  # replay only: the call did not match the original and was not run
 
-_SCHEMA = """
+#: How far each node's journal reached in a multi-process session (``NodeJournal``).
+_SESSION_NODES = """CREATE TABLE IF NOT EXISTS session_nodes (
+    session TEXT NOT NULL,
+    node TEXT NOT NULL,
+    batches INTEGER NOT NULL,
+    records INTEGER NOT NULL,
+    ended INTEGER NOT NULL DEFAULT 0,
+    last REAL NOT NULL,
+    PRIMARY KEY (session, node)
+) WITHOUT ROWID"""
+
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -198,15 +210,6 @@ CREATE TABLE IF NOT EXISTS journal (
     node TEXT,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS session_nodes (
-    session TEXT NOT NULL,
-    node TEXT NOT NULL,
-    batches INTEGER NOT NULL,
-    records INTEGER NOT NULL,
-    ended INTEGER NOT NULL DEFAULT 0,
-    last REAL NOT NULL,
-    PRIMARY KEY (session, node)
-) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS metrics (
     session TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -215,6 +218,9 @@ CREATE TABLE IF NOT EXISTS metrics (
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 """
+    + _SESSION_NODES
+    + ";\n"
+)
 
 
 #: Session references counted from the newest: ``latest`` and ``-1``, ``-2``, ...
@@ -254,15 +260,7 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
                 "journal",
             )
         ),
-        """CREATE TABLE session_nodes (
-            session TEXT NOT NULL,
-            node TEXT NOT NULL,
-            batches INTEGER NOT NULL,
-            records INTEGER NOT NULL,
-            ended INTEGER NOT NULL DEFAULT 0,
-            last REAL NOT NULL,
-            PRIMARY KEY (session, node)
-        ) WITHOUT ROWID""",
+        _SESSION_NODES,
     ),
 }
 
