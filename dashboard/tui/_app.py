@@ -296,6 +296,13 @@ class MonitorApp(App[None]):
         panels = self._panels()
         if panels is None:
             return  # the last poll of a monitor that is closing: nothing left to draw on
+        try:
+            status = panels.query_one("#approvals-line", Static)
+            table = panels.query_one("#approval-table", DataTable)
+        except NoMatches:
+            # The panels are mounting (a poll that came back before the first frame) or
+            # being taken down: the next poll draws it.
+            return
         selected = self.selected_approval()
         was_waiting = [key for key, a in self._approvals.items() if a.pending]
         self._approvals = {str(a.id): a for a in message.approvals}
@@ -305,8 +312,7 @@ class MonitorApp(App[None]):
             if waiting
             else f"{len(message.approvals)} requests, none waiting"
         )
-        panels.query_one("#approvals-line", Static).update(line)
-        table = panels.query_one("#approval-table", DataTable)
+        status.update(line)
         _fill(table, approval_rows(message.approvals))
         # The selected request was just decided (here or by someone else) and moved down
         # among the decided ones: the cursor goes to the request that waited after it (or
@@ -497,7 +503,10 @@ class MonitorApp(App[None]):
         panels = self._panels()
         if panels is None:
             return None
-        table = panels.query_one("#approval-table", DataTable)
+        try:
+            table = panels.query_one("#approval-table", DataTable)
+        except NoMatches:  # mounting, or being taken down
+            return None
         if not table.row_count:
             return None
         key = table.coordinate_to_cell_key(table.cursor_coordinate).row_key.value
