@@ -31,6 +31,10 @@ pages (materialized journal chunks leave them) and each table's and index's shar
 SQLite's ``dbstat`` (whole pages: every table and index takes at least one, 64 KiB here,
 so a small session's figure is mostly that floor; use ``--emails`` for a per-message one).
 
+The CPU time of every process of the run (the ``pantheon`` process and what it waited
+for: nodes, broker, ``nats-server``) is reported too: on a shared machine it is steadier
+than wall time, and it says what recording adds across processes.
+
 The ``pantheon`` run is the one next to this interpreter; ``PYTHONPATH`` (inherited by the
 node processes) picks which checkout's code runs, so an older commit is measured with the
 same script: ``PYTHONPATH=/path/to/old/worktree python benchmarks/record_cluster_bench.py``.
@@ -42,6 +46,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import sqlite3
 import statistics
 import subprocess
@@ -136,8 +141,10 @@ def one_run(scenario: Path, record: bool, tmp: Path) -> dict[str, Any]:
         cmd.append("--no-record")
     before = load()
     t0 = time.perf_counter()
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp)
     wall = time.perf_counter() - t0
+    cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode not in (0, 1):  # 1: an expectation failed (timing, on a busy machine)
         raise SystemExit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
     summary = json.loads(proc.stdout)
@@ -145,6 +152,8 @@ def one_run(scenario: Path, record: bool, tmp: Path) -> dict[str, Any]:
         "record": record,
         "elapsed_s": summary["elapsed_s"],
         "wall_s": wall,
+        # Every process of the run that was waited for: driver, nodes, broker, nats-server.
+        "cpu_s": cpu1.ru_utime + cpu1.ru_stime - cpu0.ru_utime - cpu0.ru_stime,
         "messages": summary["messages"],
         "passed": summary["passed"],
         "load": before,
@@ -170,6 +179,11 @@ def report(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         / statistics.median(r["elapsed_s"] for r in off)
         - 1,
         "wall_overhead": statistics.median(a["wall_s"] / b["wall_s"] - 1 for a, b in pairs),
+        "cpu_s": {
+            "recorded": statistics.median(r["cpu_s"] for r in on),
+            "unrecorded": statistics.median(r["cpu_s"] for r in off),
+        },
+        "cpu_overhead": statistics.median(a["cpu_s"] / b["cpu_s"] - 1 for a, b in pairs),
         "per_repeat": [a["elapsed_s"] / b["elapsed_s"] - 1 for a, b in pairs],
         "messages": statistics.median(r["messages"] for r in runs),
         "bytes_per_envelope": statistics.median(
@@ -194,6 +208,12 @@ def report(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         + ", ".join(f"{x:+.1%}" for x in result["per_repeat"])
         + f"); ratio of the medians {result['overhead_of_medians']:+.1%}"
         + f"; whole process {result['wall_overhead']:+.1%}"
+    )
+    c = result["cpu_s"]
+    print(
+        f"  CPU of all the run's processes: {c['unrecorded']:.2f} s unrecorded, "
+        f"{c['recorded']:.2f} s recorded (medians); {result['cpu_overhead']:+.1%} "
+        "(median of per-repeat ratios)"
     )
     print(
         f"  {result['messages']:,.0f} bus messages, {result['envelopes']:,.0f} envelopes "
