@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import Observer
+from agents import Observer, input_ordinal
 from agents._perception import InputItem
 from bus import Bus
 from pantheon._report import RunSummary, local_report, summarize
@@ -50,7 +50,7 @@ from pantheon._team import build_team
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.scenario import Scenario, parse_scenario
-from pantheon.sessions import SessionError, SessionInfo, SessionStore
+from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions._approvals import origin_of
 
 __all__ = ["ResumeResult", "resumable", "resume"]
@@ -73,13 +73,37 @@ def resumable(info: SessionInfo) -> str | None:
     return None
 
 
-async def _skip(source: Any, n: int) -> AsyncIterator[InputItem]:
-    """``source`` without its first ``n`` items: the ones the original already published."""
-    seen = 0
+def _published(inputs: Sequence[StoredEnvelope]) -> dict[str, int] | None:
+    """How many items of each input topic the original published: one past the highest
+    input number its record holds per topic, or None when its inputs are not numbered.
+
+    By number, not by count: the inputs of a NATS run whose driver died are read back from
+    the stream, and that holds only the ones another process subscribed to (its emails, not
+    the malformed records its driver handled itself), so a count would skip too few."""
+    out: dict[str, int] = {}
+    for inp in inputs:
+        ordinal = input_ordinal(inp.id)
+        if ordinal is None:
+            return None
+        out[inp.topic] = max(out.get(inp.topic, 0), ordinal + 1)
+    return out
+
+
+async def _skip(source: Any, inputs: Sequence[StoredEnvelope]) -> AsyncIterator[InputItem]:
+    """``source`` without the items the original already published: per topic, those
+    numbered below what :func:`_published` found (else the first ``len(inputs)``)."""
+    per_topic = _published(inputs)
+    seen: dict[str, int] = {}
+    total = 0
     async for item in source:
-        if seen < n:
-            seen += 1
-            continue
+        if per_topic is None:
+            total += 1
+            if total <= len(inputs):
+                continue
+        else:
+            n = seen[item.topic] = seen.get(item.topic, -1) + 1
+            if n < per_topic.get(item.topic, 0):
+                continue
         yield item
 
 
@@ -218,12 +242,14 @@ async def _run(
                 # The recorded inputs count as the Observer's: the summary's inputs are the
                 # whole run's, as the original's would have been.
                 credit_inputs(observers, inputs, getattr(scenario.input, "malformed_topic", None))
+                numbered = _published(inputs)
+                already = len(inputs) if numbered is None else sum(numbered.values())
                 for observer, source in sources:
                     count = observer.settings.count
-                    left = None if count is None else count - len(inputs)
+                    left = None if count is None else count - already
                     if source is None or (left is not None and left <= 0):
                         continue
-                    observer.source = _skip(source, len(inputs))
+                    observer.source = _skip(source, inputs)
                     observer.ordinals = run.ordinals  # numbered on from the recorded ones
                     if left is not None:
                         observer.settings = observer.settings.model_copy(update={"count": left})
