@@ -499,6 +499,18 @@ def _say(out: TextIO, event: str, **fields: Any) -> None:
         out.flush()
 
 
+#: Seconds an orphaned node (its driver died) has, past one liveness period, to ship its
+#: last records and close before it exits regardless.
+_ORPHAN_GRACE = 30.0
+
+
+def _watchdog(seconds: float) -> None:
+    """Exit the process (status 3) after ``seconds``, whatever the event loop is doing."""
+    timer = threading.Timer(seconds, os._exit, (3,))
+    timer.daemon = True
+    timer.start()
+
+
 def _shipper(out: TextIO) -> Callable[[int, bytes, bool], None]:
     """A node's journal shipments as ``journal`` control lines to its driver (a pipe keeps
     their order; a blocking write is the writer's backpressure)."""
@@ -569,6 +581,9 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 # report, and work in flight may never settle. Leave within one liveness
                 # period rather than waiting out the drain timeout.
                 orphaned = True
+                # Whatever hangs on the way out (a handler, a transport that cannot close),
+                # an orphan must not outlive its run: past this it exits as it stands.
+                _watchdog(host.lost_after + _ORPHAN_GRACE)
                 with contextlib.suppress(TimeoutError):
                     await host.stop_agents(timeout=host.lost_after)
                 with contextlib.suppress(Exception):  # nobody reads the link any more
