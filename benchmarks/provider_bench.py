@@ -229,7 +229,10 @@ async def client_costs(base_url: str, root_url: str, calls: int) -> dict[str, An
     streamed, for the shipped ``OpenAIProvider`` (httpx), the official ``openai`` SDK doing
     the same calls (its own retries, SSE parsing and stream assembly), and
     ``AnthropicProvider`` (the ``anthropic`` SDK) on the Messages endpoint."""
-    import openai
+    try:
+        import openai
+    except ImportError:
+        raise SystemExit("--clients needs the openai SDK: pip install -e '.[bench]'") from None
 
     from agents import AnthropicProvider
 
