@@ -34,6 +34,7 @@ from agents._providers import (
     Usage,
     _annotate,
     _excerpt,
+    _Progress,
     _Provider,
     _strip_fence,
 )
@@ -68,13 +69,6 @@ def _sdk() -> Any:
             "the Anthropic provider needs the anthropic SDK: pip install 'pantheon[anthropic]'"
         ) from exc
     return anthropic
-
-
-class _Progress:
-    __slots__ = ("tokens",)
-
-    def __init__(self) -> None:
-        self.tokens = 0
 
 
 class AnthropicProvider(_Provider):
@@ -304,7 +298,9 @@ class AnthropicProvider(_Provider):
             model=message.model or self.model,
             finish_reason=FINISH_REASONS.get(stop, stop) if stop is not None else None,
         )
-        if not json_wanted or (content is None and calls):
+        # A turn that calls tools is not the answer yet: text before the calls (Claude
+        # often says what it is about to look up) is not the JSON asked for.
+        if not json_wanted or calls:
             return result
         try:
             data = json.loads(_strip_fence(content or ""))

@@ -206,6 +206,16 @@ async def test_a_tool_use_round_trip_keeps_ids_and_reaches_the_script_as_openai_
     assert seen[0]["tools"][0]["function"]["name"] == "lookup_order"
 
 
+async def test_text_before_tool_calls_is_not_taken_for_the_json_answer() -> None:
+    with ModelServer(Reply("Let me look both up.", tool_calls=TWO_CALLS.tool_calls)) as s:
+        async with provider_for(s) as provider:
+            turn = await provider.chat(
+                HELLO, tools=[LOOKUP_TOOL], response_format={"type": "json_object"}
+            )
+    assert turn.content == "Let me look both up." and turn.data is None
+    assert [c.id for c in turn.tool_calls] == ["toolu_a", "toolu_b"]
+
+
 async def test_a_tool_input_that_is_not_an_object_is_a_response_error() -> None:
     with ModelServer(Reply(tool_calls=[{"name": "lookup_order", "arguments": "[1, 2]"}])) as s:
         async with provider_for(s) as provider:
