@@ -24,7 +24,7 @@ from agents import (
     ToolCall,
     Usage,
 )
-from pantheon.testing import ModelServer, Reply
+from pantheon.testing import ModelServer, Reply, openai_view
 
 HELLO = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hello"}]
 LOOKUP_TOOL = {
@@ -203,6 +203,7 @@ async def test_a_tool_use_round_trip_keeps_ids_and_reaches_the_script_as_openai_
         "system", "user", "assistant", "tool", "tool"
     ]  # fmt: skip
     assert seen[1]["messages"][2]["tool_calls"][1]["id"] == "toolu_b"
+    assert seen == [openai_view(body) for body in wire]
     assert seen[0]["tools"][0]["function"]["name"] == "lookup_order"
 
 
