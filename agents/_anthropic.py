@@ -234,6 +234,8 @@ class AnthropicProvider(_Provider):
         json_wanted: bool,
     ) -> tuple[ChatResult, str | None]:
         sdk = _sdk()
+        import httpx2  # the SDK's HTTP client, installed with it
+
         client = self._sdk_client()
         progress = _Progress()
         try:
@@ -254,8 +256,10 @@ class AnthropicProvider(_Provider):
                 url=self.url,
                 status=exc.status_code,
             ) from exc
-        except sdk.APIConnectionError as exc:
-            if progress.tokens:
+        except (sdk.APIConnectionError, httpx2.TransportError) as exc:
+            # The SDK wraps what fails while it sends and waits for the answer; a stream that
+            # breaks while it is read raises the HTTP client's own error, and is not retried.
+            if progress.tokens or isinstance(exc, httpx2.TransportError):
                 raise ProviderUnavailable(
                     f"the stream from {self.url} broke after {progress.tokens} pieces: "
                     f"{_reason(sdk, exc)}",

@@ -5,7 +5,9 @@ caller sees, and that ``import agents`` never loads the SDK."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -292,6 +294,52 @@ async def test_an_error_status_is_a_response_error_naming_url_status_and_message
     assert info.value.status == 400 and info.value.url == f"{server.anthropic_base_url}/v1/messages"
     assert "answered HTTP 400: max_tokens: too large" in str(info.value)
     assert len(server.requests) == 1  # a client error is not retried
+
+
+async def test_a_stream_that_breaks_after_text_is_not_retried_and_says_how_far_it_got() -> None:
+    """A server that sends the message's start and two pieces of text, then drops the
+    connection: the caller has shown those pieces, so nothing is asked again."""
+    requests = 0
+
+    def event(kind: str, data: dict[str, Any]) -> bytes:
+        text = f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+        return f"{len(text):x}\r\n".encode() + text + b"\r\n"
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
+        await reader.readexactly(length)
+        requests += 1
+        start = {"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                 "content": [], "stop_reason": None, "stop_sequence": None,
+                 "usage": {"input_tokens": 3, "output_tokens": 1}}  # fmt: skip
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+            + event("message_start", {"message": start})
+            + event("content_block_start", {"index": 0, "content_block": {"type": "text",
+                                                                          "text": ""}})
+            + b"".join(
+                event("content_block_delta", {"index": 0,
+                                              "delta": {"type": "text_delta", "text": piece}})
+                for piece in ("Half", " an")
+            )
+        )  # fmt: skip
+        await writer.drain()
+        writer.transport.abort()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    tokens: list[str] = []
+    try:
+        async with AnthropicProvider(f"http://127.0.0.1:{port}", model="m", max_retries=3) as p:
+            with pytest.raises(ProviderUnavailable, match="broke after 2 pieces"):
+                await p.chat(HELLO, stream=True, on_token=tokens.append)
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert tokens == ["Half", " an"] and requests == 1
 
 
 async def test_a_refused_connection_is_unavailable_naming_the_url() -> None:
