@@ -12,6 +12,7 @@ from ``scenarios/oncall/``. Every error they raise on purpose derives from
 """
 
 from agents._action import Actor, Guardian, Learner, Outbox
+from agents._anthropic import AnthropicProvider
 from agents._approvals import ApprovalDesk, ApprovalUnavailable, Decision
 from agents._base import (
     Agent,
@@ -78,6 +79,7 @@ __all__ = [
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",
+    "AnthropicProvider",
     "ApprovalDesk",
     "ApprovalUnavailable",
     "ChatResult",

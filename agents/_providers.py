@@ -10,6 +10,14 @@ expressions: offline, deterministic, free, and honest about its accuracy. :class
 speaks the chat-completions protocol to any compatible server (OpenAI, Ollama, vLLM, llama.cpp)
 over one pooled ``httpx`` client, with bounded retries. What a team asks is its own (the support
 desk's intent question is ``support.intents.classify``, in ``scenarios/support/``).
+:class:`agents.AnthropicProvider` (``agents/_anthropic.py``) speaks the Messages API.
+
+Why the OpenAI provider has its own client rather than the official ``openai`` SDK, measured
+(``benchmarks/provider_bench.py --clients``, ``benchmarks/RESULTS.md``): the SDK costs
+2.2-2.5x the client CPU per call (1.6-2.0 ms against 0.7-0.8 ms; streamed 2.4-2.8 against
+1.0-1.1), on the core the pipeline runs on, and 4-5x the import time; its retries cannot cap
+``Retry-After`` at ``max_backoff``. What it would save, the SSE reading and tool-call
+assembly below, is ~100 lines of a stable protocol, tested against the stand-in server.
 
 Errors (a branch of :class:`agents.AgentError`)::
 

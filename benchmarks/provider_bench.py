@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import statistics
@@ -222,6 +223,79 @@ async def alone(base_url: str, calls: int, concurrency: int, raw: bool) -> dict[
     }
 
 
+async def client_costs(base_url: str, root_url: str, calls: int) -> dict[str, Any]:
+    """Per-call cost of each client against the stand-in (no delay), one call at a time on
+    one kept-alive connection: the wall time and this process's CPU per call, plain and
+    streamed, for the shipped ``OpenAIProvider`` (httpx), the official ``openai`` SDK doing
+    the same calls (its own retries, SSE parsing and stream assembly), and
+    ``AnthropicProvider`` (the ``anthropic`` SDK) on the Messages endpoint."""
+    try:
+        import openai
+    except ImportError:
+        raise SystemExit("--clients needs the openai SDK: pip install -e '.[bench]'") from None
+
+    from agents import AnthropicProvider
+
+    messages: list[Any] = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"Subject: {SUBJECT}\n\n{BODY}"}]  # fmt: skip
+    sdk = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=3)
+
+    async def sdk_call(stream: bool) -> None:
+        if not stream:
+            reply = await sdk.chat.completions.create(model="local", messages=messages)
+            json.loads(reply.choices[0].message.content or "")
+            return
+        events = await sdk.chat.completions.create(
+            model="local", messages=messages, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        parts = [c.choices[0].delta.content or "" async for c in events if c.choices]
+        json.loads("".join(parts))
+
+    async with (
+        OpenAIProvider(base_url, model="local") as mine,
+        AnthropicProvider(root_url, model="local") as claude,
+    ):
+        clients: dict[str, Callable[[bool], Any]] = {
+            "OpenAIProvider (httpx)": lambda stream: mine.chat(
+                messages, response_format={"type": "json_object"}, stream=stream
+            ),
+            "openai SDK": sdk_call,
+            "AnthropicProvider (anthropic SDK)": lambda stream: claude.chat(
+                messages, response_format={"type": "json_object"}, stream=stream
+            ),
+        }
+        out: dict[str, Any] = {}
+        for _round in range(2):  # the first round warms every client up
+            for name, call in clients.items():
+                for stream in (False, True):
+                    cpu, started = time.process_time(), time.perf_counter()
+                    for _ in range(calls):
+                        await call(stream)
+                    wall, cpu = time.perf_counter() - started, time.process_time() - cpu
+                    out[f"{name}{', streamed' if stream else ''}"] = {
+                        "calls": calls,
+                        "wall_ms_per_call": wall * 1000 / calls,
+                        "cpu_ms_per_call": cpu * 1000 / calls,
+                    }
+        await sdk.close()
+    return out
+
+
+def import_ms(module: str) -> float:
+    """Milliseconds for a fresh interpreter to import ``module``, less a bare start."""
+
+    def run(code: str) -> float:
+        best = math.inf
+        for _ in range(3):
+            started = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            best = min(best, time.perf_counter() - started)
+        return best
+
+    return (run(f"import {module}") - run("pass")) * 1000
+
+
 def busy_jiffies() -> int:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
@@ -244,9 +318,19 @@ def main() -> None:
         "--json", type=Path, default=ROOT / "benchmarks/results/provider_bench.json"
     )
     parser.add_argument("--serve", type=float, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--clients",
+        type=int,
+        metavar="CALLS",
+        help="instead: per-call cost of each client (httpx, openai SDK, anthropic SDK), "
+        "CALLS calls each, to benchmarks/results/provider_clients.json",
+    )
     args = parser.parse_args()
     if args.serve is not None:
         serve(args.serve)
+        return
+    if args.clients is not None:
+        compare_clients(args.clients)
         return
 
     runner: Callable[..., Any] = asyncio.run
@@ -354,6 +438,46 @@ def main() -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(results, indent=2))
     print(f"wrote {args.json}")
+
+
+def compare_clients(calls: int) -> None:
+    server = ServerProcess(0.0)
+    try:
+        costs = uvloop_run(
+            client_costs(server.base_url, server.base_url.removesuffix("/v1"), calls)
+        )
+    finally:
+        server.close()
+    imports = {m: import_ms(m) for m in ("httpx", "openai", "anthropic")}
+    print(f"{'one call at a time, stand-in with no delay':<52}{'wall ms':>9}{'CPU ms':>8}")
+    for name, c in costs.items():
+        print(f"{name:<52}{c['wall_ms_per_call']:>9.3f}{c['cpu_ms_per_call']:>8.3f}")
+    print("import ms: " + ", ".join(f"{m} {ms:.0f}" for m, ms in imports.items()))
+    out = ROOT / "benchmarks/results/provider_clients.json"
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "provider_bench --clients",
+                "command": " ".join([Path(sys.executable).name, *sys.argv]),
+                "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                "machine": {
+                    "platform": platform.platform(),
+                    "cpus": os.cpu_count(),
+                    "python": sys.version.split()[0],
+                },
+                "calls": costs,
+                "import_ms": imports,
+            },
+            indent=2,
+        )
+    )
+    print(f"wrote {out}")
+
+
+def uvloop_run(coro: Any) -> Any:
+    import uvloop
+
+    return uvloop.run(coro)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from agents import (
     Agent,
     AgentOptions,
     AgentUsage,
+    AnthropicProvider,
     Fault,
     FaultMark,
     Guardian,
@@ -154,6 +155,18 @@ def _provider(scenario: Scenario) -> ModelProvider:
             max_backoff=p.max_backoff,
             connect_timeout=p.connect_timeout,
             max_connections=p.max_connections,
+        )
+    if p.kind == "anthropic":
+        return AnthropicProvider(
+            p.base_url,
+            p.model,
+            os.environ.get(p.api_key_env) if p.api_key_env else None,
+            p.timeout,
+            max_tokens=p.max_tokens,
+            max_retries=p.max_retries,
+            connect_timeout=p.connect_timeout,
+            max_connections=p.max_connections,
+            params=p.params,
         )
     if p.kind == "custom":
         provider: ModelProvider = provider_class(p.class_, p.settings)(**p.settings)

@@ -49,6 +49,7 @@ __all__ = [
     "SUPPORT_INBOX",
     "AgentConfig",
     "AgentFaultConfig",
+    "AnthropicProviderConfig",
     "BreakerConfig",
     "CountBound",
     "CustomProviderConfig",
@@ -404,6 +405,36 @@ class OpenAIProviderConfig(_Model):
     default_intent: str = "question"
 
 
+def _env_anthropic_url() -> str:
+    return os.environ.get("ANTHROPIC_BASE_URL", "https://api.anthropic.com")
+
+
+class AnthropicProviderConfig(_Model):
+    """Anthropic's Messages API (or a server speaking it), through the official SDK (the
+    ``anthropic`` extra). As for OpenAI, the scenario names the key's environment variable,
+    never the key."""
+
+    kind: Literal["anthropic"]
+    base_url: str = Field(default_factory=_env_anthropic_url)
+    """The API's root, before ``/v1/messages``."""
+    model: str = Field(min_length=1)
+    api_key_env: str = "ANTHROPIC_API_KEY"
+    max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 1024
+    """Tokens a call may generate when it does not say (the API requires a bound)."""
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Further request fields sent with every call (``top_k``, ``stop_sequences``,
+    ``metadata``...); a call's own arguments win."""
+    timeout: _Timeout = 60.0
+    """Seconds for a whole request; at most an hour."""
+    connect_timeout: _Timeout = 5.0
+    """Seconds to connect; at most an hour."""
+    max_retries: Annotated[int, Field(ge=0, le=100)] = 3
+    """Retries after a 408, 409, 429, 5xx or a refused connection (the SDK's backoff,
+    honouring Retry-After): 0 to 100."""
+    max_connections: Annotated[int, Field(ge=1, le=1024)] = 32
+    """Connections open to the server at once: 1 to 1024."""
+
+
 class CustomProviderConfig(_Model):
     """A provider of the team's own: ``class`` is ``"module:Name"`` or the name of a
     ``pantheon.providers`` entry point, built as ``Name(**settings)`` and checked at load
@@ -438,10 +469,13 @@ def provider_class(spec: str, settings: Mapping[str, Any]) -> type:
     return cls
 
 
-ProviderConfig: TypeAlias = RulesProviderConfig | OpenAIProviderConfig | CustomProviderConfig
+ProviderConfig: TypeAlias = (
+    RulesProviderConfig | OpenAIProviderConfig | AnthropicProviderConfig | CustomProviderConfig
+)
 _Provider = Annotated[
     Annotated[RulesProviderConfig, Tag("@rules")]
     | Annotated[OpenAIProviderConfig, Tag("@openai")]
+    | Annotated[AnthropicProviderConfig, Tag("@anthropic")]
     | Annotated[CustomProviderConfig, Tag("@custom")],
     _by_kind("rules"),
 ]

@@ -24,7 +24,8 @@ server with ``run_scenario("scenario.yaml", provider=server)``. Pantheon's
 ``docs/testing.md`` shows each with a test that runs.
 
 ``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
-completions on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
+completions and Anthropic Messages (seen by its replies as :func:`openai_view` gives them)
+on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
 server: ... server.base_url``). The bus's own helpers (:class:`FakeClock`,
 :func:`memory_bus`, :func:`capture_events`) are here too, so a team's tests import from one
 place.
@@ -45,6 +46,7 @@ from pantheon.testing._model_server import (
     ReceivedRequest,
     Reply,
     classify_reply,
+    openai_view,
     schema_reply,
 )
 from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
@@ -84,6 +86,7 @@ __all__ = [
     "classify_reply",
     "memory_bus",
     "open_session",
+    "openai_view",
     "replay_matches",
     "run_scenario",
     "schema_reply",

@@ -1,8 +1,10 @@
-"""``python -m pantheon.testing``: a stand-in OpenAI-compatible model server on 127.0.0.1, for
-trying a team's model calls, tokens and replays with no real model (see docs/tutorial.md).
+"""``python -m pantheon.testing``: a stand-in model server on 127.0.0.1 speaking the OpenAI
+chat-completions and the Anthropic Messages protocols, for trying a team's model calls,
+tokens and replays with no real model (see docs/tutorial.md).
 
 It answers every request in the shape asked for (:func:`schema_reply`) and counts tokens as
-words; point a scenario's ``provider.base_url`` at the address it prints.
+words; point a ``kind: openai`` scenario's ``provider.base_url`` at the address it prints,
+a ``kind: anthropic`` one at the same address without ``/v1``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A real OpenAI-compatible chat server on 127.0.0.1, for tests and benchmarks of providers.
+"""A real model server on 127.0.0.1 speaking both the OpenAI chat-completions protocol and
+Anthropic's Messages protocol, for tests and benchmarks of providers.
 
 Real sockets rather than a mocked transport, because what breaks against a model server is
 mostly on the wire: keep-alive and connection reuse, retry timing against ``Retry-After``,
@@ -10,6 +11,10 @@ thread, so the event loop under test is never blocked by it::
         provider = OpenAIProvider(server.base_url, model="local")
         ...
         assert len(server.requests) == 1
+
+The same replies answer both protocols: a Messages request is shown to the reply source in
+the chat-completions shape (:func:`openai_view`), so one script drives a team whichever
+provider it runs on.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Self
 
-__all__ = ["ModelServer", "ReceivedRequest", "Reply", "classify_reply", "schema_reply"]
+__all__ = [
+    "ModelServer",
+    "ReceivedRequest",
+    "Reply",
+    "classify_reply",
+    "openai_view",
+    "schema_reply",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +95,26 @@ class _State:
 
 
 class ModelServer:
-    """Serves ``POST /v1/chat/completions`` from ``reply``.
+    """Serves ``POST /v1/chat/completions`` (OpenAI) and ``POST /v1/messages`` (Anthropic)
+    from ``reply``.
 
     ``reply`` is one :data:`ReplyLike` given to every request, a list of them served in
     order (a request past the end gets HTTP 500 saying the script ran out), or a
     :data:`Responder` called with each request body. Streaming requests (``"stream": true``)
     get server-sent events: the content in whitespace-led pieces, tool calls in two
-    fragments each, the finish reason, then (with ``stream_options.include_usage``) a last
+    fragments each (parallel calls interleaved: every first fragment, then every second),
+    the finish reason, then (with ``stream_options.include_usage``) a last
     chunk carrying the usage, then ``[DONE]``. Usage counts whitespace-separated words of
     the prompt's text contents and of the answer (tool calls: name plus arguments), the
     same whether streamed or not.
+
+    A Messages request is answered from the same source, which sees it as
+    :func:`openai_view` gives it (system prompt, ``tool_use``/``tool_result`` blocks and
+    ``output_config.format`` turned into their chat-completions equivalents); the answer is
+    a Message with a text block and ``tool_use`` blocks, or with ``"stream": true`` the
+    Messages events: ``message_start``, per block ``content_block_start``, its deltas
+    (``text_delta`` pieces, ``input_json_delta`` halves) and ``content_block_stop``, then
+    ``message_delta`` with the stop reason and usage, then ``message_stop``.
 
     ``delay`` (seconds) is slept before each answer, as inference time. ``model`` is the
     model name answered; by default the requested one is echoed. :meth:`fail_next` queues
@@ -166,6 +188,11 @@ class ModelServer:
     @property
     def url(self) -> str:
         return f"{self.base_url}/chat/completions"
+
+    @property
+    def anthropic_base_url(self) -> str:
+        """What an Anthropic client's ``base_url`` takes: the root, before ``/v1/messages``."""
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def model(self) -> str | None:
@@ -281,23 +308,28 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
         def _answer(self, body: Any) -> tuple[int, Callable[[], None]]:
             """The status, and what sends it (after the request is on record, so a test
             that saw the answer also sees the request)."""
-            if self.path.rstrip("/") != "/v1/chat/completions":
+            route = self.path.rstrip("/")
+            anthropic = route == "/v1/messages"
+            error = self._anthropic_error if anthropic else self._error
+            if not anthropic and route != "/v1/chat/completions":
                 return 404, lambda: self._error(404, f"no route {self.path}")
             if not isinstance(body, dict):
-                return 400, lambda: self._error(400, "the body is not a JSON object")
+                return 400, lambda: error(400, "the body is not a JSON object")
             with state.lock:
                 forced = state.forced.popleft() if state.forced else None
             if state.delay:
                 time.sleep(state.delay)
             if forced is not None:
-                return forced.status, lambda: self._error(
-                    forced.status, forced.body, forced.retry_after
-                )
+                return forced.status, lambda: error(forced.status, forced.body, forced.retry_after)
             try:
-                reply = _reply(state.source(body))
+                view = openai_view(body) if anthropic else body
+                reply = _reply(state.source(view))
             except Exception as exc:
                 message = f"the reply failed: {type(exc).__name__}: {exc}"
-                return 500, lambda: self._error(500, message)
+                return 500, lambda: error(500, message)
+            if anthropic:
+                send = self._message_stream if body.get("stream") else self._message
+                return 200, lambda: send(body, view, reply)
             if body.get("stream"):
                 return 200, lambda: self._stream(body, reply)
             return 200, lambda: self._complete(body, reply)
@@ -305,6 +337,15 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
         def _error(self, status: int, message: str, retry_after: float | None = None) -> None:
             extra = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
             self._send(status, {"error": {"message": message, "code": status}}, extra)
+
+        def _anthropic_error(
+            self, status: int, message: str, retry_after: float | None = None
+        ) -> None:
+            extra = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+            kind = _ANTHROPIC_ERRORS.get(status, "api_error")
+            self._send(
+                status, {"type": "error", "error": {"type": kind, "message": message}}, extra
+            )
 
         def _send(self, status: int, payload: Any, extra: Mapping[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
@@ -356,24 +397,106 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             event({"role": "assistant", "content": ""})
             for piece in _pieces(reply.content or ""):
                 event({"content": piece})
+            # Parallel calls interleave: every call's first fragment (id, name, half the
+            # arguments), then every call's second, so a client must join them by index,
+            # not by arrival.
+            halves = [len(c["function"]["arguments"]) // 2 for c in calls]
             for i, call in enumerate(calls):
-                arguments = call["function"]["arguments"]
-                half = len(arguments) // 2
-                head = {"name": call["function"]["name"], "arguments": arguments[:half]}
-                event({"tool_calls": [{"index": i, "id": call["id"], "type": "function",
-                                       "function": head}]})  # fmt: skip
-                event({"tool_calls": [{"index": i, "function": {"arguments": arguments[half:]}}]})
+                head = {
+                    "name": call["function"]["name"],
+                    "arguments": call["function"]["arguments"][: halves[i]],
+                }
+                event(
+                    {
+                        "tool_calls": [
+                            {"index": i, "id": call["id"], "type": "function", "function": head}
+                        ]
+                    }
+                )
+            for i, call in enumerate(calls):
+                tail = {"arguments": call["function"]["arguments"][halves[i] :]}
+                event({"tool_calls": [{"index": i, "function": tail}]})
             event({}, _finish(reply))
             if (body.get("stream_options") or {}).get("include_usage"):
                 self._chunk(meta | {"choices": [], "usage": _usage(body, reply, calls)})
             self._chunk("[DONE]")
             self.wfile.write(b"0\r\n\r\n")
 
-        def _chunk(self, payload: Any) -> None:
+        def _chunk(self, payload: Any, event: str | None = None) -> None:
             text = payload if isinstance(payload, str) else json.dumps(payload)
-            data = f"data: {text}\n\n".encode()
+            named = f"event: {event}\n" if event else ""
+            data = f"{named}data: {text}\n\n".encode()
             self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
             self.wfile.flush()
+
+        # -- Anthropic Messages ------------------------------------------------------------
+
+        def _message_meta(self, body: dict[str, Any]) -> dict[str, Any]:
+            with state.lock:
+                n = next(state.ids)
+            return {
+                "id": f"msg_{n:024d}",
+                "type": "message",
+                "role": "assistant",
+                "model": state.model or str(body.get("model") or "pantheon-test"),
+            }
+
+        def _message(self, body: dict[str, Any], view: dict[str, Any], reply: Reply) -> None:
+            blocks = _blocks(reply)
+            self._send(
+                200,
+                self._message_meta(body)
+                | {
+                    "content": blocks,
+                    "stop_reason": _stop_reason(reply),
+                    "stop_sequence": None,
+                    "usage": _message_usage(view, reply),
+                },
+            )
+
+        def _message_stream(self, body: dict[str, Any], view: dict[str, Any], reply: Reply) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            usage = _message_usage(view, reply)
+
+            def event(kind: str, data: dict[str, Any]) -> None:
+                self._chunk({"type": kind, **data}, kind)
+
+            start = self._message_meta(body) | {
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": usage["input_tokens"], "output_tokens": 1},
+            }
+            event("message_start", {"message": start})
+            for index, block in enumerate(_blocks(reply)):
+                if block["type"] == "text":
+                    empty = {"type": "text", "text": ""}
+                    event("content_block_start", {"index": index, "content_block": empty})
+                    for piece in _pieces(block["text"]):
+                        delta = {"type": "text_delta", "text": piece}
+                        event("content_block_delta", {"index": index, "delta": delta})
+                else:
+                    head = {**block, "input": {}}
+                    event("content_block_start", {"index": index, "content_block": head})
+                    arguments = json.dumps(block["input"])
+                    half = len(arguments) // 2
+                    for part in (arguments[:half], arguments[half:]):
+                        delta = {"type": "input_json_delta", "partial_json": part}
+                        event("content_block_delta", {"index": index, "delta": delta})
+                event("content_block_stop", {"index": index})
+            event(
+                "message_delta",
+                {
+                    "delta": {"stop_reason": _stop_reason(reply), "stop_sequence": None},
+                    "usage": {"output_tokens": usage["output_tokens"]},
+                },
+            )
+            event("message_stop", {})
+            self.wfile.write(b"0\r\n\r\n")
 
     return Handler
 
@@ -397,6 +520,140 @@ def _tool_calls(reply: Reply) -> list[dict[str, Any]]:
 
 def _finish(reply: Reply) -> str:
     return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+#: The Messages API's error ``type`` for each status the server may answer.
+_ANTHROPIC_ERRORS = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    529: "overloaded_error",
+}
+
+#: A chat-completions finish reason -> the Messages stop reason that means the same.
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _stop_reason(reply: Reply) -> str:
+    finish = _finish(reply)
+    return _STOP_REASONS.get(finish, finish)
+
+
+def _blocks(reply: Reply) -> list[dict[str, Any]]:
+    """The Message content of a reply: a text block (when there is text) and a ``tool_use``
+    block per call, its ``input`` the decoded arguments (a string that is not JSON is sent
+    as it is, so a test can send a malformed call)."""
+    blocks: list[dict[str, Any]] = []
+    if reply.content:
+        blocks.append({"type": "text", "text": reply.content})
+    for i, call in enumerate(reply.tool_calls):
+        arguments = call.get("arguments", {})
+        if isinstance(arguments, str):
+            with contextlib.suppress(ValueError):
+                arguments = json.loads(arguments)
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": str(call.get("id") or f"toolu_{i}"),
+                "name": str(call["name"]),
+                "input": arguments,
+            }
+        )
+    return blocks
+
+
+def _message_usage(view: dict[str, Any], reply: Reply) -> dict[str, int]:
+    """The Messages usage: the same word counts as the chat-completions one."""
+    counted = _usage(view, reply, _tool_calls(reply))
+    return {"input_tokens": counted["prompt_tokens"], "output_tokens": counted["completion_tokens"]}
+
+
+def _text(content: Any) -> str:
+    """The text of a Messages ``content``: a string, or the text of its text blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(b.get("text", ""))
+            for b in content
+            if isinstance(b, dict) and b.get("type") == "text"
+        )
+    return ""
+
+
+def openai_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A Messages request as the chat-completions request that asks the same, which is what
+    a reply source is given: ``system`` becomes the first message, an assistant's
+    ``tool_use`` blocks its ``tool_calls``, a user's ``tool_result`` blocks ``tool``
+    messages, ``tools`` function tools (``input_schema`` their ``parameters``) and
+    ``output_config.format`` a ``response_format``."""
+    messages: list[dict[str, Any]] = []
+    system = _text(body.get("system"))
+    if system:
+        messages.append({"role": "system", "content": system})
+    for message in body.get("messages") or ():
+        if not isinstance(message, dict):
+            continue
+        role, content = message.get("role"), message.get("content")
+        blocks = content if isinstance(content, list) else []
+        blocks = [b for b in blocks if isinstance(b, dict)]
+        if role == "assistant":
+            out: dict[str, Any] = {"role": "assistant", "content": _text(content) or None}
+            calls = [
+                {
+                    "id": b.get("id"),
+                    "type": "function",
+                    "function": {"name": b.get("name"), "arguments": json.dumps(b.get("input"))},
+                }
+                for b in blocks
+                if b.get("type") == "tool_use"
+            ]
+            if calls:
+                out["tool_calls"] = calls
+            messages.append(out)
+            continue
+        for b in blocks:
+            if b.get("type") == "tool_result":
+                result = b.get("content")
+                messages.append(
+                    {
+                        "role": "tool",
+                        "tool_call_id": b.get("tool_use_id"),
+                        "content": result if isinstance(result, str) else _text(result),
+                    }
+                )
+        text = _text(content)
+        if text or not blocks:
+            messages.append({"role": str(role), "content": text})
+    view: dict[str, Any] = {"model": body.get("model"), "messages": messages}
+    for key in ("max_tokens", "temperature", "stream"):
+        if key in body:
+            view[key] = body[key]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": t.get("name"),
+                "description": t.get("description", ""),
+                "parameters": t.get("input_schema") or {},
+            },
+        }
+        for t in body.get("tools") or ()
+        if isinstance(t, dict)
+    ]
+    if tools:
+        view["tools"] = tools
+    fmt = (body.get("output_config") or {}).get("format")
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        view["response_format"] = {
+            "type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt.get("schema") or {}},
+        }
+    return view
 
 
 #: Words that point to each intent, strongest evidence first within a tie.

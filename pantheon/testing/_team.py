@@ -116,8 +116,9 @@ def with_provider(
 ) -> Scenario:
     """``scenario`` with its ``provider:`` section replaced, loaded and checked.
 
-    A :class:`ModelServer` keeps an OpenAI section's other settings (its model name, which
-    ``prices`` look up) and changes only ``base_url``; any other section becomes ``{kind:
+    A :class:`ModelServer` keeps an OpenAI or Anthropic section's other settings (its model
+    name, which ``prices`` look up) and changes only ``base_url`` (the server speaks both
+    protocols); any other section becomes ``{kind:
     openai, base_url, model}`` with the server's model (``stand-in`` when it echoes the one
     asked for). The result's text is what a run records, so the session replays with the
     provider it ran with. A scenario that had no ``provider:`` gets one appended, which
@@ -137,8 +138,12 @@ def with_provider(
         return parse_scenario(text, source, base_dir)
     had = data.get("provider")
     if isinstance(provider, ModelServer):
-        section = dict(had) if isinstance(had, dict) and had.get("kind") == "openai" else {}
-        section |= {"kind": "openai", "base_url": provider.base_url}
+        kind = had.get("kind") if isinstance(had, dict) else None
+        section = dict(had) if isinstance(had, dict) and kind in ("openai", "anthropic") else {}
+        if kind == "anthropic":
+            section["base_url"] = provider.anthropic_base_url
+        else:
+            section |= {"kind": "openai", "base_url": provider.base_url}
         section.setdefault("model", provider.model or "stand-in")
     else:
         section = dict(provider)

@@ -5,6 +5,7 @@ usage, JSON modes, tool calls, streaming, retries, unreachable servers, connecti
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -171,6 +172,56 @@ async def test_streamed_tool_call_fragments_are_joined() -> None:
             streamed = await provider.chat(HELLO, tools=[LOOKUP_TOOL], stream=True)
     assert streamed == whole
     assert streamed.tool_calls[1] == ToolCall("c2", "refund", {"amount": 12.5, "currency": "EUR"})
+
+
+async def test_parallel_tool_calls_stream_interleaved_and_round_trip() -> None:
+    """Two calls in one assistant turn, their fragments interleaved on the wire (every
+    call's id, name and first half of arguments, then every second half): joined by index,
+    answered by two tool messages, and the final answer streamed."""
+
+    def script(request: dict[str, Any]) -> Any:
+        if request["messages"][-1]["role"] != "tool":
+            return Reply(
+                "Checking both.",
+                tool_calls=[
+                    {"id": "c1", "name": "lookup_order", "arguments": {"order": "ORD-1"}},
+                    {"id": "c2", "name": "lookup_order", "arguments": {"order": "ORD-22"}},
+                ],
+            )
+        amounts = {m["tool_call_id"]: float(m["content"]) for m in request["messages"][3:]}
+        return f"Refund {amounts['c1'] + amounts['c2']:g} in total."
+
+    with ModelServer(script) as s:
+        async with provider_for(s) as provider:
+            tokens: list[str] = []
+            turn = await provider.chat(
+                HELLO, tools=[LOOKUP_TOOL], stream=True, on_token=tokens.append
+            )
+            calls = [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for c in turn.tool_calls
+            ]  # fmt: skip
+            answers = [
+                {"role": "tool", "tool_call_id": "c2", "content": "40"},
+                {"role": "tool", "tool_call_id": "c1", "content": "12.5"},
+            ]
+            final = await provider.chat(
+                [*HELLO, {"role": "assistant", "content": turn.content, "tool_calls": calls},
+                 *answers],
+                tools=[LOOKUP_TOOL], stream=True, on_token=tokens.append,
+            )  # fmt: skip
+        first, second = (r.body for r in s.requests)
+    assert turn.tool_calls == (
+        ToolCall("c1", "lookup_order", {"order": "ORD-1"}),
+        ToolCall("c2", "lookup_order", {"order": "ORD-22"}),
+    )
+    assert turn.content == "Checking both." and turn.finish_reason == "tool_calls"
+    assert first["stream"] is True and second["stream"] is True
+    assert second["messages"][2]["tool_calls"] == calls
+    assert final.content == "Refund 52.5 in total." and final.finish_reason == "stop"
+    assert "".join(tokens) == "Checking both.Refund 52.5 in total."
+    assert final.usage.input_tokens > 0 and final.usage.output_tokens == 4
 
 
 async def test_streamed_json_is_parsed_too() -> None:

@@ -12,7 +12,12 @@ from pantheon._runtime import run_scenario
 from pantheon._session_run import recording
 from pantheon._team import team_setup
 from pantheon.rerun import replay_session
-from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
+from pantheon.scenario import (
+    AnthropicProviderConfig,
+    OpenAIProviderConfig,
+    Scenario,
+    load_scenario,
+)
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, classify_reply
 
@@ -140,3 +145,29 @@ async def test_a_model_servers_chat_span_carries_usage(traced: Traced) -> None:
     tokens_out = sum((s.attributes or {})["gen_ai.usage.output_tokens"] for s in chats)
     assert summary.usage["input_tokens"] == tokens_in > 0
     assert summary.usage["output_tokens"] == tokens_out > 0
+
+
+async def test_an_anthropic_chat_span_carries_usage(traced: Traced) -> None:
+    with ModelServer(classify_reply) as server:
+        scenario = few_emails(2).model_copy(
+            update={
+                "provider": AnthropicProviderConfig(
+                    kind="anthropic",
+                    base_url=server.anthropic_base_url,
+                    model="local",
+                    api_key_env="",
+                )
+            }
+        )
+        bus = Bus(session_id="sess-anthropic")
+        traced.telemetry.instrument(bus)
+        summary = await run_scenario(scenario, bus=bus)
+    chats = traced.named("chat local")
+    assert len(chats) == 2 and all(s.kind is SpanKind.CLIENT for s in chats)
+    attrs = chats[0].attributes or {}
+    assert attrs["gen_ai.provider.name"] == "anthropic"
+    assert attrs["server.port"] == server.port and attrs["gen_ai.request.max_tokens"] == 1024
+    assert attrs["gen_ai.response.id"].startswith("msg_")
+    assert list(attrs["gen_ai.response.finish_reasons"]) == ["stop"]
+    tokens_in = sum((s.attributes or {})["gen_ai.usage.input_tokens"] for s in chats)
+    assert summary.usage["input_tokens"] == tokens_in > 0
