@@ -33,6 +33,15 @@ from agents._base import (
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
+from agents._model_agent import (
+    AnswerInvalid,
+    ModelAgent,
+    ModelAgentError,
+    Template,
+    TemplateError,
+    TooManyToolErrors,
+    TooManyTurns,
+)
 from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
@@ -62,6 +71,16 @@ from agents._providers import (
     ToolCall,
     Usage,
 )
+from agents._tools import (
+    FunctionTool,
+    Tool,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolSource,
+    load_tools,
+    tool,
+    tool_schema,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -78,6 +97,7 @@ __all__ = [
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",
+    "AnswerInvalid",
     "ApprovalDesk",
     "ApprovalUnavailable",
     "ChatResult",
@@ -87,6 +107,7 @@ __all__ = [
     "FaultMark",
     "FaultTimeline",
     "FunctionAgent",
+    "FunctionTool",
     "Guardian",
     "Handler",
     "InjectedFault",
@@ -96,6 +117,8 @@ __all__ = [
     "Learner",
     "LiveEffects",
     "Memory",
+    "ModelAgent",
+    "ModelAgentError",
     "ModelProvider",
     "Monitor",
     "Observer",
@@ -113,7 +136,15 @@ __all__ = [
     "RuleProvider",
     "Sensor",
     "SupportsChat",
+    "Template",
+    "TemplateError",
+    "TooManyToolErrors",
+    "TooManyTurns",
+    "Tool",
+    "ToolArgumentsInvalid",
     "ToolCall",
+    "ToolError",
+    "ToolSource",
     "Usage",
     "UsageMeter",
     "decision_text",
@@ -121,6 +152,9 @@ __all__ = [
     "handler_arity",
     "input_ordinal",
     "label_decision",
+    "load_tools",
     "score_decisions",
+    "tool",
+    "tool_schema",
     "total_usage",
 ]
