@@ -26,6 +26,7 @@ Errors (a branch of :class:`agents.AgentError`)::
 
 from __future__ import annotations
 
+import asyncio
 import json
 import string
 from collections.abc import Mapping, Sequence
@@ -274,6 +275,9 @@ class ModelAgent(Agent):
         max_turns: int = Field(8, ge=1)
         max_tool_errors: int = Field(3, ge=0)
         max_output_retries: int = Field(2, ge=0)
+        #: Run the tool calls of one model answer concurrently (each still its own effect,
+        #: numbered in the order the model gave them, so a replay serves each its own).
+        parallel_tools: bool = True
         temperature: float | None = None
         max_tokens: int | None = Field(None, ge=1)
 
@@ -402,8 +406,14 @@ class ModelAgent(Agent):
             result = await self.chat(messages, **options)
             if result.tool_calls:
                 messages.append(_assistant(result))
-                for call in result.tool_calls:
-                    content, failed = await self._run_tool(call)
+                calls = result.tool_calls
+                if s.parallel_tools and len(calls) > 1:
+                    # Each task takes its effect's ordinal before its first await, and tasks
+                    # first run in creation order: the numbering is the model's order.
+                    done = await asyncio.gather(*(self._run_tool(c) for c in calls))
+                else:
+                    done = [await self._run_tool(c) for c in calls]
+                for call, (content, failed) in zip(calls, done, strict=True):
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
                     if failed:
                         tool_errors += 1

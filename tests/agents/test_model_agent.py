@@ -55,6 +55,12 @@ def order_status(order_id: str) -> dict[str, Any]:
     return {"order_id": order_id, **ORDERS[order_id]}
 
 
+async def customer_tier(customer: str) -> str:
+    """The customer's loyalty tier: gold, silver or none."""
+    await asyncio.sleep(0)
+    return {"Cy": "gold"}.get(customer, "silver")
+
+
 async def refund_limit(status: str, paid: float, vip: bool = False) -> float:
     """How much may be refunded for an order in this state.
 
@@ -176,21 +182,37 @@ def test_templates_read_payload_fields_only_and_name_what_is_missing() -> None:
 # -- the loop against the stand-in model server -------------------------------------------------
 
 
+def _value(content: str) -> Any:
+    """A tool result as the model reads it: JSON, or text (a tool's str result is sent as
+    it is)."""
+    try:
+        return json.loads(content)
+    except ValueError:
+        return content
+
+
 def conversation(request: dict[str, Any]) -> Reply:
-    """A scripted model: look the order up, then ask the refund limit, then answer. Reads
-    the conversation so far, so concurrent conversations each get their own next turn."""
+    """A scripted model: look the order and the customer up (two calls in one answer), then
+    ask the refund limit, then answer. Reads the conversation so far, so concurrent
+    conversations each get their own next turn."""
     messages = request["messages"]
-    tools = [m for m in messages if m["role"] == "tool"]
-    order_id = json.loads(messages[-1 - 2 * len(tools) if tools else -1]["content"])["order"]
-    if not tools:
-        return Reply(tool_calls=[{"name": "order_status", "arguments": {"order_id": order_id}}])
-    if len(tools) == 1:
-        order = json.loads(tools[0]["content"])
-        args = {"status": order["status"], "paid": order["paid"]}
+    results = [_value(m["content"]) for m in messages if m["role"] == "tool"]
+    ask = json.loads(next(m["content"] for m in messages if m["role"] == "user"))
+    if not results:
+        return Reply(
+            tool_calls=[
+                {"name": "order_status", "arguments": {"order_id": ask["order"]}},
+                {"name": "customer_tier", "arguments": {"customer": ask["customer"]}},
+            ]
+        )
+    if len(results) == 2:
+        order, tier = results
+        args = {"status": order["status"], "paid": order["paid"], "vip": tier == "gold"}
         return Reply(tool_calls=[{"name": "refund_limit", "arguments": args, "id": "c2"}])
-    limit = float(tools[1]["content"])
+    limit = results[2]
     action = "refund" if limit else "none"
-    return Reply(json.dumps({"action": action, "amount": limit, "reason": f"{order_id} checked"}))
+    reason = f"{ask['order']} checked, {results[1]} customer"
+    return Reply(json.dumps({"action": action, "amount": limit, "reason": reason}))
 
 
 @pytest.fixture
@@ -216,35 +238,76 @@ async def test_two_tools_over_several_turns_give_a_validated_published_answer(
             name="refunds",
             subscribe=["refund.asked"],
             settings=SETTINGS,
-            tools=[order_status, refund_limit],
+            tools=[order_status, customer_tier, refund_limit],
             output=Verdict,
             provider=provider,
         ) as h,
     ):
-        await h.send("refund.asked", {"ticket": "T-9", "customer": "Ada", "order": "A-2"})
+        await h.send("refund.asked", {"ticket": "T-9", "customer": "Cy", "order": "A-1"})
     assert h.published("refund.decided") == [
-        {"action": "refund", "amount": 95.5, "reason": "A-2 checked", "ticket": "T-9"}
+        {
+            "action": "refund",
+            "amount": 40.0,
+            "reason": "A-1 checked, gold customer",
+            "ticket": "T-9",
+        }
     ]
-    assert [c.name for c in h.effects] == [
-        "model.openai.chat",
-        "tool.order_status",
-        "model.openai.chat",
-        "tool.refund_limit",
-        "model.openai.chat",
-    ]
-    assert h.calls("tool.refund_limit")[0].result == 95.5
+    names = [c.name for c in h.effects]  # as they finished: the first two ran together
+    assert names[0] == "model.openai.chat"
+    assert sorted(names[1:3]) == ["tool.customer_tier", "tool.order_status"]
+    assert names[3:] == ["model.openai.chat", "tool.refund_limit", "model.openai.chat"]
+    assert h.calls("tool.refund_limit")[0].result == 40.0
     first, _, last = (r.body for r in server.requests)
     assert first["messages"][0] == {
         "role": "system",
-        "content": "You handle refunds for Ada. Use the tools.",
+        "content": "You handle refunds for Cy. Use the tools.",
     }
-    assert [t["function"]["name"] for t in first["tools"]] == ["order_status", "refund_limit"]
+    names = [t["function"]["name"] for t in first["tools"]]
+    assert names == ["order_status", "customer_tier", "refund_limit"]
     assert first["response_format"]["json_schema"]["schema"] == Verdict.model_json_schema()
     # The last turn saw both calls and both results, in protocol order.
     roles = [m["role"] for m in last["messages"]]
-    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool"]
-    assert last["messages"][5] == {"role": "tool", "tool_call_id": "c2", "content": "95.5"}
+    assert roles == ["system", "user", "assistant", "tool", "tool", "assistant", "tool"]
+    assert last["messages"][4] == {"role": "tool", "tool_call_id": "call_1", "content": "gold"}
+    assert last["messages"][6] == {"role": "tool", "tool_call_id": "c2", "content": "40.0"}
     assert h.agent.usage.calls == 3
+
+
+async def test_the_calls_of_one_answer_run_concurrently_and_are_recorded_in_its_order() -> None:
+    # Each tool waits for the other to have started: run one after the other, they would
+    # wait for ever (and the harness's send would time out).
+    started = {"ping": asyncio.Event(), "pong": asyncio.Event()}
+
+    async def ping() -> str:
+        """Ping."""
+        started["ping"].set()
+        await started["pong"].wait()
+        return "ping done"
+
+    async def pong() -> str:
+        """Pong."""
+        started["pong"].set()
+        await started["ping"].wait()
+        return "pong done"
+
+    both = Reply(tool_calls=[{"name": "pong", "arguments": {}}, {"name": "ping", "arguments": {}}])
+    with ModelServer([both, "both done"]) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["q"],
+                settings={"output_topic": "a"},
+                tools=[ping, pong],
+                provider=provider,
+            ) as h,
+        ):
+            await h.send("q", "go")
+        told = [m["content"] for m in s.requests[1].body["messages"] if m["role"] == "tool"]
+    assert told == ["pong done", "ping done"]
+    # The harness lists effects as they finish; their ordinals (what a replay keys by) are
+    # the model's order, which the scenario test below replays.
+    assert sorted(c.name for c in h.effects[1:3]) == ["tool.ping", "tool.pong"]
 
 
 async def test_a_request_gets_the_answer_back() -> None:
@@ -441,6 +504,17 @@ def order_status(order_id: str) -> dict:
     return {"order_id": order_id, **ORDERS[order_id]}
 
 
+async def customer_tier(customer: str) -> str:
+    """The customer's loyalty tier: gold, silver or none."""
+    await asyncio.sleep(0)
+    return {"Cy": "gold"}.get(customer, "silver")
+
+
+def customer_tier(customer: str) -> str:
+    """The customer's loyalty tier."""
+    return {"Cy": "gold"}.get(customer, "silver")
+
+
 async def refund_limit(status: str, paid: float, vip: bool = False) -> float:
     """How much may be refunded for an order in this state."""
     return paid if vip or status == "lost" else 0.0
@@ -459,7 +533,10 @@ agents:
     subscribe: [refund.asked]
     settings:
       instructions: "You handle refunds for {customer}. Use the tools."
-      tools: ["ma_refund_mod:order_status", "ma_refund_mod:refund_limit"]
+      tools:
+        - "ma_refund_mod:order_status"
+        - "ma_refund_mod:customer_tier"
+        - "ma_refund_mod:refund_limit"
       output: "ma_refund_mod:Verdict"
       output_topic: refund.decided
       carry: [ticket]
@@ -496,15 +573,37 @@ async def test_a_scenario_run_replays_matched_with_the_model_server_stopped(desk
             (e.payload for e in st.envelopes(summary.session_id) if e.topic == "refund.decided"),
             key=lambda p: p["ticket"],
         )
+        effects = st.effects(summary.session_id)
+    # Numbered per handling in the order the model asked, whichever call finished first.
+    for env_id in {e.envelope_id for e in effects}:
+        mine = sorted((e.ordinal, e.name) for e in effects if e.envelope_id == env_id)
+        assert [name for _, name in mine] == [
+            "model.openai.chat",
+            "tool.order_status",
+            "tool.customer_tier",
+            "model.openai.chat",
+            "tool.refund_limit",
+            "model.openai.chat",
+        ]
     assert decided == [
-        {"action": "none", "amount": 0.0, "reason": "A-1 checked", "ticket": "T-1"},
-        {"action": "refund", "amount": 95.5, "reason": "A-2 checked", "ticket": "T-2"},
+        {
+            "action": "none",
+            "amount": 0.0,
+            "reason": "A-1 checked, silver customer",
+            "ticket": "T-1",
+        },
+        {
+            "action": "refund",
+            "amount": 95.5,
+            "reason": "A-2 checked, silver customer",
+            "ticket": "T-2",
+        },
     ]
     # The server is closed: a live model call would be refused.
     report = await pantheon.replay(summary.session_id, store=store)
     assert report.matched, report.divergence
     assert report.effects_called == 0
-    assert report.effects_served == 10  # per ask: 3 model calls and 2 tool calls
+    assert report.effects_served == 12  # per ask: 3 model calls and 3 tool calls
 
 
 def test_a_scenario_names_a_wrong_tool_or_output_at_load(desk: Path) -> None:
