@@ -7,9 +7,10 @@ effect) with the tools' schemas; every tool it calls runs as the recorded effect
 ``tool.<name>`` and its result (or its error) goes back to it; when it answers without
 calling a tool, the answer is checked against ``output`` (a pydantic model or a JSON
 schema), and on success published to ``output_topic`` and returned (so a ``request`` gets
-it). An answer that does not fit goes back to the model with the reasons, a bounded number
-of times. Since every model and tool call is an effect, a session replays with the model
-server and the tools' services stopped, and a what-if can change the instructions.
+it). An answer that does not fit, or that the provider could not use at all (prose where
+JSON was asked), goes back to the model with the reasons, a bounded number of times.
+Since every model and tool call is an effect, a session replays with the model server and
+the tools' services stopped, and a what-if can change the instructions.
 
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
@@ -36,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
-from agents._providers import ChatResult, ToolCall
+from agents._providers import ChatResult, ProviderResponseError, ToolCall
 from agents._tools import Tool, ToolError, ToolSource, _load, load_tools, tool_schema
 from bus import Envelope
 
@@ -403,7 +404,23 @@ class ModelAgent(Agent):
         tool_errors = 0
         invalid = 0
         for _turn in range(s.max_turns):
-            result = await self.chat(messages, **options)
+            try:
+                result = await self.chat(messages, **options)
+            except ProviderResponseError as exc:
+                if exc.status is not None:
+                    raise  # the server failed, not the model's answer
+                # An answer the provider could not use (prose where JSON was asked, tool
+                # arguments that are not JSON): the model's mistake, so it is told, like an
+                # answer that does not fit. A replay rebuilds the same error (status None).
+                invalid += 1
+                self._give_up_after(invalid, [str(exc)])
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": f"Your last answer could not be used: {exc}. Answer again.",
+                    }
+                )
+                continue
             if result.tool_calls:
                 messages.append(_assistant(result))
                 calls = result.tool_calls
@@ -427,12 +444,7 @@ class ModelAgent(Agent):
             if not problems:
                 return await self._publish(env, answer)
             invalid += 1
-            if invalid > s.max_output_retries:
-                raise AnswerInvalid(
-                    f"model agent {self.name!r}: the answer did not fit the output type "
-                    f"after {invalid} tries (max_output_retries {s.max_output_retries}): "
-                    + "; ".join(problems)
-                )
+            self._give_up_after(invalid, problems)
             messages.append({"role": "assistant", "content": result.content or ""})
             messages.append(
                 {
@@ -445,6 +457,14 @@ class ModelAgent(Agent):
         raise TooManyTurns(
             f"model agent {self.name!r}: no final answer in max_turns {s.max_turns} model calls"
         )
+
+    def _give_up_after(self, invalid: int, problems: list[str]) -> None:
+        retries = self.settings.max_output_retries
+        if invalid > retries:
+            raise AnswerInvalid(
+                f"model agent {self.name!r}: the answer did not fit the output type after "
+                f"{invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
+            )
 
     async def _run_tool(self, call: ToolCall) -> tuple[str, bool]:
         """The tool message's content for ``call``, and whether the call failed. An unknown

@@ -417,6 +417,31 @@ async def test_an_invalid_answer_is_retried_with_the_reasons_then_dead_lettered(
     assert h.published("refund.decided") == []
 
 
+async def test_prose_where_json_was_asked_goes_back_to_the_model_too() -> None:
+    replies = [
+        Reply("I would refund it."),
+        Reply('{"action": "none", "amount": 0, "reason": "ok"}'),
+    ]
+    with ModelServer(replies) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["q"],
+                settings={"output_topic": "a"},
+                output=Verdict,
+                provider=provider,
+            ) as h,
+        ):
+            await h.send("q", {"order": "A-1"})
+        told = s.requests[1].body["messages"][-1]
+    assert told["role"] == "user"
+    assert told["content"].startswith("Your last answer could not be used: JSON was asked of")
+    assert "I would refund it." in told["content"]
+    assert h.published("a") == [{"action": "none", "amount": 0.0, "reason": "ok"}]
+    assert h.calls("model.openai.chat")[0].error is not None
+
+
 async def test_a_json_schema_output_is_checked_too() -> None:
     schema = {
         "type": "object",
