@@ -12,6 +12,10 @@ JSON was asked), goes back to the model with the reasons, a bounded number of ti
 Since every model and tool call is an effect, a session replays with the model server and
 the tools' services stopped, and a what-if can change the instructions.
 
+Tool sources (:class:`~agents.ToolSource`, an MCP server for one) start on the first
+message handled live, not when the agent starts, and each message records their tool list
+as the effect ``tools.list``: a replay offers the model the same tools without them.
+
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
 the error below, and the bus retries or dead-letters it with that reason.
@@ -331,36 +335,60 @@ class ModelAgent(Agent):
         chosen = next((o for o in (output, s.output, type(self).output) if o is not None), None)
         self._output = _resolve_output(chosen)
         self._check = _JsonSchemaCheck(self._output) if isinstance(self._output, Mapping) else None
+        #: The tools known at construction (functions, Tools), by name.
         self._tools: dict[str, Tool] = {}
         self._sources: list[ToolSource] = []
         for item in self._given:
             if isinstance(item, ToolSource):
                 self._sources.append(item)
             else:
-                self._add(item)
+                self._add(self._tools, item)
         self._schemas = [tool_schema(t) for t in self._tools.values()]
+        #: The sources' tools by name once they are started (on the first live listing).
+        self._source_tools: dict[str, Tool] | None = None
+        self._starting = asyncio.Lock()
 
-    def _add(self, t: Tool) -> None:
-        if t.name in self._tools:
+    def _add(self, into: dict[str, Tool], t: Tool) -> None:
+        if t.name in self._tools or t.name in into:
             raise ToolError(f"model agent {self.name!r} has two tools named {t.name!r}")
-        self._tools[t.name] = t
-
-    async def start(self) -> None:
-        """Start the tool sources and take their tools."""
-        for source in self._sources:
-            await source.start()
-            for t in source.tools():
-                self._add(t)
-        self._schemas = [tool_schema(t) for t in self._tools.values()]
+        into[t.name] = t
 
     async def stop(self) -> None:
+        """Close the tool sources that were started."""
+        if self._source_tools is None:
+            return
+        self._source_tools = None
         for source in reversed(self._sources):
             await source.aclose()
 
+    async def _started(self) -> dict[str, Tool]:
+        """The sources' tools, starting the sources on first use. Not at :meth:`start`: a
+        replay serves the listing and every call from the record, and must not need the
+        sources' servers at all."""
+        async with self._starting:
+            if self._source_tools is None:
+                found: dict[str, Tool] = {}
+                for source in self._sources:
+                    await source.start()
+                    for t in source.tools():
+                        self._add(found, t)
+                self._source_tools = found
+            return self._source_tools
+
+    async def _list_sources(self) -> list[dict[str, Any]]:
+        return [
+            {"name": t.name, "description": t.description, "parameters": t.parameters}
+            for t in (await self._started()).values()
+        ]
+
+    async def _call_source_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await (await self._started())[name](arguments)
+
     @property
     def tool_names(self) -> list[str]:
-        """The names of the tools the model is offered, in the order it is shown them."""
-        return list(self._tools)
+        """The names of the tools the model is offered, in the order it is shown them: the
+        sources' only once they are started (by the first message handled live)."""
+        return [*self._tools, *(self._source_tools or {})]
 
     def response_format(self) -> dict[str, Any] | None:
         """What ``chat(response_format=...)`` is given: the output type's JSON schema."""
@@ -392,8 +420,17 @@ class ModelAgent(Agent):
         s = self.settings
         messages = self.messages(env)
         options: dict[str, Any] = {}
-        if self._schemas:
-            options["tools"] = self._schemas
+        schemas = self._schemas
+        listed: set[str] = set()
+        if self._sources:
+            # The sources' tools as this handling saw them, recorded: what the model was
+            # offered replays without the sources, and a source whose tools changed
+            # between messages (a restarted MCP server) is seen changing.
+            specs = await self.effect("tools.list", self._list_sources)
+            listed = {str(spec["name"]) for spec in specs}
+            schemas = [*schemas, *({"type": "function", "function": dict(x)} for x in specs)]
+        if schemas:
+            options["tools"] = schemas
         fmt = self.response_format()
         if fmt is not None:
             options["response_format"] = fmt
@@ -427,9 +464,9 @@ class ModelAgent(Agent):
                 if s.parallel_tools and len(calls) > 1:
                     # Each task takes its effect's ordinal before its first await, and tasks
                     # first run in creation order: the numbering is the model's order.
-                    done = await asyncio.gather(*(self._run_tool(c) for c in calls))
+                    done = await asyncio.gather(*(self._run_tool(c, listed) for c in calls))
                 else:
-                    done = [await self._run_tool(c) for c in calls]
+                    done = [await self._run_tool(c, listed) for c in calls]
                 for call, (content, failed) in zip(calls, done, strict=True):
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": content})
                     if failed:
@@ -466,15 +503,19 @@ class ModelAgent(Agent):
                 f"{invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
             )
 
-    async def _run_tool(self, call: ToolCall) -> tuple[str, bool]:
+    async def _run_tool(self, call: ToolCall, listed: set[str]) -> tuple[str, bool]:
         """The tool message's content for ``call``, and whether the call failed. An unknown
         tool costs no effect: the answer is known without calling anything."""
-        found = self._tools.get(call.name)
-        if found is None:
-            have = ", ".join(self._tools) or "none"
-            return f"Error: there is no tool named {call.name!r} (tools: {have})", True
+        name = call.name
+        arguments = dict(call.arguments)
         try:
-            result = await self.effect(f"tool.{call.name}", found, dict(call.arguments))
+            if name in self._tools:
+                result = await self.effect(f"tool.{name}", self._tools[name], arguments)
+            elif name in listed:
+                result = await self.effect(f"tool.{name}", self._call_source_tool, name, arguments)
+            else:
+                have = ", ".join([*self._tools, *sorted(listed)]) or "none"
+                return f"Error: there is no tool named {name!r} (tools: {have})", True
         except Exception as exc:
             # Named by the type's own name and message, which a replay rebuilds the same
             # (pantheon.sessions.rebuild_error), so the model is told the same words.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -208,7 +209,10 @@ def conversation(request: dict[str, Any]) -> Reply:
     if len(results) == 2:
         order, tier = results
         args = {"status": order["status"], "paid": order["paid"], "vip": tier == "gold"}
-        return Reply(tool_calls=[{"name": "refund_limit", "arguments": args, "id": "c2"}])
+        calls = [{"name": "refund_limit", "arguments": args, "id": "c2"}]
+        if "note" in [t["function"]["name"] for t in request["tools"]]:
+            calls.append({"name": "note", "arguments": {"ticket": ask["ticket"]}})
+        return Reply(tool_calls=calls)
     limit = results[2]
     action = "refund" if limit else "none"
     reason = f"{ask['order']} checked, {results[1]} customer"
@@ -484,10 +488,11 @@ class Counter:
         self.events.append("close")
 
 
-async def test_a_tool_source_is_started_its_tools_offered_and_closed() -> None:
+async def test_a_tool_source_is_started_on_first_use_its_tools_offered_and_closed() -> None:
     source = Counter()
     assert isinstance(source, ToolSource)
     replies = [Reply(tool_calls=[{"name": "count", "arguments": {"text": "a b c"}}]), "3 words"]
+    replies *= 2
     with ModelServer(replies) as s:
         async with (
             OpenAIProvider(s.base_url, model="stand-in") as provider,
@@ -499,12 +504,27 @@ async def test_a_tool_source_is_started_its_tools_offered_and_closed() -> None:
                 provider=provider,
             ) as h,
         ):
-            assert source.events == ["start"] and h.agent.tool_names == ["count"]
+            assert source.events == [] and h.agent.tool_names == []
             await h.send("q", "count a b c")
+            assert source.events == ["start"] and h.agent.tool_names == ["count"]
+            await h.send("q", "count a b c")  # started once
         assert [t["function"]["name"] for t in s.requests[0].body["tools"]] == ["count"]
     assert source.events == ["start", "close"]
-    assert h.published("a") == [{"answer": "3 words"}]
+    assert h.published("a") == [{"answer": "3 words"}] * 2
     assert h.calls("tool.count")[0].result == 3
+    assert [c.name for c in h.effects][:3] == ["tools.list", "model.openai.chat", "tool.count"]
+    assert h.calls("tools.list")[0].result == [
+        {
+            "name": "count",
+            "description": "",
+            "parameters": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"text": {}},
+                "required": ["text"],
+            },
+        }
+    ]
 
 
 # -- declared in a scenario, recorded, replayed with the model server gone ---------------------
@@ -514,6 +534,8 @@ MODULE = '''
 from typing import Literal
 
 from pydantic import BaseModel
+
+from agents import tool
 
 ORDERS = {"A-1": {"status": "delivered", "paid": 40.0}, "A-2": {"status": "lost", "paid": 95.5}}
 
@@ -543,6 +565,32 @@ def customer_tier(customer: str) -> str:
 async def refund_limit(status: str, paid: float, vip: bool = False) -> float:
     """How much may be refunded for an order in this state."""
     return paid if vip or status == "lost" else 0.0
+
+
+class Notes:
+    """A tool source, as an MCP server is: a replay must not need it."""
+
+    def __init__(self) -> None:
+        self.starts = 0
+        self.up = True
+
+    async def start(self) -> None:
+        if not self.up:
+            raise RuntimeError("the notes service is down")
+        self.starts += 1
+
+    def tools(self) -> list:
+        return [tool(self.note)]
+
+    def note(self, ticket: str) -> str:
+        """Note on the ticket that it was handled."""
+        return f"noted {ticket}"
+
+    async def aclose(self) -> None:
+        pass
+
+
+NOTES = Notes()
 '''
 
 SCENARIO = """\
@@ -562,6 +610,7 @@ agents:
         - "ma_refund_mod:order_status"
         - "ma_refund_mod:customer_tier"
         - "ma_refund_mod:refund_limit"
+        - "ma_refund_mod:NOTES"
       output: "ma_refund_mod:Verdict"
       output_topic: refund.decided
       carry: [ticket]
@@ -603,13 +652,18 @@ async def test_a_scenario_run_replays_matched_with_the_model_server_stopped(desk
     for env_id in {e.envelope_id for e in effects}:
         mine = sorted((e.ordinal, e.name) for e in effects if e.envelope_id == env_id)
         assert [name for _, name in mine] == [
+            "tools.list",
             "model.openai.chat",
             "tool.order_status",
             "tool.customer_tier",
             "model.openai.chat",
             "tool.refund_limit",
+            "tool.note",
             "model.openai.chat",
         ]
+    notes = sys.modules["ma_refund_mod"].NOTES
+    assert notes.starts == 1
+    notes.up = False  # a replay that started it would fail every message
     assert decided == [
         {
             "action": "none",
@@ -628,7 +682,8 @@ async def test_a_scenario_run_replays_matched_with_the_model_server_stopped(desk
     report = await pantheon.replay(summary.session_id, store=store)
     assert report.matched, report.divergence
     assert report.effects_called == 0
-    assert report.effects_served == 12  # per ask: 3 model calls and 3 tool calls
+    assert report.effects_served == 16  # per ask: a listing, 3 model calls, 4 tool calls
+    assert notes.starts == 1
 
 
 def test_a_scenario_names_a_wrong_tool_or_output_at_load(desk: Path) -> None:
