@@ -183,8 +183,10 @@ class FunctionTool:
             )
         summary, described = _docstring(fn)
         self.description = description if description is not None else summary
+        # A callable object's annotations are on its class's ``__call__``.
+        annotated = fn if inspect.isroutine(fn) else type(fn).__call__
         try:
-            hints = get_type_hints(fn)
+            hints = get_type_hints(annotated)
         except Exception as exc:
             raise ToolError(
                 f"tool {self.name!r}: cannot read the type annotations of its function: {exc}"

@@ -156,6 +156,25 @@ async def test_arguments_are_validated_before_the_function_runs() -> None:
     assert ran == [7]
 
 
+class Multiplier:
+    """Multiplies by a factor."""
+
+    def __init__(self, factor: int) -> None:
+        self.factor = factor
+
+    async def __call__(self, n: int) -> int:
+        return n * self.factor
+
+
+async def test_methods_and_callable_objects_are_tools_too() -> None:
+    by_three = tool(name="triple")(Multiplier(3))
+    assert by_three.parameters["properties"] == {"n": {"type": "integer"}}
+    assert by_three.description == "Multiplies by a factor."
+    assert await by_three({"n": "4"}) == 12
+    method = tool(Multiplier(2).__call__)
+    assert method.name == "__call__" and await method({"n": 5}) == 10
+
+
 def test_what_cannot_be_a_tool_says_why() -> None:
     def splat(*args: int) -> None:
         """Varargs."""
