@@ -409,6 +409,36 @@ async def test_tool_errors_past_the_bound_fail_the_message_with_the_last_error()
     assert "2 tool calls failed (max_tool_errors 1); the last: Error: KeyError" in dead.error
 
 
+async def test_a_model_that_never_stops_calling_tools_ends_at_max_turns() -> None:
+    again = Reply(tool_calls=[{"name": "refund_limit", "arguments": {"status": "x", "paid": 1}}])
+    with ModelServer(again) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["q"],
+                settings={"max_turns": 3, "instructions": "Refunds for {customer}."},
+                tools=[refund_limit],
+                provider=provider,
+            ) as h,
+        ):
+            with pytest.raises(AgentFailed) as info:
+                await h.send("q", {"customer": "Ada"})
+            with pytest.raises(AgentFailed) as missing:
+                await h.send("q", {"client": "Bo"})
+        assert len(s.requests) == 3
+    [turns] = info.value.dead_letters
+    assert (turns.error_type, turns.error) == (
+        "TooManyTurns",
+        "model agent 'model': no final answer in max_turns 3 model calls",
+    )
+    [template] = missing.value.dead_letters
+    assert (template.error_type, template.error) == (
+        "TemplateError",
+        "template field {customer}: the message has no 'customer' (it has client, payload, topic)",
+    )
+
+
 async def test_an_invalid_answer_is_retried_with_the_reasons_then_dead_lettered() -> None:
     bad = Reply('{"action": "refund-ish", "amount": "lots"}')
     with ModelServer(bad) as s:
