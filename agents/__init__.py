@@ -34,6 +34,15 @@ from agents._base import (
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
+from agents._model_agent import (
+    AnswerInvalid,
+    ModelAgent,
+    ModelAgentError,
+    Template,
+    TemplateError,
+    TooManyToolErrors,
+    TooManyTurns,
+)
 from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
@@ -63,6 +72,16 @@ from agents._providers import (
     ToolCall,
     Usage,
 )
+from agents._tools import (
+    FunctionTool,
+    Tool,
+    ToolArgumentsInvalid,
+    ToolError,
+    ToolSource,
+    load_tools,
+    tool,
+    tool_schema,
+)
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -79,6 +98,7 @@ __all__ = [
     "AgentOptions",
     "AgentSettings",
     "AgentUsage",
+    "AnswerInvalid",
     "AnthropicProvider",
     "ApprovalDesk",
     "ApprovalUnavailable",
@@ -89,6 +109,7 @@ __all__ = [
     "FaultMark",
     "FaultTimeline",
     "FunctionAgent",
+    "FunctionTool",
     "Guardian",
     "Handler",
     "InjectedFault",
@@ -98,6 +119,8 @@ __all__ = [
     "Learner",
     "LiveEffects",
     "Memory",
+    "ModelAgent",
+    "ModelAgentError",
     "ModelProvider",
     "Monitor",
     "Observer",
@@ -115,7 +138,15 @@ __all__ = [
     "RuleProvider",
     "Sensor",
     "SupportsChat",
+    "Template",
+    "TemplateError",
+    "TooManyToolErrors",
+    "TooManyTurns",
+    "Tool",
+    "ToolArgumentsInvalid",
     "ToolCall",
+    "ToolError",
+    "ToolSource",
     "Usage",
     "UsageMeter",
     "decision_text",
@@ -123,6 +154,9 @@ __all__ = [
     "handler_arity",
     "input_ordinal",
     "label_decision",
+    "load_tools",
     "score_decisions",
+    "tool",
+    "tool_schema",
     "total_usage",
 ]

@@ -7,13 +7,21 @@
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
     ├── ApprovalUnavailable           nobody can be asked, or the request cannot be shown
+    ├── ToolError                     a tool could not be made from what was given, or called
+    │   └── ToolArgumentsInvalid      the model's arguments do not fit the tool's parameters
+    ├── ModelAgentError               a model agent's conversation could not finish
+    │   ├── AnswerInvalid             the answer never fitted the output type
+    │   ├── TooManyTurns              max_turns model calls without a final answer
+    │   ├── TooManyToolErrors         more failed tool calls than max_tool_errors
+    │   └── TemplateError             a template is malformed or names a missing field
     └── InjectedFault                 a scenario's fault injection failed this call
 
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code
-that caught that goes on working. The classes stay in the modules that raise them
-(``_providers``, ``_approvals``, ``_base``): a session records an error by its qualified type
-name (``agents._base.InjectedFault``), and moving a class would make a diff of an older
-session against a newer one report a different error where nothing changed.
+that caught that goes on working (``TemplateError`` is a ``ValueError`` too). The classes
+stay in the modules that raise them (``_providers``, ``_approvals``, ``_base``, ``_tools``,
+``_model_agent``): a session records an error by its qualified type name
+(``agents._base.InjectedFault``), and moving a class would make a diff of an older session
+against a newer one report a different error where nothing changed.
 """
 
 from __future__ import annotations
