@@ -30,6 +30,15 @@ from agents._base import (
     handler_arity,
     total_usage,
 )
+from agents._budget import (
+    RUN_SCOPE,
+    Budget,
+    BudgetExceeded,
+    BudgetGuard,
+    BudgetLedger,
+    BudgetState,
+    budget_guards,
+)
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
@@ -62,6 +71,7 @@ from agents._providers import (
     ToolCall,
     Usage,
 )
+from agents._ratelimit import RateLimit, RateLimiter
 
 #: Role name -> class, in pipeline order.
 ROLES: dict[str, type[Agent]] = {
@@ -72,6 +82,7 @@ ROLES: dict[str, type[Agent]] = {
 __all__ = [
     "DEFAULT_MAX_LABELS",
     "ROLES",
+    "RUN_SCOPE",
     "Actor",
     "Agent",
     "AgentError",
@@ -80,6 +91,11 @@ __all__ = [
     "AgentUsage",
     "ApprovalDesk",
     "ApprovalUnavailable",
+    "Budget",
+    "BudgetExceeded",
+    "BudgetGuard",
+    "BudgetLedger",
+    "BudgetState",
     "ChatResult",
     "Decision",
     "Effects",
@@ -109,6 +125,8 @@ __all__ = [
     "ProviderError",
     "ProviderResponseError",
     "ProviderUnavailable",
+    "RateLimit",
+    "RateLimiter",
     "Reasoner",
     "RuleProvider",
     "Sensor",
@@ -116,6 +134,7 @@ __all__ = [
     "ToolCall",
     "Usage",
     "UsageMeter",
+    "budget_guards",
     "decision_text",
     "fault_timeline",
     "handler_arity",

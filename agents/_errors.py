@@ -6,14 +6,15 @@
     ├── ProviderError                 the model provider failed or answered something unusable
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
+    ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
     ├── ApprovalUnavailable           nobody can be asked, or the request cannot be shown
     └── InjectedFault                 a scenario's fault injection failed this call
 
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code
 that caught that goes on working. The classes stay in the modules that raise them
-(``_providers``, ``_approvals``, ``_base``): a session records an error by its qualified type
-name (``agents._base.InjectedFault``), and moving a class would make a diff of an older
-session against a newer one report a different error where nothing changed.
+(``_providers``, ``_approvals``, ``_base``, ``_budget``): a session records an error by its
+qualified type name (``agents._base.InjectedFault``), and moving a class would make a diff
+of an older session against a newer one report a different error where nothing changed.
 """
 
 from __future__ import annotations

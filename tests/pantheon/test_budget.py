@@ -1,0 +1,204 @@
+"""Live budgets: a scenario's ``budget:`` stops model calls at its limit during the run (the
+message dead-lettered with reason ``budget``, ``system.budget`` said once per scope), the
+summary says what each scope spent, and a replay refuses exactly the same calls.
+
+Every run here is a real scenario run against the scripted stand-in model server over real
+sockets (``pantheon.testing.ModelServer``), recorded in a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import pantheon
+from pantheon.scenario import ScenarioError
+from pantheon.testing import ModelServer, assert_replays, run_scenario
+
+MODULE = '''\
+from agents import Agent
+from bus import Envelope
+
+
+class Asker(Agent):
+    """One model call per ticket."""
+
+    subscriptions = ("ticket.received",)
+
+    async def handle(self, env: Envelope) -> None:
+        answer = await self.chat([{"role": "user", "content": env.payload["text"]}])
+        await self.emit("ticket.answered", {"id": env.payload["id"], "text": answer.content})
+
+
+class Listener(Agent):
+    """Keeps every system.budget event it hears."""
+
+    subscriptions = ("system.budget",)
+
+    async def handle(self, env: Envelope) -> None:
+        await self.emit("budget.heard", dict(env.payload))
+'''
+
+TICKETS = 20
+#: The server counts words: 3 in the question and 2 in the answer, 5 tokens a call.
+PER_CALL = 5
+
+
+@pytest.fixture
+def team(tmp_path: Path) -> Path:
+    folder = tmp_path / "team"
+    folder.mkdir()
+    (folder / "budget_team_mod.py").write_text(MODULE, encoding="utf-8")
+    (folder / "tickets.jsonl").write_text(
+        "".join(
+            json.dumps({"id": f"t{i}", "text": "please help me"}) + "\n" for i in range(TICKETS)
+        ),
+        encoding="utf-8",
+    )
+    return folder
+
+
+@pytest.fixture
+def server() -> Iterator[ModelServer]:
+    with ModelServer(reply="sure thing") as s:
+        yield s
+
+
+def scenario(folder: Path, budget: str, agents: str, name: str = "budgeted") -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(
+        textwrap.dedent(
+            """\
+            version: 1
+            name: {name}
+            provider: {{kind: openai, base_url: "http://127.0.0.1:1/v1", model: stand-in}}
+            prices:
+              stand-in: {{input: 1.0, output: 2.0}}
+            input:
+              kind: jsonl
+              path: tickets.jsonl
+              topic: ticket.received
+            budget:
+            {budget}
+            agents:
+            {agents}
+            """
+        ).format(
+            name=name,
+            budget=textwrap.indent(textwrap.dedent(budget), "  "),
+            agents=textwrap.indent(textwrap.dedent(agents), "  "),
+        ),
+        encoding="utf-8",
+    )
+    return path
+
+
+def test_a_run_budget_stops_model_calls_at_n_tokens_within_one_call(
+    team: Path, server: ModelServer
+) -> None:
+    n = 23
+    path = scenario(
+        team,
+        f"run: {{tokens: {n}}}",
+        """\
+        asker: {class: "budget_team_mod:Asker", concurrency: 4}
+        listener: {class: "budget_team_mod:Listener"}
+        """,
+    )
+    summary = run_scenario(path, provider=server)
+    spent = summary.usage["input_tokens"] + summary.usage["output_tokens"]
+    calls = summary.usage["calls"]
+    assert spent == calls * PER_CALL  # the server's counting, as assumed
+    # Stopped at N, give or take the one call that crossed it, with 4 handlings at once.
+    assert n <= spent < n + PER_CALL
+    assert len(server.requests) == calls  # a refused call never reached the server
+    assert summary.dlq == {"budget": TICKETS - calls}
+    assert {d["reason"] for d in summary.dead_letters} == {"budget"}
+    assert all("BudgetExceeded: budget 'run' spent" in d["error"] for d in summary.dead_letters)
+    # system.budget once for the scope, however many calls it refused.
+    assert summary.topics["system.budget"] == 1
+    assert summary.topics["budget.heard"] == 1
+    assert summary.budget == {
+        "run": {
+            "scope": "run",
+            "tokens": spent,
+            "cost_usd": pytest.approx(calls * (3 * 1.0 + 2 * 2.0) / 1e6),
+            "limit_tokens": n,
+            "limit_cost_usd": None,
+            "refused": TICKETS - calls,
+            "stopped": True,
+        }
+    }
+    report = assert_replays(summary)  # the same calls refused, with the server gone
+    assert report.matched
+
+
+def test_an_agent_budget_stops_only_that_agent_and_a_cost_budget_counts_dollars(
+    team: Path, server: ModelServer
+) -> None:
+    path = scenario(
+        team,
+        """\
+        agents:
+          asker: {tokens: 12}
+          second: {cost_usd: 0.0000141}
+        """,
+        """\
+        asker: {class: "budget_team_mod:Asker", concurrency: 3}
+        second: {class: "budget_team_mod:Asker", concurrency: 2}
+        free: {class: "budget_team_mod:Asker"}
+        """,
+    )
+    summary = run_scenario(path, provider=server)
+    by_agent = summary.usage["by_agent"]
+    asker = by_agent["asker"]["input_tokens"] + by_agent["asker"]["output_tokens"]
+    assert 12 <= asker < 12 + PER_CALL
+    # 7 micro-dollars a call: the third crosses 14.1.
+    assert by_agent["second"]["calls"] == 3
+    assert by_agent["free"]["calls"] == TICKETS
+    assert summary.budget["agent:asker"]["stopped"] is True
+    assert summary.budget["agent:second"]["refused"] == TICKETS - 3
+    assert set(summary.budget) == {"agent:asker", "agent:second"}
+    assert summary.dlq["budget"] == (TICKETS - by_agent["asker"]["calls"]) + (TICKETS - 3)
+    assert summary.topics["system.budget"] == 2
+    assert_replays(summary)
+
+
+def test_a_run_within_its_budget_says_so_and_refuses_nothing(
+    team: Path, server: ModelServer
+) -> None:
+    path = scenario(
+        team, "run: {tokens: 10000, cost_usd: 1}", 'asker: {class: "budget_team_mod:Asker"}'
+    )
+    summary = run_scenario(path, provider=server)
+    assert summary.usage["calls"] == TICKETS and "budget" not in summary.dlq
+    assert summary.budget["run"]["stopped"] is False
+    assert summary.budget["run"]["tokens"] == TICKETS * PER_CALL
+    assert "system.budget" not in summary.topics
+
+
+def test_a_budget_for_an_unknown_agent_is_one_located_error(team: Path) -> None:
+    path = scenario(
+        team,
+        """\
+        agents:
+          askr: {tokens: 12}
+        """,
+        'asker: {class: "budget_team_mod:Asker"}',
+    )
+    with pytest.raises(ScenarioError) as info:
+        pantheon.load_scenario(path)
+    text = str(info.value)
+    assert "budget.agents.askr" in text and "unknown agent 'askr'" in text
+    assert f"{path}:" in text
+
+
+def test_an_empty_budget_limit_is_refused_at_its_line(team: Path) -> None:
+    path = scenario(team, "run: {}", 'asker: {class: "budget_team_mod:Asker"}')
+    with pytest.raises(ScenarioError) as info:
+        pantheon.load_scenario(path)
+    assert "budget.run" in str(info.value)
+    assert "a budget needs tokens, cost_usd or both" in str(info.value)
