@@ -58,7 +58,7 @@ class RateLimiter:
         #: [admitted at, tokens] per call admitted in the last window, oldest first.
         self._log: deque[list[float]] = deque()
         self._turn = asyncio.Lock()
-        #: Calls admitted, and how many of them had to wait.
+        #: Calls admitted, and how many of them had to wait (queued or slept).
         self.admitted = 0
         self.waited = 0
 
@@ -87,8 +87,8 @@ class RateLimiter:
 
     async def acquire(self) -> list[float]:
         """Wait for this call's turn; returns its log entry, for :meth:`settle`."""
+        waited = self._turn.locked()  # queued behind a call waiting for its turn
         async with self._turn:  # asyncio.Lock wakes waiters first come, first served
-            waited = False
             while True:
                 now = self.clock.now()
                 self._prune(now)
