@@ -7,100 +7,33 @@ sockets (``pantheon.testing.ModelServer``), recorded in a real SQLite store."""
 
 from __future__ import annotations
 
-import json
-import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from budget_session import PER_CALL, REPLY, TICKETS, budget_scenario, budget_team
 
 import pantheon
 from pantheon.scenario import ScenarioError
 from pantheon.testing import ModelServer, assert_replays, run_scenario
 
-MODULE = '''\
-from agents import Agent
-from bus import Envelope
-
-
-class Asker(Agent):
-    """One model call per ticket."""
-
-    subscriptions = ("ticket.received",)
-
-    async def handle(self, env: Envelope) -> None:
-        answer = await self.chat([{"role": "user", "content": env.payload["text"]}])
-        await self.emit("ticket.answered", {"id": env.payload["id"], "text": answer.content})
-
-
-class Listener(Agent):
-    """Keeps every system.budget event it hears."""
-
-    subscriptions = ("system.budget",)
-
-    async def handle(self, env: Envelope) -> None:
-        await self.emit("budget.heard", dict(env.payload))
-'''
-
-TICKETS = 20
-#: The server counts words: 3 in the question and 2 in the answer, 5 tokens a call.
-PER_CALL = 5
-
 
 @pytest.fixture
 def team(tmp_path: Path) -> Path:
-    folder = tmp_path / "team"
-    folder.mkdir()
-    (folder / "budget_team_mod.py").write_text(MODULE, encoding="utf-8")
-    (folder / "tickets.jsonl").write_text(
-        "".join(
-            json.dumps({"id": f"t{i}", "text": "please help me"}) + "\n" for i in range(TICKETS)
-        ),
-        encoding="utf-8",
-    )
-    return folder
+    return budget_team(tmp_path / "team")
 
 
 @pytest.fixture
 def server() -> Iterator[ModelServer]:
-    with ModelServer(reply="sure thing") as s:
+    with ModelServer(reply=REPLY) as s:
         yield s
-
-
-def scenario(folder: Path, budget: str, agents: str, name: str = "budgeted") -> Path:
-    path = folder / f"{name}.yaml"
-    path.write_text(
-        textwrap.dedent(
-            """\
-            version: 1
-            name: {name}
-            provider: {{kind: openai, base_url: "http://127.0.0.1:1/v1", model: stand-in}}
-            prices:
-              stand-in: {{input: 1.0, output: 2.0}}
-            input:
-              kind: jsonl
-              path: tickets.jsonl
-              topic: ticket.received
-            budget:
-            {budget}
-            agents:
-            {agents}
-            """
-        ).format(
-            name=name,
-            budget=textwrap.indent(textwrap.dedent(budget), "  "),
-            agents=textwrap.indent(textwrap.dedent(agents), "  "),
-        ),
-        encoding="utf-8",
-    )
-    return path
 
 
 def test_a_run_budget_stops_model_calls_at_n_tokens_within_one_call(
     team: Path, server: ModelServer
 ) -> None:
     n = 23
-    path = scenario(
+    path = budget_scenario(
         team,
         f"run: {{tokens: {n}}}",
         """\
@@ -139,7 +72,7 @@ def test_a_run_budget_stops_model_calls_at_n_tokens_within_one_call(
 def test_an_agent_budget_stops_only_that_agent_and_a_cost_budget_counts_dollars(
     team: Path, server: ModelServer
 ) -> None:
-    path = scenario(
+    path = budget_scenario(
         team,
         """\
         agents:
@@ -170,7 +103,7 @@ def test_an_agent_budget_stops_only_that_agent_and_a_cost_budget_counts_dollars(
 def test_a_run_within_its_budget_says_so_and_refuses_nothing(
     team: Path, server: ModelServer
 ) -> None:
-    path = scenario(
+    path = budget_scenario(
         team, "run: {tokens: 10000, cost_usd: 1}", 'asker: {class: "budget_team_mod:Asker"}'
     )
     summary = run_scenario(path, provider=server)
@@ -181,7 +114,7 @@ def test_a_run_within_its_budget_says_so_and_refuses_nothing(
 
 
 def test_a_budget_for_an_unknown_agent_is_one_located_error(team: Path) -> None:
-    path = scenario(
+    path = budget_scenario(
         team,
         """\
         agents:
@@ -197,7 +130,7 @@ def test_a_budget_for_an_unknown_agent_is_one_located_error(team: Path) -> None:
 
 
 def test_an_empty_budget_limit_is_refused_at_its_line(team: Path) -> None:
-    path = scenario(team, "run: {}", 'asker: {class: "budget_team_mod:Asker"}')
+    path = budget_scenario(team, "run: {}", 'asker: {class: "budget_team_mod:Asker"}')
     with pytest.raises(ScenarioError) as info:
         pantheon.load_scenario(path)
     assert "budget.run" in str(info.value)
