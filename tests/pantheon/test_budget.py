@@ -7,11 +7,13 @@ sockets (``pantheon.testing.ModelServer``), recorded in a real SQLite store."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from budget_session import PER_CALL, REPLY, TICKETS, budget_scenario, budget_team
+from cli_run import pantheon as pantheon_cli
 
 import pantheon
 from pantheon.scenario import ScenarioError
@@ -135,3 +137,36 @@ def test_an_empty_budget_limit_is_refused_at_its_line(team: Path) -> None:
         pantheon.load_scenario(path)
     assert "budget.run" in str(info.value)
     assert "a budget needs tokens, cost_usd or both" in str(info.value)
+
+
+def test_pantheon_run_says_what_each_scope_spent_and_pantheon_replay_refuses_the_same(
+    team: Path, server: ModelServer
+) -> None:
+    path = budget_scenario(team, "run: {tokens: 23}", 'asker: {class: "budget_team_mod:Asker"}')
+    # The CLI reads the file as it is: point it at the stand-in server.
+    path.write_text(
+        path.read_text(encoding="utf-8").replace("http://127.0.0.1:1/v1", server.base_url),
+        encoding="utf-8",
+    )
+    proc = pantheon_cli("run", path.name, "--store", "b.db", "--json", cwd=team)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout)
+    calls = summary["usage"]["calls"]
+    assert summary["budget"]["run"] == {
+        "scope": "run",
+        "tokens": calls * PER_CALL,
+        "cost_usd": pytest.approx(calls * 7 / 1e6),
+        "limit_tokens": 23,
+        "limit_cost_usd": None,
+        "refused": TICKETS - calls,
+        "stopped": True,
+    }
+    text = pantheon_cli("run", path.name, "--store", "b.db", cwd=team)
+    assert (
+        f"budget    run: {calls * PER_CALL} of 23 tokens, stopped {TICKETS - calls} calls"
+        in text.stdout
+    )
+    proc = pantheon_cli("replay", summary["session_id"], "--store", "b.db", "--json", cwd=team)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["matched"] is True and report["effects_called"] == 0
