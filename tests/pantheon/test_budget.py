@@ -41,6 +41,7 @@ def test_a_run_budget_stops_model_calls_at_n_tokens_within_one_call(
         """\
         asker: {class: "budget_team_mod:Asker", concurrency: 4}
         listener: {class: "budget_team_mod:Listener"}
+        monitor: {}
         """,
     )
     summary = run_scenario(path, provider=server)
@@ -56,6 +57,7 @@ def test_a_run_budget_stops_model_calls_at_n_tokens_within_one_call(
     # system.budget once for the scope, however many calls it refused.
     assert summary.topics["system.budget"] == 1
     assert summary.topics["budget.heard"] == 1
+    assert summary.topics["monitor.alert.budget_spent"] == 1  # the Monitor raises an alert
     assert summary.budget == {
         "run": {
             "scope": "run",
