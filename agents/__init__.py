@@ -31,6 +31,7 @@ from agents._base import (
     total_usage,
 )
 from agents._budget import (
+    BUDGET_EFFECT,
     RUN_SCOPE,
     Budget,
     BudgetExceeded,
@@ -80,6 +81,7 @@ ROLES: dict[str, type[Agent]] = {
 }
 
 __all__ = [
+    "BUDGET_EFFECT",
     "DEFAULT_MAX_LABELS",
     "ROLES",
     "RUN_SCOPE",

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
 from agents._approvals import check_request as _check_request
-from agents._budget import BudgetExceeded, BudgetGuard
+from agents._budget import BUDGET_EFFECT, BudgetExceeded, BudgetGuard
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from agents._errors import AgentError
 from agents._ordinals import input_ordinal
@@ -576,7 +576,7 @@ class Agent:
                 reserved = True  # set only when admitted live: a replay reserves nothing
 
             try:
-                await self.effect("budget.admit", admit)
+                await self.effect(BUDGET_EFFECT, admit)
             except BudgetExceeded as exc:
                 await self._refused(guard, exc)
                 raise

@@ -32,6 +32,7 @@ from typing import Any, ClassVar
 from agents._errors import AgentError
 
 __all__ = [
+    "BUDGET_EFFECT",
     "RUN_SCOPE",
     "Budget",
     "BudgetExceeded",
@@ -41,8 +42,11 @@ __all__ = [
     "budget_guards",
 ]
 
-#: The scope name of the run-wide budget (an agent named ``run`` is refused by the schema).
+#: The scope name of the run-wide budget (an agent's scope is ``agent:<name>``).
 RUN_SCOPE = "run"
+
+#: The effect a model call's admission is recorded as.
+BUDGET_EFFECT = "budget.admit"
 
 
 @dataclass(frozen=True, slots=True)

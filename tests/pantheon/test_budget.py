@@ -17,7 +17,7 @@ from cli_run import pantheon as pantheon_cli
 
 import pantheon
 from pantheon.scenario import ScenarioError
-from pantheon.testing import ModelServer, assert_replays, run_scenario
+from pantheon.testing import ModelServer, assert_replays, run_scenario, whatif
 
 
 @pytest.fixture
@@ -172,3 +172,20 @@ def test_pantheon_run_says_what_each_scope_spent_and_pantheon_replay_refuses_the
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(proc.stdout)
     assert report["matched"] is True and report["effects_called"] == 0
+
+
+def test_a_whatif_with_a_larger_budget_asks_the_refused_calls_live(
+    team: Path, server: ModelServer
+) -> None:
+    path = budget_scenario(team, "run: {tokens: 23}", 'asker: {class: "budget_team_mod:Asker"}')
+    summary = run_scenario(path, provider=server)
+    calls = summary.usage["calls"]
+    assert summary.dlq == {"budget": TICKETS - calls}
+    asked = len(server.requests)
+    report = whatif(summary, "budget:\n  run: {tokens: 1000}\n")
+    # The calls the run made are served; the ones its budget refused are asked now.
+    assert len(server.requests) - asked == TICKETS - calls
+    assert report.effects_called >= TICKETS - calls
+    same = whatif(summary, "budget:\n  run: {tokens: 23}\n")
+    assert len(server.requests) - asked == TICKETS - calls  # the same budget: nothing asked
+    assert same.effects_called == TICKETS  # every admission decided again, on the record
