@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import textwrap
+from pathlib import Path
 
 import pytest
+from budget_session import REPLY, TICKETS, budget_scenario, budget_team
 
 from agents import Agent, OpenAIProvider, RateLimit, RateLimiter
 from bus.testing import FakeClock
 from pantheon._team import build_team
 from pantheon.scenario import ScenarioError, parse_scenario
-from pantheon.testing import ModelServer
+from pantheon.testing import ModelServer, assert_replays, run_scenario
 
 
 class Stamped(RateLimiter):
@@ -132,3 +134,20 @@ def test_a_rate_limit_without_a_limit_is_a_located_error() -> None:
         "<string>:7:3: provider.rate_limit: a rate limit needs requests_per_minute, "
         "tokens_per_minute or both"
     )
+
+
+def test_a_rate_limited_team_run_makes_every_call_and_replays(tmp_path: Path) -> None:
+    team = budget_team(tmp_path / "team")
+    path = budget_scenario(
+        team, "agents: {}", 'asker: {class: "budget_team_mod:Asker", concurrency: 4}'
+    )
+    text = path.read_text(encoding="utf-8").replace(
+        "model: stand-in}",
+        "model: stand-in, rate_limit: {requests_per_minute: 8, window: 0.1}}",
+    )
+    path.write_text(text, encoding="utf-8")
+    with ModelServer(reply=REPLY) as server:
+        summary = run_scenario(path, provider=server)
+        assert len(server.requests) == TICKETS
+    assert summary.usage["calls"] == TICKETS and not summary.dlq
+    assert_replays(summary)  # the limiter waits only live: the replay serves every answer
