@@ -387,8 +387,11 @@ class RateLimitConfig(_Model):
     process of the team keeps its own limiter."""
 
     requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    """Calls per window: 1 to 10,000,000."""
     tokens_per_minute: Annotated[int, Field(ge=1, le=10_000_000_000)] | None = None
+    """Tokens (input plus output) per window: 1 to 10,000,000,000."""
     window: _Timeout = 60.0
+    """Seconds the limits count over: above 0, at most an hour (60: per minute)."""
 
     @model_validator(mode="after")
     def _some_limit(self) -> RateLimitConfig:
