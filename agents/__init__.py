@@ -31,6 +31,16 @@ from agents._base import (
     handler_arity,
     total_usage,
 )
+from agents._budget import (
+    BUDGET_EFFECT,
+    RUN_SCOPE,
+    Budget,
+    BudgetExceeded,
+    BudgetGuard,
+    BudgetLedger,
+    BudgetState,
+    budget_guards,
+)
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
@@ -72,6 +82,7 @@ from agents._providers import (
     ToolCall,
     Usage,
 )
+from agents._ratelimit import RateLimit, RateLimiter
 from agents._tools import (
     FunctionTool,
     Tool,
@@ -90,8 +101,10 @@ ROLES: dict[str, type[Agent]] = {
 }
 
 __all__ = [
+    "BUDGET_EFFECT",
     "DEFAULT_MAX_LABELS",
     "ROLES",
+    "RUN_SCOPE",
     "Actor",
     "Agent",
     "AgentError",
@@ -102,6 +115,11 @@ __all__ = [
     "AnthropicProvider",
     "ApprovalDesk",
     "ApprovalUnavailable",
+    "Budget",
+    "BudgetExceeded",
+    "BudgetGuard",
+    "BudgetLedger",
+    "BudgetState",
     "ChatResult",
     "Decision",
     "Effects",
@@ -134,6 +152,8 @@ __all__ = [
     "ProviderError",
     "ProviderResponseError",
     "ProviderUnavailable",
+    "RateLimit",
+    "RateLimiter",
     "Reasoner",
     "RuleProvider",
     "Sensor",
@@ -149,6 +169,7 @@ __all__ = [
     "ToolSource",
     "Usage",
     "UsageMeter",
+    "budget_guards",
     "decision_text",
     "fault_timeline",
     "handler_arity",

@@ -19,10 +19,12 @@ from pydantic import BaseModel, ConfigDict
 
 from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
 from agents._approvals import check_request as _check_request
+from agents._budget import BUDGET_EFFECT, BudgetExceeded, BudgetGuard
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from agents._errors import AgentError
 from agents._ordinals import input_ordinal
 from agents._providers import ChatResult, ModelProvider, ProviderError, RuleProvider, Usage
+from agents._ratelimit import RateLimiter
 from bus import (
     DEFAULT_BREAKER,
     BreakerPolicy,
@@ -262,9 +264,17 @@ class UsageMeter:
 
 
 async def _recorded_chat(
-    provider: ModelProvider, messages: Sequence[Mapping[str, Any]], kwargs: dict[str, Any]
+    provider: ModelProvider,
+    messages: Sequence[Mapping[str, Any]],
+    kwargs: dict[str, Any],
+    limiter: RateLimiter | None = None,
 ) -> dict[str, Any]:
-    return (await provider.chat(messages, **kwargs)).to_dict()
+    if limiter is None:
+        return (await provider.chat(messages, **kwargs)).to_dict()
+    entry = await limiter.acquire()
+    result = await provider.chat(messages, **kwargs)
+    limiter.settle(entry, result.usage.input_tokens + result.usage.output_tokens)
+    return result.to_dict()
 
 
 class Agent:
@@ -314,6 +324,10 @@ class Agent:
         self.provider = provider
         self.prices: dict[str, tuple[float, float]] = dict(prices or {})
         self._usage = UsageMeter()
+        #: The budgets this agent's model calls are charged to, and the rate limiter they
+        #: queue at (the runtime sets both from the scenario's ``budget`` and provider).
+        self.budget: BudgetGuard | None = None
+        self.rate_limiter: RateLimiter | None = None
         self.seed = seed
         self._draws: OrderedDict[str, int] = OrderedDict()  # bounded: see fault_draw_keys
         self._timeline = FaultTimeline(time.time())
@@ -536,7 +550,12 @@ class Agent:
         What is recorded is the result's plain :meth:`~agents.ChatResult.to_dict`, and what
         is returned is rebuilt from it, so a live run and its replay see equal results; a
         replay makes no model call (and so streams nothing to ``on_token``). Every result,
-        replayed or not, is counted in :attr:`usage`."""
+        replayed or not, is counted in :attr:`usage`.
+
+        Under a :attr:`budget`, the call is first admitted (the effect ``budget.admit``) and
+        raises :class:`~agents.BudgetExceeded` once a scope is spent, publishing
+        ``system.budget`` the first time a scope refuses. Under a :attr:`rate_limiter`, the
+        call waits its turn inside the model effect (live only)."""
         provider = self.provider
         if provider is None:
             raise ProviderError(f"agent {self.name!r} has no model provider to chat with")
@@ -547,12 +566,48 @@ class Agent:
                     f"agent {self.name!r}: {refusal}; give the scenario a model provider "
                     "(provider: {kind: openai, base_url: ..., model: ...})"
                 )
-        recorded = await self.effect(
-            f"model.{provider.name}.chat", _recorded_chat, provider, messages, kwargs
-        )
+        guard = self.budget
+        reserved = False
+        if guard is not None:
+
+            async def admit() -> None:
+                nonlocal reserved
+                await guard.admit()
+                reserved = True  # set only when admitted live: a replay reserves nothing
+
+            try:
+                await self.effect(BUDGET_EFFECT, admit)
+            except BudgetExceeded as exc:
+                await self._refused(guard, exc)
+                raise
+        try:
+            recorded = await self.effect(
+                f"model.{provider.name}.chat",
+                _recorded_chat,
+                provider,
+                messages,
+                kwargs,
+                self.rate_limiter,
+            )
+        except BaseException:
+            if reserved:
+                assert guard is not None
+                guard.release()
+            raise
         result = ChatResult.from_dict(recorded)
-        self._usage.add(result.model, result.usage, provider.model, self.prices)
+        cost = self._usage.add(result.model, result.usage, provider.model, self.prices)
+        if guard is not None:
+            usage = result.usage
+            guard.settle(usage.input_tokens + usage.output_tokens, cost or 0.0, reserved)
         return result
+
+    async def _refused(self, guard: BudgetGuard, exc: BudgetExceeded) -> None:
+        """Count a refusal; the first in its scope is published as ``system.budget``."""
+        ledger = guard.refused(exc.scope)
+        if ledger is None or self.bus is None:
+            return
+        state = ledger.state()
+        await self.emit("system.budget", state.as_dict() | {"agent": self.name})
 
     @property
     def usage(self) -> AgentUsage:

@@ -6,6 +6,7 @@
     ├── ProviderError                 the model provider failed or answered something unusable
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
+    ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
     ├── ApprovalUnavailable           nobody can be asked, or the request cannot be shown
     ├── ToolError                     a tool could not be made from what was given, or called
     │   └── ToolArgumentsInvalid      the model's arguments do not fit the tool's parameters
@@ -19,7 +20,7 @@
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code
 that caught that goes on working (``TemplateError`` is a ``ValueError`` too). The classes
 stay in the modules that raise them (``_providers``, ``_approvals``, ``_base``, ``_tools``,
-``_model_agent``): a session records an error by its qualified type name
+``_model_agent``, ``_budget``): a session records an error by its qualified type name
 (``agents._base.InjectedFault``), and moving a class would make a diff of an older session
 against a newer one report a different error where nothing changed.
 """

@@ -254,7 +254,8 @@ class Sensor(Agent):
 class Monitor(Agent):
     """Watches the bus itself: breaker changes, queue depth and dead letters; raises alerts.
 
-    Breaker events arrive as ``system.breaker.<name>`` messages and are answered per message.
+    Breaker events arrive as ``system.breaker.<name>`` messages and are answered per message,
+    as is ``system.budget`` (a budget scope is spent: alert ``budget_spent``).
     Depth and DLQ growth are sampled every ``interval`` seconds (setting, default 0.5) from
     ``bus.stats()``; a sampled alert is outside input, so a replay re-publishes it from the
     recording instead of sampling the replaying machine.
@@ -280,6 +281,14 @@ class Monitor(Agent):
 
     async def handle(self, env: Envelope) -> None:
         payload = env.payload
+        if env.topic == "system.budget" and isinstance(payload, dict):
+            await self._alert(
+                "budget_spent",
+                f"budget {payload.get('scope')} spent: model calls of it are refused",
+                Priority.HIGH,
+                scope=payload.get("scope"),
+            )
+            return
         if not env.topic.startswith("system.breaker.") or not isinstance(payload, dict):
             return
         if payload.get("to") == "open":

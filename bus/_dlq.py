@@ -137,7 +137,15 @@ def _repeats(repeated: int) -> str:
     return f"  [Previous line repeated {more} more time{'s' if more > 1 else ''}]\n"
 
 
-REASONS = ("failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed")
+REASONS = (
+    "failed",
+    "circuit_open",
+    "shed",
+    "filter_error",
+    "bus_closed",
+    "unsubscribed",
+    "budget",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +153,10 @@ class DeadLetter:
     """One undeliverable message: the envelope, the subscription it was meant for and why.
 
     ``reason`` is one of ``failed`` (retries exhausted), ``circuit_open``, ``shed``,
-    ``filter_error``, ``bus_closed``, ``unsubscribed`` or, from a transport, ``malformed``
-    (bytes no subscriber could decode: the payload is their size and reason). ``time`` is
+    ``filter_error``, ``bus_closed``, ``unsubscribed``, from a transport, ``malformed``
+    (bytes no subscriber could decode: the payload is their size and reason) or a refusal's
+    own: a handler's exception with a string attribute ``dead_letter_reason`` is not retried
+    and is dead-lettered under that reason (the agents' ``BudgetExceeded``: ``budget``). ``time`` is
     wall-clock seconds.
     """
 

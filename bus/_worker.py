@@ -275,6 +275,17 @@ async def _failed(
     ``delivered`` (an inline retry succeeded) or ``failed``."""
     retry = sub.retry
     breaker = sub.breaker
+    refusal = getattr(exc, "dead_letter_reason", None)
+    if type(refusal) is str:
+        # A refusal (a spent model budget, say): retrying cannot change the answer and the
+        # subscriber is not failing, so the message is dead-lettered at once under the
+        # refusal's own reason and the breaker hears nothing (a half-open probe gives its
+        # slot back): refusals must not open a breaker and turn into ``circuit_open``.
+        breaker.release()
+        sub.dead_lettered += 1
+        sub.dlq.add(env, sub.name, refusal, exc, traceback_text(exc), done)
+        fail_request(env, exc)
+        return "failed"
     while True:
         sub.failures += 1
         # The breaker hears of a message once, when it fails for good: attempts of several

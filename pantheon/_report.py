@@ -3,6 +3,7 @@ scenario's expectations."""
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections import Counter
 from collections.abc import Mapping
@@ -72,6 +73,10 @@ class RunSummary:
     usage: dict[str, Any] = field(default_factory=dict)
     """Model calls, input and output tokens, cost in USD and whether every call was
     priced, summed over the team, and the same per agent under ``by_agent``."""
+    budget: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per budget scope (``run``, ``agent:<name>``): tokens and cost spent, the limits,
+    calls ``refused`` and whether the budget ``stopped`` calls; of a multi-process run, the
+    processes' ledgers added up. Empty without a ``budget:`` section."""
     topics: dict[str, int] = field(default_factory=dict)
     """Messages published per topic, each counted once however many processes it crossed."""
     input_errors: list[str] = field(default_factory=list)
@@ -222,6 +227,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
         "usage": team.usage(),
+        "budget": team.budget(),
         "scheduling": _scheduling(stats.scheduling),
     }
 
@@ -321,6 +327,7 @@ def summarize(
         alerts=sum(r["alerts"] for r in reports),
         accounting_ok=all(r["accounting_ok"] for r in reports),
         usage=_merge_usage([r["usage"] for r in reports]),
+        budget=_merge_budget([r.get("budget", {}) for r in reports]),
         topics=dict(sorted(topics.items())),
         input_errors=[e for r in reports for e in r.get("input_errors", ())],
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),
@@ -343,6 +350,23 @@ def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
         **sum_usage(usages),
         "by_agent": {name: sum_usage(parts) for name, parts in by_agent.items()},
     }
+
+
+def _merge_budget(budgets: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """One run's budget scopes from its processes': each process keeps its own ledgers, so
+    spend and refusals add up (the limits are the scenario's, the same in each)."""
+    out: dict[str, dict[str, Any]] = {}
+    for part in budgets:
+        for scope, state in part.items():
+            into = out.get(scope)
+            if into is None:
+                out[scope] = dict(state)
+                continue
+            into["tokens"] += state["tokens"]
+            into["cost_usd"] = math.fsum((into["cost_usd"], state["cost_usd"]))
+            into["refused"] += state["refused"]
+            into["stopped"] = into["refused"] > 0
+    return out
 
 
 def judge(

@@ -11,6 +11,7 @@ from rich.markup import escape
 __all__ = [
     "MAX_DEAD_LETTER_LINES",
     "STATE_MARKS",
+    "budget_lines",
     "dead_letter_lines",
     "dead_letters_text",
     "expectation_lines",
@@ -100,3 +101,20 @@ def verdict_line(s: Any) -> str:
             "CPU)[/yellow]"
         )
     return "[green]all expectations passed[/green]"
+
+
+def budget_lines(budget: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per budget scope: what it spent of its limits, and whether it stopped calls
+    (how many it refused)."""
+    lines = []
+    for scope, b in budget.items():
+        spent = []
+        if b.get("limit_tokens") is not None:
+            spent.append(f"{b['tokens']:,} of {b['limit_tokens']:,} tokens")
+        if b.get("limit_cost_usd") is not None:
+            spent.append(f"${b['cost_usd']:.4f} of ${b['limit_cost_usd']}")
+        verdict = (
+            f"[red]stopped[/red] {b['refused']:,} calls" if b.get("stopped") else "within budget"
+        )
+        lines.append(f"budget    {escape(scope)}: {', '.join(spent)}, {verdict}")
+    return lines

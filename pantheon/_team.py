@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import traceback
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from agents import (
     AgentOptions,
     AgentUsage,
     AnthropicProvider,
+    BudgetLedger,
     Fault,
     FaultMark,
     Guardian,
@@ -30,7 +31,9 @@ from agents import (
     OpenAIProvider,
     Outbox,
     Outcomes,
+    RateLimiter,
     RuleProvider,
+    budget_guards,
     total_usage,
 )
 from bus import Bus
@@ -84,6 +87,13 @@ class Team:
     #: Each item's decision, followed on the bus the team is attached to, for the summary's
     #: accuracy and ``min_accuracy``; None for a team whose input has no labels to score by.
     outcomes: Outcomes | None = None
+    #: The scenario's budget ledgers (``run`` first, then ``agent:<name>``), if it has any.
+    budgets: list[BudgetLedger] = field(default_factory=list)
+
+    def budget(self) -> dict[str, dict[str, Any]]:
+        """Per budget scope: spent, limits, calls refused and whether the budget stopped
+        calls (:meth:`agents.BudgetState.as_dict`)."""
+        return {ledger.scope: ledger.state().as_dict() for ledger in self.budgets}
 
     def of_role(self, cls: type[Agent]) -> list[Any]:
         return [a for a in self.agents.values() if isinstance(a, cls)]
@@ -262,7 +272,21 @@ def build_team(
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise AgentSetupError(name, cls, exc) from exc
     scored = inp.label is not None or scenario.outcome is not None
-    return Team(agents, outbox, provider, Outcomes(spec, labels) if scored else None)
+    budget = scenario.budget
+    guards, ledgers = budget_guards(
+        budget.run.to_budget() if budget.run is not None else None,
+        {name: b.to_budget() for name, b in budget.agents.items()},
+        agents,
+    )
+    rate = getattr(scenario.provider, "rate_limit", None)
+    # One limiter for the team's provider and model: the agents share the server's meter.
+    limiter = RateLimiter(rate.to_limit()) if rate is not None else None
+    for name, agent in agents.items():
+        agent.budget = guards.get(name)
+        agent.rate_limiter = limiter
+    return Team(
+        agents, outbox, provider, Outcomes(spec, labels) if scored else None, budgets=ledgers
+    )
 
 
 def team_setup(scenario_text: str, *, base_dir: Path | None = None, replay: bool = True) -> Setup:

@@ -33,6 +33,7 @@ from pantheon._cli_sessions import usage_lines
 from pantheon._console import report_console
 from pantheon._report import RunSummary
 from pantheon._summary_text import (
+    budget_lines,
     dead_letter_lines,
     dead_letters_text,
     expectation_lines,
@@ -420,6 +421,7 @@ def _print_summary(s: Any) -> None:
     lines.extend(dead_letter_lines(s))
     if s.usage.get("calls"):
         lines.extend(usage_lines(SessionUsage.from_dict(s.usage)))
+    lines.extend(budget_lines(s.budget))
     for line in lines:
         _print_wrapped(out, line)
     table = _latency_table(s.hops, p95=True)

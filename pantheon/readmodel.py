@@ -42,7 +42,16 @@ from typing import Any, Literal
 
 import yaml
 
-from agents import AgentUsage, Prices, Usage, UsageMeter, total_usage
+from agents import (
+    RUN_SCOPE,
+    AgentUsage,
+    BudgetExceeded,
+    BudgetState,
+    Prices,
+    Usage,
+    UsageMeter,
+    total_usage,
+)
 from bus import matches, validate_pattern
 from pantheon.sessions import (
     NodeJournal,
@@ -67,6 +76,7 @@ __all__ = [
     "SessionUsage",
     "ThroughputPoint",
     "breaker_timeline",
+    "budget",
     "dead_letters",
     "hop_latency",
     "nodes",
@@ -925,6 +935,66 @@ def usage(store: SessionStore, sid: str, *, calls: bool = True) -> SessionUsage:
             )
     by_agent = {name: meters[name].snapshot(prices) for name in sorted(meters)}
     return SessionUsage.of(by_agent, tuple(listed))
+
+
+def budget(
+    store: SessionStore, sid: str, spent: SessionUsage | None = None
+) -> tuple[BudgetState, ...]:
+    """The session's budget scopes (its scenario's ``budget:``, ``run`` first, then each
+    agent's as ``agent:<name>``): what each spent, its limits and the calls it refused.
+
+    Spent is the session's recorded usage (``spent``, when the caller has read it
+    already); refused are its dead letters with reason ``budget``, each charged to the
+    scope its error names. So a finished run's budget is its summary's, and a running
+    one's is what it has committed so far. Read as plain YAML, as :func:`_pricing` is."""
+    info = store.session(sid)
+    limits = _budget_limits(info.scenario_text)
+    if not limits:
+        return ()
+    used = usage(store, sid, calls=False) if spent is None else spent
+    refused: dict[str, int] = {}
+    for d in store.dead_letters(info.id):
+        if d.reason == BudgetExceeded.dead_letter_reason:
+            scope = BudgetExceeded(d.error or "").scope
+            refused[scope] = refused.get(scope, 0) + 1
+    out = []
+    for scope, tokens, cost in limits:
+        agent = None if scope == RUN_SCOPE else scope.removeprefix("agent:")
+        u = used.total if agent is None else used.by_agent.get(agent, AgentUsage())
+        out.append(
+            BudgetState(scope, u.total_tokens, u.cost_usd, tokens, cost, refused.get(scope, 0))
+        )
+    return tuple(out)
+
+
+def _budget_limits(
+    scenario_text: str | None,
+) -> list[tuple[str, int | None, float | None]]:
+    """(scope, token limit, cost limit) of a stored scenario's ``budget:``; a limit that is
+    not a number is left out (the scenario was validated when it ran)."""
+    try:
+        data = yaml.safe_load(scenario_text or "")
+    except yaml.YAMLError:
+        return []
+    section = data.get("budget") if isinstance(data, Mapping) else None
+    if not isinstance(section, Mapping):
+        return []
+
+    def limit(scope: str, raw: Any) -> tuple[str, int | None, float | None] | None:
+        if not isinstance(raw, Mapping):
+            return None
+        tokens, cost = raw.get("tokens"), raw.get("cost_usd")
+        return (
+            scope,
+            tokens if isinstance(tokens, int) else None,
+            float(cost) if isinstance(cost, int | float) else None,
+        )
+
+    out = [limit(RUN_SCOPE, section.get("run"))]
+    agents = section.get("agents")
+    for name, raw in agents.items() if isinstance(agents, Mapping) else ():
+        out.append(limit(f"agent:{name}", raw))
+    return [x for x in out if x is not None]
 
 
 def usd(cost: float) -> str:

@@ -44,6 +44,7 @@ from dashboard.tui._approvals import (
 )
 from dashboard.tui._approvals import rows as approval_rows
 from dashboard.tui._format import (
+    budget_line,
     count,
     ms,
     payload_text,
@@ -214,6 +215,7 @@ class MonitorApp(App[None]):
                 yield DataTable(id="trace-table", cursor_type="row", zebra_stripes=True)
             with TabPane("6 Usage", id="usage"), Vertical():
                 yield Static("no model calls yet", id="usage-totals")
+                yield Static("", id="usage-budget")
                 yield DataTable(id="usage-table", cursor_type="row", zebra_stripes=True)
             with TabPane("7 Approvals", id="approvals"), Vertical():
                 yield Static("no approval requests", id="approvals-line")
@@ -421,6 +423,7 @@ class MonitorApp(App[None]):
         )
         usage = snap.usage
         panels.query_one("#usage-totals", Static).update(usage_line(usage, snap.live))
+        panels.query_one("#usage-budget", Static).update(budget_line(snap.budget))
         rows: list[tuple[str, Sequence[Any]]] = [
             (name, (_clip(name, 22), *_right(usage_cells(u))))
             for name, u in sorted(usage.by_agent.items())

@@ -8,11 +8,12 @@ from typing import Any
 
 from rich.text import Text
 
-from agents import AgentUsage
+from agents import AgentUsage, BudgetState
 from pantheon.live import Hop, OutcomeTally, Snapshot
 from pantheon.readmodel import SessionUsage, usd
 
 __all__ = [
+    "budget_line",
     "cost",
     "count",
     "ms",
@@ -80,6 +81,21 @@ def usage_line(usage: SessionUsage, live: bool) -> str:
     if t.priced:
         return head + "\npriced from the scenario's prices (USD per million tokens)"
     return head + "\n* a model has no price: its tokens are counted, its cost is not"
+
+
+def budget_line(budget: Sequence[BudgetState]) -> str:
+    """One line per budget scope: spent of its limits, and whether it stopped calls; empty
+    for a session without a budget."""
+    lines = []
+    for b in budget:
+        spent = []
+        if b.limit_tokens is not None:
+            spent.append(f"{count(b.tokens)} of {count(b.limit_tokens)} tokens")
+        if b.limit_cost_usd is not None:
+            spent.append(f"{usd(b.cost_usd)} of {usd(b.limit_cost_usd)}")
+        verdict = f"STOPPED, {count(b.refused)} calls refused" if b.stopped else "within budget"
+        lines.append(f"budget {b.scope}: {', '.join(spent)}  {verdict}")
+    return "\n".join(lines)
 
 
 def totals_line(snap: Snapshot) -> Text:

@@ -696,8 +696,25 @@ _CALL_COLUMNS: dict[str, Any] = {
 }
 
 
+def _budget(path: Path, info: SessionInfo) -> None:
+    """One line per budget scope: spent of its limits, and whether it stopped calls."""
+    for b in _model(path, info, "budget"):
+        spent = []
+        if b.limit_tokens is not None:
+            spent.append(f"{b.tokens:,} of {b.limit_tokens:,} tokens")
+        if b.limit_cost_usd is not None:
+            spent.append(f"{readmodel.usd(b.cost_usd)} of {readmodel.usd(b.limit_cost_usd)}")
+        verdict = (
+            f":red-badge[stopped] {b.refused:,} call(s) refused"
+            if b.stopped
+            else ":green-badge[within budget]"
+        )
+        st.markdown(f"**Budget {b.scope}**: {', '.join(spent)} {verdict}")
+
+
 def _usage(path: Path, info: SessionInfo) -> None:
     usage: readmodel.SessionUsage = _model(path, info, "usage")
+    _budget(path, info)
     if not usage.total.calls:
         st.info("No model calls recorded in this session.")
         return

@@ -39,6 +39,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
 
+from agents import BudgetState
 from bus import BreakerEvent as BusBreakerEvent
 from bus import Bus, DeadLetter, Delivery, Envelope, ObserverHandle
 from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
@@ -192,7 +193,8 @@ class LiveFeed:
     throughput, the last ``max_dead_letters`` dead letters and ``max_traces`` traces, a ring
     of ``trace_ring`` deliveries (0: no traces, no per-message work), ``max_clients``.
     ``usage`` says what the run's model calls have used so far (per agent; the runtime
-    reads its team's); without it, snapshots show no model usage. ``outcomes`` likewise says
+    reads its team's); without it, snapshots show no model usage. ``budget`` says what each
+    budget scope has spent and refused (the team's ledgers). ``outcomes`` likewise says
     what the team has decided so far. ``nodes`` places a multi-process run's agents (agent
     name -> node, as :func:`pantheon.readmodel.placement` reads them off the scenario): the
     node of each hop and dead letter is its subscriber's (``driver`` for an agent no node
@@ -213,6 +215,7 @@ class LiveFeed:
         trace_ring: int = DEFAULT_TRACE_RING,
         max_clients: int = DEFAULT_MAX_CLIENTS,
         usage: Callable[[], SessionUsage] | None = None,
+        budget: Callable[[], tuple[BudgetState, ...]] | None = None,
         outcomes: Callable[[], OutcomeTally] | None = None,
         nodes: Mapping[str, str] | None = None,
     ) -> None:
@@ -236,6 +239,7 @@ class LiveFeed:
         self.max_clients = max_clients
         self.status = "running"
         self.usage = usage
+        self.budget = budget
         self.outcomes = outcomes
         self.nodes = dict(nodes or {})
         hosts: dict[str, list[str]] = {}
@@ -547,6 +551,7 @@ class LiveFeed:
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
             usage=SessionUsage() if self.usage is None else self.usage(),
+            budget=() if self.budget is None else self.budget(),
             outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
             nodes=self._node_lines,
         )

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
+from agents import BudgetState
 from bus import Bus
 from pantheon.live._feed import LiveFeed
 from pantheon.live._snapshot import MAX_TALLIED, OutcomeTally
@@ -64,6 +65,11 @@ class LiveRun:
             SessionUsage() if self._team is None else SessionUsage.of(self._team.usage_by_agent())
         )
 
+    def _budget(self) -> tuple[BudgetState, ...]:
+        if self._team is None:
+            return ()
+        return tuple(ledger.state() for ledger in self._team.budgets)
+
     async def attach(self, bus: Bus) -> None:
         """The run's ``attach``: the recording's, then the feed."""
         await self._recording.attach(bus)
@@ -83,6 +89,7 @@ class LiveRun:
             scenario=self._scenario,
             path=path,
             usage=self._usage,
+            budget=self._budget,
             outcomes=self._outcomes,
             **{"nodes": nodes, **self._options},
         )

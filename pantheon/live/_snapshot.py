@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agents import BudgetState
 from pantheon.readmodel import SessionUsage
 
 __all__ = [
@@ -229,6 +230,8 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     dead_letters: tuple[DeadLetter, ...] = ()
     traces: tuple[Trace, ...] = ()
     usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
+    budget: tuple[BudgetState, ...] = ()
+    """The scenario's budget scopes: spent, limits, calls refused (none without one)."""
     outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
     checks: tuple[Check, ...] = ()
     """The run's expectations once it has ended (a live feed has none to give)."""

@@ -107,7 +107,8 @@ def snapshot_from_store(
             Trace(r.correlation_id, r.topic, r.label, r.start_ms, r.total_ms, r.hops, r.outcome)
             for r in requests
         ),
-        usage=readmodel.usage(store, sid, calls=False),
+        usage=(used := readmodel.usage(store, sid, calls=False)),
+        budget=readmodel.budget(store, sid, used),
         # Read once the session has ended: a running one is polled every second, and
         # reading its outcomes means decoding every envelope it has so far.
         outcomes=OutcomeTally() if info.status == "running" else _tally(store, sid),

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from agents import BUDGET_EFFECT
 from pantheon.sessions import StoredEffect
 from pantheon.sessions._codec import encode
 from pantheon.sessions._store import EFFECT_OK, EFFECT_REPR
@@ -124,6 +125,11 @@ class WhatIf(Policy):
 
     def decide(self, call: EffectCall) -> Verdict:
         if call.handling in self._tainted:
+            return LIVE
+        if call.name == BUDGET_EFFECT:
+            # A budget admission is decided again, on the changed team's own ledgers (it
+            # calls nothing outside): a raised budget admits a call the original refused,
+            # whose answer then differs from the record and so is asked live.
             return LIVE
         if call.original_id is None or not call.same_message:
             return LIVE

@@ -35,7 +35,7 @@ from pydantic import (
 )
 
 import bus
-from agents import Actor, Learner, Observer, OutcomeSpec
+from agents import Actor, Budget, Learner, Observer, OutcomeSpec, RateLimit
 from bus import validate_pattern
 from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
@@ -51,6 +51,8 @@ __all__ = [
     "AgentFaultConfig",
     "AnthropicProviderConfig",
     "BreakerConfig",
+    "BudgetConfig",
+    "BudgetLimit",
     "CountBound",
     "CustomProviderConfig",
     "DeadLetterReason",
@@ -73,6 +75,7 @@ __all__ = [
     "PolicyConfig",
     "PriceConfig",
     "ProviderConfig",
+    "RateLimitConfig",
     "RetryConfig",
     "Role",
     "RulesProviderConfig",
@@ -377,6 +380,30 @@ def _env_base_url() -> str:
     return os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
 
 
+class RateLimitConfig(_Model):
+    """Client-side limits on the provider's model calls, as the server meters the key: at
+    most ``requests_per_minute`` calls and ``tokens_per_minute`` tokens in any ``window``
+    seconds (60 unless a test scales it). Calls over the limit wait their turn, first come
+    first served; a 429 the server still sends is retried after its ``Retry-After``. Each
+    process of the team keeps its own limiter."""
+
+    requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
+    """Calls per window: 1 to 10,000,000."""
+    tokens_per_minute: Annotated[int, Field(ge=1, le=10_000_000_000)] | None = None
+    """Tokens (input plus output) per window: 1 to 10,000,000,000."""
+    window: _Timeout = 60.0
+    """Seconds the limits count over: above 0, at most an hour (60: per minute)."""
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> RateLimitConfig:
+        if self.requests_per_minute is None and self.tokens_per_minute is None:
+            raise ValueError("a rate limit needs requests_per_minute, tokens_per_minute or both")
+        return self
+
+    def to_limit(self) -> RateLimit:
+        return RateLimit(self.requests_per_minute, self.tokens_per_minute, self.window)
+
+
 class OpenAIProviderConfig(_Model):
     """Any OpenAI-compatible chat server, local or remote.
 
@@ -402,6 +429,8 @@ class OpenAIProviderConfig(_Model):
     """Longest wait between retries, in seconds: 0 to an hour."""
     max_connections: Annotated[int, Field(ge=1, le=1024)] = 32
     """Connections open to the server at once: 1 to 1024."""
+    rate_limit: RateLimitConfig | None = None
+    """Requests and tokens per minute this team may send (see :class:`RateLimitConfig`)."""
     default_intent: str = "question"
 
 
@@ -479,6 +508,33 @@ _Provider = Annotated[
     | Annotated[CustomProviderConfig, Tag("@custom")],
     _by_kind("rules"),
 ]
+
+
+class BudgetLimit(_Model):
+    """What one scope may spend on model calls: tokens (input plus output) and US dollars
+    (priced from ``prices``); at least one."""
+
+    tokens: Annotated[int, Field(ge=0)] | None = None
+    cost_usd: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> BudgetLimit:
+        if self.tokens is None and self.cost_usd is None:
+            raise ValueError("a budget needs tokens, cost_usd or both")
+        return self
+
+    def to_budget(self) -> Budget:
+        return Budget(self.tokens, self.cost_usd)
+
+
+class BudgetConfig(_Model):
+    """Live limits on model spending: ``run`` for the whole team, ``agents`` per agent
+    name. Once a scope is spent, its further model calls are refused: the message is
+    dead-lettered with reason ``budget`` and ``system.budget`` is published (once per
+    scope). Calls in flight when the limit is reached may pass it by less than one call."""
+
+    run: BudgetLimit | None = None
+    agents: dict[str, BudgetLimit] = Field(default_factory=dict)
 
 
 class PriceConfig(_Model):
@@ -1027,9 +1083,16 @@ _AccuracyBound = Annotated[
 ]
 
 #: Why a message is dead-lettered: the bus's reasons (``bus._dlq.REASONS``) and the
-#: ZeroMQ transport's ``node_lost``.
+#: ZeroMQ transport's ``node_lost``, and ``budget`` (a model call refused by a spent budget).
 DeadLetterReason = Literal[
-    "failed", "circuit_open", "shed", "filter_error", "bus_closed", "unsubscribed", "node_lost"
+    "failed",
+    "circuit_open",
+    "shed",
+    "filter_error",
+    "bus_closed",
+    "unsubscribed",
+    "node_lost",
+    "budget",
 ]
 DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
 
@@ -1163,6 +1226,8 @@ class Scenario(_Model):
     prices: dict[str, PriceConfig] = Field(default_factory=dict)
     """Model name (as the server reports it) -> price per million tokens; a run's cost is
     counted from these, and a model missing here is counted in tokens only."""
+    budget: BudgetConfig = BudgetConfig()
+    """Live limits on model tokens and cost, run-wide and per agent."""
     input: _Input
     agents: dict[_AgentName, AgentConfig] = Field(default_factory=dict, validate_default=True)
     """The team, in the file's order: only the agents listed here run."""
@@ -1392,6 +1457,9 @@ def _cross_field_problems(
     faults = data.get("faults")
     faults = faults if isinstance(faults, Mapping) else {}
     check_names(("faults", "agents"), faults.get("agents"), "a fault")
+    budget = data.get("budget")
+    if isinstance(budget, Mapping):
+        check_names(("budget", "agents"), budget.get("agents"), "a budget")
 
     expect = data.get("expect")
     if isinstance(expect, Mapping):

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from bus import Bus, DeadLetter, Envelope, QueueFullError, Retry
+from bus import BreakerPolicy, Bus, DeadLetter, Envelope, QueueFullError, Retry
 from bus.testing import FakeClock
 
 
@@ -455,3 +455,38 @@ async def test_a_handler_or_filter_calling_sys_exit_is_a_dead_letter_not_an_exit
         ("quits", "failed", "SystemExit", "3", 2),
     ]
     assert "sys.exit(3)" in (entries[1].traceback or "")
+
+
+class Refused(RuntimeError):
+    """A refusal, as the agents' BudgetExceeded is: retrying cannot change the answer."""
+
+    dead_letter_reason = "budget"
+
+
+async def test_a_refusal_is_dead_lettered_at_once_under_its_reason_and_spares_the_breaker(
+    bus: Bus,
+) -> None:
+    calls: list[object] = []
+
+    async def refuse(env: Envelope) -> None:
+        calls.append(env.payload)
+        raise Refused("budget 'run' spent")
+
+    bus.on(
+        "t",
+        refuse,
+        name="asker",
+        retry=Retry(attempts=3),
+        breaker=BreakerPolicy(consecutive_failures=2),
+    )
+    for i in range(5):
+        await bus.emit("t", i)
+    await bus.drain()
+    assert calls == [0, 1, 2, 3, 4]  # one attempt each, and the breaker never opened
+    entries = bus.dlq.entries()
+    assert [e.reason for e in entries] == ["budget"] * 5
+    assert [e.attempts for e in entries] == [1] * 5
+    assert entries[0].error == "budget 'run' spent" and entries[0].error_type is not None
+    assert bus.dlq.totals == {"budget": 5}
+    stats = bus.stats().subscribers["asker"]
+    assert (stats.breaker, stats.breaker_trips, stats.dead_lettered) == ("closed", 0, 5)
