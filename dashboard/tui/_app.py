@@ -350,6 +350,14 @@ class MonitorApp(App[None]):
         panels = self._panels()
         if panels is None:
             return
+        try:
+            self._draw(panels, snap)
+        except NoMatches:
+            # The panels are mounting (a snapshot that came before the first frame) or being
+            # taken down: the next snapshot draws them; this one is kept in ``snapshot``.
+            return
+
+    def _draw(self, panels: Screen[Any], snap: Snapshot) -> None:
         self.title = f"{snap.scenario or '?'} {snap.session_id}"
         self.sub_title = self.source.origin
         panels.query_one("#totals", Static).update(totals_line(snap))

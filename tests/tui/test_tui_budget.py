@@ -56,11 +56,12 @@ async def test_the_live_feed_shows_the_budget_stopping_calls_while_the_run_goes(
     team = budget_team(tmp_path / "team")
     path = budget_scenario(team, "run: {tokens: 23}", 'asker: {class: "budget_team_mod:Asker"}')
     with ModelServer(reply=REPLY) as server:
-        # Paced at 2 tickets a second: the budget is spent after 5 (2.5 s), and the run
-        # goes on for 7 s more, refusing, while the feed is live.
+        # Paced at a ticket a second: the budget is spent after 5 (5 s), and the run goes
+        # on for 15 s more, refusing, while the feed is live: room for a loaded machine to
+        # start the run and the monitor.
         text = path.read_text(encoding="utf-8")
         text = text.replace("http://127.0.0.1:1/v1", server.base_url)
-        text = text.replace("  topic: ticket.received\n", "  topic: ticket.received\n  rate: 2\n")
+        text = text.replace("  topic: ticket.received\n", "  topic: ticket.received\n  rate: 1\n")
         path.write_text(text, encoding="utf-8")
         store = tmp_path / "s.db"
         child = _start_run(path, store)
