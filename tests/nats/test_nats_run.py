@@ -114,8 +114,13 @@ def test_a_sigkilled_node_in_a_nats_run_loses_nothing(tmp_path: Path) -> None:
     assert nodes["work2"]["status"] == "killed"
     assert nodes["work1"]["status"] == nodes["keep"]["status"] == "ok"
     assert summary["accounting_ok"] is True
-    # What work2 held when it died came to work1 again (a delivery count above one).
-    assert nodes["work1"]["transport"]["redelivered"] > 0
+    # What work2 held when it died came to work1 again (a delivery count above one), unless
+    # the kill came before work2 took anything (a loaded machine starts it late): then its
+    # journal is empty too.
+    with SessionStore(tmp_path / "s.db") as s:
+        work2 = s.node_journals(summary["session_id"]).get("work2")
+    redelivered = nodes["work1"]["transport"]["redelivered"]
+    assert redelivered > 0 or work2 is None or work2.records == 0, (redelivered, work2)
     assert summary["inputs"] == 300 - summary["malformed"]
     done = outcomes(tmp_path / "s.db", summary["session_id"])
     dead = {d["email_id"] for d in summary["dead_letters"]}
