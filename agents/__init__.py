@@ -33,6 +33,14 @@ from agents._base import (
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
+from agents._mcp import (
+    MCPServer,
+    MCPServerError,
+    MCPServerUnavailable,
+    MCPTool,
+    MCPToolError,
+    MCPToolTimeout,
+)
 from agents._ordinals import InputOrdinals, input_ordinal
 from agents._outcomes import (
     Outcomes,
@@ -95,6 +103,12 @@ __all__ = [
     "Labels",
     "Learner",
     "LiveEffects",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerUnavailable",
+    "MCPTool",
+    "MCPToolError",
+    "MCPToolTimeout",
     "Memory",
     "ModelProvider",
     "Monitor",

@@ -6,6 +6,10 @@
     ├── ProviderError                 the model provider failed or answered something unusable
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
+    ├── MCPServerError                an MCP server failed a start or a tool call
+    │   ├── MCPServerUnavailable      it could not be started or reached, or it died
+    │   ├── MCPToolTimeout            a call had no answer within its timeout
+    │   └── MCPToolError              the tool answered an error (isError) or was refused
     ├── ApprovalUnavailable           nobody can be asked, or the request cannot be shown
     └── InjectedFault                 a scenario's fault injection failed this call
 
