@@ -44,6 +44,14 @@ from agents._budget import (
 from agents._cognition import Memory, Planner, Reasoner
 from agents._effects import Effects, LiveEffects
 from agents._errors import AgentError
+from agents._mcp import (
+    MCPServer,
+    MCPServerError,
+    MCPServerUnavailable,
+    MCPTool,
+    MCPToolError,
+    MCPToolTimeout,
+)
 from agents._model_agent import (
     AnswerInvalid,
     ModelAgent,
@@ -136,6 +144,12 @@ __all__ = [
     "Labels",
     "Learner",
     "LiveEffects",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerUnavailable",
+    "MCPTool",
+    "MCPToolError",
+    "MCPToolTimeout",
     "Memory",
     "ModelAgent",
     "ModelAgentError",

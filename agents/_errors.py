@@ -7,6 +7,10 @@
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
     ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
+    ├── MCPServerError                an MCP server failed a start or a tool call
+    │   ├── MCPServerUnavailable      it could not be started or reached, or it died
+    │   ├── MCPToolTimeout            a call had no answer within its timeout
+    │   └── MCPToolError              the tool answered an error (isError) or was refused
     ├── ApprovalUnavailable           nobody can be asked, or the request cannot be shown
     ├── ToolError                     a tool could not be made from what was given, or called
     │   └── ToolArgumentsInvalid      the model's arguments do not fit the tool's parameters

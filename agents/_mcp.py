@@ -1,0 +1,520 @@
+"""MCP servers as a tool source, through the official ``mcp`` SDK (``pip install 'pantheon[mcp]'``).
+
+The SDK speaks the protocol (the handshake and version negotiation, JSON-RPC framing, stdio
+process management, streamable HTTP with its session and SSE streams), so none of it is written
+here. :class:`MCPServer` adds what a run needs around it: the server's tools listed once at start
+(with the server's own names, filtered by an allow-list), each call bounded by a timeout, and
+every way a call can fail turned into one clear error that names the server and the tool, so
+the agent that made the call dead-letters it with that reason::
+
+    async with MCPServer(command=[sys.executable, "-m", "pantheon.testing.mcp_notes",
+                                  "--db", "notes.sqlite"], allow=["find_notes"]) as notes:
+        [find] = notes.tools()
+        await find({"query": "refund"})        # {"notes": [...]}
+
+Errors (a branch of :class:`agents.AgentError`)::
+
+    MCPServerError                 an MCP server failed a start or a call
+    ├── MCPServerUnavailable       it could not be started or reached, or it died
+    ├── MCPToolTimeout             a call had no answer within its timeout
+    └── MCPToolError               the tool answered with an error (``isError``) or refused
+
+``import agents`` does not import the SDK: it is imported by :meth:`MCPServer.start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO, TYPE_CHECKING, Any, Self, TextIO
+
+from agents._errors import AgentError
+
+if TYPE_CHECKING:
+    from mcp import Client
+
+__all__ = [
+    "DEFAULT_CALL_TIMEOUT",
+    "DEFAULT_START_TIMEOUT",
+    "MCPServer",
+    "MCPServerError",
+    "MCPServerUnavailable",
+    "MCPTool",
+    "MCPToolError",
+    "MCPToolTimeout",
+]
+
+#: Seconds a tool call may take before :class:`MCPToolTimeout`: long enough for a tool that
+#: queries something remote, short enough that a hung server does not hold an agent for good.
+DEFAULT_CALL_TIMEOUT = 30.0
+
+#: Seconds from :meth:`MCPServer.start` to the tool listing (process start, handshake, list).
+#: A Python stdio server importing the SDK takes about 1 s of it on a quiet 2-core machine.
+DEFAULT_START_TIMEOUT = 30.0
+
+#: Characters of a stdio server's stderr quoted when it fails to start or dies: its last
+#: traceback, without the whole log of a long run.
+STDERR_TAIL = 2000
+
+#: Pages of ``tools/list`` read at start: a server whose cursor never ends cannot hang a start.
+MAX_LIST_PAGES = 100
+
+# A tool name as every model API accepts it (OpenAI's and Anthropic's function names).
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+class MCPServerError(AgentError, RuntimeError):
+    """An MCP server failed a start or a call; ``server`` and ``tool`` (or None) say which."""
+
+    def __init__(self, message: str, *, server: str, tool: str | None = None) -> None:
+        super().__init__(message)
+        self.server = server
+        self.tool = tool
+
+
+class MCPServerUnavailable(MCPServerError):
+    """The server could not be started or reached, or its connection ended (it exited, was
+    killed, or closed the session); every later call fails the same way."""
+
+
+class MCPToolTimeout(MCPServerError):
+    """A call had no answer within the server's ``timeout``. The server is asked to cancel it
+    and stays usable for other calls."""
+
+
+class MCPToolError(MCPServerError):
+    """The tool answered with an error result (``isError``), or the server refused the call
+    (an unknown tool, arguments its schema rejects)."""
+
+
+class MCPTool:
+    """One tool of an :class:`MCPServer`: the server's name, description and input schema
+    (``parameters``), called with a JSON object of arguments."""
+
+    __slots__ = ("description", "name", "parameters", "server")
+
+    def __init__(
+        self, server: MCPServer, name: str, description: str, parameters: dict[str, Any]
+    ) -> None:
+        self.server = server
+        self.name = name
+        self.description = description
+        self.parameters = parameters
+
+    async def __call__(self, arguments: dict[str, Any]) -> Any:
+        """The tool's result as JSON-able data (see :meth:`MCPServer.call_tool`)."""
+        return await self.server.call_tool(self.name, arguments)
+
+    def __repr__(self) -> str:
+        return f"MCPTool({self.name!r}, server={self.server.name!r})"
+
+
+class MCPServer:
+    """An MCP server whose tools an agent can call: a tool source.
+
+    Exactly one of ``command`` (a stdio server the run starts: the program and its arguments,
+    run in ``cwd`` with ``env`` added to the SDK's safe default environment of PATH, HOME and a
+    few more, so the run's secrets are not handed on) or ``url`` (a streamable-HTTP endpoint,
+    ``http://host:port/mcp``). ``allow`` keeps only the tools named (each must exist: a typo
+    fails the start instead of leaving the model without a tool); ``timeout`` bounds every call
+    and ``start_timeout`` the start. ``name`` is how errors and records name the server; by
+    default the name the server gives itself, else the command or URL. A stdio server's stderr
+    goes to an unlinked temporary file (or to ``stderr``) and its last lines are quoted when it
+    fails.
+
+    :meth:`start` connects and lists the tools; :meth:`aclose` ends the session (and a stdio
+    server's process). The SDK's client lives in anyio task groups that must be entered and
+    left by one task, so a task of its own holds the session open from start to close, and any
+    task may call tools meanwhile; ``async with MCPServer(...) as server`` does both.
+    """
+
+    __slots__ = (
+        "_allow",
+        "_client",
+        "_command",
+        "_cwd",
+        "_env",
+        "_holder",
+        "_lost",
+        "_name",
+        "_start_timeout",
+        "_stderr",
+        "_stderr_file",
+        "_stderr_kept",
+        "_stop",
+        "_timeout",
+        "_tools",
+        "_url",
+    )
+
+    def __init__(
+        self,
+        *,
+        command: Sequence[str] | None = None,
+        url: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        allow: Iterable[str] | None = None,
+        timeout: float = DEFAULT_CALL_TIMEOUT,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+        name: str | None = None,
+        stderr: TextIO | None = None,
+    ) -> None:
+        if (command is None) == (url is None):
+            raise ValueError("MCPServer takes exactly one of command=[...] (stdio) or url=")
+        if command is not None:
+            if (
+                isinstance(command, str)
+                or not command
+                or not all(isinstance(part, str) for part in command)
+            ):
+                raise TypeError(
+                    f"MCPServer command must be a non-empty list of strings "
+                    f"(['python', '-m', 'server']), got {command!r}"
+                )
+        elif not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ValueError(f"MCPServer url must be an http:// or https:// URL, got {url!r}")
+        if url is not None and (env is not None or cwd is not None or stderr is not None):
+            raise ValueError("MCPServer env=, cwd= and stderr= apply to a stdio server only")
+        for label, seconds in (("timeout", timeout), ("start_timeout", start_timeout)):
+            if not seconds > 0:
+                raise ValueError(f"MCPServer {label} must be > 0 seconds, got {seconds!r}")
+        if isinstance(allow, str):
+            raise TypeError(f"MCPServer allow must be a list of tool names, got {allow!r}")
+        self._command = list(command) if command is not None else None
+        self._url = url
+        self._env = dict(env) if env is not None else None
+        self._cwd = cwd
+        self._allow = frozenset(allow) if allow is not None else None
+        self._timeout = float(timeout)
+        self._start_timeout = float(start_timeout)
+        self._name = name
+        self._stderr = stderr
+        self._stderr_file: IO[str] | None = None
+        self._stderr_kept = ""
+        self._client: Client | None = None
+        self._holder: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
+        self._tools: list[MCPTool] | None = None
+        self._lost: str | None = None
+
+    @property
+    def name(self) -> str:
+        """How errors name this server (see the class docstring)."""
+        if self._name is not None:
+            return self._name
+        if self._command is not None:
+            return " ".join(self._command)
+        assert self._url is not None
+        return self._url
+
+    @property
+    def timeout(self) -> float:
+        """Seconds each tool call may take."""
+        return self._timeout
+
+    def __repr__(self) -> str:
+        where = f"command={self._command!r}" if self._command is not None else f"url={self._url!r}"
+        return f"MCPServer({where}, name={self.name!r})"
+
+    # -- the tool source ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start (stdio) or reach (HTTP) the server, and list its tools.
+
+        Raises :class:`MCPServerUnavailable` if it cannot be started or does not answer within
+        ``start_timeout``, :class:`MCPServerError` if ``allow`` names a tool it lacks or a tool's
+        name is one a model cannot call."""
+        if self._holder is not None:
+            raise RuntimeError(f"{self!r} was already started (an MCPServer starts once)")
+        # Importing the SDK costs about 0.6 s of CPU (pydantic models; 580-600 ms measured on a
+        # quiet 2-core machine): in a thread, so a team already running on this loop does not
+        # stall for it. A missing extra is an ImportError here, not a failed start.
+        await asyncio.to_thread(_import_sdk)
+        ready: asyncio.Future[list[MCPTool]] = asyncio.get_running_loop().create_future()
+        self._holder = asyncio.create_task(self._hold(ready), name=f"mcp {self.name}")
+        try:
+            tools = await asyncio.wait_for(asyncio.shield(ready), self._start_timeout)
+        except BaseException as exc:
+            # A start that failed or gave up takes the half-open session down with it (the SDK
+            # waits on a handshake answer without a bound of its own).
+            await self._end_holder(cancel=True)
+            if ready.done() and not ready.cancelled():
+                ready.exception()  # retrieved: the error raised below says it
+            self._lost = "its start failed"
+            error: BaseException = exc
+            if isinstance(exc, TimeoutError):
+                error = MCPServerUnavailable(
+                    f"MCP server {self.name!r} did not list its tools within "
+                    f"{self._start_timeout:g} s of starting{self._stderr_tail()}",
+                    server=self.name,
+                )
+            elif isinstance(exc, Exception) and not isinstance(exc, MCPServerError):
+                error = MCPServerUnavailable(
+                    f"MCP server {self.name!r} could not be started: {_describe(exc)}"
+                    f"{self._stderr_tail()}",
+                    server=self.name,
+                )
+            if error is exc:
+                raise
+            raise error from (None if isinstance(exc, TimeoutError) else exc)
+        self._tools = tools
+
+    def tools(self) -> list[MCPTool]:
+        """The server's tools (those ``allow`` keeps), in the server's order."""
+        if self._tools is None:
+            raise RuntimeError(f"{self!r} has no tools before start()")
+        return list(self._tools)
+
+    async def aclose(self) -> None:
+        """End the session and, for a stdio server, its process (the SDK closes its stdin,
+        then terminates, then kills it, each step bounded). Idempotent."""
+        self._client = None
+        if self._lost is None:
+            self._lost = "the server was closed"
+        await self._end_holder()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # -- calls --------------------------------------------------------------------------------
+
+    async def call_tool(self, tool: str, arguments: Mapping[str, Any]) -> Any:
+        """Call ``tool`` with ``arguments`` within the timeout; its result as JSON-able data.
+
+        The server's structured content when it gives some (a JSON object), else the content
+        blocks: a text block as its ``str``, another block as its JSON form, several as a list
+        (none: None)."""
+        if not isinstance(arguments, Mapping):
+            raise TypeError(
+                f"arguments of MCP tool {tool!r} must be a JSON object (a dict), "
+                f"got {type(arguments).__name__}"
+            )
+        client = self._client
+        if client is None or self._lost is not None:
+            why = self._lost or "it was not started"
+            raise MCPServerUnavailable(
+                f"MCP server {self.name!r} cannot call {tool!r}: {why}", server=self.name, tool=tool
+            )
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+
+        try:
+            result = await client.call_tool(
+                tool, dict(arguments), read_timeout_seconds=self._timeout
+            )
+        except MCPError as exc:
+            if exc.code == REQUEST_TIMEOUT:
+                raise MCPToolTimeout(
+                    f"MCP tool {tool!r} of server {self.name!r} did not answer within "
+                    f"{self._timeout:g} s",
+                    server=self.name,
+                    tool=tool,
+                ) from None
+            if exc.code == CONNECTION_CLOSED:
+                raise self._gone(tool, "its connection closed") from None
+            raise MCPToolError(
+                f"MCP server {self.name!r} refused the call of {tool!r}: {exc.message} "
+                f"(code {exc.code})",
+                server=self.name,
+                tool=tool,
+            ) from None
+        except Exception as exc:
+            # Whatever else the transport raised (an HTTP server gone, a broken stream) ends
+            # the session: a half-working connection would fail later calls more obscurely.
+            raise self._gone(tool, _describe(exc)) from exc
+        if result.is_error:
+            raise MCPToolError(
+                f"MCP tool {tool!r} of server {self.name!r} failed: "
+                f"{_text(_content(result.content)) or 'no message'}",
+                server=self.name,
+                tool=tool,
+            )
+        if result.structured_content is not None:
+            return result.structured_content
+        return _content(result.content)
+
+    # -- the session's task ---------------------------------------------------------------------
+
+    def _new_client(self, errlog: TextIO | None) -> Client:
+        from mcp import Client, StdioServerParameters
+        from mcp.client.stdio import stdio_client
+
+        if self._command is None:
+            assert self._url is not None
+            return Client(self._url)
+        params = StdioServerParameters(
+            command=self._command[0],
+            args=self._command[1:],
+            env=self._env,
+            cwd=Path(self._cwd) if self._cwd is not None else None,
+        )
+        return Client(stdio_client(params, errlog=errlog or sys.stderr))
+
+    async def _hold(self, ready: asyncio.Future[list[MCPTool]]) -> None:
+        """Enter the client, list the tools, and keep the session open until :meth:`aclose`."""
+        try:
+            with self._stderr_log() as errlog:
+                client = self._new_client(errlog)
+                async with client:
+                    self._client = client
+                    if self._name is None and client.server_info is not None:
+                        self._name = client.server_info.name
+                    try:
+                        tools = await self._list(client)
+                    except MCPServerError as exc:
+                        # Raised out of the SDK's task groups it would come back wrapped in an
+                        # exception group; the session is closed by leaving the block instead.
+                        ready.set_exception(exc)
+                        return
+                    ready.set_result(tools)
+                    await self._stop.wait()
+        except BaseException as exc:
+            if not ready.done():
+                if isinstance(exc, asyncio.CancelledError):
+                    ready.cancel()
+                else:
+                    ready.set_exception(exc)
+            elif self._lost is None:
+                self._lost = f"its session ended: {_describe(exc)}"
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._client = None
+
+    async def _list(self, client: Client) -> list[MCPTool]:
+        listed: list[Any] = []
+        cursor: str | None = None
+        for _ in range(MAX_LIST_PAGES):
+            page = await client.list_tools(cursor=cursor)
+            listed.extend(page.tools)
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        offered = [tool.name for tool in listed]
+        if self._allow is not None:
+            missing = sorted(self._allow.difference(offered))
+            if missing:
+                raise MCPServerError(
+                    f"MCP server {self.name!r} has no tool {', '.join(map(repr, missing))} "
+                    f"(named in allow); it offers {', '.join(offered) or 'none'}",
+                    server=self.name,
+                    tool=missing[0],
+                )
+            listed = [tool for tool in listed if tool.name in self._allow]
+        tools: list[MCPTool] = []
+        for tool in listed:
+            if not _TOOL_NAME.fullmatch(tool.name):
+                raise MCPServerError(
+                    f"MCP server {self.name!r} offers a tool named {tool.name!r}, which a model "
+                    f"cannot call (a name is 1-64 of A-Z a-z 0-9 _ -); leave it out with allow=",
+                    server=self.name,
+                    tool=tool.name,
+                )
+            tools.append(MCPTool(self, tool.name, tool.description or "", dict(tool.input_schema)))
+        return tools
+
+    async def _end_holder(self, *, cancel: bool = False) -> None:
+        holder = self._holder
+        if holder is None or holder.done():
+            return
+        self._stop.set()
+        if cancel:
+            holder.cancel()
+        # The SDK bounds its own shutdown (stdin closed, then SIGTERM, then SIGKILL, about 6 s
+        # at worst); waiting for it here means a closed server leaves no process behind.
+        # asyncio.wait neither cancels the holder if this task is cancelled meanwhile nor
+        # raises the holder's own cancellation here.
+        await asyncio.wait({holder})
+
+    def _gone(self, tool: str, why: str) -> MCPServerUnavailable:
+        if self._lost is None:
+            self._lost = f"{why}{self._stderr_tail()}"
+        return MCPServerUnavailable(
+            f"MCP server {self.name!r} is gone (calling {tool!r}): {self._lost}",
+            server=self.name,
+            tool=tool,
+        )
+
+    @contextlib.contextmanager
+    def _stderr_log(self) -> Iterator[TextIO | None]:
+        """Where a stdio server's stderr goes: ``stderr=``, else a temporary file whose tail is
+        kept when it closes (after the client's exit: the process has ended, its last words
+        written)."""
+        if self._stderr is not None or self._command is None:
+            yield self._stderr
+            return
+        with tempfile.TemporaryFile("w+", encoding="utf-8") as file:
+            self._stderr_file = file
+            try:
+                yield file
+            finally:
+                self._stderr_kept = self._stderr_tail()
+                self._stderr_file = None
+
+    def _stderr_tail(self) -> str:
+        file = self._stderr_file
+        if file is None:
+            return self._stderr_kept
+        fd = file.fileno()
+        size = os.fstat(fd).st_size
+        data = os.pread(fd, STDERR_TAIL, max(0, size - STDERR_TAIL))
+        text = data.decode("utf-8", errors="replace").strip()
+        return f"; its stderr ends:\n{text}" if text else ""
+
+
+def _import_sdk() -> None:
+    try:
+        importlib.import_module("mcp.client.streamable_http")
+        importlib.import_module("mcp.client.stdio")
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("mcp", "mcp_types"):
+            raise
+        raise ImportError(
+            "agents.MCPServer needs the official MCP SDK: pip install 'pantheon[mcp]'"
+        ) from exc
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for ``exc``; an exception group (anyio's task groups raise them) by its leaves."""
+    if isinstance(exc, BaseExceptionGroup):
+        return "; ".join(_describe(inner) for inner in exc.exceptions)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _content(blocks: Sequence[Any]) -> Any:
+    """Content blocks as JSON-able data: text as ``str``, others as their JSON form."""
+    values = [
+        block.text
+        if getattr(block, "type", None) == "text"
+        else block.model_dump(mode="json", by_alias=True, exclude_none=True)
+        for block in blocks
+    ]
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return " ".join(_text(item) for item in value)
+    return value if isinstance(value, str) else str(value)

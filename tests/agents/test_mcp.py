@@ -1,0 +1,275 @@
+"""MCP servers as a tool source: the notes server of ``pantheon.testing.mcp_notes`` started for
+real, over stdio by :class:`agents.MCPServer` and over streamable HTTP on a free loopback port;
+its tools listed and called, and every way a call fails (a tool error, a timeout, a killed
+server, a server that never answers) a clear error naming the server and the tool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agents import (
+    AgentError,
+    MCPServer,
+    MCPServerError,
+    MCPServerUnavailable,
+    MCPToolError,
+    MCPToolTimeout,
+)
+
+NOTES = [sys.executable, "-m", "pantheon.testing.mcp_notes"]
+
+# A bound on waiting for a subprocess to come up on a loaded machine, not a measurement.
+UP_WITHIN = 60.0
+
+
+def notes_command(db: Path, *extra: str) -> list[str]:
+    return [*NOTES, "--db", str(db), *extra]
+
+
+def processes_with(marker: Path) -> list[int]:
+    """Live processes whose command line names ``marker`` (a test's own file: only its server)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue  # it ended while we looked
+            if str(marker).encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def test_importing_agents_does_not_import_the_sdk() -> None:
+    code = "import sys, agents; print(sorted(m for m in sys.modules if m.split('.')[0] == 'mcp'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_the_sdk_a_start_names_the_extra_to_install() -> None:
+    code = (
+        "import asyncio, sys\n"
+        "class NoSDK:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('mcp', 'mcp_types'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoSDK())\n"
+        "from agents import MCPServer\n"
+        "try:\n"
+        "    asyncio.run(MCPServer(command=['x']).start())\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == (
+        "agents.MCPServer needs the official MCP SDK: pip install 'pantheon[mcp]'"
+    )
+
+
+async def test_a_stdio_server_lists_its_tools_and_answers_calls(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    async with MCPServer(command=notes_command(db), timeout=20) as server:
+        assert processes_with(db)  # the run started the server
+        tools = {tool.name: tool for tool in server.tools()}
+        assert list(tools) == ["add_note", "find_notes", "read_note"]
+        assert server.name == "notes"  # the name the server gives itself
+        add = tools["add_note"]
+        assert add.description == "Store a note and answer its id."
+        assert add.parameters["type"] == "object"
+        assert add.parameters["required"] == ["title", "text"]
+
+        assert await add({"title": "Refunds", "text": "within 30 days"}) == {"id": 1}
+        assert await add({"title": "Shipping", "text": "refund the postage"}) == {"id": 2}
+        found = await tools["find_notes"]({"query": "refund"})
+        assert [note["id"] for note in found["notes"]] == [2, 1]
+        assert await tools["read_note"]({"id": 1}) == {
+            "id": 1,
+            "title": "Refunds",
+            "text": "within 30 days",
+        }
+
+        with pytest.raises(MCPToolError) as failed:
+            await tools["read_note"]({"id": 99})
+        assert (failed.value.server, failed.value.tool) == ("notes", "read_note")
+        assert "no note with id 99" in str(failed.value)
+        assert "'read_note' of server 'notes'" in str(failed.value)
+        assert isinstance(failed.value, AgentError)
+
+    # The server wrote to the real SQLite file, and closing ended its process.
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT title FROM notes ORDER BY id").fetchall() == [
+            ("Refunds",),
+            ("Shipping",),
+        ]
+    assert processes_with(db) == []
+    with pytest.raises(MCPServerUnavailable, match=r"'notes' cannot call 'add_note': .*closed"):
+        await add({"title": "late", "text": "after close"})
+
+
+async def test_the_allow_list_keeps_only_the_tools_it_names(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    async with MCPServer(command=notes_command(db), allow=["read_note", "find_notes"]) as server:
+        # In the server's order, not the allow-list's.
+        assert [tool.name for tool in server.tools()] == ["find_notes", "read_note"]
+        assert await server.tools()[0]({"query": "x"}) == {"notes": []}
+
+
+async def test_an_allowed_tool_the_server_lacks_fails_the_start(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    server = MCPServer(command=notes_command(db), allow=["find_notes", "delete_note"])
+    with pytest.raises(MCPServerError) as failed:
+        await server.start()
+    assert type(failed.value) is MCPServerError
+    assert (failed.value.server, failed.value.tool) == ("notes", "delete_note")
+    assert "offers add_note, find_notes, read_note" in str(failed.value)
+    assert processes_with(db) == []  # the failed start left no server behind
+    with pytest.raises(RuntimeError, match="no tools before start"):
+        server.tools()
+
+
+async def test_a_call_past_its_timeout_is_a_clear_error(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    # Every call takes 30 s; the client waits 0.3 s (a gap no loaded machine closes).
+    async with MCPServer(command=notes_command(db, "--delay", "30"), timeout=0.3) as server:
+        for _ in range(2):  # a timed-out call leaves the session usable for the next one
+            with pytest.raises(MCPToolTimeout) as late:
+                await server.call_tool("find_notes", {"query": "x"})
+            assert (late.value.server, late.value.tool) == ("notes", "find_notes")
+            assert "'find_notes' of server 'notes' did not answer within 0.3 s" in str(late.value)
+
+
+async def test_a_server_killed_mid_run_fails_its_calls_with_the_reason(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    async with MCPServer(command=notes_command(db, "--delay", "30"), timeout=60) as server:
+        [pid] = processes_with(db)
+        call = asyncio.create_task(server.call_tool("find_notes", {"query": "x"}))
+        await asyncio.sleep(0.1)  # let the call go out (killed before or after: the same error)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(MCPServerUnavailable) as died:
+            await call
+        assert (died.value.server, died.value.tool) == ("notes", "find_notes")
+        assert "MCP server 'notes' is gone (calling 'find_notes'): its connection closed" in str(
+            died.value
+        )
+        # Every later call fails at once with the same reason, without waiting on a timeout.
+        with pytest.raises(MCPServerUnavailable, match="cannot call 'add_note': its connection"):
+            await server.call_tool("add_note", {"title": "t", "text": "x"})
+
+
+async def test_a_server_that_exits_at_start_is_unavailable_with_its_stderr() -> None:
+    crash = "import sys; print('no such database: /nope', file=sys.stderr); sys.exit(3)"
+    server = MCPServer(command=[sys.executable, "-c", crash], name="broken")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await server.start()
+    assert failed.value.server == "broken"
+    assert "MCP server 'broken' could not be started" in str(failed.value)
+    assert "its stderr ends:\nno such database: /nope" in str(failed.value)
+
+
+async def test_a_missing_program_is_unavailable(tmp_path: Path) -> None:
+    server = MCPServer(command=[str(tmp_path / "no-such-server")])
+    with pytest.raises(MCPServerUnavailable, match="could not be started: FileNotFoundError"):
+        await server.start()
+
+
+async def test_a_server_that_never_answers_fails_the_start_within_its_bound(
+    tmp_path: Path,
+) -> None:
+    marker = tmp_path / "silent"
+    silent = [sys.executable, "-c", "import time, sys; time.sleep(120)", str(marker)]
+    server = MCPServer(command=silent, start_timeout=0.5, name="silent")
+    with pytest.raises(
+        MCPServerUnavailable, match=r"'silent' did not list its tools within 0\.5 s"
+    ):
+        await server.start()
+    assert processes_with(marker) == []  # stopped, not left running
+
+
+@pytest.fixture
+def http_notes(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """The notes server over streamable HTTP on a free loopback port: (its URL, its process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "http.log").open("wb")
+    proc = subprocess.Popen(
+        notes_command(tmp_path / "notes.sqlite", "--port", str(port)), stdout=log, stderr=log
+    )
+    try:
+        deadline = time.monotonic() + UP_WITHIN
+        while True:
+            assert proc.poll() is None, (tmp_path / "http.log").read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the HTTP notes server did not come up"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp", proc
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+async def test_a_streamable_http_server_by_url(
+    http_notes: tuple[str, subprocess.Popen[bytes]],
+) -> None:
+    url, proc = http_notes
+    async with MCPServer(url=url, allow=["add_note", "find_notes"]) as server:
+        assert server.name == "notes"
+        add, find = server.tools()
+        assert await add({"title": "HTTP", "text": "streamable"}) == {"id": 1}
+        assert (await find({"query": "stream"}))["notes"][0]["title"] == "HTTP"
+
+        proc.kill()
+        proc.wait()
+        with pytest.raises(MCPServerUnavailable, match=r"'notes' is gone \(calling 'find_n"):
+            await find({"query": "stream"})
+
+
+async def test_nothing_listens_at_the_url() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = MCPServer(url=f"http://127.0.0.1:{port}/mcp")
+    with pytest.raises(MCPServerUnavailable, match="could not be started: ConnectError"):
+        await server.start()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({}, ValueError, "exactly one of command"),
+        ({"command": ["x"], "url": "http://h/mcp"}, ValueError, "exactly one of command"),
+        ({"command": "python -m server"}, TypeError, "non-empty list of strings"),
+        ({"command": []}, TypeError, "non-empty list of strings"),
+        ({"url": "localhost:8000/mcp"}, ValueError, "http:// or https:// URL"),
+        ({"url": "http://h/mcp", "env": {"A": "1"}}, ValueError, "stdio server only"),
+        ({"command": ["x"], "timeout": 0}, ValueError, "timeout must be > 0"),
+        ({"command": ["x"], "start_timeout": -1}, ValueError, "start_timeout must be > 0"),
+        ({"command": ["x"], "allow": "find_notes"}, TypeError, "list of tool names"),
+    ],
+)
+def test_bad_settings_are_refused_when_made(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        MCPServer(**kwargs)  # type: ignore[arg-type]
+
+
+async def test_arguments_must_be_a_json_object(tmp_path: Path) -> None:
+    server = MCPServer(command=notes_command(tmp_path / "n.sqlite"))
+    with pytest.raises(TypeError, match="arguments of MCP tool 'find_notes' must be a JSON obj"):
+        await server.call_tool("find_notes", ["x"])  # type: ignore[arg-type]
