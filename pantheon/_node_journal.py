@@ -54,7 +54,6 @@ class JetStreamShipper:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, bytes, bool] | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run(), name=f"journal:{session}")
-        self.shipped = 0
         self.failed: BaseException | None = None
 
     def __call__(self, seq: int, data: bytes, end: bool) -> None:
@@ -69,7 +68,6 @@ class JetStreamShipper:
                 self.failed = exc
                 log.error("journal shipping stopped", session=self._session, error=repr(exc))
                 return
-            self.shipped += 1
 
     async def drain(self) -> None:
         """Ship what is queued (the recorder finished: nothing more comes), then stop."""

@@ -89,16 +89,17 @@ def _published(inputs: Sequence[StoredEnvelope]) -> dict[str, int] | None:
     return out
 
 
-async def _skip(source: Any, inputs: Sequence[StoredEnvelope]) -> AsyncIterator[InputItem]:
+async def _skip(
+    source: Any, per_topic: dict[str, int] | None, published: int
+) -> AsyncIterator[InputItem]:
     """``source`` without the items the original already published: per topic, those
-    numbered below what :func:`_published` found (else the first ``len(inputs)``)."""
-    per_topic = _published(inputs)
+    numbered below ``per_topic`` (:func:`_published`), else the first ``published``."""
     seen: dict[str, int] = {}
     total = 0
     async for item in source:
         if per_topic is None:
             total += 1
-            if total <= len(inputs):
+            if total <= published:
                 continue
         else:
             n = seen[item.topic] = seen.get(item.topic, -1) + 1
@@ -249,7 +250,7 @@ async def _run(
                     left = None if count is None else count - already
                     if source is None or (left is not None and left <= 0):
                         continue
-                    observer.source = _skip(source, inputs)
+                    observer.source = _skip(source, numbered, already)
                     observer.ordinals = run.ordinals  # numbered on from the recorded ones
                     if left is not None:
                         observer.settings = observer.settings.model_copy(update={"count": left})

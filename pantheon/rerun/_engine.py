@@ -201,22 +201,6 @@ def _touched(
     return {r for m in messages if (r := lineage.root.get(m)) is not None}
 
 
-def cut_root(
-    div: ReplayDivergence,
-    lineage: Lineage,
-    mapper: Mapper,
-    new_envelopes: list[StoredEnvelope],
-) -> int | None:
-    """The original input whose tree ``div`` is in (an extra message: through the input
-    its tree in the replay started from, which the replay re-published for that one)."""
-    if div.original_id is not None:
-        return lineage.root.get(div.original_id)
-    new = next((e for e in new_envelopes if e.id == div.replay_id), None)
-    if new is None or new.correlation_id is None:
-        return None
-    return mapper.to_original.get(new.correlation_id)
-
-
 class Tracker:
     """The re-run's view of itself while it runs: aligns each envelope as it is published,
     notes which are equal to their original (``identical``: their handlers' effects may be

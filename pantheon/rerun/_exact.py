@@ -9,7 +9,6 @@ from pantheon.rerun._engine import (
     DEFAULT_REPLAY_TIMEOUT,
     Rerun,
     Setup,
-    cut_root,
     incomplete_reason,
     past_the_record,
     rerun,
@@ -20,7 +19,7 @@ from pantheon.sessions import (
     ReplayDivergence,
     SessionStore,
 )
-from pantheon.sessions._align import compare_runs, same_payload
+from pantheon.sessions._align import Mapper, compare_runs, same_payload
 
 __all__ = ["ReplayReport", "nondeterminism_hint", "replay_session"]
 
@@ -159,6 +158,8 @@ async def replay_session(
         await run.fail({"replay_of": original.id, "error": repr(exc)})
         raise
     cut_roots = run.tolerated
+    # Each replayed message's input (its correlation id), for divergences with no original.
+    conversations = {e.id: e.correlation_id for e in new_envelopes} if cut_roots else {}
     divergence = comparison.divergence
     if incomplete is not None or cut_roots:
         divergence = next(
@@ -166,7 +167,7 @@ async def replay_session(
                 d
                 for d in comparison.divergences
                 if not (incomplete is not None and past_the_record(d))
-                and cut_root(d, run.lineage, comparison.mapper, new_envelopes) not in cut_roots
+                and _root(d, run, comparison.mapper, conversations) not in cut_roots
             ),
             None,
         )
@@ -194,6 +195,17 @@ async def replay_session(
     if raise_on_divergence:
         report.raise_for_divergence()
     return report
+
+
+def _root(
+    div: ReplayDivergence, run: Rerun, mapper: Mapper, conversations: dict[int, int | None]
+) -> int | None:
+    """The original input whose tree ``div`` is in (an extra message: through the input its
+    tree in the replay started from, which the replay re-published for that one)."""
+    if div.original_id is not None:
+        return run.lineage.root.get(div.original_id)
+    new_root = conversations.get(div.replay_id or 0)
+    return None if new_root is None else mapper.to_original.get(new_root)
 
 
 def nondeterminism_hint(run: Rerun, div: ReplayDivergence) -> ReplayDivergence:

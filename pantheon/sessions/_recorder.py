@@ -704,11 +704,6 @@ class Recorder:
         run calls it for every shipment its nodes send."""
         self._writer.events.append(("ingest", node, shipment))
 
-    def nodes(self) -> dict[str, int]:
-        """Shipments applied so far, per node (the writer's count; the store's is
-        ``session_nodes``)."""
-        return dict(self._writer._applied)
-
     async def __aenter__(self) -> Recorder:
         return self
 
@@ -954,21 +949,12 @@ def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[E
     missing = [e for e in envelopes if e.id not in have]
     if not missing:
         return 0
+    # Bases 0: ``created`` is wall-clock ns already, so the chunk's wall times come out right.
     writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0)
     conn = connect(store.path, store.synchronous)
     try:
         writer.continue_from(conn)
-        encoder = ChunkEncoder(0.0, 0)  # created is wall-clock ns already
-        rows = []
-        for i in range(0, len(missing), CHUNK_ROWS):
-            part = missing[i : i + CHUNK_ROWS]
-            rows.append(
-                (session_id, writer._jseq, "envelopes", writer._seq["envelopes"], len(part),
-                 time.time(), encoder.envelopes(part), None)
-            )  # fmt: skip
-            writer._jseq += 1
-            writer._seq["envelopes"] += len(part)
-        insert_rows(conn, "journal", rows)
+        writer._commit(conn, [(list(missing), [])])
         Materializer(conn, session_id).run()
     finally:
         conn.close()
