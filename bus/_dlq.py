@@ -8,12 +8,13 @@ import time
 import traceback
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import TracebackType
+from typing import Any, Self
 
 from bus._envelope import Envelope
 
-__all__ = ["DEFAULT_DLQ_SIZE", "DeadLetter", "DeadLetterQueue"]
+__all__ = ["DEFAULT_DLQ_SIZE", "DeadLetter", "DeadLetterQueue", "DeadLetterRecord"]
 
 #: Entries kept in memory. When full the oldest entry is evicted and counted in ``evicted``;
 #: a recording session has already persisted it, so eviction bounds memory, not the record,
@@ -149,7 +150,37 @@ REASONS = (
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter:
+class DeadLetterRecord:
+    """A dead letter as every layer keeps it: which message (``envelope_id`` on ``topic``),
+    the subscription it was meant for, why, and after how many attempts.
+
+    Defined once, here: each layer's dead letter is one of these plus what that layer adds
+    (the bus's :class:`DeadLetter` its envelope and wall time, the NATS DLQ stream's its
+    node and subject, the session store's the redrive that took it back, the read model's
+    and the live feed's the payload and the request), built with :meth:`of`. ``reason``:
+    see :class:`DeadLetter`."""
+
+    entry_id: int
+    envelope_id: int
+    topic: str
+    subscriber: str
+    reason: str
+    error_type: str | None
+    error: str | None
+    traceback: str | None
+    attempts: int
+
+    @classmethod
+    def of(cls, record: DeadLetterRecord, **added: Any) -> Self:
+        """``record``'s shared fields with the ones ``cls`` adds (``added``, by name)."""
+        return cls(**{name: getattr(record, name) for name in _RECORD_FIELDS}, **added)
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(DeadLetterRecord))
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(DeadLetterRecord):
     """One undeliverable message: the envelope, the subscription it was meant for and why.
 
     ``reason`` is one of ``failed`` (retries exhausted), ``circuit_open``, ``shed``,
@@ -157,17 +188,10 @@ class DeadLetter:
     (bytes no subscriber could decode: the payload is their size and reason) or a refusal's
     own: a handler's exception with a string attribute ``dead_letter_reason`` is not retried
     and is dead-lettered under that reason (the agents' ``BudgetExceeded``: ``budget``). ``time`` is
-    wall-clock seconds.
+    wall-clock seconds; ``envelope_id`` and ``topic`` are the envelope's.
     """
 
-    entry_id: int
     envelope: Envelope
-    subscriber: str
-    reason: str
-    error_type: str | None
-    error: str | None
-    traceback: str | None
-    attempts: int
     time: float
 
 
@@ -245,6 +269,8 @@ class DeadLetterQueue:
     ) -> DeadLetter:
         entry = DeadLetter(
             entry_id=self._next_id(),
+            envelope_id=envelope.id,
+            topic=envelope.topic,
             envelope=envelope,
             subscriber=subscriber,
             reason=reason,
@@ -336,7 +362,19 @@ def _none() -> int:
 
 def _built(kept: _Shed) -> DeadLetter:
     entry_id, envelope, subscriber, when = kept
-    return DeadLetter(entry_id, envelope, subscriber, "shed", None, None, None, 0, when)
+    return DeadLetter(
+        entry_id,
+        envelope.id,
+        envelope.topic,
+        subscriber,
+        "shed",
+        None,
+        None,
+        None,
+        0,
+        envelope,
+        when,
+    )
 
 
 def _entry_id(entry: DeadLetter) -> int:

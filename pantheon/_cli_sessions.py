@@ -375,12 +375,15 @@ def register(app: typer.Typer) -> None:
             # payload, which is what a reader needs to see. Only the excerpt is cut, to the
             # width (120 at most: an excerpt, not the payload; --json has it all).
             room = max(40, min(con.width, 120)) - len("    payload ")
+            # A multi-process session's entries say whose queue dead-lettered them.
+            several = bool(readmodel.nodes(st, sid))
             for d in letters:
                 env = envs.get(d.envelope_id)
                 redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
                 redriven = redriven or (", redriven" if d.redriven else "")
+                where = f" (node {d.node or readmodel.DRIVER})" if several else ""
                 lines = [
-                    f"#{d.entry_id} {d.subscriber} on {d.topic}: {d.reason} after "
+                    f"#{d.entry_id} {d.subscriber}{where} on {d.topic}: {d.reason} after "
                     f"{d.attempts} attempt{'s' if d.attempts != 1 else ''}{redriven}",
                     f"    {d.error_type}: {d.error}" if d.error_type else "",
                     f"    raised at {_raised_at(d.traceback)}" if d.traceback else "",

@@ -52,7 +52,7 @@ from agents import (
     UsageMeter,
     total_usage,
 )
-from bus import matches, validate_pattern
+from bus import DeadLetterRecord, matches, validate_pattern
 from pantheon.sessions import (
     NodeJournal,
     SessionInfo,
@@ -176,26 +176,21 @@ class BreakerEvent:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetterView:
+class DeadLetterView(DeadLetterRecord):
     """A dead letter with the payload that failed (None when that envelope is not in the
-    store) and the request it belongs to, so a view can open its waterfall."""
+    store) and the request it belongs to, so a view can open its waterfall; ``t_s`` is when,
+    in seconds from the session's start. A finished session's (:func:`dead_letters`) and a
+    live feed's (``pantheon.live``) dead letters are both this. ``redriven`` says it was
+    taken back (live: re-published; finished: delivered by a redrive session)."""
 
-    entry_id: int
-    envelope_id: int
-    topic: str
-    subscriber: str
-    reason: str
-    error_type: str | None
-    error: str | None
-    traceback: str | None
-    attempts: int
     t_s: float
     redriven: bool
     payload: Any
     correlation_id: int | None = None
     redriven_by: str | None = None
     node: str | None = None
-    """The process whose queue dead-lettered it (multi-process sessions only)."""
+    """The process whose queue dead-lettered it: a node of a multi-process session (``driver``
+    for the one that ran the scenario); None in a single-process one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,16 +616,8 @@ def dead_letters(store: SessionStore, sid: str) -> list[DeadLetterView]:
     for d in store.dead_letters(info.id):
         env = by_id.get(d.envelope_id)
         out.append(
-            DeadLetterView(
-                entry_id=d.entry_id,
-                envelope_id=d.envelope_id,
-                topic=d.topic,
-                subscriber=d.subscriber,
-                reason=d.reason,
-                error_type=d.error_type,
-                error=d.error,
-                traceback=d.traceback,
-                attempts=d.attempts,
+            DeadLetterView.of(
+                d,
                 t_s=origin.wall_s(d.time),
                 redriven=d.redriven,
                 payload=None if env is None else env.payload,

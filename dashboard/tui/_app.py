@@ -55,7 +55,7 @@ from dashboard.tui._format import (
     waterfall_text,
 )
 from dashboard.tui._sources import Source
-from pantheon.live import DeadLetter, Hop, HopLatency, Series, Snapshot, Trace
+from pantheon.live import DeadLetterView, Hop, HopLatency, Series, Snapshot, Trace
 from pantheon.sessions import Approval, SessionError
 
 __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
@@ -193,7 +193,7 @@ class MonitorApp(App[None]):
         self.source = source
         self.snapshot: Snapshot | None = None
         self._approvals: dict[str, Approval] = {}
-        self._dead: dict[str, DeadLetter] = {}
+        self._dead: dict[str, DeadLetterView] = {}
         self._traces: dict[str, Trace] = {}
         self._dlq_nodes = False
 
@@ -479,7 +479,7 @@ class MonitorApp(App[None]):
         if tables:
             tables.first().focus()
 
-    def selected_dead_letter(self) -> DeadLetter | None:
+    def selected_dead_letter(self) -> DeadLetterView | None:
         table = self.query_one("#dlq-table", DataTable)
         if not table.row_count:
             return None
@@ -497,7 +497,7 @@ class MonitorApp(App[None]):
         self.redrive(letter)
 
     @work(group="redrive")
-    async def redrive(self, letter: DeadLetter) -> None:
+    async def redrive(self, letter: DeadLetterView) -> None:
         """Redrive ``letter`` through the source; the outcome is a notification."""
         if letter.redriven:
             self.notify(f"entry {letter.entry_id} was already redriven", severity="warning")
@@ -578,7 +578,7 @@ class MonitorApp(App[None]):
         self.push_screen(TimelineScreen(trace))
         self._load_waterfall(trace)
 
-    def trace_of(self, letter: DeadLetter) -> Trace | None:
+    def trace_of(self, letter: DeadLetterView) -> Trace | None:
         """The request a dead letter belongs to, as the snapshot knows it."""
         if letter.correlation_id is None:
             return None
@@ -635,7 +635,7 @@ class DeadLetterScreen(Screen[None]):
         Binding("q", "app.quit", "Quit"),
     ]
 
-    def __init__(self, letter: DeadLetter) -> None:
+    def __init__(self, letter: DeadLetterView) -> None:
         super().__init__()
         self.letter = letter
 

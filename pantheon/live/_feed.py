@@ -40,11 +40,10 @@ from types import SimpleNamespace
 from typing import Any, Literal
 
 from agents import BudgetState
-from bus import BreakerEvent as BusBreakerEvent
-from bus import Bus, DeadLetter, Delivery, Envelope, ObserverHandle
+from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
+from pantheon import readmodel
 from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
 from pantheon.live._snapshot import (
-    BreakerEvent,
     BreakerState,
     Hello,
     Hop,
@@ -57,9 +56,8 @@ from pantheon.live._snapshot import (
     Totals,
     Trace,
 )
-from pantheon.live._snapshot import DeadLetter as DeadLetterView
 from pantheon.live._wire import decode_client, encode, read_frame
-from pantheon.readmodel import DRIVER, SessionUsage
+from pantheon.readmodel import DRIVER, DeadLetterView, SessionUsage
 
 __all__ = [
     "DEFAULT_HISTORY",
@@ -458,7 +456,7 @@ class LiveFeed:
         self._dead.append(entry)
         self._dead_seen += 1
 
-    def _on_breaker(self, ev: BusBreakerEvent) -> None:
+    def _on_breaker(self, ev: BreakerEvent) -> None:
         self._breaker_events.append((time.monotonic_ns(), ev.breaker, ev.old, ev.new, ev.reason))
         self._breaker_reason[ev.breaker] = ev.reason
 
@@ -545,7 +543,7 @@ class LiveFeed:
             breakers=self._breakers(),
             breaker_events=tuple(
                 # A breaker of this bus: the feed runs in the driver of a multi-process run.
-                BreakerEvent((t - origin) / 1e9, name, old, new, reason, self._here)
+                readmodel.BreakerEvent((t - origin) / 1e9, name, old, new, reason, self._here)
                 for t, name, old, new, reason in self._breaker_events
             ),
             dead_letters=self._dead_letters(),
@@ -622,16 +620,8 @@ class LiveFeed:
     def _dead_letters(self) -> tuple[DeadLetterView, ...]:
         wall = self._origin_wall
         return tuple(
-            DeadLetterView(
-                entry_id=e.entry_id,
-                envelope_id=e.envelope.id,
-                topic=e.envelope.topic,
-                subscriber=e.subscriber,
-                reason=e.reason,
-                error_type=e.error_type,
-                error=e.error,
-                traceback=e.traceback,
-                attempts=e.attempts,
+            DeadLetterView.of(
+                e,
                 t_s=e.time - wall if wall else 0.0,
                 redriven=e.entry_id in self._redriven,
                 payload=e.envelope.payload,

@@ -10,19 +10,22 @@ Conventions follow :mod:`pantheon.readmodel`: times are offsets from the session
 envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscription name
 (but an agent's name where model usage is concerned).
 
-The model usage section is the read model's own :class:`~pantheon.readmodel.SessionUsage`
-(frozen dataclasses, which msgspec encodes as it does Structs) rather than a copy of it: one
-type for both sources, so a live and a recorded session cannot disagree on what usage is.
+The model usage section, the breaker events and the dead letters are the read model's own
+:class:`~pantheon.readmodel.SessionUsage`, :class:`~pantheon.readmodel.BreakerEvent` and
+:class:`~pantheon.readmodel.DeadLetterView` (frozen dataclasses, which msgspec encodes as it
+does Structs; the dead letter is the bus's :class:`~bus.DeadLetterRecord` with a view's
+fields) rather than copies of them: one type for both sources, so a live and a recorded
+session cannot disagree on what these are.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
 from agents import BudgetState
-from pantheon.readmodel import SessionUsage
+from pantheon.readmodel import BreakerEvent, DeadLetterView, SessionUsage
 
 __all__ = [
     "MAX_TALLIED",
@@ -30,7 +33,7 @@ __all__ = [
     "BreakerEvent",
     "BreakerState",
     "Check",
-    "DeadLetter",
+    "DeadLetterView",
     "Hello",
     "Hop",
     "HopLatency",
@@ -109,16 +112,6 @@ class BreakerState(msgspec.Struct, frozen=True):
     reason: str | None = None
 
 
-class BreakerEvent(msgspec.Struct, frozen=True):
-    t_s: float
-    name: str
-    old: str
-    new: str
-    reason: str | None
-    node: str | None = None
-    """The process whose breaker it was (a multi-process session's; None otherwise)."""
-
-
 class Check(msgspec.Struct, frozen=True):
     """One expectation of a finished run, as judged: ``state`` is ``passed``, ``failed``
     or ``inconclusive`` (a timing bound exceeded while the machine kept the process from a
@@ -130,29 +123,6 @@ class Check(msgspec.Struct, frozen=True):
     expected: str
     actual: str
     why: str | None = None
-
-
-class DeadLetter(msgspec.Struct, frozen=True):
-    """A dead letter with its failing payload; ``entry_id`` is the key to redrive it with.
-    ``redriven`` says it was taken back (live: re-published; finished: delivered by a
-    redrive session)."""
-
-    entry_id: int
-    envelope_id: int
-    topic: str
-    subscriber: str
-    reason: str
-    error_type: str | None
-    error: str | None
-    traceback: str | None
-    attempts: int
-    t_s: float
-    redriven: bool
-    payload: Any
-    correlation_id: int | None = None
-    node: str | None = None
-    """The process whose queue dead-lettered it: a node of a multi-process session (``driver``
-    for the one that ran the scenario); None in a single-process one."""
 
 
 class Hop(msgspec.Struct, frozen=True):
@@ -227,7 +197,7 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     hops: tuple[HopLatency, ...] = ()
     breakers: tuple[BreakerState, ...] = ()
     breaker_events: tuple[BreakerEvent, ...] = ()
-    dead_letters: tuple[DeadLetter, ...] = ()
+    dead_letters: tuple[DeadLetterView, ...] = ()
     traces: tuple[Trace, ...] = ()
     usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
     budget: tuple[BudgetState, ...] = ()

@@ -9,10 +9,8 @@ from pantheon import readmodel
 from pantheon._report import expectation_state
 from pantheon.live._snapshot import (
     MAX_TALLIED,
-    BreakerEvent,
     BreakerState,
     Check,
-    DeadLetter,
     Hop,
     HopLatency,
     OutcomeTally,
@@ -81,28 +79,8 @@ def snapshot_from_store(
         series=_series(readmodel.throughput(store, sid, bucket_s=bucket_s), bucket_s),
         hops=tuple(_hop_latency(h) for h in latency),
         breakers=_breakers(last_stats, events),
-        breaker_events=tuple(
-            BreakerEvent(e.t_s, e.name, e.old, e.new, e.reason, e.node) for e in events
-        ),
-        dead_letters=tuple(
-            DeadLetter(
-                entry_id=d.entry_id,
-                envelope_id=d.envelope_id,
-                topic=d.topic,
-                subscriber=d.subscriber,
-                reason=d.reason,
-                error_type=d.error_type,
-                error=d.error,
-                traceback=d.traceback,
-                attempts=d.attempts,
-                t_s=d.t_s,
-                redriven=d.redriven,
-                payload=d.payload,
-                correlation_id=d.correlation_id,
-                node=d.node,
-            )
-            for d in letters
-        ),
+        breaker_events=tuple(events),
+        dead_letters=tuple(letters),
         traces=tuple(
             Trace(r.correlation_id, r.topic, r.label, r.start_ms, r.total_ms, r.hops, r.outcome)
             for r in requests

@@ -33,11 +33,11 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from bus import DecodeError
+from bus import DeadLetterRecord, DecodeError
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
 from pantheon.sessions._journal import (
@@ -504,16 +504,10 @@ class StoredDelivery:
 
 
 @dataclass(frozen=True, slots=True)
-class StoredDeadLetter:
-    entry_id: int
-    envelope_id: int
-    topic: str
-    subscriber: str
-    reason: str
-    error_type: str | None
-    error: str | None
-    traceback: str | None
-    attempts: int
+class StoredDeadLetter(DeadLetterRecord):
+    """A recorded dead letter: the bus's record, when (wall seconds), and whether a redrive
+    took it back (``redriven_by``: the session that redrove it)."""
+
     time: float
     redriven: bool
     redriven_by: str | None
@@ -521,21 +515,7 @@ class StoredDeadLetter:
     """The process whose queue dead-lettered it (``None``: the recording process)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "entry_id": self.entry_id,
-            "envelope_id": self.envelope_id,
-            "topic": self.topic,
-            "subscriber": self.subscriber,
-            "reason": self.reason,
-            "error_type": self.error_type,
-            "error": self.error,
-            "traceback": self.traceback,
-            "attempts": self.attempts,
-            "time": self.time,
-            "redriven": self.redriven,
-            "redriven_by": self.redriven_by,
-            "node": self.node,
-        }
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -129,3 +129,17 @@ def test_diff_names_the_node_where_the_first_difference_ran(node_sessions: NodeS
     # The text says it too, and the other way round the node is A's.
     out = pantheon("diff", s.three, s.alone, "--store", str(s.store), cwd=s.store.parent)
     assert f"(node {placed[agent]} in A)" in out.stdout, out.stdout
+
+
+def test_dlq_list_says_which_node_dead_lettered_each_entry(node_sessions: NodeSessions) -> None:
+    """``pantheon dlq list`` of a multi-process session names each entry's node (its
+    tickets fail on the Actor, on node ``action``); a single-process one's name none."""
+    s = node_sessions
+    out = pantheon("dlq", "list", s.three, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    heads = [line for line in out.stdout.splitlines() if line.startswith("#")]
+    assert heads and all(re.match(r"#\d+ actor \(node action\) on ", h) for h in heads), heads
+    out = pantheon("dlq", "list", s.alone, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    heads = [line for line in out.stdout.splitlines() if line.startswith("#")]
+    assert heads and not [h for h in heads if "(node " in h], heads

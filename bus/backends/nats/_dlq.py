@@ -14,7 +14,7 @@ from typing import Any
 
 import nats.js.errors
 
-from bus._envelope import Envelope
+from bus._dlq import DeadLetter
 from bus._errors import DecodeError
 from bus.backends.nats._subjects import DLQ_STREAM
 from bus.backends.nats._wire import decode_wire, encode, envelope_of
@@ -25,17 +25,22 @@ _log = logging.getLogger("bus.nats")
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetterEntry:
-    """One message in the DLQ stream: what failed, where, how often, and why."""
+class DeadLetterEntry(DeadLetter):
+    """One message in the DLQ stream: a :class:`~bus.DeadLetter` (reason ``failed``: its
+    deliveries ran out) keyed by its stream sequence (``seq``, its ``entry_id``), with the
+    node whose consumer gave up and the subject to redrive it on. The stream keeps no
+    traceback (the node's own DLQ has it); ``time`` is when the stream stored it."""
 
-    seq: int
-    envelope: Envelope
-    subscriber: str
-    deliveries: int
-    error_type: str
-    error: str
     node: str
     subject: str
+
+    @property
+    def seq(self) -> int:
+        return self.entry_id
+
+    @property
+    def deliveries(self) -> int:
+        return self.attempts
 
 
 async def dead_letters(js: Any, team: str, mono_to_wall: int) -> list[DeadLetterEntry]:
@@ -60,14 +65,20 @@ async def dead_letters(js: Any, team: str, mono_to_wall: int) -> list[DeadLetter
             # stream for the operator, never redriven, said once per listing.
             _log.warning("NATS DLQ stream message %d is not a dead letter: %s", seq, exc)
             continue
+        envelope = envelope_of(wire, mono_to_wall)
         entries.append(
             DeadLetterEntry(
-                seq=seq,
-                envelope=envelope_of(wire, mono_to_wall),
+                entry_id=seq,
+                envelope_id=envelope.id,
+                topic=envelope.topic,
                 subscriber=headers.get("Pantheon-Subscriber", "?"),
-                deliveries=int(headers.get("Pantheon-Deliveries", "0")),
+                reason="failed",
                 error_type=headers.get("Pantheon-Error-Type", ""),
                 error=headers.get("Pantheon-Error", ""),
+                traceback=None,
+                attempts=int(headers.get("Pantheon-Deliveries", "0")),
+                envelope=envelope,
+                time=raw.time.timestamp() if raw.time is not None else 0.0,
                 node=headers.get("Pantheon-Node", ""),
                 subject=headers.get("Pantheon-Subject", ""),
             )
