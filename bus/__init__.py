@@ -32,6 +32,7 @@ from bus._errors import (
 )
 from bus._hooks import (
     UNSAMPLED,
+    BreakerChange,
     BreakerEvent,
     BusObserver,
     Delivery,
@@ -52,6 +53,7 @@ __all__ = [
     "DEFAULT_MAX_DECODE_BYTES",
     "DEFAULT_MAX_QUEUE",
     "UNSAMPLED",
+    "BreakerChange",
     "BreakerEvent",
     "BreakerPolicy",
     "Bus",

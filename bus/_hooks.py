@@ -56,18 +56,29 @@ class Delivery(msgspec.Struct, gc=False, array_like=True, frozen=True):
     outcome: str
 
 
-class BreakerEvent(msgspec.Struct, frozen=True):
+class BreakerChange(msgspec.Struct, frozen=True):
     """A breaker changed state: ``breaker`` is its name (a subscription's name, or
     ``publish:<topic>`` for a publisher breaker); ``old``/``new`` are ``closed``, ``open`` or
-    ``half_open``; ``time`` is wall-clock seconds."""
+    ``half_open``; ``time`` is wall-clock seconds.
 
+    Defined once, here: observers get a :class:`BreakerEvent` (this and the breaker's counts
+    at the change), and the session store reads a recorded one back as this, its row number
+    and its node (``pantheon.sessions.BreakerTransition``)."""
+
+    time: float
     breaker: str
     old: str
     new: str
-    reason: str
+    reason: str | None
+
+
+class BreakerEvent(BreakerChange, frozen=True):
+    """A breaker's change as the bus tells observers: the change, the trips so far and the
+    seconds until an open breaker lets a probe through."""
+
+    reason: str  # the bus always says why
     trips: int
     retry_after: float
-    time: float
 
 
 class BusObserver(Protocol):

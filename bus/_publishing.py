@@ -96,7 +96,7 @@ class Dispatcher:
                 self.open[topic] = breaker
         if self.hooks.breaker:
             event = BreakerEvent(
-                breaker.name, old, new, why, breaker.trips, breaker.retry_after(), time.time()
+                time.time(), breaker.name, old, new, why, breaker.trips, breaker.retry_after()
             )
             for observer in self.hooks.breaker:
                 observer(event)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
 
-from bus import DeadLetterRecord, DecodeError
+from bus import BreakerChange, DeadLetterRecord, DecodeError
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
 from pantheon.sessions._journal import (
@@ -564,16 +564,17 @@ class StoredEffect:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerTransition:
+class BreakerTransition(BreakerChange, frozen=True):
+    """A recorded breaker change: the bus's record of it, its row number (``seq``) and the
+    process whose breaker it was (``node``; ``None``: the recording process)."""
+
     seq: int
-    time: float
-    name: str
-    old: str
-    new: str
-    reason: str | None
     node: str | None = None
-    """The process whose breaker it was (``None``: the recording process)."""
+
+    @property
+    def name(self) -> str:
+        """The breaker's name (the column's)."""
+        return self.breaker
 
 
 @dataclass(frozen=True, slots=True)
@@ -1127,7 +1128,7 @@ class SessionStore:
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:
         rows = self._query(
-            "SELECT seq, time, name, old, new, reason, node FROM breaker_transitions "
+            "SELECT time, name, old, new, reason, seq, node FROM breaker_transitions "
             "WHERE session = ? ORDER BY seq",
             (session_id,),
             session=session_id,
