@@ -375,8 +375,9 @@ def register(app: typer.Typer) -> None:
             # payload, which is what a reader needs to see. Only the excerpt is cut, to the
             # width (120 at most: an excerpt, not the payload; --json has it all).
             room = max(40, min(con.width, 120)) - len("    payload ")
-            # A multi-process session's entries say whose queue dead-lettered them.
-            several = bool(readmodel.nodes(st, sid))
+            # A multi-process session's entries say whose queue dead-lettered them: its
+            # nodes shipped journals (read without the summary, which may be damaged).
+            several = bool(st.node_journals(sid))
             for d in letters:
                 env = envs.get(d.envelope_id)
                 redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
