@@ -356,8 +356,9 @@ def register(app: typer.Typer) -> None:
         store: StoreOpt = None,
         as_json: JsonOpt = False,
     ) -> None:
-        """The session's dead letters, each with its error, where it was raised and an
-        excerpt of its payload; --json has every field, the whole payload and traceback."""
+        """The session's dead letters, each with its error, where it was raised, an excerpt
+        of its payload and, in a multi-process session, its node; --json has every field,
+        the whole payload and traceback."""
         with _open(store) as st:
             sid = st.resolve(session)
             letters = st.dead_letters(sid)
