@@ -9,13 +9,14 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import msgspec
 import pytest
 from nats_helpers import eventually
 
-from bus import Bus, Envelope
+from bus import Bus, DeadLetter, Envelope
 from bus.backends.nats import (
     AuthorizationError,
     NatsServer,
@@ -396,3 +397,36 @@ async def test_undecodable_directory_entries_and_dlq_messages_are_skipped(
             assert isinstance(publisher, NatsTransport)
             assert await publisher.dead_letters() == []
             assert await publisher.redrive() == 0
+
+
+async def test_a_dlq_stream_entry_reads_as_a_bus_dead_letter(server: NatsServer) -> None:
+    """What the stream lists is a ``bus.DeadLetter``: the envelope's id and topic, reason
+    ``failed`` (its deliveries ran out), attempts its deliveries, and the wall time the
+    stream stored it; beside it the node that gave up."""
+    opts = {"team": "record", "max_deliver": 2, "backoff": (0.02, 0.05)}
+    async with (
+        Bus(transport=NatsTransport(server.url, node="pub", **opts)) as pub,
+        Bus(transport=NatsTransport(server.url, node="worker", **opts)) as sub,
+    ):
+
+        @sub.on("mail.*", name="triage")
+        async def triage(env: Envelope) -> None:
+            raise ValueError("never")
+
+        await sub.transport.sync()
+        await eventually(lambda: pub.transport.has_remote("mail.in"))
+        before = time.time()
+        await pub.emit("mail.in", "poison")
+        transport = pub.transport
+        assert isinstance(transport, NatsTransport)
+        await eventually(lambda: transport.stats()["dlq_received"] == 1)
+        (entry,) = await transport.dead_letters()
+    assert isinstance(entry, DeadLetter)
+    assert (entry.envelope_id, entry.topic) == (entry.envelope.id, "mail.in")
+    assert (entry.reason, entry.attempts, entry.seq, entry.node) == (
+        "failed",
+        2,
+        entry.entry_id,
+        "worker",
+    )
+    assert before - 1 <= entry.time <= time.time() + 1
