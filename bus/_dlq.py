@@ -366,18 +366,9 @@ def _none() -> int:
 def _built(kept: _Shed) -> DeadLetter:
     entry_id, envelope, subscriber, when = kept
     return DeadLetter(
-        entry_id,
-        envelope.id,
-        envelope.topic,
-        subscriber,
-        "shed",
-        None,
-        None,
-        None,
-        0,
-        envelope,
-        when,
-    )
+        entry_id, envelope.id, envelope.topic, subscriber, "shed", None, None, None, 0,
+        envelope, when,
+    )  # fmt: skip
 
 
 def _entry_id(entry: DeadLetter) -> int:

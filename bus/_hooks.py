@@ -62,8 +62,8 @@ class BreakerChange(msgspec.Struct, frozen=True):
     ``half_open``; ``time`` is wall-clock seconds.
 
     Defined once, here: observers get a :class:`BreakerEvent` (this and the breaker's counts
-    at the change), and the session store reads a recorded one back as this, its row number
-    and its node (``pantheon.sessions.BreakerTransition``)."""
+    at the change), and a session store reads a recorded one back as this plus its row
+    number and the process whose breaker it was."""
 
     time: float
     breaker: str
