@@ -154,18 +154,21 @@ def sum_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
 def _provider(scenario: Scenario) -> ModelProvider:
     p = scenario.provider
     if p.kind == "openai":
+        options: dict[str, Any] = {
+            "timeout": p.timeout,
+            "max_retries": p.max_retries,
+            "backoff": p.backoff,
+            "max_backoff": p.max_backoff,
+            "connect_timeout": p.connect_timeout,
+            "max_connections": p.max_connections,
+        }
+        if p.stand_in is not None:
+            # Imported here: pantheon.testing imports the run API, which imports this module.
+            from pantheon.testing._stand_in import StandInProvider, load_reply
+
+            return StandInProvider(load_reply(p.stand_in), p.model, **options)
         key = os.environ.get(p.api_key_env) if p.api_key_env else None
-        return OpenAIProvider(
-            p.base_url,
-            p.model,
-            key,
-            p.timeout,
-            max_retries=p.max_retries,
-            backoff=p.backoff,
-            max_backoff=p.max_backoff,
-            connect_timeout=p.connect_timeout,
-            max_connections=p.max_connections,
-        )
+        return OpenAIProvider(p.base_url, p.model, key, **options)
     if p.kind == "anthropic":
         return AnthropicProvider(
             p.base_url,
