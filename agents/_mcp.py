@@ -72,9 +72,11 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class MCPServerError(AgentError, RuntimeError):
-    """An MCP server failed a start or a call; ``server`` and ``tool`` (or None) say which."""
+    """An MCP server failed a start or a call; ``server`` and ``tool`` (or None) say which.
+    Both are None in one a replay rebuilt from a session's record (built from its message
+    alone, which names them), so it is still this type and is handled as the original was."""
 
-    def __init__(self, message: str, *, server: str, tool: str | None = None) -> None:
+    def __init__(self, message: str, *, server: str | None = None, tool: str | None = None) -> None:
         super().__init__(message)
         self.server = server
         self.tool = tool

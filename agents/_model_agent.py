@@ -18,7 +18,10 @@ as the effect ``tools.list``: a replay offers the model the same tools without t
 
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
-the error below, and the bus retries or dead-letters it with that reason.
+the error below, and the bus retries or dead-letters it with that reason. A failed tool call
+(a Python tool's exception, an MCP tool's error result or timeout) goes back to the model as
+the tool's result; an MCP server that is gone (:class:`agents.MCPServerUnavailable`) fails
+the message at once with that error instead.
 
 Errors (a branch of :class:`agents.AgentError`)::
 
@@ -41,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
+from agents._mcp import MCPServerUnavailable
 from agents._providers import ChatResult, ProviderResponseError, ToolCall
 from agents._tools import Tool, ToolError, ToolSource, _load, load_tools, tool_schema
 from bus import Envelope
@@ -463,8 +467,15 @@ class ModelAgent(Agent):
                 calls = result.tool_calls
                 if s.parallel_tools and len(calls) > 1:
                     # Each task takes its effect's ordinal before its first await, and tasks
-                    # first run in creation order: the numbering is the model's order.
-                    done = await asyncio.gather(*(self._run_tool(c, listed) for c in calls))
+                    # first run in creation order: the numbering is the model's order. Every
+                    # call ends (and is recorded) before a server's death fails the message.
+                    ran = await asyncio.gather(
+                        *(self._run_tool(c, listed) for c in calls), return_exceptions=True
+                    )
+                    for item in ran:
+                        if isinstance(item, BaseException):
+                            raise item
+                    done = [item for item in ran if not isinstance(item, BaseException)]
                 else:
                     done = [await self._run_tool(c, listed) for c in calls]
                 for call, (content, failed) in zip(calls, done, strict=True):
@@ -516,9 +527,14 @@ class ModelAgent(Agent):
             else:
                 have = ", ".join([*self._tools, *sorted(listed)]) or "none"
                 return f"Error: there is no tool named {name!r} (tools: {have})", True
+        except MCPServerUnavailable:
+            # The server is gone: no answer the model could act on, and every later call
+            # would fail alike. The message fails, dead-lettered with this reason.
+            raise
         except Exception as exc:
             # Named by the type's own name and message, which a replay rebuilds the same
-            # (pantheon.sessions.rebuild_error), so the model is told the same words.
+            # (pantheon.sessions.rebuild_error), so the model is told the same words. An MCP
+            # tool's error or timeout is one of these: the model may try otherwise.
             return _cut(f"Error: {type(exc).__name__}: {exc}"), True
         return _cut(_text(result)), False
 
