@@ -200,7 +200,7 @@ def _reviewer(messages: list[Mapping[str, Any]]) -> Reply:
             tool_calls=[
                 _call(
                     "record_decision",
-                    request_id=request["id"],
+                    request_id=request["request_id"],
                     employee=request["employee"],
                     resource=request["resource"],
                     level=request["level"],

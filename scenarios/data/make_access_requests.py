@@ -1,6 +1,6 @@
 """Generate what ``scenarios/access_requests.yaml`` feeds the IT access desk, with its labels.
 
-    python scenarios/data/make_access_requests.py --seed 5 --count 300 -o scenarios/data
+    python scenarios/data/make_access_requests.py --seed 5 --count 200 -o scenarios/data
 
 writes three files into the folder: ``access_directory.json`` (the people the intake agent's
 directory tool knows), ``access_registry.json`` (the resources' policies and the grants
@@ -8,7 +8,7 @@ people hold today: what the desk's MCP server is seeded with on every start) and
 ``access_requests.jsonl`` (the requests, each with its ``expected`` decision). The same seed
 writes the same bytes.
 
-A request is ``{id, employee, resource, level, justification}``, ``level`` one of read,
+A request is ``{request_id, employee, resource, level, justification}``, ``level`` one of read,
 write, admin. Its ``expected`` decision is the desk's written access policy, applied in this
 order (the first rule that applies decides; ``rule`` in the label names it):
 
@@ -267,7 +267,7 @@ def generate(seed: int, count: int) -> tuple[list[Any], dict[str, Any], list[dic
         level = rng.choices(LEVELS, weights=(6, 3, 1))[0]
         restricted = RESOURCES.get(resource, ((), False, ()))[1]
         request = {
-            "id": f"r-{len(requests) + 1:04d}",
+            "request_id": f"r-{len(requests) + 1:04d}",
             "employee": employee,
             "resource": resource,
             "level": level,
@@ -281,7 +281,7 @@ def generate(seed: int, count: int) -> tuple[list[Any], dict[str, Any], list[dic
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=5)
-    parser.add_argument("--count", type=int, default=300)
+    parser.add_argument("--count", type=int, default=200)
     parser.add_argument("-o", "--out", type=Path, default=Path(__file__).resolve().parent)
     args = parser.parse_args(argv)
     people, registry, requests = generate(args.seed, args.count)

@@ -31,7 +31,7 @@ def _instructions(path: Path) -> str:
 
 def test_the_shipped_data_is_what_the_generator_writes_for_its_seed(tmp_path: Path) -> None:
     script = DATA / "make_access_requests.py"
-    args = ["--seed", "5", "--count", "300", "-o", str(tmp_path)]
+    args = ["--seed", "5", "--count", "200", "-o", str(tmp_path)]
     subprocess.run([sys.executable, str(script), *args], check=True, timeout=60)
     for name in FILES:
         assert (tmp_path / name).read_bytes() == (DATA / name).read_bytes(), name
@@ -39,7 +39,7 @@ def test_the_shipped_data_is_what_the_generator_writes_for_its_seed(tmp_path: Pa
 
 def _facts(**request: object) -> Facts:
     base = {"found": True, "status": "active", "department": "finance", "contractor": False}
-    base |= {"id": "r-1", "employee": "E001", "resource": "payroll-db"}
+    base |= {"request_id": "r-1", "employee": "E001", "resource": "payroll-db"}
     policy_of = {"owners": ["finance"], "restricted": True, "conflicts": []}
     return Facts(base | request, policy_of, {})
 

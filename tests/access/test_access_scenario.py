@@ -54,19 +54,19 @@ def test_the_scenario_passes_with_its_accuracy(recorded: tuple[Path, dict[str, A
     # (tickets not written CHG-1234, justifications judged by length) and the policy denies
     # admin access the labels send to a person.
     assert summary["accuracy"] == {
-        "scored": 300,
+        "scored": 200,
         "unlabelled": 0,
-        "accuracy": 0.83,
-        "decision_accuracy": 0.83,
+        "accuracy": 0.84,
+        "decision_accuracy": 0.84,
     }
-    assert (summary["inputs"], summary["dlq"]) == (300, {})
+    assert (summary["inputs"], summary["dlq"]) == (200, {})
     by_agent = summary["usage"]["by_agent"]
     # Intake: look up, answer. Reviewer: policy and grants, record, answer.
-    assert (by_agent["intake"]["calls"], by_agent["reviewer"]["calls"]) == (600, 900)
+    assert (by_agent["intake"]["calls"], by_agent["reviewer"]["calls"]) == (400, 600)
     effects = _effects(store, summary["session_id"])
-    assert effects[("reviewer", "tools.list")] == 300
-    assert effects[("reviewer", "tool.record_decision")] == 300
-    assert effects[("intake", "tool.lookup_employee")] == 300
+    assert effects[("reviewer", "tools.list")] == 200
+    assert effects[("reviewer", "tool.record_decision")] == 200
+    assert effects[("intake", "tool.lookup_employee")] == 200
 
 
 async def test_the_session_replays_with_the_stand_in_and_the_mcp_server_never_started(
@@ -102,27 +102,27 @@ async def test_the_what_if_changes_the_admin_requests_and_calls_only_the_reviewe
     report = await pantheon.replay(summary["session_id"], store=store, with_=CHANGE)
 
     admins = sorted(
-        r["id"]
+        r["request_id"]
         for r in map(json.loads, REQUESTS.read_text(encoding="utf-8").splitlines())
         if r["expected"]["rule"] == "admin"
     )
     assert_outcomes_changed(report, {"deny→escalate": admins})
-    assert len(admins) == 31
+    assert len(admins) == 19
     assert report.passed
-    assert report.summary.accuracy["decision_accuracy"] == pytest.approx(280 / 300)
+    assert report.summary.accuracy["decision_accuracy"] == pytest.approx(187 / 200)
 
     # Every model call that reached the stand-in was the reviewer's (it alone offers the
-    # registry's tools), three for each of the 300 requests that reached it; none was the
-    # intake's, whose 600 model calls and 300 directory lookups were all served.
+    # registry's tools), three for each of the 200 requests that reached it; none was the
+    # intake's, whose 400 model calls and 200 directory lookups were all served.
     tools = [{t["function"]["name"] for t in r.get("tools", ())} for r in asked]
-    assert len(asked) == 900
+    assert len(asked) == 600
     assert all("resource_policy" in t and "lookup_employee" not in t for t in tools)
     effects = _effects(store, report.new_session_id)
-    assert effects[("reviewer", "model.openai.chat")] == 900
-    assert effects[("intake", "model.openai.chat")] == 600
-    assert report.effects_served == 600 + 300
+    assert effects[("reviewer", "model.openai.chat")] == 600
+    assert effects[("intake", "model.openai.chat")] == 400
+    assert report.effects_served == 400 + 200
     # Live besides: the reviewer's tool listing and its three tool calls per request (its
     # configuration changed, so none of its effects is the recorded one).
-    assert report.effects_called == 900 + 300 + 3 * 300
+    assert report.effects_called == 600 + 200 + 3 * 200
     # The registry was seeded afresh for the what-if; its seed file is untouched.
     assert hashlib.sha256(SEED.read_bytes()).hexdigest() == seed
