@@ -17,7 +17,7 @@ import pytest
 import pantheon
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import SessionStore
-from pantheon.testing import Reply
+from pantheon.testing import ModelServer, Reply
 from pantheon.testing._stand_in import StandInProvider
 
 MODULE = '''
@@ -73,13 +73,26 @@ def _scenario(team: Path, stand_in: str, extra: str = "") -> pantheon.Scenario:
     return parse_scenario(text, str(team / "shout.yaml"), team)
 
 
-async def test_the_run_serves_the_scenarios_stand_in_and_the_replay_does_not_need_it(
+async def test_the_run_serves_the_scenarios_stand_in_and_a_replay_does_not_start_it(
     team: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     scenario = _scenario(team, "shout_model:reply", "  model: stand-in\n")
     store = team / "sessions.db"
+    started: list[int] = []
+    start = ModelServer.start
+
+    def noted(server: ModelServer) -> ModelServer:
+        started.append(start(server).port)
+        return server
+
+    monkeypatch.setattr(ModelServer, "start", noted)
     summary = await pantheon.run(scenario, store=store)
     assert summary.passed, summary.expectations
+    # Started for the pre-run check and for the run, each stopped when done with.
+    assert len(started) == 2
+    for port in started:
+        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+            pass
     import shout_model
 
     assert len(shout_model.SEEN) == 2  # each ask's one model call reached the function
@@ -88,14 +101,15 @@ async def test_the_run_serves_the_scenarios_stand_in_and_the_replay_does_not_nee
     shouted = sorted(e.payload["answer"] for e in envelopes if e.topic == "shouted")
     assert shouted == ["HELLO", "QUIET PLEASE"]
 
-    from pantheon.testing import ModelServer
-
     def refuse(*args: Any) -> Any:
         raise AssertionError("the replay started the stand-in")
 
     monkeypatch.setattr(ModelServer, "start", refuse)
     report = await pantheon.replay(summary.session_id, store=store)
     assert report.matched and report.effects_called == 0
+    # A what-if whose model calls are all the recorded ones does not start it either.
+    whatif = await pantheon.replay(summary.session_id, store=store, with_="expect: {max_dlq: 0}")
+    assert whatif.effects_called == 0 and whatif.passed
 
 
 def test_a_stand_in_that_does_not_resolve_fails_at_load_located(team: Path) -> None:
