@@ -88,11 +88,10 @@ async def test_the_run_serves_the_scenarios_stand_in_and_a_replay_does_not_start
     monkeypatch.setattr(ModelServer, "start", noted)
     summary = await pantheon.run(scenario, store=store)
     assert summary.passed, summary.expectations
-    # Started for the pre-run check and for the run, each stopped when done with.
-    assert len(started) == 2
-    for port in started:
-        with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
-            pass
+    # One server, for the run (the pre-run check has nothing to reach), stopped at its end.
+    [port] = started
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
+        pass
     import shout_model
 
     assert len(shout_model.SEEN) == 2  # each ask's one model call reached the function
