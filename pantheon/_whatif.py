@@ -56,6 +56,7 @@ from pantheon.rerun import (
     OutcomeDiff,
     Rerun,
     WhatIf,
+    by_name,
     credit_inputs,
     diff_outcomes,
     incomplete_reason,
@@ -78,7 +79,8 @@ class WhatIfReport:
     changed team's run summary (``summary``), its expectations judged as a run's.
 
     ``passed`` is whether every expectation held; ``not_judged`` names the timing bounds
-    left out (see the module docstring)."""
+    left out (see the module docstring). ``served_by_name`` and ``called_by_name`` split
+    the effects served and called by effect name, the most first."""
 
     new_session_id: str
     original_session_id: str
@@ -91,6 +93,8 @@ class WhatIfReport:
     #: The scenario's ``min_accuracy`` as checks: (name, accuracy key, bound).
     accuracy_bounds: tuple[tuple[str, str, float], ...] = ()
     not_judged: tuple[str, ...] = ()
+    served_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
+    called_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -121,6 +125,8 @@ class WhatIfReport:
             "inputs_replayed": self.inputs_replayed,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
+            "served_by_name": self.served_by_name,
+            "called_by_name": self.called_by_name,
             "min_accuracy": {name: bound for name, _, bound in self.accuracy_bounds},
             "accuracy_passed": self.accuracy_passed,
             "passed": self.passed,
@@ -253,6 +259,8 @@ async def whatif_replay(
         summary=summary,
         accuracy_bounds=tuple(accuracy_bounds(judged, decisions.a.spec.fields)),
         not_judged=left_out,
+        served_by_name=by_name(run.runner.served_by_name),
+        called_by_name=by_name(run.runner.called_by_name),
     )
     await run.finish("completed" if report.passed else "failed", _summary(report, overlay))
     return report
