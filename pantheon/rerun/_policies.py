@@ -123,26 +123,33 @@ class WhatIf(Policy):
 
     When the record and the call both have a request digest, "the one the original made"
     is decided by the request: the call is at the recorded position (the aligned message,
-    the subscriber, the ordinal) under the recorded name, every earlier effect of that
-    handling was answered as recorded, and the digests are equal, whatever changed in the
-    agent's configuration. An instructions edit then runs live only the model calls whose
-    prompt it changed, and a tool call asked with the same arguments is served, not made
-    a second time. The message being equal (``same_message``) is not asked: the digest
-    covers everything the call's answer depends on (its function, the object a method is
-    bound to, every argument), so an equal request deserves the recorded answer whatever
-    else the message held; a changed message that changes the request changes the digest.
+    the subscriber, the ordinal) under the recorded name and the digests are equal,
+    whatever changed in the agent's configuration. An instructions edit then runs live
+    only the model calls whose prompt it changed, and a tool call asked with the same
+    arguments is served, not made a second time.
+
+    Two things the older rule asks are not asked then, because the digest answers them:
+
+    * the message being equal (``same_message``): the digest covers everything the call's
+      answer depends on (its function, the object a method is bound to, every argument),
+      so an equal request deserves the recorded answer whatever else the message held,
+      and a changed message that changes the request changes the digest;
+    * the handling's earlier calls all answered as recorded (the taint): that only stood
+      in for "so this call's arguments are the recorded ones", which the digest now says
+      directly. It would also defeat the point: a live model call never answers byte for
+      byte as recorded (a tool call's id, the prompt's token count), so every tool call
+      after it would run again with the very arguments the record answered.
 
     Without digests on both sides (a session recorded before them, a call whose function
-    or arguments have no stable encoding) the rule is the older, coarser one: the same
-    agent with the same configuration (``same_agent(agent, model_call)``), handling a
-    message equal to the original's (:attr:`EffectCall.same_message`), at the same position
-    under the same name, with every earlier effect of that handling answered as recorded.
-    An agent is deterministic given its message and its effects' answers, so such a call
-    has the same arguments as the recorded one.
-
-    Either way a live call that answers what the record says keeps the handling servable
-    (a changed rule set that still classifies the email the same way leaves its threshold
-    read served)."""
+    or arguments have no stable encoding, such as an agent's own method) the rule is the
+    older, coarser one: the same agent with the same configuration
+    (``same_agent(agent, model_call)``), handling a message equal to the original's
+    (:attr:`EffectCall.same_message`), at the same position under the same name, with
+    every earlier effect of that handling answered as recorded (a live call that answers
+    what the record says keeps the handling servable: a changed rule set that still
+    classifies the email the same way leaves its threshold read served). An agent is
+    deterministic given its message and its effects' answers, so such a call has the same
+    arguments as the recorded one."""
 
     def __init__(self, same_agent: Callable[[str | None, bool], bool]) -> None:
         self._same_agent = same_agent
@@ -150,8 +157,6 @@ class WhatIf(Policy):
         self._tainted: set[tuple[int, str | None]] = set()
 
     def decide(self, call: EffectCall) -> Verdict:
-        if call.handling in self._tainted:
-            return LIVE
         if call.name == BUDGET_EFFECT:
             # A budget admission is decided again, on the changed team's own ledgers (it
             # calls nothing outside): a raised budget admits a call the original refused,
@@ -162,7 +167,7 @@ class WhatIf(Policy):
         same = call.same_request()
         if same is not None:
             return SERVE if same and call.matches_record() else LIVE
-        if not call.same_message:
+        if call.handling in self._tainted or not call.same_message:
             return LIVE
         if not self._same_agent(call.agent, call.name.startswith("model.")):
             return LIVE

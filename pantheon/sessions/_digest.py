@@ -17,7 +17,8 @@ can say so stably:
 * a bound method: its function and the object it is bound to, encoded in turn;
 * ``functools.partial``: its function, arguments and keywords;
 * an object with a ``request_identity()`` method (:class:`agents.RequestIdentity`): what it
-  returns (a model provider says which model behind which server, a tool which function);
+  returns (a model provider says which model behind which server, a tool which function;
+  None, as a rate limiter says, encodes as None: an agent given a limiter asks the same);
 
 anything else (an agent, a random generator, a closure, a lambda: every lambda of a
 function shares one qualname) gives no digest at all, never one
@@ -75,9 +76,12 @@ def _stand_in(obj: Any) -> Any:
         return (msgspec.msgpack.Ext(_PARTIAL, b""), obj.func, obj.args, obj.keywords)
     identity = getattr(type(obj), "request_identity", None)
     if callable(identity):
+        said = identity(obj)
+        if said is None:  # decides nothing: as if the argument were None
+            return None
         cls = type(obj)
         mark = f"{cls.__module__}:{cls.__qualname__}".encode()
-        return (msgspec.msgpack.Ext(_IDENTITY, mark), identity(obj))
+        return (msgspec.msgpack.Ext(_IDENTITY, mark), said)
     raise TypeError(f"{type(obj).__qualname__} has no stable encoding")
 
 
