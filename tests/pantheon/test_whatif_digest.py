@@ -240,3 +240,5 @@ def test_a_zeromq_sessions_nodes_ship_the_digests_its_whatif_serves_by(
 
     proc = cli("replay", session, "--with", "turns.yaml", "--store", "s.db", cwd=desk)
     assert "served 12: model.openai.chat 9, tool.lookup 3; called live 0" in proc.stdout
+    proc = cli("replay", session, "--store", "s.db", cwd=desk)
+    assert "served 12: model.openai.chat 9, tool.lookup 3; called 0" in proc.stdout
