@@ -242,3 +242,70 @@ def test_a_zeromq_sessions_nodes_ship_the_digests_its_whatif_serves_by(
     assert "served 12: model.openai.chat 9, tool.lookup 3; called live 0" in proc.stdout
     proc = cli("replay", session, "--store", "s.db", cwd=desk)
     assert "served 12: model.openai.chat 9, tool.lookup 3; called 0" in proc.stdout
+
+
+MCP_MODULE = '''
+"""A desk whose only tool is the SDK-written notes server (test module)."""
+import sys
+
+from agents import MCPServer
+
+NOTES = MCPServer(
+    command=[sys.executable, "-m", "pantheon.testing.mcp_notes", "--db", NOTES_DB],
+    allow=["add_note"],
+    timeout=20.0,
+    start_timeout=60.0,
+)
+'''
+
+MCP_SCENARIO = """\
+version: 1
+name: digest-notes
+input:
+  kind: jsonl
+  path: asks.jsonl
+  topic: ticket.in
+agents:
+  noter:
+    class: "agents:ModelAgent"
+    subscribe: [ticket.in]
+    settings:
+      instructions: "Note ticket {ticket}."
+      tools: ["wd_digest_mcp_mod:NOTES"]
+expect:
+  zero_lost: true
+  max_dlq: 0
+"""
+
+
+def noting(request: dict[str, Any]) -> Reply:
+    """Note the ticket on the MCP server, then say so."""
+    messages = request["messages"]
+    user = json.loads(next(m["content"] for m in messages if m["role"] == "user"))
+    if not any(m["role"] == "tool" for m in messages):
+        args = {"title": user["ticket"], "text": f"order {user['order']}"}
+        return Reply(tool_calls=[{"name": "add_note", "arguments": args, "id": "n1"}])
+    return Reply(f"noted {user['ticket']}")
+
+
+def test_an_instructions_edit_serves_an_mcp_servers_tool_calls_and_listing(
+    desk: Path,
+) -> None:
+    notes_db = desk / "notes.db"
+    (desk / "wd_digest_mcp_mod.py").write_text(
+        MCP_MODULE.replace("NOTES_DB", repr(str(notes_db))), encoding="utf-8"
+    )
+    store = desk / "sessions.db"
+    with ModelServer(noting) as server:
+        text = MCP_SCENARIO + provider(server)
+        summary = asyncio.run(pantheon.run(parse_scenario(text, str(desk / "n.yaml"), desk),
+                                           store=store))  # fmt: skip
+        assert summary.passed, summary.expectations
+        edit = 'agents:\n  noter:\n    settings:\n      instructions: "Note it: {ticket}."\n'
+        report = asyncio.run(pantheon.replay(summary.session_id, store=store, with_=edit))
+    # The server's identity (its command), the tool's name and arguments are the request:
+    # the listing and the notes are served, and the server is never started again.
+    assert report.called_by_name == {"model.openai.chat": 6}
+    assert report.served_by_name == {"tool.add_note": 3, "tools.list": 3}
+    with sqlite3.connect(notes_db) as conn:
+        assert conn.execute("SELECT count(*) FROM notes").fetchone() == (3,)
