@@ -4,6 +4,7 @@ when a handler reads randomness (or keeps state) outside an effect."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -69,6 +70,30 @@ def test_what_if_serves_only_the_unchanged_call_of_an_unchanged_handling() -> No
     other = WhatIf(lambda agent, model_call: True)
     other.ran(call("tool.x", rec), None, True)
     assert other.decide(call("tool.x", rec)).action == "live"
+
+
+def test_what_if_with_digests_on_both_sides_decides_by_the_request_alone() -> None:
+    policy = WhatIf(lambda agent, model_call: False)  # every agent changed
+    asked = dataclasses.replace(effect("tool.x", "answer"), digest=b"a" * 16)
+
+    def digested(name: str, digest: bytes | None, *, same: bool = True) -> EffectCall:
+        return EffectCall(70, "agent", 0, name, 7, asked, same, digest)
+
+    # Served whatever changed in the agent or the message, the handling tainted or not.
+    policy.ran(digested("tool.x", b"a" * 16), "another answer", False)
+    assert policy.decide(digested("tool.x", b"a" * 16, same=False)).action == "serve"
+    assert policy.decide(digested("tool.x", b"b" * 16)).action == "live"
+    assert policy.decide(digested("tool.y", b"a" * 16)).action == "live"  # another name
+    unstored = dataclasses.replace(asked, flag=EFFECT_REPR)
+    assert policy.decide(EffectCall(70, "agent", 0, "tool.x", 7, unstored, True, b"a" * 16)) == (
+        Verdict("live")
+    )
+    # A digest on one side only: the older rule (here: the agent changed, so live).
+    assert policy.decide(digested("tool.x", None)).action == "live"
+    old = WhatIf(lambda agent, model_call: True)
+    assert old.decide(
+        EffectCall(70, "agent", 0, "tool.x", 7, effect("tool.x"), True, b"a" * 16)
+    ) == (Verdict("serve"))
 
 
 def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> None:
