@@ -614,6 +614,9 @@ def register(app: typer.Typer) -> None:
                     f"{counts_line('called', report.called_by_name)}"
                 )
             )
+            if report.requests_changed:
+                line = counts_line("asked other than recorded", report.requests_changed)
+                con.print(escape(f"  {line} (a request read something outside an effect)"))
             for f in report.failures:
                 con.print(
                     f"  reproduced failure: {f.subscriber} on {f.topic} "

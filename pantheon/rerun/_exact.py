@@ -50,7 +50,9 @@ class ReplayReport:
     to the end included.
 
     ``served_by_name`` and ``called_by_name`` split ``effects_served`` and
-    ``effects_called`` by effect name, the most first."""
+    ``effects_called`` by effect name, the most first. ``requests_changed`` counts, by
+    name, the calls whose request digest differed from the record's (see
+    :class:`~pantheon.rerun.ExactReplay`)."""
 
     new_session_id: str
     original_session_id: str
@@ -70,6 +72,7 @@ class ReplayReport:
     cut_inputs: int = 0
     served_by_name: dict[str, int] = field(default_factory=dict)
     called_by_name: dict[str, int] = field(default_factory=dict)
+    requests_changed: dict[str, int] = field(default_factory=dict)
 
     def raise_for_divergence(self) -> None:
         """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
@@ -90,6 +93,7 @@ class ReplayReport:
             "effects_called": self.effects_called,
             "served_by_name": self.served_by_name,
             "called_by_name": self.called_by_name,
+            "requests_changed": self.requests_changed,
             "live_effects": self.live_effects,
             "incomplete": self.incomplete,
             "recorded_messages": self.recorded_messages,
@@ -138,10 +142,11 @@ async def replay_session(
     """
     original = store.session(session_id)
     incomplete = incomplete_reason(original)
+    policy = ExactReplay(live=live_effects)
     run = await rerun(
         store,
         original,
-        ExactReplay(live=live_effects),
+        policy,
         setup,
         kind="replay",
         timeout=timeout,
@@ -200,6 +205,7 @@ async def replay_session(
         cut_inputs=len(cut_roots),
         served_by_name=by_name(run.runner.served_by_name),
         called_by_name=by_name(run.runner.called_by_name),
+        requests_changed=by_name(policy.requests_changed),
     )
     await run.finish("completed", {"replay": report.to_dict()})
     if raise_on_divergence:

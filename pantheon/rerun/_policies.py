@@ -10,6 +10,7 @@ session are the same, so they live once, in the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -96,12 +97,17 @@ class Policy(ABC):
 
 class ExactReplay(Policy):
     """Serve every call the record holds at its position, under its name; anything else
-    diverges. ``live``: call every effect for real (still checked by name and order)."""
+    diverges. ``live``: call every effect for real (still checked by name and order).
+
+    A call served although its request digest differs from the record's (both have one)
+    is counted in ``requests_changed``, by name: a replay that matches can still have asked
+    something else (a prompt with the time in it, read outside an effect)."""
 
     halts = True
 
     def __init__(self, *, live: bool = False) -> None:
         self.live = live
+        self.requests_changed: Counter[str] = Counter()
 
     def decide(self, call: EffectCall) -> Verdict:
         rec = call.record
@@ -109,6 +115,8 @@ class ExactReplay(Policy):
             return Verdict("diverge", "no recorded effect at this position")
         if rec.name != call.name:
             return Verdict("diverge")
+        if call.same_request() is False:
+            self.requests_changed[call.name] += 1
         if self.live:
             return LIVE
         if rec.flag == EFFECT_REPR:

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon as cli
 
 import pantheon
 import pantheon.rerun
@@ -108,8 +109,18 @@ def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> N
 
 MODULE = """
 import random
+import time
 
 SEEN = []
+
+
+def lane(ticket, at):
+    return "fast"
+
+
+async def stamp(env, agent):
+    chosen = await agent.effect("tool.lane", lane, env.payload["id"], time.time())
+    await agent.emit("ticket.routed", {"id": env.payload["id"], "lane": chosen})
 
 
 async def route(env, agent):
@@ -179,3 +190,17 @@ def test_no_hint_when_the_handlers_effects_ran_live(tmp_path: Path) -> None:
     # The handler's effect ran for real: its answer, not the handler, may be the cause.
     assert report.divergence is not None and report.divergence.field == "payload"
     assert report.divergence.hint is None
+
+
+def test_a_replay_counts_the_served_calls_that_asked_something_else(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    summary = asyncio.run(pantheon.run(team(tmp_path, "stamp"), store=store))
+    report = asyncio.run(pantheon.replay(summary.session_id or "", store=store))
+    # The lane was asked with the time read outside an effect: served as recorded, and
+    # the replay matches, but every request differed.
+    assert report.matched and report.effects_called == 0
+    assert report.requests_changed == {"tool.lane": 3}
+    assert report.to_dict()["requests_changed"] == {"tool.lane": 3}
+    proc = cli("replay", summary.session_id or "", "--store", str(store), cwd=tmp_path)
+    assert "served 3: tool.lane 3; called 0" in proc.stdout
+    assert "asked other than recorded 3: tool.lane 3" in proc.stdout
