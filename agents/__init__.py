@@ -42,7 +42,7 @@ from agents._budget import (
     budget_guards,
 )
 from agents._cognition import Memory, Planner, Reasoner
-from agents._effects import Effects, LiveEffects
+from agents._effects import Effects, LiveEffects, RequestIdentity
 from agents._errors import AgentError
 from agents._mcp import (
     MCPServer,
@@ -169,6 +169,7 @@ __all__ = [
     "RateLimit",
     "RateLimiter",
     "Reasoner",
+    "RequestIdentity",
     "RuleProvider",
     "Sensor",
     "SupportsChat",

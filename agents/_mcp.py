@@ -208,6 +208,13 @@ class MCPServer:
         self._tools: list[MCPTool] | None = None
         self._lost: str | None = None
 
+    def request_identity(self) -> Any:
+        """Which server: its command or URL, where it runs and the tools allowed (see
+        :class:`agents.RequestIdentity`); not ``env``, where its credentials go."""
+        cwd = None if self._cwd is None else os.fspath(self._cwd)
+        allow = None if self._allow is None else sorted(self._allow)
+        return (self._command, self._url, cwd, allow)
+
     @property
     def name(self) -> str:
         """How errors name this server (see the class docstring)."""

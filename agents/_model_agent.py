@@ -351,6 +351,7 @@ class ModelAgent(Agent):
         #: The sources' tools by name once they are started (on the first live listing).
         self._source_tools: dict[str, Tool] | None = None
         self._starting = asyncio.Lock()
+        self._through_sources = _SourceCalls(self)
 
     def _add(self, into: dict[str, Tool], t: Tool) -> None:
         if t.name in self._tools or t.name in into:
@@ -430,7 +431,7 @@ class ModelAgent(Agent):
             # The sources' tools as this handling saw them, recorded: what the model was
             # offered replays without the sources, and a source whose tools changed
             # between messages (a restarted MCP server) is seen changing.
-            specs = await self.effect("tools.list", self._list_sources)
+            specs = await self.effect("tools.list", self._through_sources.list)
             listed = {str(spec["name"]) for spec in specs}
             schemas = [*schemas, *({"type": "function", "function": dict(x)} for x in specs)]
         if schemas:
@@ -523,7 +524,9 @@ class ModelAgent(Agent):
             if name in self._tools:
                 result = await self.effect(f"tool.{name}", self._tools[name], arguments)
             elif name in listed:
-                result = await self.effect(f"tool.{name}", self._call_source_tool, name, arguments)
+                result = await self.effect(
+                    f"tool.{name}", self._through_sources.call, name, arguments
+                )
             else:
                 have = ", ".join([*self._tools, *sorted(listed)]) or "none"
                 return f"Error: there is no tool named {name!r} (tools: {have})", True
@@ -570,6 +573,28 @@ class ModelAgent(Agent):
                 s.output_topic, answer if isinstance(answer, Mapping) else {"answer": answer}
             )
         return answer
+
+
+class _SourceCalls:
+    """The effects a model agent makes of its tool sources (``tools.list``, a source's
+    tool call), as methods of an object that stands, in a request digest, for the sources
+    alone (:class:`agents.RequestIdentity`): a what-if that edits the agent's instructions
+    then serves a source's tool call asked with the recorded arguments. A source with no
+    request identity of its own leaves these calls without a digest."""
+
+    __slots__ = ("_agent",)
+
+    def __init__(self, agent: ModelAgent) -> None:
+        self._agent = agent
+
+    def request_identity(self) -> Any:
+        return self._agent._sources
+
+    async def list(self) -> list[dict[str, Any]]:
+        return await self._agent._list_sources()
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self._agent._call_source_tool(name, arguments)
 
 
 def _assistant(result: ChatResult) -> dict[str, Any]:

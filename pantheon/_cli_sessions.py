@@ -34,7 +34,7 @@ from pantheon._console import report_console
 from pantheon._report import expectation_state
 from pantheon._summary_text import STATE_MARKS
 from pantheon._team import AgentSetupError
-from pantheon.rerun import replay_session, unrecorded_nodes
+from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -608,6 +608,15 @@ def register(app: typer.Typer) -> None:
                 f"({report.inputs_skipped} skipped), effects served {report.effects_served}, "
                 f"called {report.effects_called}"
             )
+            con.print(
+                escape(
+                    f"  {counts_line('served', report.served_by_name)}; "
+                    f"{counts_line('called', report.called_by_name)}"
+                )
+            )
+            if report.requests_changed:
+                line = counts_line("asked other than recorded", report.requests_changed)
+                con.print(escape(f"  {line} (a request read something outside an effect)"))
             for f in report.failures:
                 con.print(
                     f"  reproduced failure: {f.subscriber} on {f.topic} "

@@ -24,7 +24,7 @@ from pantheon._summary_text import (
 )
 from pantheon._team import AgentSetupError
 from pantheon._whatif import WhatIfReport, whatif_replay
-from pantheon.rerun import OutcomeDiff
+from pantheon.rerun import OutcomeDiff, counts_line
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 
@@ -93,6 +93,12 @@ def whatif_command(
         f"what-if replay of {report.original_session_id} with {escape(source)} "
         f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs, effects "
         f"served {report.effects_served}, called live {report.effects_called}"
+    )
+    con.print(
+        escape(
+            f"  {counts_line('served', report.served_by_name)}; "
+            f"{counts_line('called live', report.called_by_name)}"
+        )
     )
     for line in decision_lines(report.decisions):
         con.print(line)

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agents import LiveEffects, Observer
+from agents import Learner, LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon import _takeover
 from pantheon._errors import PantheonError
@@ -162,7 +162,14 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name in agents:
         cfg = scenario.agent(name)
-        patterns = cfg.subscribe or agent_class(name, cfg).subscriptions
+        cls = agent_class(name, cfg)
+        # A Learner subscribes by the team's outcome (pantheon._team gives it the spec).
+        default = (
+            cls.topics_for(scenario.outcome_spec())
+            if issubclass(cls, Learner)
+            else cls.subscriptions
+        )
+        patterns = cfg.subscribe or default
         for i, pattern in enumerate(patterns):
             out[name if i == 0 else f"{name}:{pattern}"] = pattern
     return out

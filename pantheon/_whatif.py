@@ -6,15 +6,18 @@ the overlay (see :mod:`pantheon._overlay`) is merged over the recorded scenario,
 makes is attached to a fresh bus, the original's outside inputs are re-published in the
 recorded order, and every effect is either served from the record or run live:
 
-* **served** when the call is the one the original made: the same agent, with the same
-  configuration (:func:`~pantheon._overlay.agent_fingerprints`; for ``model.*`` calls the
-  model provider too), handling a message equal to the original's (same topic and
-  payload, aligned by lineage), at the same position among that handling's effects, with
-  the same effect name, and every earlier effect of that handling answered as recorded.
-  An agent is deterministic given its message and its effects' answers, so such a call
-  has the same arguments as the recorded one;
-* **live** otherwise (a changed message, a changed agent, an added agent, a handling that
-  already left the recorded path), and recorded in the new session.
+* **served** when the call is the one the original made: at the same position (the
+  original's message, aligned by lineage, the same subscriber and place among that
+  handling's effects), under the same name, asking the same request by its digest
+  (:mod:`pantheon.sessions._digest`), whatever changed in the agent. A call without a
+  digest (its function carries state the digest cannot see, or the session predates
+  digests) is served by the older rule: the same agent with the same configuration
+  (:func:`~pantheon._overlay.agent_fingerprints`; for ``model.*`` calls the model provider
+  too), handling a message equal to the original's, with every earlier effect of that
+  handling answered as recorded (see :class:`~pantheon.rerun.WhatIf`);
+* **live** otherwise (a changed request, or without digests a changed message, a changed
+  agent, a handling that already left the recorded path; an added agent's calls), and
+  recorded in the new session.
 
 An approval (``human.approval``) follows the same rule: the recorded decision is served
 when the request is the recorded one; otherwise it is asked through the what-if session's
@@ -34,8 +37,10 @@ against the original (``pantheon diff`` recomputes the full diff).
 
 What is not carried over: state an agent built from *served* effects it would have run
 (a Learner whose ``learner.observe`` was served has not counted those outcomes). Its
-live calls then see only what ran live; the decision diff scores both runs from the
-record instead, so accuracy is measured the same way for both.
+live calls then see only what ran live, and what it publishes from them (a threshold
+update) moves what later calls ask (the Reasoner's threshold read then runs live, its
+request changed); the decision diff scores both runs from the record instead, so accuracy
+is measured the same way for both.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from pantheon.rerun import (
     OutcomeDiff,
     Rerun,
     WhatIf,
+    by_name,
     credit_inputs,
     diff_outcomes,
     incomplete_reason,
@@ -78,7 +84,8 @@ class WhatIfReport:
     changed team's run summary (``summary``), its expectations judged as a run's.
 
     ``passed`` is whether every expectation held; ``not_judged`` names the timing bounds
-    left out (see the module docstring)."""
+    left out (see the module docstring). ``served_by_name`` and ``called_by_name`` split
+    the effects served and called by effect name, the most first."""
 
     new_session_id: str
     original_session_id: str
@@ -91,6 +98,8 @@ class WhatIfReport:
     #: The scenario's ``min_accuracy`` as checks: (name, accuracy key, bound).
     accuracy_bounds: tuple[tuple[str, str, float], ...] = ()
     not_judged: tuple[str, ...] = ()
+    served_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
+    called_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -121,6 +130,8 @@ class WhatIfReport:
             "inputs_replayed": self.inputs_replayed,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
+            "served_by_name": self.served_by_name,
+            "called_by_name": self.called_by_name,
             "min_accuracy": {name: bound for name, _, bound in self.accuracy_bounds},
             "accuracy_passed": self.accuracy_passed,
             "passed": self.passed,
@@ -253,6 +264,8 @@ async def whatif_replay(
         summary=summary,
         accuracy_bounds=tuple(accuracy_bounds(judged, decisions.a.spec.fields)),
         not_judged=left_out,
+        served_by_name=by_name(run.runner.served_by_name),
+        called_by_name=by_name(run.runner.called_by_name),
     )
     await run.finish("completed" if report.passed else "failed", _summary(report, overlay))
     return report
