@@ -53,6 +53,11 @@ class StandInProvider:
         self._server: ModelServer | None = None
         self._inner: OpenAIProvider | None = None
 
+    def request_identity(self) -> Any:
+        """What decides the answers (:class:`agents.RequestIdentity`): the reply function and
+        the model name, not the server's port, which is new at every start."""
+        return ("stand-in", self._reply, self.model)
+
     @property
     def server(self) -> ModelServer | None:
         """The running server; None before the first call and after :meth:`aclose`."""

@@ -27,6 +27,12 @@ class Registry:
         self.timeout = timeout
         self._server: MCPServer | None = None
 
+    def request_identity(self) -> object:
+        """Which server a call asks (:class:`agents.RequestIdentity`): the server's script and
+        its seed file, so a what-if serves a registry call asked with the recorded arguments
+        instead of starting the server again."""
+        return ("access/registry_server.py", str(self.seed))
+
     def command(self) -> list[str]:
         return [sys.executable, str(HERE / "registry_server.py"), "--seed", str(self.seed)]
 

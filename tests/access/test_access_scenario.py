@@ -1,7 +1,8 @@
 """The shipped access desk: the scenario passes from the CLI with its accuracy, replays
 exactly with its stand-in model and its MCP server never started, and the what-if that edits
 one sentence of the reviewer's instructions changes exactly the admin requests' decisions,
-running live only the reviewer's calls (every intake call served)."""
+asking live only the model calls whose prompt changed (the reviewer's) and the registry
+writes whose decision changed; every other call is served."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from access import model as scripted
 from access.registry import SEED, Registry
 from cli_run import pantheon as cli
 
@@ -85,19 +85,26 @@ async def test_the_session_replays_with_the_stand_in_and_the_mcp_server_never_st
     assert report.effects_served == sum(_effects(store, summary["session_id"]).values())
 
 
-async def test_the_what_if_changes_the_admin_requests_and_calls_only_the_reviewer_live(
+async def test_the_what_if_changes_the_admin_requests_and_asks_only_the_edited_prompts_live(
     recorded: tuple[Path, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store, summary = recorded
-    asked: list[dict[str, Any]] = []
-    reply = scripted.reply
+    servers: list[ModelServer] = []
+    start = ModelServer.start
 
-    def counting(request: dict[str, Any]) -> Any:
-        asked.append(request)
-        return reply(request)
+    def noted(server: ModelServer) -> ModelServer:
+        servers.append(start(server))
+        return server
 
-    # The stand-in loads its reply function when the what-if builds the team.
-    monkeypatch.setattr(scripted, "reply", counting)
+    monkeypatch.setattr(ModelServer, "start", noted)
+    registry_starts: list[Registry] = []
+    registry_start = Registry.start
+
+    async def noted_registry(registry: Registry) -> None:
+        registry_starts.append(registry)
+        await registry_start(registry)
+
+    monkeypatch.setattr(Registry, "start", noted_registry)
     seed = hashlib.sha256(SEED.read_bytes()).hexdigest()
     report = await pantheon.replay(summary["session_id"], store=store, with_=CHANGE)
 
@@ -111,18 +118,25 @@ async def test_the_what_if_changes_the_admin_requests_and_calls_only_the_reviewe
     assert report.passed
     assert report.summary.accuracy["decision_accuracy"] == pytest.approx(187 / 200)
 
-    # Every model call that reached the stand-in was the reviewer's (it alone offers the
-    # registry's tools), three for each of the 200 requests that reached it; none was the
-    # intake's, whose 400 model calls and 200 directory lookups were all served.
-    tools = [{t["function"]["name"] for t in r.get("tools", ())} for r in asked]
-    assert len(asked) == 600
+    # Live: exactly the model calls whose prompt changed (the reviewer's, three for each of
+    # the 200 requests that reached it), and the registry writes whose decision changed.
+    # Served: the intake's every call, and every registry call asked as recorded.
+    assert report.called_by_name == {"model.openai.chat": 600, "tool.record_decision": 19}
+    assert report.served_by_name == {
+        "model.openai.chat": 400,
+        "tool.current_grants": 200,
+        "tool.lookup_employee": 200,
+        "tool.resource_policy": 200,
+        "tools.list": 200,
+        "tool.record_decision": 181,
+    }
+    [server] = servers  # the stand-in, started once for the live calls, asked only those
+    tools = [{t["function"]["name"] for t in r.body.get("tools", ())} for r in server.requests]
+    assert len(tools) == 600
     assert all("resource_policy" in t and "lookup_employee" not in t for t in tools)
     effects = _effects(store, report.new_session_id)
     assert effects[("reviewer", "model.openai.chat")] == 600
     assert effects[("intake", "model.openai.chat")] == 400
-    assert report.effects_served == 400 + 200
-    # Live besides: the reviewer's tool listing and its three tool calls per request (its
-    # configuration changed, so none of its effects is the recorded one).
-    assert report.effects_called == 600 + 200 + 3 * 200
-    # The registry was seeded afresh for the what-if; its seed file is untouched.
+    # The registry was started for the 19 writes, seeded afresh; its seed file is untouched.
+    assert len(registry_starts) == 1
     assert hashlib.sha256(SEED.read_bytes()).hexdigest() == seed
