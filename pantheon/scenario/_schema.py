@@ -436,8 +436,9 @@ class OpenAIProviderConfig(_Model):
     """A scripted stand-in for the model: ``"module:reply"``, a function of each request body
     answering as :class:`pantheon.testing.ModelServer`'s reply functions do (a ``Reply``,
     text or a mapping). The run then starts a ``ModelServer`` with it on a free port of
-    127.0.0.1 at its first model call, points the provider there, and stops it when the run
-    ends; a replay, whose calls are served, never starts it. Not with ``base_url``."""
+    127.0.0.1 before its input flows, points the provider there, and stops it when the run
+    ends; a replay, whose calls are served, never starts it, a what-if only for a live call.
+    Not with ``base_url``."""
 
     @field_validator("stand_in")
     @classmethod

@@ -2,11 +2,12 @@
 "pkg.module:reply"}`` runs the team against a real :class:`ModelServer` answering with the
 team's function, so a team of model agents runs offline, in CI, from its scenario alone.
 
-The server is started by the provider itself on the first model call (or the pre-run
-:meth:`StandInProvider.check`), on a free port of 127.0.0.1, and stopped when the provider is
-closed at the end of the run. Started lazily rather than when the team is built, because the
-same team is built for a replay, whose model calls are all served from the record: a replay
-never starts it, and a what-if starts it only if one of its model calls runs live.
+The server is started by the provider itself on the first model call or
+:meth:`StandInProvider.check` (which a run makes before its input flows), on a free port of
+127.0.0.1, and stopped when the provider is closed at the end of the run. Started lazily
+rather than when the team is built, because the same team is built for a replay, whose
+model calls are all served from the record: a replay never starts it, and a what-if starts
+it only if one of its model calls runs live.
 """
 
 from __future__ import annotations
