@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from cli_run import pantheon
 
-from pantheon._cluster import Placement
+from pantheon.runner._multiprocess import Placement
 from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
