@@ -19,7 +19,7 @@ from typing import Any
 
 from agents import Agent, OpenAIProvider, tool
 from agents._base import _recorded_chat
-from pantheon import _team
+from pantheon.runner import _build as _team
 from pantheon.scenario import parse_scenario
 from pantheon.sessions import _effects as effects_module
 from pantheon.sessions._digest import request_digest

@@ -19,7 +19,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
-from pantheon._approvals import who
+from pantheon.approvals._desk import who
 from pantheon.sessions import Approval, ApprovalBook, SessionStore
 
 __all__ = ["APPROVALS_POLL", "DecisionScreen", "decide", "read_approvals"]

@@ -15,7 +15,7 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.web._app import store, when
-from pantheon._approvals import who
+from pantheon.approvals._desk import who
 from pantheon.sessions import Approval, ApprovalBook, ApprovalError, SessionInfo
 
 __all__ = ["approvals_panel"]

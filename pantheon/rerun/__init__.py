@@ -7,7 +7,7 @@ call it a divergence. The modes are policies over that one loop:
 * :class:`ExactReplay`: the same team must take the same path (:func:`replay_session`,
   ``pantheon replay``);
 * :class:`WhatIf`: a changed team, served where a call is the recorded one
-  (``pantheon replay --with``, :mod:`pantheon._whatif`);
+  (``pantheon replay --with``, :mod:`pantheon.rerun._whatif`);
 * :class:`Resume`: a dead run's recording served, then on live (``pantheon resume``).
 
 What a session decided per item, in the team's own terms, and how two sessions' decisions

@@ -16,7 +16,7 @@ Exact replay, what-if and resume are this loop with another policy (and their ow
   served answers and live ones alike are recorded in the new session;
 * an approval (``human.approval``) is an effect like any other: served when the policy
   serves it, otherwise asked through the new session's approval desk
-  (:class:`~pantheon._approvals.StoreDesk`, when the caller gives an ``approvals`` config),
+  (:class:`~pantheon.approvals._desk.StoreDesk`, when the caller gives an ``approvals`` config),
   where the scripted person, the timeout or ``pantheon approve`` decides it.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 from agents import InputOrdinals, Observer, input_ordinal
 from agents._approvals import APPROVAL_EFFECT
 from bus import Bus, Envelope
-from pantheon._approvals import StoreDesk, request_key
+from pantheon.approvals._desk import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (

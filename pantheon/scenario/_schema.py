@@ -639,8 +639,8 @@ def _resolved(spec: str, info: ValidationInfo, group: str | None = None) -> Any:
     context = info.context or {}
     if not context.get("check_files", True):
         return None
-    # Imported when first needed: pantheon._inputs brings in `agents`.
-    from pantheon._inputs import import_path
+    # Imported when first needed: pantheon.runner._inputs brings in `agents`.
+    from pantheon.runner._inputs import import_path
 
     base_dir = context.get("base_dir")
     return import_path(spec, None if base_dir is None else Path(base_dir).resolve(), group=group)

@@ -26,13 +26,13 @@ import yaml
 
 import pantheon
 from pantheon._api import Session
-from pantheon._report import RunSummary
+from pantheon.runner._report import RunSummary
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.testing._model_server import ModelServer
 
 if TYPE_CHECKING:
-    from pantheon._whatif import WhatIfReport
     from pantheon.rerun import OutcomeDiff, ReplayReport
+    from pantheon.rerun._whatif import WhatIfReport
 
 __all__ = [
     "assert_outcomes_changed",

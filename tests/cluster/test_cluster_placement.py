@@ -9,7 +9,7 @@ import pytest
 from cli_run import pantheon
 
 from agents import Learner
-from pantheon._cluster import Placement
+from pantheon.runner._multiprocess import Placement
 from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

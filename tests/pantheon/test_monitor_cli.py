@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pantheon import _cli_monitor
+from pantheon.cli import _cmd_monitor as _cli_monitor
 from pantheon.sessions import SessionStore
 
 pytest.importorskip("textual")  # the command checks for the monitor's extra first

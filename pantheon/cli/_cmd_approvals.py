@@ -18,8 +18,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pantheon._approvals import who
-from pantheon._console import report_console
+from pantheon.approvals._desk import who
+from pantheon.cli._console import report_console
 from pantheon.sessions import (
     STORE_ENV,
     AlreadyDecided,
@@ -166,8 +166,8 @@ def register(app: typer.Typer) -> None:
         """Finish a run whose process died: re-run its recorded inputs serving the recorded
         effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
         "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
-        from pantheon._resume import resume as resume_run
-        from pantheon.cli import _print_summary, run_async
+        from pantheon.cli._main import _print_summary, run_async
+        from pantheon.rerun._resume import resume as resume_run
 
         path = resolve_store_path(store)
         try:

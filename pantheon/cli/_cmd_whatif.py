@@ -15,16 +15,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pantheon._overlay import apply_overlay, read_overlay
-from pantheon._summary_text import (
+from pantheon.cli._summary_text import (
     dead_letter_lines,
     dead_letters_text,
     expectation_lines,
     verdict_line,
 )
-from pantheon._team import AgentSetupError
-from pantheon._whatif import WhatIfReport, whatif_replay
 from pantheon.rerun import OutcomeDiff, counts_line
+from pantheon.rerun._overlay import apply_overlay, read_overlay
+from pantheon.rerun._whatif import WhatIfReport, whatif_replay
+from pantheon.runner._build import AgentSetupError
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 

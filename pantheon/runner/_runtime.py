@@ -1,5 +1,5 @@
 """Runs a scenario in this process: builds the team, wires it to a bus, feeds the input,
-judges the outcome. A ZeroMQ scenario is handed to :mod:`pantheon._cluster`."""
+judges the outcome. A ZeroMQ scenario is handed to :mod:`pantheon.runner._multiprocess`."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from agents import LiveEffects, Observer
 from bus import Bus, Priority
-from pantheon._inputs import count_inputs, run_flood
-from pantheon._report import RunSummary, local_report, summarize
-from pantheon._team import Team, build_team
+from pantheon.runner._build import Team, build_team
+from pantheon.runner._inputs import count_inputs, run_flood
+from pantheon.runner._report import RunSummary, local_report, summarize
 from pantheon.scenario import Scenario
 
 if TYPE_CHECKING:
-    from pantheon._approvals import StoreDesk
+    from pantheon.approvals._desk import StoreDesk
 
 __all__ = ["run_scenario"]
 
@@ -49,12 +49,13 @@ async def run_scenario(
     it, and in a multi-process run the nodes' agents ask it through the driver.
 
     A scenario with ``transport.kind: zmq`` (or ``nats``) runs as a broker (or NATS server)
-    and node processes (:func:`pantheon._cluster.run_cluster`); ``bus``, if given, must then
+    and node processes (:func:`pantheon.runner._multiprocess.run_cluster`); ``bus``, if
+    given, must then
     be on its broker; ``journal(node, shipment)`` takes the nodes' records (the run's
     recorder's ``ingest``).
     """
     if scenario.transport.kind in ("zmq", "nats"):
-        from pantheon._cluster import run_cluster
+        from pantheon.runner._multiprocess import run_cluster
 
         return await run_cluster(
             scenario,

@@ -34,7 +34,7 @@ benchmarks/takeover_bench.py).
 After a run in which a node was killed, the driver (:func:`settle`, :func:`inspect`)
 waits until no live group has anything waiting, then reads what waits for the groups
 left with no live member and names the items, by the input key of the root message each
-waiting message belongs to. ``zero lost`` (``pantheon._report.judge``) holds when every
+waiting message belongs to. ``zero lost`` (``pantheon.runner._report.judge``) holds when every
 group of the killed node had a live member and nothing waits; otherwise it names the items.
 That list is exact for agents fed from the stream; an agent with no standby that the killed
 node fed in memory (a chain inside the node) also lost what was in its mailbox, and only the

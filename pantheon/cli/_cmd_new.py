@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from pantheon._scaffold import TeamNameError, new_team, team_values
+from pantheon.cli._scaffold import TeamNameError, new_team, team_values
 
 __all__ = ["register"]
 

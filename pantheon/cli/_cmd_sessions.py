@@ -30,11 +30,11 @@ from rich.table import Table
 
 from agents import AgentUsage
 from pantheon import readmodel
-from pantheon._console import report_console
-from pantheon._report import expectation_state
-from pantheon._summary_text import STATE_MARKS
-from pantheon._team import AgentSetupError
+from pantheon.cli._console import report_console
+from pantheon.cli._summary_text import STATE_MARKS
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
+from pantheon.runner._build import AgentSetupError
+from pantheon.runner._report import expectation_state
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -63,7 +63,7 @@ SetupOpt = Annotated[
     typer.Option(
         "--setup",
         help="MODULE:FACTORY (or path/to/file.py:FACTORY) called with the scenario text to "
-        "build the team's setup(bus); default: pantheon._team.team_setup.",
+        "build the team's setup(bus); default: pantheon.runner._build.team_setup.",
         show_default=False,
     ),
 ]
@@ -150,7 +150,7 @@ def _load_setup(
             "pass --setup MODULE:FACTORY"
         )
     if spec is None:
-        from pantheon._team import team_setup
+        from pantheon.runner._build import team_setup
         from pantheon.scenario import ScenarioError
 
         try:
@@ -464,7 +464,7 @@ def register(app: typer.Typer) -> None:
         (grouped before→after, with accuracy before and after) and per-hop latency deltas
         (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
         answered differently (timing: what other messages had got there first)."""
-        from pantheon._cli_whatif import decision_lines
+        from pantheon.cli._cmd_whatif import decision_lines
         from pantheon.rerun import diff_outcomes
 
         with _open(store) as st:
@@ -560,7 +560,7 @@ def register(app: typer.Typer) -> None:
         with _open(store) as st:
             info = st.session(session)
             if changes is not None:
-                from pantheon._cli_whatif import whatif_command
+                from pantheon.cli._cmd_whatif import whatif_command
 
                 if live_effects or from_ts is not None or setup is not None:
                     raise _err("--with cannot be combined with --live-effects, --from or --setup")

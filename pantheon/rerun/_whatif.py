@@ -2,7 +2,7 @@
 
 An exact replay (``pantheon.rerun.replay_session``) checks that the *same* team takes the
 same path. A what-if replay asks what a *changed* team would have done with the same inputs:
-the overlay (see :mod:`pantheon._overlay`) is merged over the recorded scenario, the team it
+the overlay (see :mod:`pantheon.rerun._overlay`) is merged over the recorded scenario, the team it
 makes is attached to a fresh bus, the original's outside inputs are re-published in the
 recorded order, and every effect is either served from the record or run live:
 
@@ -12,7 +12,7 @@ recorded order, and every effect is either served from the record or run live:
   (:mod:`pantheon.sessions._digest`), whatever changed in the agent. A call without a
   digest (its function carries state the digest cannot see, or the session predates
   digests) is served by the older rule: the same agent with the same configuration
-  (:func:`~pantheon._overlay.agent_fingerprints`; for ``model.*`` calls the model provider
+  (:func:`~pantheon.rerun._overlay.agent_fingerprints`; for ``model.*`` calls the model provider
   too), handling a message equal to the original's, with every earlier effect of that
   handling answered as recorded (see :class:`~pantheon.rerun.WhatIf`);
 * **live** otherwise (a changed request, or without digests a changed message, a changed
@@ -27,7 +27,7 @@ the what-if session), as in a run.
 
 The result is an ordinary session (``kind='whatif'``, ``forked_from`` = the original)
 whose scenario text is the merged one, so it can itself be replayed exactly. Its summary
-is judged as ``pantheon run`` judges a run (:func:`pantheon._report.judge`) against the
+is judged as ``pantheon run`` judges a run (:func:`pantheon.runner._report.judge`) against the
 changed scenario's expectations, with two differences a replay calls for: timing bounds
 (``max_p99_ms``, ``p99_*``, ``min_throughput``) are left out and named in ``not_judged``
 (a replay's timings measure the replay, not the team), and a scenario that says nothing
@@ -53,9 +53,6 @@ from typing import Any
 
 from agents import Observer
 from bus import Bus
-from pantheon._overlay import Overlay, agent_fingerprints, apply_overlay
-from pantheon._report import RunSummary, accuracy_bounds, judge, local_report, summarize
-from pantheon._team import build_team
 from pantheon.rerun import (
     DEFAULT_REPLAY_TIMEOUT,
     OutcomeDiff,
@@ -67,6 +64,9 @@ from pantheon.rerun import (
     incomplete_reason,
     unrecorded_nodes,
 )
+from pantheon.rerun._overlay import Overlay, agent_fingerprints, apply_overlay
+from pantheon.runner._build import build_team
+from pantheon.runner._report import RunSummary, accuracy_bounds, judge, local_report, summarize
 from pantheon.scenario import ExpectConfig, Scenario, ScenarioError, parse_scenario
 from pantheon.sessions import SessionError, SessionStore
 

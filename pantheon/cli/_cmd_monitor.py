@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pantheon._cli_sessions import SetupOpt, StoreOpt, _load_setup
+from pantheon.cli._cmd_sessions import SetupOpt, StoreOpt, _load_setup
 from pantheon.live import (
     FeedNotFound,
     ProtocolError,

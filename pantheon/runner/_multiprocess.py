@@ -14,8 +14,8 @@
   runs in the driver and ``faults.kill_node`` SIGKILLs a node process at its time.
 * when the inputs, flood and kill are done, the driver waits for the cluster to be quiet,
   stops the agents everywhere, waits again, and asks each node to leave: each sends its
-  :func:`~pantheon._report.local_report` and exits. The driver merges the reports into one
-  :class:`~pantheon._report.RunSummary`, with a ``nodes`` section saying how each process
+  :func:`~pantheon.runner._report.local_report` and exits. The driver merges the reports into one
+  :class:`~pantheon.runner._report.RunSummary`, with a ``nodes`` section saying how each process
   ended.
 
 With ``transport: {kind: nats}`` the same driver and nodes run over NATS JetStream instead:
@@ -60,19 +60,19 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from agents import Learner, LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
-from pantheon import _takeover
 from pantheon._errors import PantheonError
-from pantheon._inputs import count_inputs, run_flood
-from pantheon._remote_approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
-from pantheon._report import RunSummary, count_own_topics, local_report, summarize
-from pantheon._team import Team, build_team
+from pantheon.approvals._relay import APPROVAL_EVENT, DeskRelay, NodeDesk
+from pantheon.runner import _takeover
+from pantheon.runner._build import Team, build_team
+from pantheon.runner._inputs import count_inputs, run_flood
+from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
 from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
-    from pantheon._approvals import StoreDesk
-    from pantheon._node_journal import JetStreamShipper
+    from pantheon.approvals._desk import StoreDesk
+    from pantheon.runner._node_journal import JetStreamShipper
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
 
@@ -163,7 +163,7 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     for name in agents:
         cfg = scenario.agent(name)
         cls = agent_class(name, cfg)
-        # A Learner subscribes by the team's outcome (pantheon._team gives it the spec).
+        # A Learner subscribes by the team's outcome (pantheon.runner._build gives it the spec).
         default = (
             cls.topics_for(scenario.outcome_spec())
             if issubclass(cls, Learner)
@@ -358,11 +358,11 @@ class NodeHost:
         self._shipper: JetStreamShipper | None = None
 
     def ship_journal(self, out: TextIO) -> None:
-        """Record this node's part of the session and ship it (``pantheon._node_journal``):
+        """Record this node's part of the session and ship it (``pantheon.runner._node_journal``):
         on NATS to the team's stream, on ZeroMQ as ``journal`` lines on ``out``, the
         control link to the driver. Before :meth:`start` (inside the running loop); needs
         the ``session_id`` the driver gave."""
-        from pantheon._node_journal import JetStreamShipper
+        from pantheon.runner._node_journal import JetStreamShipper
         from pantheon.sessions import ShippingRecorder
 
         session = self.bus.session_id
@@ -404,7 +404,7 @@ class NodeHost:
         await self.bus.drain(timeout=self.drain_timeout if timeout is None else timeout)
 
     def report(self) -> dict[str, Any]:
-        """This process's :func:`~pantheon._report.local_report`, with its transport."""
+        """This process's :func:`~pantheon.runner._report.local_report`, with its transport."""
         t = _transport_stats(self.bus)
         return local_report(self.bus, self.team) | {"transport": t, "pid": os.getpid()}
 
@@ -563,7 +563,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
     also makes the node leave. A start-up failure is sent as ``error`` and raised. The
     agents' approval requests go to the driver and their decisions come back on the same
-    pipes, answered whatever the loop below is doing (:mod:`pantheon._remote_approvals`)."""
+    pipes, answered whatever the loop below is doing (:mod:`pantheon.approvals._relay`)."""
     out = out or sys.stdout
     desk = NodeDesk(host.node, functools.partial(_say, out))
     desk.serve(host.team.agents.values())
@@ -891,7 +891,7 @@ class _Driver:
         self.curve = False
         self.startup_s = 0.0
         self.journal = journal
-        #: What a killed node left in the stream (pantheon._takeover.inspect), NATS only.
+        #: What a killed node left in the stream (pantheon.runner._takeover.inspect), NATS only.
         self.stream: dict[str, Any] = {}
         sid = bus.session_id or "run"
         full = build_team(
@@ -990,7 +990,7 @@ class _Driver:
             and sid is not None
             and hasattr(self.bus.transport, "journal_reader")
         ):
-            from pantheon._node_journal import JournalFollower
+            from pantheon.runner._node_journal import JournalFollower
 
             follower = JournalFollower(self.bus.transport, sid, self.journal)
         await self.team.attach(self.bus)
@@ -1047,7 +1047,7 @@ class _Driver:
     async def _after_kill(self, keys: _takeover.InputKeys, started: float) -> dict[str, Any]:
         """A NATS run that killed a node: wait until its standbys finished what it left,
         then say what waits in the stream for its agents with no live member (see
-        :mod:`pantheon._takeover`). Nothing to say for any other run."""
+        :mod:`pantheon.runner._takeover`). Nothing to say for any other run."""
         killed = [n for n, c in self.nodes.items() if c.killed_at is not None]
         if not killed or self.scenario.transport.kind != "nats":
             return {}
@@ -1272,11 +1272,11 @@ async def run_cluster(
     """Run a ZeroMQ scenario as local processes and return its merged summary.
 
     ``bus`` must be a fresh bus on a :func:`cluster_transport`; without one, the broker is
-    started here. The parameters are those of :func:`~pantheon._runtime.run_scenario`,
+    started here. The parameters are those of :func:`~pantheon.runner._runtime.run_scenario`,
     which calls this for a ZeroMQ scenario. ``journal(node, shipment)`` receives every
     node's journal shipments (the run's recorder's ``ingest``); without it the nodes do not
     record. The nodes' agents ask ``desk`` for approval through the driver
-    (:mod:`pantheon._remote_approvals`). Every process started is stopped on return, also
+    (:mod:`pantheon.approvals._relay`). Every process started is stopped on return, also
     when the run fails."""
     if bus is None:
         async with cluster_transport(scenario) as transport:
@@ -1297,7 +1297,7 @@ async def run_cluster(
     if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
         raise ClusterError(
             f"scenario {scenario.name!r} needs a bus on its ZeroMQ broker or NATS server "
-            "(pantheon._cluster.cluster_transport), not one with "
+            "(pantheon.runner._multiprocess.cluster_transport), not one with "
             f"{type(bus.transport).__name__}"
         )
     driver = _Driver(

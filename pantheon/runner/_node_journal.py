@@ -112,7 +112,7 @@ async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: S
     A run on a throwaway server (``server: auto``) took its stream with it when its driver
     died: that is a :class:`SessionError`, since resuming without the nodes' records would
     do again what they did."""
-    from pantheon._cluster import _nats_config, _nats_transport
+    from pantheon.runner._multiprocess import _nats_config, _nats_transport
 
     cfg = _nats_config(scenario)
     if cfg.server == "auto":

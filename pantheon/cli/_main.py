@@ -22,25 +22,25 @@ from rich.text import Text
 from typer.core import TyperCommand
 
 from agents import ProviderUnavailable
-from pantheon._cli_approvals import register as register_approvals
-from pantheon._cli_cluster import print_nodes, print_stream
-from pantheon._cli_cluster import register as register_cluster
-from pantheon._cli_dashboard import register as register_dashboard
-from pantheon._cli_monitor import register as register_monitor
-from pantheon._cli_new import register as register_new
-from pantheon._cli_sessions import register as register_sessions
-from pantheon._cli_sessions import usage_lines
-from pantheon._console import report_console
-from pantheon._report import RunSummary
-from pantheon._summary_text import (
+from pantheon.cli._cmd_approvals import register as register_approvals
+from pantheon.cli._cmd_cluster import print_nodes, print_stream
+from pantheon.cli._cmd_cluster import register as register_cluster
+from pantheon.cli._cmd_dashboard import register as register_dashboard
+from pantheon.cli._cmd_monitor import register as register_monitor
+from pantheon.cli._cmd_new import register as register_new
+from pantheon.cli._cmd_sessions import register as register_sessions
+from pantheon.cli._cmd_sessions import usage_lines
+from pantheon.cli._console import report_console
+from pantheon.cli._summary_text import (
     budget_lines,
     dead_letter_lines,
     dead_letters_text,
     expectation_lines,
     verdict_line,
 )
-from pantheon._team import AgentSetupError
 from pantheon.readmodel import SessionUsage
+from pantheon.runner._build import AgentSetupError
+from pantheon.runner._report import RunSummary
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
 
@@ -159,7 +159,7 @@ def run(
     fails."""
     scenario = _strict(_load(file), strict_timing)
     if tui:
-        from pantheon._cli_monitor import run_tui
+        from pantheon.cli._cmd_monitor import run_tui
 
         raise typer.Exit(
             run_tui(
@@ -189,7 +189,7 @@ def run(
             raise typer.Exit(2) from None
         gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
-    from pantheon._cluster import ClusterError
+    from pantheon.runner._multiprocess import ClusterError
 
     try:
         summary = run_async(

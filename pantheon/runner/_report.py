@@ -14,8 +14,8 @@ from agents import Guardian, Learner, Monitor, Observer
 from bus import Bus, Envelope, SchedulingStats, matches
 from bus._transport import Receipt
 from pantheon._imports import ImportProblem
-from pantheon._inputs import import_path
-from pantheon._team import Team, sum_usage
+from pantheon.runner._build import Team, sum_usage
+from pantheon.runner._inputs import import_path
 from pantheon.scenario import Scenario
 
 __all__ = [
@@ -100,7 +100,7 @@ class RunSummary:
     (``no_live_member``), the items whose messages wait in the stream for those
     (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
     (``complete``), items the killed node had handed to such an agent in its own memory
-    (``handed_over``, a lower bound: see ``pantheon._takeover``) and when the run went quiet
+    (``handed_over``, a lower bound: see ``pantheon.runner._takeover``) and when the run went quiet
     (``quiet_at_s``).
     Empty otherwise."""
     scheduling: dict[str, Any] = field(default_factory=dict)
@@ -451,7 +451,7 @@ def judge(
         # Only what was counted: a process that died with its books is not "nothing lost".
         # Even one that settled nothing: what it published itself is in nobody's books.
         # Unless the stream vouches for it (NATS): every agent it hosted was taken over and
-        # nothing waits (see pantheon._takeover).
+        # nothing waits (see pantheon.runner._takeover).
         taken_over = _taken_over(s.stream)
         if s.unverified and (s.stream.get("items") or s.stream.get("handed_over")):
             check("zero lost", False, True, _stream_lost(s.stream))

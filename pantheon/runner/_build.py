@@ -38,7 +38,7 @@ from agents import (
 )
 from bus import Bus
 from pantheon._errors import PantheonError
-from pantheon._inputs import jsonl_labels, open_input
+from pantheon.runner._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
 from pantheon.scenario._schema import provider_class

@@ -4,8 +4,9 @@ In a multi-process run (``transport.kind: zmq`` or ``nats``) only the driver own
 session store, so an agent on a node cannot write its request there itself. Its
 ``approve()`` goes to a :class:`NodeDesk`, which sends the request to the driver over the
 node's control channel (the JSON lines of ``pantheon node --control``, see
-``pantheon._cluster``) and waits; the driver's :class:`DeskRelay` hands it to the run's own
-:class:`~pantheon._approvals.StoreDesk`, exactly as if a driver agent had asked: the row
+``pantheon.runner._multiprocess``) and waits; the driver's :class:`DeskRelay` hands it to
+the run's own
+:class:`~pantheon.approvals._desk.StoreDesk`, exactly as if a driver agent had asked: the row
 lands in the store's approvals table with ``node`` naming the asker, and every policy
 (``approvals.auto``, the timeout and its default, a person with ``pantheon approve``, the
 monitor or the web dashboard) decides it unchanged. The decision goes back on the node's
@@ -58,7 +59,7 @@ from agents._approvals import check_request
 from pantheon.sessions import Approval, SessionError
 
 if TYPE_CHECKING:
-    from pantheon._approvals import StoreDesk
+    from pantheon.approvals._desk import StoreDesk
 
 __all__ = [
     "APPROVAL_EVENT",
@@ -208,7 +209,7 @@ class NodeDesk:
 class DeskRelay:
     """The driver's end: asks the run's desk what the nodes' agents ask, answers them.
 
-    ``desk`` is the run's :class:`~pantheon._approvals.StoreDesk` (None: the run has none,
+    ``desk`` is the run's :class:`~pantheon.approvals._desk.StoreDesk` (None: the run has none,
     and every request is answered with an error saying so); ``hosts`` maps each node to the
     agents it hosts, so a request naming an agent the node does not host is refused."""
 

@@ -1,0 +1,5 @@
+"""The ``pantheon`` command: one module per command group, the shared helpers in one place."""
+
+from pantheon.cli._main import app, main, run_async
+
+__all__ = ["app", "main", "run_async"]
