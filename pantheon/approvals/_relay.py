@@ -54,8 +54,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agents import ApprovalUnavailable, Decision
-from agents._approvals import check_request
+from agents import ApprovalUnavailable, Decision, check_approval_request
 from pantheon.sessions import Approval, SessionError
 
 if TYPE_CHECKING:
@@ -275,7 +274,7 @@ class DeskRelay:
                 f"node {node!r} asked for approval for agent {agent!r}, which it does not "
                 f"host (it hosts: {hosted})"
             )
-        request = check_request(agent, event.get("request"))
+        request = check_approval_request(agent, event.get("request"))
         if self.desk is None:
             raise ApprovalUnavailable(
                 f"agent {agent!r} on node {node!r} asked for approval, but the run has no "

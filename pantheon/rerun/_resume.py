@@ -41,8 +41,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import Observer, input_ordinal
-from agents._perception import InputItem
+from agents import InputItem, Observer, input_ordinal
 from bus import Bus
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
