@@ -18,17 +18,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pantheon.approvals._desk import who
+from pantheon.approvals import AlreadyDecided, Approval, ApprovalBook, who
 from pantheon.cli._console import report_console
-from pantheon.sessions import (
-    STORE_ENV,
-    AlreadyDecided,
-    Approval,
-    ApprovalBook,
-    SessionError,
-    SessionStore,
-    resolve_store_path,
-)
+from pantheon.sessions import STORE_ENV, SessionError, SessionStore, resolve_store_path
 
 __all__ = ["register"]
 

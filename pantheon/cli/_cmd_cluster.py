@@ -59,12 +59,13 @@ def _run(coro: Any) -> Any:
 
 
 def _zmq() -> Any:
-    from pantheon.runner._multiprocess import _zmq as load
-
+    """The ZeroMQ backend, imported on first use: it imports pyzmq, and without it raises
+    an ImportError naming the extra to install."""
     try:
-        return load()
+        from bus.backends import zeromq
     except ImportError as exc:
         raise _err(str(exc)) from None
+    return zeromq
 
 
 def _load_keys(path: Path, what: str) -> Any:
@@ -177,7 +178,7 @@ def broker(
         allowed = _load_public(allow, "--allow")
 
     async def serve() -> None:
-        from pantheon.runner._multiprocess import install_stop_signals
+        from pantheon.runner import install_stop_signals
 
         stop = asyncio.Event()
         install_stop_signals(stop)
@@ -188,12 +189,12 @@ def broker(
             await server.start()
         except Exception as exc:
             if control:
-                from pantheon.runner._multiprocess import _say
+                from pantheon.runner import say_control
 
-                _say(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
+                say_control(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
             raise _err(f"cannot start a broker on {bind}: {exc}") from None
         if control:
-            from pantheon.runner._multiprocess import serve_broker
+            from pantheon.runner import serve_broker
 
             try:
                 await serve_broker(server)
@@ -293,8 +294,7 @@ def node(
 ) -> None:
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
-    from pantheon.runner._build import AgentSetupError
-    from pantheon.runner._multiprocess import ClusterError, NodeHost
+    from pantheon.runner import AgentSetupError, ClusterError, NodeHost
     from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
 
     if (curve_secret is None) != (server_key is None):
@@ -335,13 +335,13 @@ def node(
         )
     except (ClusterError, AgentSetupError) as exc:
         if control:
-            from pantheon.runner._multiprocess import _say
+            from pantheon.runner import say_control
 
-            _say(sys.stdout, "error", message=str(exc))
+            say_control(sys.stdout, "error", message=str(exc))
         raise _err(str(exc)) from None
 
     if control:
-        from pantheon.runner._multiprocess import serve_node
+        from pantheon.runner import serve_node
 
         try:
             _run(serve_node(host, journal=journal and session is not None))
@@ -350,7 +350,7 @@ def node(
         return
 
     async def serve() -> None:
-        from pantheon.runner._multiprocess import install_stop_signals
+        from pantheon.runner import install_stop_signals
 
         stop = asyncio.Event()
         install_stop_signals(stop)
@@ -383,7 +383,7 @@ def _node_telemetry(scenario: Any, node: str) -> Any:
     ``pantheon run`` sets them up in its own process (a driven node inherits its
     environment): so a message's trace goes on in this process. A setting that cannot be
     honoured is a ClusterError, reported like any other start-up failure."""
-    from pantheon.runner._multiprocess import ClusterError
+    from pantheon.runner import ClusterError
     from pantheon.telemetry import Telemetry, TelemetryConfigError, configure_logging
 
     try:

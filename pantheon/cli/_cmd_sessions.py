@@ -33,8 +33,7 @@ from pantheon import readmodel
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import STATE_MARKS
 from pantheon.rerun import replay_session, unrecorded_nodes
-from pantheon.runner._build import AgentSetupError
-from pantheon.runner._report import expectation_state
+from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
     STORE_ENV,
     SessionError,
@@ -150,7 +149,7 @@ def _load_setup(
             "pass --setup MODULE:FACTORY"
         )
     if spec is None:
-        from pantheon.runner._build import team_setup
+        from pantheon.runner import team_setup
         from pantheon.scenario import ScenarioError
 
         try:

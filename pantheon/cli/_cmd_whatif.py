@@ -21,10 +21,8 @@ from pantheon.cli._summary_text import (
     expectation_lines,
     verdict_line,
 )
-from pantheon.rerun import OutcomeDiff
-from pantheon.rerun._overlay import apply_overlay, read_overlay
-from pantheon.rerun._whatif import WhatIfReport, whatif_replay
-from pantheon.runner._build import AgentSetupError
+from pantheon.rerun import OutcomeDiff, WhatIfReport, apply_overlay, read_overlay, whatif_replay
+from pantheon.runner import AgentSetupError
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 

@@ -39,8 +39,7 @@ from pantheon.cli._summary_text import (
     verdict_line,
 )
 from pantheon.readmodel import SessionUsage
-from pantheon.runner._build import AgentSetupError
-from pantheon.runner._report import RunSummary
+from pantheon.runner import AgentSetupError, RunSummary
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionError
 
@@ -189,7 +188,7 @@ def run(
             raise typer.Exit(2) from None
         gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
-    from pantheon.runner._multiprocess import ClusterError
+    from pantheon.runner import ClusterError
 
     try:
         summary = run_async(

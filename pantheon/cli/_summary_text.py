@@ -72,7 +72,7 @@ def dead_letter_lines(s: Any) -> list[str]:
 def expectation_lines(s: Any) -> list[str]:
     """One line per expectation, ``PASS``/``FAIL``/``INCONCLUSIVE`` with the actual value, and
     under one that did not pass, why (a timing check's share of the run spent waiting)."""
-    from pantheon.runner._report import expectation_state
+    from pantheon.runner import expectation_state
 
     lines = []
     for e in s.expectations:
@@ -88,7 +88,7 @@ def expectation_lines(s: Any) -> list[str]:
 def verdict_line(s: Any) -> str:
     """The last line: every expectation passed (saying how many timing checks could not
     judge a starved run), or not."""
-    from pantheon.runner._report import expectation_state
+    from pantheon.runner import expectation_state
 
     unsure = sum(expectation_state(e) == "inconclusive" for e in s.expectations)
     if not s.passed:

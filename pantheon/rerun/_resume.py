@@ -45,9 +45,7 @@ from agents import InputItem, Observer, input_ordinal
 from bus import Bus
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
-from pantheon.runner._build import build_team
-from pantheon.runner._report import RunSummary, local_report, summarize
-from pantheon.runner._session_run import Recording
+from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions._approvals import origin_of
@@ -167,7 +165,7 @@ async def resume(
         if scenario.transport.kind == "nats":
             # Whatever its nodes shipped and the dead driver had not stored is still on the
             # stream: take it in first, so none of it is done twice.
-            from pantheon.runner._multiprocess import import_from_stream
+            from pantheon.runner import import_from_stream
 
             await import_from_stream(st, original, scenario)
         policy = Resume()
