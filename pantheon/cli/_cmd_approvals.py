@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -19,28 +18,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from pantheon.approvals import AlreadyDecided, Approval, ApprovalBook, who
+from pantheon.cli._common import JsonOpt, StoreOpt, fail, run_async
 from pantheon.cli._console import report_console
-from pantheon.sessions import STORE_ENV, SessionError, SessionStore, resolve_store_path
+from pantheon.cli._summary_text import print_summary
+from pantheon.sessions import SessionError, SessionStore, resolve_store_path
 
 __all__ = ["register"]
-
-StoreOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--store",
-        envvar=STORE_ENV,
-        help="Session store file (default .pantheon/sessions.db under the current directory).",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-def _err(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}"
-    )
-    return typer.Exit(code)
 
 
 def _clock(ts: float | None) -> str:
@@ -109,9 +92,9 @@ def register(app: typer.Typer) -> None:
         except AlreadyDecided as exc:
             if as_json:
                 typer.echo(json.dumps(exc.approval.to_dict() | {"decided_now": False}, indent=2))
-            raise _err(str(exc), 1) from None
+            raise fail(str(exc), 1) from None
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
         if as_json:
             typer.echo(json.dumps(decided.to_dict() | {"decided_now": True}, indent=2))
         else:
@@ -136,7 +119,7 @@ def register(app: typer.Typer) -> None:
                 origin = book.origin(session)
                 rows = book.entries(origin, status="pending" if pending else None)
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
         corrupt = [a for a in rows if a.corrupt is not None]
         rows = [a for a in rows if a.corrupt is None]
         _print_rows(rows, origin, pending, as_json)
@@ -158,16 +141,15 @@ def register(app: typer.Typer) -> None:
         """Finish a run whose process died: re-run its recorded inputs serving the recorded
         effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
         "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
-        from pantheon.cli._main import _print_summary, run_async
         from pantheon.rerun._resume import resume as resume_run
 
         path = resolve_store_path(store)
         try:
             result = run_async(resume_run(session, store=path))
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
         except FileNotFoundError as exc:  # the scenario's input file went away
-            raise _err(f"cannot resume {session}: {exc}") from None
+            raise fail(f"cannot resume {session}: {exc}") from None
         summary = result.summary
         if as_json:
             from dataclasses import asdict
@@ -181,6 +163,6 @@ def register(app: typer.Typer) -> None:
                 f"{result.effects_served}, called {result.effects_called}"
                 + (f", {result.mismatched} did not match" if result.mismatched else "")
             )
-            _print_summary(summary)
+            print_summary(summary)
         if not summary.passed:
             raise typer.Exit(1)

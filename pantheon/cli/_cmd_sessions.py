@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as _dt
-import importlib
-import importlib.util
 import json
 import math
 import re
@@ -28,53 +26,26 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agents import AgentUsage
 from pantheon import readmodel
+from pantheon.cli._common import JsonOpt, SetupOpt, StoreOpt, fail, load_setup
 from pantheon.cli._console import report_console
-from pantheon.cli._summary_text import STATE_MARKS
+from pantheon.cli._summary_text import STATE_MARKS, usage_lines
 from pantheon.rerun import replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
-    STORE_ENV,
     SessionError,
     SessionStore,
-    Setup,
     diff_sessions,
     export_jsonl,
     redrive,
     resolve_store_path,
 )
 
-__all__ = ["register", "summary_lines", "usage_lines"]
-
-StoreOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--store",
-        envvar=STORE_ENV,
-        help="Session store file (default .pantheon/sessions.db under the current directory).",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-SetupOpt = Annotated[
-    str | None,
-    typer.Option(
-        "--setup",
-        help="MODULE:FACTORY (or path/to/file.py:FACTORY) called with the scenario text to "
-        "build the team's setup(bus); default: pantheon.runner._build.team_setup.",
-        show_default=False,
-    ),
-]
+__all__ = ["register", "summary_lines"]
 
 
 def _console() -> Console:
     return report_console(highlight=False)
-
-
-def _err(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]error:[/red] {message}")
-    return typer.Exit(code)
 
 
 def _telemetry() -> Any:
@@ -85,7 +56,7 @@ def _telemetry() -> Any:
         configure_logging()
         return Telemetry.from_env()
     except (ValueError, ImportError) as exc:
-        raise _err(f"observability: {exc}") from None
+        raise fail(f"observability: {exc}") from None
 
 
 @contextmanager
@@ -94,11 +65,11 @@ def _open(path: Path | None) -> Iterator[SessionStore]:
     try:
         store = SessionStore(resolved, create=False)
     except SessionError as exc:
-        raise _err(str(exc)) from None
+        raise fail(str(exc)) from None
     try:
         yield store
     except SessionError as exc:
-        raise _err(str(exc)) from None
+        raise fail(str(exc)) from None
     finally:
         store.close()
 
@@ -131,69 +102,6 @@ def _excerpt(payload: Any, width: int) -> str:
 
 def _dump(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=repr, sort_keys=False))
-
-
-def _load_setup(
-    spec: str | None,
-    scenario_text: str | None,
-    scenario_dir: str | None = None,
-    *,
-    session: str = "the session",
-) -> Setup:
-    """The team for a replay/redrive: ``spec``'s factory, or the one the scenario names
-    (its own modules imported from ``scenario_dir``, where it was loaded from).
-    ``session`` names the session in the error when there is no scenario to rebuild."""
-    if spec is None and not scenario_text:
-        raise _err(
-            f"{session} has no scenario text, so its team cannot be rebuilt from the record: "
-            "pass --setup MODULE:FACTORY"
-        )
-    if spec is None:
-        from pantheon.runner import team_setup
-        from pantheon.scenario import ScenarioError
-
-        try:
-            return team_setup(
-                scenario_text or "",
-                base_dir=None if scenario_dir is None else Path(scenario_dir),
-            )
-        except ScenarioError as exc:
-            raise _err(f"cannot rebuild the recorded team:\n{exc}") from None
-    else:
-        module_name, _, attr = spec.rpartition(":")
-        if not module_name or not attr:
-            raise _err(f"--setup must look like MODULE:FACTORY, got {spec!r}")
-        try:
-            if module_name.endswith(".py"):
-                path = Path(module_name).resolve()
-                loaded = sys.modules.get(path.stem)
-                if loaded is not None and Path(getattr(loaded, "__file__", "")) == path:
-                    module = loaded
-                else:
-                    mod_spec = importlib.util.spec_from_file_location(path.stem, path)
-                    if mod_spec is None or mod_spec.loader is None:
-                        raise ImportError(f"cannot load {path}")
-                    module = importlib.util.module_from_spec(mod_spec)
-                    mod_spec.loader.exec_module(module)
-            else:
-                module = importlib.import_module(module_name)
-            factory = getattr(module, attr)
-        except (ImportError, AttributeError, OSError) as exc:
-            raise _err(f"--setup {spec!r}: {exc}") from None
-    return factory(scenario_text)
-
-
-def usage_lines(usage: readmodel.SessionUsage) -> list[str]:
-    """The model usage block of ``sessions show`` and ``run``: the session's model calls,
-    tokens and cost, then one line per agent that called a model."""
-    if not usage.total.calls:
-        return ["models    no calls"]
-    width = max(len(name) for name in usage.by_agent)
-    lines = [f"models    {_usage_text(usage.total)}"]
-    lines.extend(
-        f"  {escape(name):<{width}}  {_usage_text(u)}" for name, u in usage.by_agent.items()
-    )
-    return lines
 
 
 def summary_lines(summary: dict[str, Any]) -> list[str]:
@@ -236,14 +144,6 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
 def _value(value: Any) -> str:
     """A summary value as text: strings as they are, the rest as compact JSON."""
     return value if isinstance(value, str) else json.dumps(value, default=repr)
-
-
-def _usage_text(u: AgentUsage) -> str:
-    cost = readmodel.usd(u.cost_usd) + ("" if u.priced else " (a model has no price)")
-    return (
-        f"{u.calls:,} call{'s' if u.calls != 1 else ''}, tokens {u.input_tokens:,} in / "
-        f"{u.output_tokens:,} out, cost {cost}"
-    )
 
 
 def register(app: typer.Typer) -> None:
@@ -407,7 +307,7 @@ def register(app: typer.Typer) -> None:
         was delivered (or there was none), 1 when any failed again or was skipped."""
         with _open(store) as st:
             info = st.session(session)
-            team = _load_setup(
+            team = load_setup(
                 setup, info.scenario_text, info.scenario_dir, session=_named(info, st)
             )
             report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
@@ -441,7 +341,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Export a session's envelopes, one JSON object per line."""
         if fmt != "jsonl":
-            raise _err(f"unknown format {fmt!r} (supported: jsonl)")
+            raise fail(f"unknown format {fmt!r} (supported: jsonl)")
         with _open(store) as st:
             if output is None:
                 export_jsonl(st, session, sys.stdout)
@@ -555,14 +455,14 @@ def register(app: typer.Typer) -> None:
         bounds aside; dead letters fail it unless the scenario allows them), 1 when one
         fails, 2 for an invalid overlay (nothing runs)."""
         if from_ts is not None and not (math.isfinite(from_ts) and from_ts >= 0):
-            raise _err(f"--from {from_ts}: give the seconds into the run to start at, 0 or more")
+            raise fail(f"--from {from_ts}: give the seconds into the run to start at, 0 or more")
         with _open(store) as st:
             info = st.session(session)
             if changes is not None:
                 from pantheon.cli._cmd_whatif import whatif_command
 
                 if live_effects or from_ts is not None or setup is not None:
-                    raise _err("--with cannot be combined with --live-effects, --from or --setup")
+                    raise fail("--with cannot be combined with --live-effects, --from or --setup")
                 if not whatif_command(st, info, changes, as_json=as_json).passed:
                     raise typer.Exit(1)
                 return
@@ -570,14 +470,14 @@ def register(app: typer.Typer) -> None:
             if remote:
                 # Recorded before nodes shipped their journals: only what the driver's bus
                 # saw is there, so a replay would diverge at the first hop on another node.
-                raise _err(
+                raise fail(
                     f"session {info.id} ran on several processes (nodes: {', '.join(remote)}) "
                     "and was recorded before every node recorded its part: only the driver's "
                     "messages are there, so it cannot be replayed exactly."
                 )
             telemetry = _telemetry()
             team = telemetry.wrap_setup(
-                _load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
+                load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
             )
             con = _console()
 
@@ -595,7 +495,7 @@ def register(app: typer.Typer) -> None:
             except AgentSetupError as exc:
                 # The recorded team cannot be built today (its code changed since): a
                 # located line, as for a run, not a traceback.
-                raise _err(f"session {info.id}: nothing ran: {exc}") from None
+                raise fail(f"session {info.id}: nothing ran: {exc}") from None
             finally:
                 telemetry.shutdown()
         if as_json:
