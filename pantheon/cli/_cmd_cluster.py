@@ -164,50 +164,69 @@ def broker(
             raise fail(f"--allow {allow}: not a directory of *.key files")
         allowed = _load_public(allow, "--allow")
 
-    async def serve() -> None:
-        from pantheon.runner import install_stop_signals
+    run_async(
+        _serve_broker(
+            zmq, bind, curve, allowed, heartbeat=heartbeat, liveness=liveness,
+            stats_every=stats_every, control=control,
+        )
+    )  # fmt: skip
 
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        try:
-            server = zmq.Broker(
-                bind, curve=curve, allow=allowed, heartbeat=heartbeat, liveness=liveness
-            )
-            await server.start()
-        except Exception as exc:
-            if control:
-                from pantheon.runner import say_control
 
-                say_control(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
-            raise fail(f"cannot start a broker on {bind}: {exc}") from None
+async def _serve_broker(
+    zmq: Any,
+    bind: str,
+    curve: Any,
+    allowed: list[bytes],
+    *,
+    heartbeat: float,
+    liveness: int,
+    stats_every: float,
+    control: bool,
+) -> None:
+    """Start the broker and serve until SIGINT/SIGTERM: driven (``control``), answering the
+    driver on stdout; by hand, printing the endpoint and a stats line every
+    ``stats_every`` seconds on stderr."""
+    from pantheon.runner import install_stop_signals
+
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        server = zmq.Broker(
+            bind, curve=curve, allow=allowed, heartbeat=heartbeat, liveness=liveness
+        )
+        await server.start()
+    except Exception as exc:
         if control:
-            from pantheon.runner import serve_broker
+            from pantheon.runner import say_control
 
-            try:
-                await serve_broker(server)
-            finally:
-                await server.aclose()
-            return
+            say_control(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
+        raise fail(f"cannot start a broker on {bind}: {exc}") from None
+    if control:
+        from pantheon.runner import serve_broker
+
         try:
-            security = (
-                f"CURVE on, {len(allowed)} allowed key(s)"
-                if curve
-                else "no CURVE: plain text, anyone may join"
-            )
-            # stdout gets exactly the endpoint, so a script can read the real port of :0.
-            print(server.endpoint, flush=True)
-            _info(f"broker listening on {server.endpoint} ({security}); Ctrl-C stops it")
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(stats_every or None):
-                        await stop.wait()
-                if not stop.is_set():
-                    _info(f"broker {_brief(server.stats())}")
+            await serve_broker(server)
         finally:
             await server.aclose()
-        _info(f"broker stopped: {_brief(server.stats())}")
-
-    run_async(serve())
+        return
+    try:
+        security = (
+            f"CURVE on, {len(allowed)} allowed key(s)"
+            if curve
+            else "no CURVE: plain text, anyone may join"
+        )
+        # stdout gets exactly the endpoint, so a script can read the real port of :0.
+        print(server.endpoint, flush=True)
+        _info(f"broker listening on {server.endpoint} ({security}); Ctrl-C stops it")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(stats_every or None):
+                    await stop.wait()
+            if not stop.is_set():
+                _info(f"broker {_brief(server.stats())}")
+    finally:
+        await server.aclose()
+    _info(f"broker stopped: {_brief(server.stats())}")
 
 
 def _brief(stats: dict[str, Any]) -> str:
@@ -281,27 +300,69 @@ def node(
 ) -> None:
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
-    from pantheon.runner import AgentSetupError, ClusterError, NodeHost
-    from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
+    _check_node_options(curve_secret, server_key, timeout, status_every)
+    loaded = _node_scenario(scenario)
+    wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
+    if wanted is None and name is None:
+        raise fail("name the agents to host with --agents, or a placed node with --node")
+    node_name = name or f"node-{os.getpid()}"
+    host = _node_host(
+        loaded, wanted, node_name, connect=connect, data=data, seed=seed, session=session,
+        outbox=outbox, curve_secret=curve_secret, server_key=server_key, timeout=timeout,
+        control=control,
+    )  # fmt: skip
+    if control:
+        _serve_driven_node(host, journal=journal and session is not None)
+    else:
+        run_async(_serve_node(host, node_name, connect, status_every))
 
+
+def _check_node_options(
+    curve_secret: Path | None, server_key: Path | None, timeout: float, status_every: float
+) -> None:
+    """Exit 2 on options that cannot go together or are out of range."""
     if (curve_secret is None) != (server_key is None):
         raise fail("CURVE needs both --curve-secret (this node's) and --server-key (broker's)")
     if not (math.isfinite(timeout) and timeout > 0):
         raise fail(f"--timeout {timeout}: give seconds, more than 0")
     if not (math.isfinite(status_every) and status_every >= 0):
         raise fail(f"--status-every {status_every}: give seconds, 0 or more (0: never)")
+
+
+def _node_scenario(path: Path | None) -> Any:
+    """The scenario the node builds its agents from: the file given, else the built-in
+    roles' defaults; exits 2 when it is invalid or unreadable."""
+    from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
+
     try:
-        loaded = (
-            load_scenario(scenario)
-            if scenario is not None
+        return (
+            load_scenario(path)
+            if path is not None
             else parse_scenario(_DEFAULT_SCENARIO, source="<node defaults>")
         )
     except (ScenarioError, OSError) as exc:
         raise fail(f"invalid scenario\n{exc}") from None
-    wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
-    if wanted is None and name is None:
-        raise fail("name the agents to host with --agents, or a placed node with --node")
-    node_name = name or f"node-{os.getpid()}"
+
+
+def _node_host(
+    loaded: Any,
+    wanted: list[str] | None,
+    node_name: str,
+    *,
+    connect: str,
+    data: str | None,
+    seed: int | None,
+    session: str | None,
+    outbox: Path | None,
+    curve_secret: Path | None,
+    server_key: Path | None,
+    timeout: float,
+    control: bool,
+) -> Any:
+    """The node's host, built and not yet started; exits 2 when it cannot be built, having
+    told the driver why first when it is driven (``control``)."""
+    from pantheon.runner import AgentSetupError, ClusterError, NodeHost
+
     keys = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
     server = _load_public(server_key, "--server-key")[0] if server_key else None
     try:
@@ -326,43 +387,46 @@ def node(
 
             say_control(sys.stdout, "error", message=str(exc))
         raise fail(str(exc)) from None
+    return host
 
-    if control:
-        from pantheon.runner import serve_node
 
-        try:
-            run_async(serve_node(host, journal=journal and session is not None))
-        except ClusterError as exc:
-            raise fail(str(exc)) from None
-        return
+def _serve_driven_node(host: Any, *, journal: bool) -> None:
+    """Serve a node ``pantheon run`` drives over stdin/stdout until the driver says to
+    leave (``journal``: ship its record to the driver)."""
+    from pantheon.runner import ClusterError, serve_node
 
-    async def serve() -> None:
-        from pantheon.runner import install_stop_signals
+    try:
+        run_async(serve_node(host, journal=journal))
+    except ClusterError as exc:
+        raise fail(str(exc)) from None
 
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        try:
-            await host.start()
-        except ClusterError as exc:
-            raise fail(str(exc)) from None
-        _info(
-            f"node {node_name} joined {connect}, hosting {', '.join(host.team.agents)}; "
-            "Ctrl-C stops it"
-        )
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(status_every or None):
-                        await stop.wait()
-                _info(_node_line(node_name, host.status(), host))
-        finally:
-            await host.stop_agents()
-            report = host.report()
-            await host.aclose()
-        handled = sum(h["handled"] for h in report["subscribers"].values())
-        _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
 
-    run_async(serve())
+async def _serve_node(host: Any, node_name: str, connect: str, status_every: float) -> None:
+    """Start a node by hand and serve until SIGINT/SIGTERM, a status line every
+    ``status_every`` seconds on stderr, then stop it and say what it handled."""
+    from pantheon.runner import ClusterError, install_stop_signals
+
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        await host.start()
+    except ClusterError as exc:
+        raise fail(str(exc)) from None
+    _info(
+        f"node {node_name} joined {connect}, hosting {', '.join(host.team.agents)}; Ctrl-C stops it"
+    )
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(status_every or None):
+                    await stop.wait()
+            _info(_node_line(node_name, host.status(), host))
+    finally:
+        await host.stop_agents()
+        report = host.report()
+        await host.aclose()
+    handled = sum(h["handled"] for h in report["subscribers"].values())
+    _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
 
 
 def _node_telemetry(scenario: Any, node: str) -> Any:

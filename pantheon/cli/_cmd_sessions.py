@@ -34,6 +34,7 @@ from pantheon.rerun import replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
     SessionError,
+    SessionInfo,
     SessionStore,
     diff_sessions,
     export_jsonl,
@@ -455,71 +456,92 @@ def replay(
             if not whatif_command(st, info, changes, as_json=as_json).passed:
                 raise typer.Exit(1)
             return
-        remote = unrecorded_nodes(st, info)
-        if remote:
-            # Recorded before nodes shipped their journals: only what the driver's bus
-            # saw is there, so a replay would diverge at the first hop on another node.
-            raise fail(
-                f"session {info.id} ran on several processes (nodes: {', '.join(remote)}) "
-                "and was recorded before every node recorded its part: only the driver's "
-                "messages are there, so it cannot be replayed exactly."
-            )
-        telemetry = _telemetry()
-        team = telemetry.wrap_setup(
-            load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
-        )
         con = _console()
-
-        async def run() -> Any:
-            return await replay_session(
-                st, info.id, team, live_effects=live_effects, from_ts=from_ts
-            )
-
-        try:
-            if as_json:
-                report = asyncio.run(run())
-            else:
-                with con.status(f"replaying {info.id} ..."):
-                    report = asyncio.run(run())
-        except AgentSetupError as exc:
-            # The recorded team cannot be built today (its code changed since): a
-            # located line, as for a run, not a traceback.
-            raise fail(f"session {info.id}: nothing ran: {exc}") from None
-        finally:
-            telemetry.shutdown()
+        quiet = None if as_json else con
+        report = _replayed(st, info, setup, live_effects=live_effects, from_ts=from_ts, con=quiet)
     if as_json:
         _dump(report.to_dict())
     else:
-        con.print(
-            f"replay of {report.original_session_id} recorded as {report.new_session_id}: "
-            f"{report.hops_compared} hops compared, {report.inputs_replayed} inputs "
-            f"({report.inputs_skipped} skipped), effects served {report.effects_served}, "
-            f"called {report.effects_called}"
-        )
-        for f in report.failures:
-            con.print(
-                f"  reproduced failure: {f.subscriber} on {f.topic} "
-                f"({f.outcome}: {f.error_type}: {f.error})"
-            )
-        if report.incomplete is not None:
-            con.print(
-                f"[yellow]recording of {report.original_session_id} is incomplete "
-                f"({escape(report.incomplete)}); replayed up to its last committed message: "
-                f"{report.reproduced_messages} of {report.recorded_messages} recorded "
-                "messages reproduced[/yellow]"
-            )
-        for node, reach in (report.cut or {}).items():
-            con.print(
-                f"[yellow]node {node}'s journal stops before its end ({escape(reach)}): "
-                f"the {report.cut_inputs} inputs it was in the middle of are not replayed "
-                "(counted as skipped)[/yellow]"
-            )
-        if report.divergence is None:
-            con.print("[green]matched[/green]")
-        else:
-            con.print(f"[red]diverged:[/red] {report.divergence}")
+        _print_replay(con, report)
     if report.divergence is not None:
         raise typer.Exit(1)
+
+
+def _replayed(
+    st: SessionStore,
+    info: SessionInfo,
+    setup: str | None,
+    *,
+    live_effects: bool,
+    from_ts: float | None,
+    con: Console | None,
+) -> Any:
+    """Replay ``info`` exactly with its team rebuilt (or ``setup``'s), traced as the
+    ``OTEL_*`` variables ask, a spinner on ``con`` meanwhile (None: quiet, for --json);
+    exits 2 when the session cannot be replayed or its team built."""
+    remote = unrecorded_nodes(st, info)
+    if remote:
+        # Recorded before nodes shipped their journals: only what the driver's bus
+        # saw is there, so a replay would diverge at the first hop on another node.
+        raise fail(
+            f"session {info.id} ran on several processes (nodes: {', '.join(remote)}) "
+            "and was recorded before every node recorded its part: only the driver's "
+            "messages are there, so it cannot be replayed exactly."
+        )
+    telemetry = _telemetry()
+    team = telemetry.wrap_setup(
+        load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
+    )
+
+    async def run() -> Any:
+        return await replay_session(st, info.id, team, live_effects=live_effects, from_ts=from_ts)
+
+    try:
+        if con is None:
+            report = asyncio.run(run())
+        else:
+            with con.status(f"replaying {info.id} ..."):
+                report = asyncio.run(run())
+    except AgentSetupError as exc:
+        # The recorded team cannot be built today (its code changed since): a
+        # located line, as for a run, not a traceback.
+        raise fail(f"session {info.id}: nothing ran: {exc}") from None
+    finally:
+        telemetry.shutdown()
+    return report
+
+
+def _print_replay(con: Console, report: Any) -> None:
+    """A replay's report: what was compared and served, the failures it reproduced, what
+    an incomplete recording or a cut node journal left out, and the verdict."""
+    con.print(
+        f"replay of {report.original_session_id} recorded as {report.new_session_id}: "
+        f"{report.hops_compared} hops compared, {report.inputs_replayed} inputs "
+        f"({report.inputs_skipped} skipped), effects served {report.effects_served}, "
+        f"called {report.effects_called}"
+    )
+    for f in report.failures:
+        con.print(
+            f"  reproduced failure: {f.subscriber} on {f.topic} "
+            f"({f.outcome}: {f.error_type}: {f.error})"
+        )
+    if report.incomplete is not None:
+        con.print(
+            f"[yellow]recording of {report.original_session_id} is incomplete "
+            f"({escape(report.incomplete)}); replayed up to its last committed message: "
+            f"{report.reproduced_messages} of {report.recorded_messages} recorded "
+            "messages reproduced[/yellow]"
+        )
+    for node, reach in (report.cut or {}).items():
+        con.print(
+            f"[yellow]node {node}'s journal stops before its end ({escape(reach)}): "
+            f"the {report.cut_inputs} inputs it was in the middle of are not replayed "
+            "(counted as skipped)[/yellow]"
+        )
+    if report.divergence is None:
+        con.print("[green]matched[/green]")
+    else:
+        con.print(f"[red]diverged:[/red] {report.divergence}")
 
 
 def register(app: typer.Typer) -> None:
