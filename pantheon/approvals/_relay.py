@@ -5,13 +5,13 @@ session store, so an agent on a node cannot write its request there itself. Its
 ``approve()`` goes to a :class:`NodeDesk`, which sends the request to the driver over the
 node's control channel (the JSON lines of ``pantheon node --control``, see
 ``pantheon.runner._multiprocess``) and waits; the driver's :class:`DeskRelay` hands it to
-the run's own
-:class:`~pantheon.approvals._desk.StoreDesk`, exactly as if a driver agent had asked: the row
-lands in the store's approvals table with ``node`` naming the asker, and every policy
-(``approvals.auto``, the timeout and its default, a person with ``pantheon approve``, the
-monitor or the web dashboard) decides it unchanged. The decision goes back on the node's
-stdin, and the asking agent's ``human.approval`` effect records it on the node, as it would
-in one process (so a replay serves it from the node's journal and asks nobody).
+the run's own :class:`~pantheon.approvals._desk.StoreDesk`, exactly as if a driver agent
+had asked: the row lands in the store's approvals table with ``node`` naming the asker,
+and every policy (``approvals.auto``, the timeout and its default, a person with
+``pantheon approve``, the monitor or the web dashboard) decides it unchanged. The decision
+goes back on the node's stdin, and the asking agent's ``human.approval`` effect records it
+on the node, as it would in one process (so a replay serves it from the node's journal and
+asks nobody).
 
 Why the control channel and not the bus: the bus is what a scenario's faults break, and a
 person's decision must still reach the node then; the channel is also already ordered,

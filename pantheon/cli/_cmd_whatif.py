@@ -1,6 +1,6 @@
 """``pantheon replay SESSION --with changes.yaml`` and the decision block of ``pantheon diff``.
 
-Kept out of ``_cli_sessions`` so the exact replay's command stays as it was: that module
+Kept out of ``_cmd_sessions`` so the exact replay's command stays as it was: that module
 only hands ``--with`` over to :func:`whatif_command`.
 """
 

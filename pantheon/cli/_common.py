@@ -112,7 +112,7 @@ SetupOpt = Annotated[
     typer.Option(
         "--setup",
         help="MODULE:FACTORY (or path/to/file.py:FACTORY) called with the scenario text to "
-        "build the team's setup(bus); default: pantheon.runner._build.team_setup.",
+        "build the team's setup(bus); default: pantheon.runner.team_setup.",
         show_default=False,
     ),
 ]

@@ -10,7 +10,8 @@ differs per transport is the link its shipments take (``RECORD.md`` §2):
 * **NATS**: the team's JetStream stream (``bus.backends.nats._journal``): each shipment is
   on the server once acknowledged, so a driver that dies loses nothing its nodes shipped;
   the driver follows the journal subjects while the run goes on, and ``pantheon resume``
-  reads what it had not stored yet.
+  reads what it had not stored yet (:func:`~pantheon.runner._multiprocess.import_from_stream`,
+  beside the NATS settings it connects with).
 
 The driver's recorder ingests each shipment (``Recorder.ingest``) whichever way it came.
 """
