@@ -13,7 +13,13 @@ from ``scenarios/oncall/``. Every error they raise on purpose derives from
 
 from agents._action import Actor, Guardian, Learner, Outbox
 from agents._anthropic import AnthropicProvider
-from agents._approvals import ApprovalDesk, ApprovalUnavailable, Decision
+from agents._approvals import (
+    APPROVAL_EFFECT,
+    ApprovalDesk,
+    ApprovalUnavailable,
+    Decision,
+    check_approval_request,
+)
 from agents._base import (
     Agent,
     AgentOptions,
@@ -109,6 +115,7 @@ ROLES: dict[str, type[Agent]] = {
 }
 
 __all__ = [
+    "APPROVAL_EFFECT",
     "BUDGET_EFFECT",
     "DEFAULT_MAX_LABELS",
     "ROLES",
@@ -185,6 +192,7 @@ __all__ = [
     "Usage",
     "UsageMeter",
     "budget_guards",
+    "check_approval_request",
     "decision_text",
     "fault_timeline",
     "handler_arity",

@@ -16,9 +16,7 @@ in :mod:`pantheon._errors`). Depends on ``agents`` and ``bus``, never on ``dashb
 
 from pantheon._api import Session, replay, run
 from pantheon._errors import PantheonError
-from pantheon.runner._build import AgentSetupError
-from pantheon.runner._multiprocess import ClusterError
-from pantheon.runner._report import RunSummary
+from pantheon.runner import AgentSetupError, ClusterError, RunSummary
 from pantheon.scenario import Problem, Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = [

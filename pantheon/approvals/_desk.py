@@ -32,7 +32,7 @@ from pantheon.scenario import ApprovalsConfig, Scenario
 from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, ApprovalError, SessionStore
 
 if TYPE_CHECKING:
-    from pantheon.runner._build import Team
+    from pantheon.runner import Team
 
 __all__ = ["StoreDesk", "approval_desk", "request_key", "who"]
 

@@ -5,13 +5,13 @@ session store, so an agent on a node cannot write its request there itself. Its
 ``approve()`` goes to a :class:`NodeDesk`, which sends the request to the driver over the
 node's control channel (the JSON lines of ``pantheon node --control``, see
 ``pantheon.runner._multiprocess``) and waits; the driver's :class:`DeskRelay` hands it to
-the run's own
-:class:`~pantheon.approvals._desk.StoreDesk`, exactly as if a driver agent had asked: the row
-lands in the store's approvals table with ``node`` naming the asker, and every policy
-(``approvals.auto``, the timeout and its default, a person with ``pantheon approve``, the
-monitor or the web dashboard) decides it unchanged. The decision goes back on the node's
-stdin, and the asking agent's ``human.approval`` effect records it on the node, as it would
-in one process (so a replay serves it from the node's journal and asks nobody).
+the run's own :class:`~pantheon.approvals._desk.StoreDesk`, exactly as if a driver agent
+had asked: the row lands in the store's approvals table with ``node`` naming the asker,
+and every policy (``approvals.auto``, the timeout and its default, a person with
+``pantheon approve``, the monitor or the web dashboard) decides it unchanged. The decision
+goes back on the node's stdin, and the asking agent's ``human.approval`` effect records it
+on the node, as it would in one process (so a replay serves it from the node's journal and
+asks nobody).
 
 Why the control channel and not the bus: the bus is what a scenario's faults break, and a
 person's decision must still reach the node then; the channel is also already ordered,
@@ -54,8 +54,7 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from agents import ApprovalUnavailable, Decision
-from agents._approvals import check_request
+from agents import ApprovalUnavailable, Decision, check_approval_request
 from pantheon.sessions import Approval, SessionError
 
 if TYPE_CHECKING:
@@ -275,7 +274,7 @@ class DeskRelay:
                 f"node {node!r} asked for approval for agent {agent!r}, which it does not "
                 f"host (it hosts: {hosted})"
             )
-        request = check_request(agent, event.get("request"))
+        request = check_approval_request(agent, event.get("request"))
         if self.desk is None:
             raise ApprovalUnavailable(
                 f"agent {agent!r} on node {node!r} asked for approval, but the run has no "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -18,37 +17,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pantheon.approvals._desk import who
+from pantheon.approvals import AlreadyDecided, Approval, ApprovalBook, who
+from pantheon.cli._common import JsonOpt, StoreOpt, fail, run_async
 from pantheon.cli._console import report_console
-from pantheon.sessions import (
-    STORE_ENV,
-    AlreadyDecided,
-    Approval,
-    ApprovalBook,
-    SessionError,
-    SessionStore,
-    resolve_store_path,
-)
+from pantheon.cli._summary_text import print_summary
+from pantheon.sessions import SessionError, SessionStore, resolve_store_path
 
 __all__ = ["register"]
-
-StoreOpt = Annotated[
-    Path | None,
-    typer.Option(
-        "--store",
-        envvar=STORE_ENV,
-        help="Session store file (default .pantheon/sessions.db under the current directory).",
-        show_default=False,
-    ),
-]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
-
-
-def _err(message: str, code: int = 2) -> typer.Exit:
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}"
-    )
-    return typer.Exit(code)
 
 
 def _clock(ts: float | None) -> str:
@@ -86,109 +61,107 @@ def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool)
     con.print(table)
 
 
+def approve(
+    session: Annotated[
+        str,
+        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+    ],
+    approval: Annotated[int, typer.Argument(help="The approval's number (see approvals).")],
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
+    note: Annotated[str, typer.Option("--note", help="Why, for the record.")] = "",
+    by: Annotated[str | None, typer.Option("--by", help="Who decides (default user@host).")] = None,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Approve (or --reject) a pending approval of a running or aborted session; the
+    run waiting for it goes on within a poll interval. Exits 1 if it was already
+    decided."""
+    try:
+        with SessionStore(resolve_store_path(store), create=False) as st:
+            book = ApprovalBook(st)
+            origin = book.origin(session)
+            decided = book.decide(origin, approval, approved=not reject, note=note, by=by or who())
+    except AlreadyDecided as exc:
+        if as_json:
+            typer.echo(json.dumps(exc.approval.to_dict() | {"decided_now": False}, indent=2))
+        raise fail(str(exc), 1) from None
+    except SessionError as exc:
+        raise fail(str(exc)) from None
+    if as_json:
+        typer.echo(json.dumps(decided.to_dict() | {"decided_now": True}, indent=2))
+    else:
+        report_console(highlight=False).print(escape(_line(decided)))
+
+
+def approvals(
+    session: Annotated[
+        str,
+        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+    ],
+    pending: Annotated[bool, typer.Option("--pending", help="Only those waiting.")] = False,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List a session's approval requests: number, state, agent, summary, who decided.
+    A corrupt row in the store is one line on stderr, left out of the list; the command
+    then exits 1."""
+    try:
+        with SessionStore(resolve_store_path(store), create=False) as st:
+            book = ApprovalBook(st)
+            origin = book.origin(session)
+            rows = book.entries(origin, status="pending" if pending else None)
+    except SessionError as exc:
+        raise fail(str(exc)) from None
+    corrupt = [a for a in rows if a.corrupt is not None]
+    rows = [a for a in rows if a.corrupt is None]
+    _print_rows(rows, origin, pending, as_json)
+    if corrupt:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        for a in corrupt:
+            err.print(f"[red]error:[/red] {escape(a.corrupt_message())}; left out")
+        raise typer.Exit(1)
+
+
+def resume(
+    session: Annotated[
+        str,
+        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
+    ],
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Finish a run whose process died: re-run its recorded inputs serving the recorded
+    effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
+    "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
+    from pantheon.rerun._resume import resume as resume_run
+
+    path = resolve_store_path(store)
+    try:
+        result = run_async(resume_run(session, store=path))
+    except SessionError as exc:
+        raise fail(str(exc)) from None
+    except FileNotFoundError as exc:  # the scenario's input file went away
+        raise fail(f"cannot resume {session}: {exc}") from None
+    summary = result.summary
+    if as_json:
+        from dataclasses import asdict
+
+        out = asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
+        typer.echo(json.dumps(out, indent=2, default=repr))
+    else:
+        report_console(highlight=False).print(
+            f"resumed {result.original_session_id} as {summary.session_id}: "
+            f"{result.inputs_replayed} recorded inputs re-run, effects served "
+            f"{result.effects_served}, called {result.effects_called}"
+            + (f", {result.mismatched} did not match" if result.mismatched else "")
+        )
+        print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)
+
+
 def register(app: typer.Typer) -> None:
-    @app.command()
-    def approve(
-        session: Annotated[
-            str,
-            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-        ],
-        approval: Annotated[int, typer.Argument(help="The approval's number (see approvals).")],
-        reject: Annotated[
-            bool, typer.Option("--reject", help="Reject instead of approve.")
-        ] = False,
-        note: Annotated[str, typer.Option("--note", help="Why, for the record.")] = "",
-        by: Annotated[
-            str | None, typer.Option("--by", help="Who decides (default user@host).")
-        ] = None,
-        store: StoreOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Approve (or --reject) a pending approval of a running or aborted session; the
-        run waiting for it goes on within a poll interval. Exits 1 if it was already
-        decided."""
-        try:
-            with SessionStore(resolve_store_path(store), create=False) as st:
-                book = ApprovalBook(st)
-                origin = book.origin(session)
-                decided = book.decide(
-                    origin, approval, approved=not reject, note=note, by=by or who()
-                )
-        except AlreadyDecided as exc:
-            if as_json:
-                typer.echo(json.dumps(exc.approval.to_dict() | {"decided_now": False}, indent=2))
-            raise _err(str(exc), 1) from None
-        except SessionError as exc:
-            raise _err(str(exc)) from None
-        if as_json:
-            typer.echo(json.dumps(decided.to_dict() | {"decided_now": True}, indent=2))
-        else:
-            report_console(highlight=False).print(escape(_line(decided)))
-
-    @app.command()
-    def approvals(
-        session: Annotated[
-            str,
-            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-        ],
-        pending: Annotated[bool, typer.Option("--pending", help="Only those waiting.")] = False,
-        store: StoreOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """List a session's approval requests: number, state, agent, summary, who decided.
-        A corrupt row in the store is one line on stderr, left out of the list; the command
-        then exits 1."""
-        try:
-            with SessionStore(resolve_store_path(store), create=False) as st:
-                book = ApprovalBook(st)
-                origin = book.origin(session)
-                rows = book.entries(origin, status="pending" if pending else None)
-        except SessionError as exc:
-            raise _err(str(exc)) from None
-        corrupt = [a for a in rows if a.corrupt is not None]
-        rows = [a for a in rows if a.corrupt is None]
-        _print_rows(rows, origin, pending, as_json)
-        if corrupt:
-            err = Console(stderr=True, highlight=False, soft_wrap=True)
-            for a in corrupt:
-                err.print(f"[red]error:[/red] {escape(a.corrupt_message())}; left out")
-            raise typer.Exit(1)
-
-    @app.command()
-    def resume(
-        session: Annotated[
-            str,
-            typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-        ],
-        store: StoreOpt = None,
-        as_json: JsonOpt = False,
-    ) -> None:
-        """Finish a run whose process died: re-run its recorded inputs serving the recorded
-        effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
-        "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
-        from pantheon.cli._main import _print_summary, run_async
-        from pantheon.rerun._resume import resume as resume_run
-
-        path = resolve_store_path(store)
-        try:
-            result = run_async(resume_run(session, store=path))
-        except SessionError as exc:
-            raise _err(str(exc)) from None
-        except FileNotFoundError as exc:  # the scenario's input file went away
-            raise _err(f"cannot resume {session}: {exc}") from None
-        summary = result.summary
-        if as_json:
-            from dataclasses import asdict
-
-            out = asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
-            typer.echo(json.dumps(out, indent=2, default=repr))
-        else:
-            report_console(highlight=False).print(
-                f"resumed {result.original_session_id} as {summary.session_id}: "
-                f"{result.inputs_replayed} recorded inputs re-run, effects served "
-                f"{result.effects_served}, called {result.effects_called}"
-                + (f", {result.mismatched} did not match" if result.mismatched else "")
-            )
-            _print_summary(summary)
-        if not summary.passed:
-            raise typer.Exit(1)
+    """Add ``approve``, ``approvals`` and ``resume`` to ``app``."""
+    app.command()(approve)
+    app.command()(approvals)
+    app.command()(resume)

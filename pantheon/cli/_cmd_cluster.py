@@ -27,10 +27,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pantheon.cli._common import fail, run_async
 from pantheon.scenario import ROLES
 from pantheon.scenario._schema import bind_is_local
 
-__all__ = ["print_nodes", "register"]
+__all__ = ["register"]
 
 #: Agent configuration for a node started without ``--scenario``: the built-in roles at their
 #: defaults, less the Reasoner, which asks its team's question and so needs the team's scenario.
@@ -40,31 +41,18 @@ _DEFAULT_SCENARIO = (
 )
 
 
-def _err(message: str, code: int = 2) -> typer.Exit:
-    # Escaped: messages quote names, paths and stderr lines, where "[x]" is not markup.
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}"
-    )
-    return typer.Exit(code)
-
-
 def _info(message: str) -> None:
     Console(stderr=True, highlight=False, soft_wrap=True).print(escape(message))
 
 
-def _run(coro: Any) -> Any:
-    from pantheon.cli._main import run_async
-
-    return run_async(coro)
-
-
 def _zmq() -> Any:
-    from pantheon.runner._multiprocess import _zmq as load
-
+    """The ZeroMQ backend, imported on first use: it imports pyzmq, and without it raises
+    an ImportError naming the extra to install."""
     try:
-        return load()
+        from bus.backends import zeromq
     except ImportError as exc:
-        raise _err(str(exc)) from None
+        raise fail(str(exc)) from None
+    return zeromq
 
 
 def _load_keys(path: Path, what: str) -> Any:
@@ -73,7 +61,7 @@ def _load_keys(path: Path, what: str) -> Any:
     try:
         keys = zmq.CurveKeys.load(path)
     except (OSError, ValueError) as exc:
-        raise _err(f"{what} {path}: cannot read a CURVE key pair: {exc}") from None
+        raise fail(f"{what} {path}: cannot read a CURVE key pair: {exc}") from None
     return keys
 
 
@@ -83,7 +71,7 @@ def _load_public(path: Path, what: str) -> list[bytes]:
     try:
         return list(zmq.load_public_keys(path))
     except (OSError, ValueError) as exc:
-        raise _err(f"{what} {path}: {exc}") from None
+        raise fail(f"{what} {path}: {exc}") from None
 
 
 # -- keys --------------------------------------------------------------------------------------
@@ -102,11 +90,11 @@ def keys(
     it private (mode 0600).
     """
     if not name or any(c in name for c in "/\\."):
-        raise _err(f"--name {name!r}: use a plain file name stem such as 'node1' (no '.' or '/')")
+        raise fail(f"--name {name!r}: use a plain file name stem such as 'node1' (no '.' or '/')")
     public, secret = directory / f"{name}.key", directory / f"{name}.key_secret"
     existing = [str(p) for p in (public, secret) if p.exists()]
     if existing:
-        raise _err(f"refusing to overwrite {', '.join(existing)}: pick another --name", 1)
+        raise fail(f"refusing to overwrite {', '.join(existing)}: pick another --name", 1)
     pair = _zmq().CurveKeys.generate()
     public, secret = pair.save(directory / name)
     typer.echo(f"public key  {public}\nsecret key  {secret}\n{pair.public.decode()}")
@@ -150,11 +138,11 @@ def broker(
 ) -> None:
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
     if not (math.isfinite(stats_every) and stats_every >= 0):
-        raise _err(f"--stats-every {stats_every}: give seconds, 0 or more (0: never)")
+        raise fail(f"--stats-every {stats_every}: give seconds, 0 or more (0: never)")
     if curve_secret is None and not insecure and not bind_is_local(bind):
         # Without CURVE whoever reaches the port joins, and every node links to whatever
         # data endpoint it claims: on a network that has to be a choice, not a default.
-        raise _err(
+        raise fail(
             f"--bind {bind} is reachable from the network and CURVE is off: pass "
             "--curve-secret and --allow, or --insecure to accept anyone who reaches it"
         )
@@ -162,9 +150,9 @@ def broker(
     # on its allow-list, and each node's data socket admits only nodes the broker lists. So
     # the two options go together; either alone is a usage error, never a warning.
     if allow is not None and curve_secret is None:
-        raise _err("--allow needs --curve-secret: keys are only checked with CURVE on")
+        raise fail("--allow needs --curve-secret: keys are only checked with CURVE on")
     if curve_secret is not None and allow is None:
-        raise _err(
+        raise fail(
             "--curve-secret needs --allow DIR, the directory of the public keys (*.key) of "
             "the nodes that may join: a CURVE broker admits only those"
         )
@@ -173,53 +161,72 @@ def broker(
     allowed: list[bytes] = []
     if allow is not None:
         if not allow.is_dir():
-            raise _err(f"--allow {allow}: not a directory of *.key files")
+            raise fail(f"--allow {allow}: not a directory of *.key files")
         allowed = _load_public(allow, "--allow")
 
-    async def serve() -> None:
-        from pantheon.runner._multiprocess import install_stop_signals
+    run_async(
+        _serve_broker(
+            zmq, bind, curve, allowed, heartbeat=heartbeat, liveness=liveness,
+            stats_every=stats_every, control=control,
+        )
+    )  # fmt: skip
 
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        try:
-            server = zmq.Broker(
-                bind, curve=curve, allow=allowed, heartbeat=heartbeat, liveness=liveness
-            )
-            await server.start()
-        except Exception as exc:
-            if control:
-                from pantheon.runner._multiprocess import _say
 
-                _say(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
-            raise _err(f"cannot start a broker on {bind}: {exc}") from None
+async def _serve_broker(
+    zmq: Any,
+    bind: str,
+    curve: Any,
+    allowed: list[bytes],
+    *,
+    heartbeat: float,
+    liveness: int,
+    stats_every: float,
+    control: bool,
+) -> None:
+    """Start the broker and serve until SIGINT/SIGTERM: driven (``control``), answering the
+    driver on stdout; by hand, printing the endpoint and a stats line every
+    ``stats_every`` seconds on stderr."""
+    from pantheon.runner import install_stop_signals
+
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        server = zmq.Broker(
+            bind, curve=curve, allow=allowed, heartbeat=heartbeat, liveness=liveness
+        )
+        await server.start()
+    except Exception as exc:
         if control:
-            from pantheon.runner._multiprocess import serve_broker
+            from pantheon.runner import say_control
 
-            try:
-                await serve_broker(server)
-            finally:
-                await server.aclose()
-            return
+            say_control(sys.stdout, "error", message=f"cannot start a broker on {bind}: {exc}")
+        raise fail(f"cannot start a broker on {bind}: {exc}") from None
+    if control:
+        from pantheon.runner import serve_broker
+
         try:
-            security = (
-                f"CURVE on, {len(allowed)} allowed key(s)"
-                if curve
-                else "no CURVE: plain text, anyone may join"
-            )
-            # stdout gets exactly the endpoint, so a script can read the real port of :0.
-            print(server.endpoint, flush=True)
-            _info(f"broker listening on {server.endpoint} ({security}); Ctrl-C stops it")
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(stats_every or None):
-                        await stop.wait()
-                if not stop.is_set():
-                    _info(f"broker {_brief(server.stats())}")
+            await serve_broker(server)
         finally:
             await server.aclose()
-        _info(f"broker stopped: {_brief(server.stats())}")
-
-    _run(serve())
+        return
+    try:
+        security = (
+            f"CURVE on, {len(allowed)} allowed key(s)"
+            if curve
+            else "no CURVE: plain text, anyone may join"
+        )
+        # stdout gets exactly the endpoint, so a script can read the real port of :0.
+        print(server.endpoint, flush=True)
+        _info(f"broker listening on {server.endpoint} ({security}); Ctrl-C stops it")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(stats_every or None):
+                    await stop.wait()
+            if not stop.is_set():
+                _info(f"broker {_brief(server.stats())}")
+    finally:
+        await server.aclose()
+    _info(f"broker stopped: {_brief(server.stats())}")
 
 
 def _brief(stats: dict[str, Any]) -> str:
@@ -293,28 +300,69 @@ def node(
 ) -> None:
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
-    from pantheon.runner._build import AgentSetupError
-    from pantheon.runner._multiprocess import ClusterError, NodeHost
+    _check_node_options(curve_secret, server_key, timeout, status_every)
+    loaded = _node_scenario(scenario)
+    wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
+    if wanted is None and name is None:
+        raise fail("name the agents to host with --agents, or a placed node with --node")
+    node_name = name or f"node-{os.getpid()}"
+    host = _node_host(
+        loaded, wanted, node_name, connect=connect, data=data, seed=seed, session=session,
+        outbox=outbox, curve_secret=curve_secret, server_key=server_key, timeout=timeout,
+        control=control,
+    )  # fmt: skip
+    if control:
+        _serve_driven_node(host, journal=journal and session is not None)
+    else:
+        run_async(_serve_node(host, node_name, connect, status_every))
+
+
+def _check_node_options(
+    curve_secret: Path | None, server_key: Path | None, timeout: float, status_every: float
+) -> None:
+    """Exit 2 on options that cannot go together or are out of range."""
+    if (curve_secret is None) != (server_key is None):
+        raise fail("CURVE needs both --curve-secret (this node's) and --server-key (broker's)")
+    if not (math.isfinite(timeout) and timeout > 0):
+        raise fail(f"--timeout {timeout}: give seconds, more than 0")
+    if not (math.isfinite(status_every) and status_every >= 0):
+        raise fail(f"--status-every {status_every}: give seconds, 0 or more (0: never)")
+
+
+def _node_scenario(path: Path | None) -> Any:
+    """The scenario the node builds its agents from: the file given, else the built-in
+    roles' defaults; exits 2 when it is invalid or unreadable."""
     from pantheon.scenario import ScenarioError, load_scenario, parse_scenario
 
-    if (curve_secret is None) != (server_key is None):
-        raise _err("CURVE needs both --curve-secret (this node's) and --server-key (broker's)")
-    if not (math.isfinite(timeout) and timeout > 0):
-        raise _err(f"--timeout {timeout}: give seconds, more than 0")
-    if not (math.isfinite(status_every) and status_every >= 0):
-        raise _err(f"--status-every {status_every}: give seconds, 0 or more (0: never)")
     try:
-        loaded = (
-            load_scenario(scenario)
-            if scenario is not None
+        return (
+            load_scenario(path)
+            if path is not None
             else parse_scenario(_DEFAULT_SCENARIO, source="<node defaults>")
         )
     except (ScenarioError, OSError) as exc:
-        raise _err(f"invalid scenario\n{exc}") from None
-    wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
-    if wanted is None and name is None:
-        raise _err("name the agents to host with --agents, or a placed node with --node")
-    node_name = name or f"node-{os.getpid()}"
+        raise fail(f"invalid scenario\n{exc}") from None
+
+
+def _node_host(
+    loaded: Any,
+    wanted: list[str] | None,
+    node_name: str,
+    *,
+    connect: str,
+    data: str | None,
+    seed: int | None,
+    session: str | None,
+    outbox: Path | None,
+    curve_secret: Path | None,
+    server_key: Path | None,
+    timeout: float,
+    control: bool,
+) -> Any:
+    """The node's host, built and not yet started; exits 2 when it cannot be built, having
+    told the driver why first when it is driven (``control``)."""
+    from pantheon.runner import AgentSetupError, ClusterError, NodeHost
+
     keys = _load_keys(curve_secret, "--curve-secret") if curve_secret else None
     server = _load_public(server_key, "--server-key")[0] if server_key else None
     try:
@@ -335,47 +383,50 @@ def node(
         )
     except (ClusterError, AgentSetupError) as exc:
         if control:
-            from pantheon.runner._multiprocess import _say
+            from pantheon.runner import say_control
 
-            _say(sys.stdout, "error", message=str(exc))
-        raise _err(str(exc)) from None
+            say_control(sys.stdout, "error", message=str(exc))
+        raise fail(str(exc)) from None
+    return host
 
-    if control:
-        from pantheon.runner._multiprocess import serve_node
 
-        try:
-            _run(serve_node(host, journal=journal and session is not None))
-        except ClusterError as exc:
-            raise _err(str(exc)) from None
-        return
+def _serve_driven_node(host: Any, *, journal: bool) -> None:
+    """Serve a node ``pantheon run`` drives over stdin/stdout until the driver says to
+    leave (``journal``: ship its record to the driver)."""
+    from pantheon.runner import ClusterError, serve_node
 
-    async def serve() -> None:
-        from pantheon.runner._multiprocess import install_stop_signals
+    try:
+        run_async(serve_node(host, journal=journal))
+    except ClusterError as exc:
+        raise fail(str(exc)) from None
 
-        stop = asyncio.Event()
-        install_stop_signals(stop)
-        try:
-            await host.start()
-        except ClusterError as exc:
-            raise _err(str(exc)) from None
-        _info(
-            f"node {node_name} joined {connect}, hosting {', '.join(host.team.agents)}; "
-            "Ctrl-C stops it"
-        )
-        try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(status_every or None):
-                        await stop.wait()
-                _info(_node_line(node_name, host.status(), host))
-        finally:
-            await host.stop_agents()
-            report = host.report()
-            await host.aclose()
-        handled = sum(h["handled"] for h in report["subscribers"].values())
-        _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
 
-    _run(serve())
+async def _serve_node(host: Any, node_name: str, connect: str, status_every: float) -> None:
+    """Start a node by hand and serve until SIGINT/SIGTERM, a status line every
+    ``status_every`` seconds on stderr, then stop it and say what it handled."""
+    from pantheon.runner import ClusterError, install_stop_signals
+
+    stop = asyncio.Event()
+    install_stop_signals(stop)
+    try:
+        await host.start()
+    except ClusterError as exc:
+        raise fail(str(exc)) from None
+    _info(
+        f"node {node_name} joined {connect}, hosting {', '.join(host.team.agents)}; Ctrl-C stops it"
+    )
+    try:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(status_every or None):
+                    await stop.wait()
+            _info(_node_line(node_name, host.status(), host))
+    finally:
+        await host.stop_agents()
+        report = host.report()
+        await host.aclose()
+    handled = sum(h["handled"] for h in report["subscribers"].values())
+    _info(f"node {node_name} stopped: handled {handled}, dead letters {report['dlq']}")
 
 
 def _node_telemetry(scenario: Any, node: str) -> Any:
@@ -383,7 +434,7 @@ def _node_telemetry(scenario: Any, node: str) -> Any:
     ``pantheon run`` sets them up in its own process (a driven node inherits its
     environment): so a message's trace goes on in this process. A setting that cannot be
     honoured is a ClusterError, reported like any other start-up failure."""
-    from pantheon.runner._multiprocess import ClusterError
+    from pantheon.runner import ClusterError
     from pantheon.telemetry import Telemetry, TelemetryConfigError, configure_logging
 
     try:
@@ -404,77 +455,6 @@ def _node_line(name: str, status: dict[str, Any], host: Any) -> str:
 
 
 # -- run summary -------------------------------------------------------------------------------
-
-
-def print_nodes(out: Console, summary: Any) -> None:
-    """The per-process lines of a ZeroMQ run's summary (nothing for an in-process run)."""
-    for name, n in (getattr(summary, "nodes", None) or {}).items():
-        status = n["status"]
-        if n.get("killed_at_s") is not None:
-            status = f"killed (SIGKILL) at {n['killed_at_s']:.2f}s"
-        elif n.get("exit_code") not in (None, 0):
-            status = f"{status} (exit code {n['exit_code']})"
-        offset = n.get("clock_offset_us")
-        transport = n.get("transport") or {}
-        over_nats = "team" in transport  # NatsTransport's stats: no broker, no clock sync
-        clock = (
-            f"  clock offset {offset:+.1f} µs"
-            if offset is not None
-            else "  clock offset not measured (shorter than one heartbeat)"
-            if n["status"] == "ok" and not over_nats
-            else ""
-        )
-        colour = "green" if n["status"] == "ok" else "yellow" if n["status"] == "killed" else "red"
-        out.print(
-            f"node {name} (pid {n['pid']}): [{colour}]{status}[/{colour}]  "
-            f"{', '.join(n['agents']) or '(no agents)'}{clock}"
-        )
-        broker = n.get("broker")
-        if broker and over_nats:
-            out.print(
-                f"NATS server {broker.get('endpoint')} (team {transport['team']}): "
-                f"redelivered here {transport.get('redelivered', 0)}, released "
-                f"{transport.get('released', 0)}, dead-lettered {transport.get('dead_lettered', 0)}"
-                f"; processes ready in {n.get('startup_s', 0):.2f}s"
-            )
-        elif broker:
-            links = n.get("links", {})
-            out.print(
-                f"broker {broker.get('endpoint')}: nodes lost {broker.get('nodes_lost', 0)}, "
-                f"malformed {broker.get('malformed', 0)}; publishers redelivered "
-                f"{links.get('redelivered', 0)}, dead-lettered node_lost "
-                f"{links.get('node_lost', 0)}; processes ready in {n.get('startup_s', 0):.2f}s"
-            )
-
-
-def print_stream(out: Console, summary: Any) -> None:
-    """What a killed node left on NATS: who took its agents over, and what waits in the
-    stream for those nobody could (nothing for any other run)."""
-    stream = getattr(summary, "stream", None) or {}
-    if not stream:
-        return
-    taken = "; ".join(f"{a} -> {', '.join(h)}" for a, h in stream["taken_over"].items())
-    out.print(
-        f"takeover after {', '.join(stream['killed'])}: {taken or 'none'}"
-        f"; quiet at {stream['quiet_at_s']:.2f}s",
-        soft_wrap=True,
-    )
-    if stream["no_live_member"]:
-        whole = "" if stream["complete"] else " (at least; more had not come back)"
-        out.print(
-            f"[red]no live member[/red] of {', '.join(stream['no_live_member'])}: "
-            f"{stream['messages']:,} messages of {len(stream['items']):,} items wait in the "
-            f"stream{whole}",
-            soft_wrap=True,
-        )
-        for agent, items in stream["waiting"].items():
-            out.print(f"  {escape(agent)}: {escape(', '.join(items))}", soft_wrap=True)
-        for agent, items in stream.get("handed_over", {}).items():
-            out.print(
-                f"  {escape(agent)}, handed over in the killed node's memory (at least): "
-                f"{escape(', '.join(items))}",
-                soft_wrap=True,
-            )
 
 
 def register(app: typer.Typer) -> None:

@@ -21,9 +21,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
-from pantheon.cli._cmd_sessions import SetupOpt, StoreOpt, _load_setup
+from pantheon.cli._common import SetupOpt, StoreOpt, fail, load_setup
 from pantheon.live import (
     FeedNotFound,
     ProtocolError,
@@ -44,19 +43,11 @@ _POLL = 0.05
 _TUI_MISSING = "the monitor needs Textual: pip install 'pantheon[tui]' ({exc})"
 
 
-def _err(message: str) -> typer.Exit:
-    # Escaped: the message names extras like 'pantheon[tui]', which rich reads as markup.
-    Console(stderr=True, highlight=False, soft_wrap=True).print(
-        f"[red]error:[/red] {escape(message)}"
-    )
-    return typer.Exit(2)
-
-
 def _tui() -> Any:
     try:
         import dashboard.tui as tui
     except ImportError as exc:
-        raise _err(_TUI_MISSING.format(exc=exc)) from None
+        raise fail(_TUI_MISSING.format(exc=exc)) from None
     return tui
 
 
@@ -99,22 +90,22 @@ def register(app: typer.Typer) -> None:
             if token_env is not None:
                 token = os.environ.get(token_env)
                 if not token:
-                    raise _err(f"--token-env: ${token_env} is not set")
+                    raise fail(f"--token-env: ${token_env} is not set")
             asyncio.run(_remote(tui, url, token))
             return
         path = resolve_store_path(store)
         try:
             st = SessionStore(path, create=False)
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
         try:
             target, feed = _pick(st, session)
             info = st.session(target)
-            team = _load_setup(
+            team = load_setup(
                 setup, info.scenario_text, info.scenario_dir, session=f"session {info.id} in {path}"
             )
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
         finally:
             st.close()
         asyncio.run(_monitor(tui, path, target, feed, team))
@@ -160,7 +151,7 @@ async def _remote(tui: Any, url: str, token: str | None) -> None:
     try:
         client = await connect_url(url, token=token)
     except (FeedNotFound, ProtocolError, ImportError) as exc:
-        raise _err(str(exc)) from None
+        raise fail(str(exc)) from None
     source = tui.LiveSource(client)
     try:
         await tui.MonitorApp(source).run_async()
@@ -187,13 +178,13 @@ def run_tui(
     finish; ctrl+c then stops it."""
     tui = _tui()
     if not record:
-        raise _err("--tui watches the run through its session store: drop --no-record")
+        raise fail("--tui watches the run through its session store: drop --no-record")
     path = resolve_store_path(store)
     if path.exists():  # else the run creates it
         try:
             SessionStore(path, create=False).close()
         except SessionError as exc:
-            raise _err(str(exc)) from None
+            raise fail(str(exc)) from None
     args = [sys.executable, "-m", "pantheon.cli", "run", str(file), "--store", str(path)]
     args += [] if seed is None else ["--seed", str(seed)]
     args += ["--json"] if as_json else []
@@ -204,7 +195,7 @@ def run_tui(
             found = _child_session(child, path)
             if found is not None:
                 sid, feed, info = found
-                team = _load_setup(None, info.scenario_text, info.scenario_dir)
+                team = load_setup(None, info.scenario_text, info.scenario_dir)
                 asyncio.run(_monitor(tui, path, sid, feed, team))
             if child.poll() is None:
                 Console(stderr=True).print("monitor closed; waiting for the run to finish...")

@@ -1,6 +1,6 @@
 """``pantheon replay SESSION --with changes.yaml`` and the decision block of ``pantheon diff``.
 
-Kept out of ``_cli_sessions`` so the exact replay's command stays as it was: that module
+Kept out of ``_cmd_sessions`` so the exact replay's command stays as it was: that module
 only hands ``--with`` over to :func:`whatif_command`.
 """
 
@@ -21,10 +21,15 @@ from pantheon.cli._summary_text import (
     expectation_lines,
     verdict_line,
 )
-from pantheon.rerun import OutcomeDiff, counts_line
-from pantheon.rerun._overlay import apply_overlay, read_overlay
-from pantheon.rerun._whatif import WhatIfReport, whatif_replay
-from pantheon.runner._build import AgentSetupError
+from pantheon.rerun import (
+    OutcomeDiff,
+    WhatIfReport,
+    apply_overlay,
+    counts_line,
+    read_overlay,
+    whatif_replay,
+)
+from pantheon.runner import AgentSetupError
 from pantheon.scenario import MAX_SCENARIO_BYTES, Problem, ScenarioError
 from pantheon.sessions import SessionInfo, SessionStore
 

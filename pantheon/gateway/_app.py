@@ -45,7 +45,7 @@ from bus import (
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
 from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, Hub, release_memory
 from pantheon.gateway._metrics import render_metrics
-from pantheon.runner._inputs import HttpSource, InboxClosed, InboxFull
+from pantheon.runner import HttpSource, InboxClosed, InboxFull
 from pantheon.scenario import GatewayConfig
 from pantheon.sessions import WATCHER_PREFIX
 

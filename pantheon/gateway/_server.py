@@ -26,7 +26,7 @@ from pantheon.gateway._auth import Tokens, load_tokens, token_digest
 from pantheon.gateway._errors import GatewayError
 from pantheon.gateway._fanout import Encoder
 from pantheon.gateway._protocol import DenialAwareWebSocket, ServerLimits, http_protocol
-from pantheon.runner._inputs import HttpSource
+from pantheon.runner import HttpSource
 from pantheon.scenario import GatewayConfig
 
 __all__ = ["Gateway"]

@@ -20,7 +20,7 @@ from pantheon.live._snapshot import (
     Totals,
     Trace,
 )
-from pantheon.runner._report import expectation_state
+from pantheon.runner import expectation_state
 from pantheon.sessions import SessionStore
 
 __all__ = ["DEFAULT_BUCKETS", "snapshot_from_store", "trace_from_store"]

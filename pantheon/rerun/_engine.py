@@ -30,10 +30,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import InputOrdinals, Observer, input_ordinal
-from agents._approvals import APPROVAL_EFFECT
+from agents import APPROVAL_EFFECT, InputOrdinals, Observer, input_ordinal
 from bus import Bus, Envelope
-from pantheon.approvals._desk import StoreDesk, request_key
+from pantheon.approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (

@@ -9,7 +9,7 @@ What resuming does, exactly:
    that did not itself die), is refused with the reason. A resume that died is resumed in
    turn. A NATS run resumes in this one process: first, the shipments its nodes left on
    the stream that the dead driver had not stored are added to its record
-   (``pantheon.runner._node_journal.import_from_stream``), so what they did is served, not redone.
+   (``pantheon.runner._multiprocess.import_from_stream``), so what they did is served, not redone.
 2. A new session (kind ``resume``, ``replay_of`` the original) runs the recorded scenario's
    team on a fresh bus in this process.
 3. The original's recorded inputs are published again in recorded order, paced as a replay
@@ -41,14 +41,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import Observer, input_ordinal
-from agents._perception import InputItem
+from agents import InputItem, Observer, input_ordinal
 from bus import Bus
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
-from pantheon.runner._build import build_team
-from pantheon.runner._report import RunSummary, local_report, summarize
-from pantheon.runner._session_run import Recording
+from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions._approvals import origin_of
@@ -168,7 +165,7 @@ async def resume(
         if scenario.transport.kind == "nats":
             # Whatever its nodes shipped and the dead driver had not stored is still on the
             # stream: take it in first, so none of it is done twice.
-            from pantheon.runner._node_journal import import_from_stream
+            from pantheon.runner import import_from_stream
 
             await import_from_stream(st, original, scenario)
         policy = Resume()

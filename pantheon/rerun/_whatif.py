@@ -65,8 +65,7 @@ from pantheon.rerun import (
     unrecorded_nodes,
 )
 from pantheon.rerun._overlay import Overlay, agent_fingerprints, apply_overlay
-from pantheon.runner._build import build_team
-from pantheon.runner._report import RunSummary, accuracy_bounds, judge, local_report, summarize
+from pantheon.runner import RunSummary, accuracy_bounds, build_team, judge, local_report, summarize
 from pantheon.scenario import ExpectConfig, Scenario, ScenarioError, parse_scenario
 from pantheon.sessions import SessionError, SessionStore
 

@@ -42,6 +42,7 @@ from pantheon.runner._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario._agents import agent_class, resolve_handler
 from pantheon.scenario._schema import provider_class
+from pantheon.standin import StandInProvider, load_reply
 
 __all__ = [
     "AgentSetupError",
@@ -163,9 +164,6 @@ def _provider(scenario: Scenario) -> ModelProvider:
             "max_connections": p.max_connections,
         }
         if p.stand_in is not None:
-            # Imported here: pantheon.testing imports the run API, which imports this module.
-            from pantheon.testing._stand_in import StandInProvider, load_reply
-
             return StandInProvider(load_reply(p.stand_in), p.model, **options)
         key = os.environ.get(p.api_key_env) if p.api_key_env else None
         return OpenAIProvider(p.base_url, p.model, key, **options)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import importlib
 import inspect
 import json
 import os
@@ -28,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from agents import InputItem
 from bus import Bus, BusError, Priority
 from pantheon._errors import PantheonError
-from pantheon._imports import INPUT_GROUP, ImportProblem, add_import_roots, load_object
+from pantheon._imports import INPUT_GROUP, ImportProblem, import_path
 from pantheon.scenario import (
     FileInputConfig,
     HttpInputConfig,
@@ -45,7 +44,6 @@ __all__ = [
     "JsonlSource",
     "StdinSource",
     "count_inputs",
-    "import_path",
     "jsonl_labels",
     "open_input",
     "run_flood",
@@ -57,22 +55,6 @@ DEFAULT_STDIN_BUFFER = 1024
 
 # fullmatch, not match with "$": "$" also matches before a final newline ("foo\n").
 _TOPIC = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-
-
-def import_path(spec: str, base_dir: Path | None = None, *, group: str | None = None) -> Any:
-    """The object ``spec`` (``"package.module:name"``, or an entry point's name in
-    ``group``) names, with ``base_dir`` (the scenario's folder) importable: the resolver
-    of :mod:`pantheon._imports`, which agents' ``class:`` paths use too.
-
-    Raises :class:`~pantheon._imports.ImportProblem` saying whether the path is malformed,
-    the module cannot be found, importing it raised, or the attribute is missing.
-    """
-    if base_dir is not None:
-        add_import_roots([base_dir])
-    module_name = spec.partition(":")[0]
-    if module_name and module_name not in sys.modules:
-        importlib.invalidate_caches()  # a module written since its folder was last listed
-    return load_object(spec, group=group)
 
 
 # -- shaping records into items ----------------------------------------------------------------

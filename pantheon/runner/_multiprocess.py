@@ -61,17 +61,24 @@ from typing import TYPE_CHECKING, Any, TextIO
 from agents import Learner, LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
-from pantheon.approvals._relay import APPROVAL_EVENT, DeskRelay, NodeDesk
+from pantheon.approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
 from pantheon.runner import _takeover
 from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario._agents import agent_class
+from pantheon.sessions import (
+    SessionError,
+    SessionInfo,
+    SessionStore,
+    import_envelopes,
+    import_shipments,
+)
 from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
-    from pantheon.approvals._desk import StoreDesk
+    from pantheon.approvals import StoreDesk
     from pantheon.runner._node_journal import JetStreamShipper
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
@@ -81,8 +88,10 @@ __all__ = [
     "NodeHost",
     "Placement",
     "cluster_transport",
+    "import_from_stream",
     "install_stop_signals",
     "run_cluster",
+    "say_control",
     "serve_broker",
     "serve_node",
 ]
@@ -499,7 +508,10 @@ async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoin
 _say_lock = threading.Lock()
 
 
-def _say(out: TextIO, event: str, **fields: Any) -> None:
+def say_control(out: TextIO, event: str, **fields: Any) -> None:
+    """One JSON event line to the driver on a node's (or broker's) control pipe: the way a
+    process the driver spawned reports, errors included, since it has no bus to the driver
+    it can trust."""
     line = json.dumps({"event": event, **fields}, default=repr) + "\n"
     with _say_lock:
         out.write(line)
@@ -523,7 +535,7 @@ def _shipper(out: TextIO) -> Callable[[int, bytes, bool], None]:
     their order; a blocking write is the writer's backpressure)."""
 
     def ship(seq: int, data: bytes, end: bool) -> None:
-        _say(out, "journal", data=base64.b64encode(data).decode("ascii"))
+        say_control(out, "journal", data=base64.b64encode(data).decode("ascii"))
 
     return ship
 
@@ -541,16 +553,16 @@ async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
     broker's counters (nodes lost, malformed frames...)."""
     out = out or sys.stdout
     reader = await _stdin_lines()
-    _say(out, "ready", endpoint=broker.endpoint, pid=os.getpid())
+    say_control(out, "ready", endpoint=broker.endpoint, pid=os.getpid())
     while line := await reader.readline():
         command = json.loads(line).get("cmd")
         if command == "stats":
-            _say(out, "stats", stats=broker.stats())
+            say_control(out, "stats", stats=broker.stats())
         elif command == "leave":
-            _say(out, "report", stats=broker.stats())
+            say_control(out, "report", stats=broker.stats())
             return
         else:
-            _say(out, "error", message=f"unknown command {command!r}")
+            say_control(out, "error", message=f"unknown command {command!r}")
 
 
 async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool = False) -> None:
@@ -565,7 +577,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     agents' approval requests go to the driver and their decisions come back on the same
     pipes, answered whatever the loop below is doing (:mod:`pantheon.approvals._relay`)."""
     out = out or sys.stdout
-    desk = NodeDesk(host.node, functools.partial(_say, out))
+    desk = NodeDesk(host.node, functools.partial(say_control, out))
     desk.serve(host.team.agents.values())
     commands, pump = desk.pump(await _stdin_lines())
     if journal:
@@ -573,12 +585,12 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     try:
         await host.start()
     except Exception as exc:
-        _say(out, "error", message=str(exc))
+        say_control(out, "error", message=str(exc))
         pump.cancel()
         with contextlib.suppress(Exception):
             await host.aclose()
         raise
-    _say(out, "ready", node=host.node, pid=os.getpid(), agents=list(host.team.agents))
+    say_control(out, "ready", node=host.node, pid=os.getpid(), agents=list(host.team.agents))
     orphaned = False
     try:
         while True:
@@ -598,19 +610,19 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 return
             command = json.loads(line).get("cmd")
             if command == "status":
-                _say(out, "status", **host.status())
+                say_control(out, "status", **host.status())
             elif command == "stop":
                 try:
                     await host.stop_agents(timeout=host.drain_timeout)
                 except TimeoutError:
-                    _say(
+                    say_control(
                         out,
                         "error",
                         message=f"work still outstanding {host.drain_timeout:g} s after the "
                         f"agents stopped: {host.status()}",
                     )
                 else:
-                    _say(out, "stopped")
+                    say_control(out, "stopped")
             elif command == "leave":
                 # Export before answering (the agents stopped, the bus is drained: no more
                 # spans): the driver gives a node that has reported only a short while to
@@ -619,10 +631,10 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 # Every journal line goes out before the report: the driver ends the session
                 # once it has the reports, so the link's order says the journal is whole.
                 await host.finish_journal()
-                _say(out, "report", report=host.report())
+                say_control(out, "report", report=host.report())
                 return
             else:
-                _say(out, "error", message=f"unknown command {command!r}")
+                say_control(out, "error", message=f"unknown command {command!r}")
     finally:
         pump.cancel()
         await host.aclose(drain=not orphaned)
@@ -1328,3 +1340,36 @@ def install_stop_signals(stop: asyncio.Event) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+
+
+async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: Scenario) -> int:
+    """Read from a NATS run's stream the node shipments session ``info`` does not hold yet
+    (its driver died before storing them) and add them to it; returns how many.
+
+    A run on a throwaway server (``server: auto``) took its stream with it when its driver
+    died: that is a :class:`SessionError`, since resuming without the nodes' records would
+    do again what they did."""
+    cfg = _nats_config(scenario)
+    if cfg.server == "auto":
+        raise SessionError(
+            f"session {info.id} ran on its own throwaway NATS server (transport.server: auto), "
+            "which stopped with its driver: the nodes' records went with it, so resuming "
+            "would do again what they did. Resume needs a server that outlives the run "
+            "(transport.url)."
+        )
+    done = {n: j.shipments for n, j in store.node_journals(info.id).items()}
+    shipments: list[tuple[str, bytes]] = []
+    transport = _nats_transport(scenario, cfg.url, f"resume-{os.getpid()}", 10.0)
+    async with Bus(transport=transport):
+        reader = transport.journal_reader(
+            info.id, lambda node, _seq, data, _end: shipments.append((node, data)), done
+        )
+        await reader.drain()
+        # The driver's own last records died with it, but what it published to the nodes
+        # (its inputs above all) is on the stream: without them, the nodes' work on those
+        # inputs would have no root in the record and be done again.
+        sent = await transport.published(DRIVER_NODE, info.id)
+    nodes = tuple(getattr(scenario.transport, "nodes", None) or ())
+    applied = await asyncio.to_thread(import_shipments, store, info.id, nodes, shipments)
+    await asyncio.to_thread(import_envelopes, store, info.id, sent)
+    return applied

@@ -10,7 +10,8 @@ differs per transport is the link its shipments take (``RECORD.md`` §2):
 * **NATS**: the team's JetStream stream (``bus.backends.nats._journal``): each shipment is
   on the server once acknowledged, so a driver that dies loses nothing its nodes shipped;
   the driver follows the journal subjects while the run goes on, and ``pantheon resume``
-  reads what it had not stored yet.
+  reads what it had not stored yet (:func:`~pantheon.runner._multiprocess.import_from_stream`,
+  beside the NATS settings it connects with).
 
 The driver's recorder ingests each shipment (``Recorder.ingest``) whichever way it came.
 """
@@ -19,22 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import Callable
 from typing import Any
 
-from bus import Bus
-from pantheon.scenario import DRIVER_NODE, Scenario
-from pantheon.sessions import (
-    SessionError,
-    SessionInfo,
-    SessionStore,
-    import_envelopes,
-    import_shipments,
-)
 from pantheon.telemetry import get_logger
 
-__all__ = ["JetStreamShipper", "JournalFollower", "import_from_stream"]
+__all__ = ["JetStreamShipper", "JournalFollower"]
 
 log = get_logger("pantheon.cluster")
 
@@ -103,38 +94,3 @@ class JournalFollower:
         with contextlib.suppress(Exception):
             await self._task
         return ended - reader.ended
-
-
-async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: Scenario) -> int:
-    """Read from a NATS run's stream the node shipments session ``info`` does not hold yet
-    (its driver died before storing them) and add them to it; returns how many.
-
-    A run on a throwaway server (``server: auto``) took its stream with it when its driver
-    died: that is a :class:`SessionError`, since resuming without the nodes' records would
-    do again what they did."""
-    from pantheon.runner._multiprocess import _nats_config, _nats_transport
-
-    cfg = _nats_config(scenario)
-    if cfg.server == "auto":
-        raise SessionError(
-            f"session {info.id} ran on its own throwaway NATS server (transport.server: auto), "
-            "which stopped with its driver: the nodes' records went with it, so resuming "
-            "would do again what they did. Resume needs a server that outlives the run "
-            "(transport.url)."
-        )
-    done = {n: j.shipments for n, j in store.node_journals(info.id).items()}
-    shipments: list[tuple[str, bytes]] = []
-    transport = _nats_transport(scenario, cfg.url, f"resume-{os.getpid()}", 10.0)
-    async with Bus(transport=transport):
-        reader = transport.journal_reader(
-            info.id, lambda node, _seq, data, _end: shipments.append((node, data)), done
-        )
-        await reader.drain()
-        # The driver's own last records died with it, but what it published to the nodes
-        # (its inputs above all) is on the stream: without them, the nodes' work on those
-        # inputs would have no root in the record and be done again.
-        sent = await transport.published(DRIVER_NODE, info.id)
-    nodes = tuple(getattr(scenario.transport, "nodes", None) or ())
-    applied = await asyncio.to_thread(import_shipments, store, info.id, nodes, shipments)
-    await asyncio.to_thread(import_envelopes, store, info.id, sent)
-    return applied

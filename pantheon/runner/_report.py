@@ -11,11 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer
-from bus import Bus, Envelope, SchedulingStats, matches
-from bus._transport import Receipt
-from pantheon._imports import ImportProblem
+from bus import Bus, Envelope, Receipt, SchedulingStats, matches
+from pantheon._imports import ImportProblem, import_path
 from pantheon.runner._build import Team, sum_usage
-from pantheon.runner._inputs import import_path
 from pantheon.scenario import Scenario
 
 __all__ = [

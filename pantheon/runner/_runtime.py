@@ -18,7 +18,7 @@ from pantheon.runner._report import RunSummary, local_report, summarize
 from pantheon.scenario import Scenario
 
 if TYPE_CHECKING:
-    from pantheon.approvals._desk import StoreDesk
+    from pantheon.approvals import StoreDesk
 
 __all__ = ["run_scenario"]
 

@@ -49,8 +49,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from bus import Bus, Envelope
-from bus._transport import Receipt
+from bus import Bus, Envelope, Receipt
 from pantheon.scenario import NatsTransportConfig, Scenario
 
 __all__ = [

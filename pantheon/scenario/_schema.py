@@ -37,7 +37,13 @@ from pydantic import (
 import bus
 from agents import Actor, Budget, Learner, Observer, OutcomeSpec, RateLimit
 from bus import validate_pattern
-from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
+from pantheon._imports import (
+    INPUT_GROUP,
+    PROVIDER_GROUP,
+    add_import_roots,
+    import_path,
+    load_object,
+)
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
 from pantheon.scenario._locate import _dotted, _suggest
 
@@ -639,9 +645,6 @@ def _resolved(spec: str, info: ValidationInfo, group: str | None = None) -> Any:
     context = info.context or {}
     if not context.get("check_files", True):
         return None
-    # Imported when first needed: pantheon.runner._inputs brings in `agents`.
-    from pantheon.runner._inputs import import_path
-
     base_dir = context.get("base_dir")
     return import_path(spec, None if base_dir is None else Path(base_dir).resolve(), group=group)
 

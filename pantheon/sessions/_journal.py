@@ -23,8 +23,7 @@ from typing import Any
 
 import msgspec
 
-from bus import Delivery, Envelope
-from bus._transport import Receipt
+from bus import Delivery, Envelope, Receipt
 from pantheon.sessions._codec import safe_repr
 
 __all__ = [

@@ -36,6 +36,14 @@ place.
 """
 
 from bus.testing import FakeClock, capture_events, memory_bus
+from pantheon.standin import (
+    ModelServer,
+    ReceivedRequest,
+    Reply,
+    classify_reply,
+    openai_view,
+    schema_reply,
+)
 from pantheon.testing._harness import (
     DEFAULT_SEND_TIMEOUT,
     AgentFailed,
@@ -44,14 +52,6 @@ from pantheon.testing._harness import (
     EffectCall,
     RecordedEffects,
     agent_harness,
-)
-from pantheon.testing._model_server import (
-    ModelServer,
-    ReceivedRequest,
-    Reply,
-    classify_reply,
-    openai_view,
-    schema_reply,
 )
 from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 from pantheon.testing._team import (

@@ -17,8 +17,7 @@ import contextlib
 import sys
 import threading
 
-from pantheon.testing._model_server import ModelServer, Responder, schema_reply
-from pantheon.testing._stand_in import load_reply
+from pantheon.standin import ModelServer, Responder, load_reply, schema_reply
 
 
 def main() -> None:

@@ -26,13 +26,12 @@ import yaml
 
 import pantheon
 from pantheon._api import Session
-from pantheon.runner._report import RunSummary
+from pantheon.runner import RunSummary
 from pantheon.scenario import Scenario, parse_scenario
-from pantheon.testing._model_server import ModelServer
+from pantheon.standin import ModelServer
 
 if TYPE_CHECKING:
-    from pantheon.rerun import OutcomeDiff, ReplayReport
-    from pantheon.rerun._whatif import WhatIfReport
+    from pantheon.rerun import OutcomeDiff, ReplayReport, WhatIfReport
 
 __all__ = [
     "assert_outcomes_changed",

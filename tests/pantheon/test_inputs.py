@@ -22,7 +22,7 @@ import pantheon
 from agents import InputItem, Labels, Learner, Observer
 from bus import Bus, Envelope, Priority
 from bus.testing import capture_events
-from pantheon._imports import ImportProblem
+from pantheon._imports import ImportProblem, import_path
 from pantheon.runner._build import build_team
 from pantheon.runner._inputs import (
     GeneratorSource,
@@ -30,7 +30,6 @@ from pantheon.runner._inputs import (
     JsonlSource,
     StdinSource,
     count_inputs,
-    import_path,
     open_input,
 )
 from pantheon.runner._runtime import run_scenario

@@ -24,7 +24,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path | None]]:
         seen.append((sid, feed))
 
     monkeypatch.setattr(_cli_monitor, "_monitor", fake)
-    monkeypatch.setattr(_cli_monitor, "_load_setup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_cli_monitor, "load_setup", lambda *args, **kwargs: None)
     return seen
 
 

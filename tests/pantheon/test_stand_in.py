@@ -17,8 +17,8 @@ import pytest
 import pantheon
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import SessionStore
+from pantheon.standin import StandInProvider
 from pantheon.testing import ModelServer, Reply
-from pantheon.testing._stand_in import StandInProvider
 
 MODULE = '''
 from pantheon.testing import Reply

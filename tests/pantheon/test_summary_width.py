@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from pantheon.cli._main import _print_summary
+from pantheon.cli._summary_text import print_summary as _print_summary
 from pantheon.runner._report import RunSummary
 
 HOP = {

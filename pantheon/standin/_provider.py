@@ -18,7 +18,7 @@ from typing import Any
 
 from agents import ChatResult, OpenAIProvider
 from pantheon._imports import load_object
-from pantheon.testing._model_server import ModelServer, Responder
+from pantheon.standin._server import ModelServer, Responder
 
 __all__ = ["StandInProvider", "load_reply"]
 
