@@ -13,7 +13,13 @@ from ``scenarios/oncall/``. Every error they raise on purpose derives from
 
 from agents._action import Actor, Guardian, Learner, Outbox
 from agents._anthropic import AnthropicProvider
-from agents._approvals import ApprovalDesk, ApprovalUnavailable, Decision
+from agents._approvals import (
+    APPROVAL_EFFECT,
+    ApprovalDesk,
+    ApprovalUnavailable,
+    Decision,
+    check_approval_request,
+)
 from agents._base import (
     Agent,
     AgentOptions,
@@ -42,7 +48,7 @@ from agents._budget import (
     budget_guards,
 )
 from agents._cognition import Memory, Planner, Reasoner
-from agents._effects import Effects, LiveEffects
+from agents._effects import Effects, LiveEffects, RequestIdentity
 from agents._errors import AgentError
 from agents._mcp import (
     MCPServer,
@@ -109,6 +115,7 @@ ROLES: dict[str, type[Agent]] = {
 }
 
 __all__ = [
+    "APPROVAL_EFFECT",
     "BUDGET_EFFECT",
     "DEFAULT_MAX_LABELS",
     "ROLES",
@@ -169,6 +176,7 @@ __all__ = [
     "RateLimit",
     "RateLimiter",
     "Reasoner",
+    "RequestIdentity",
     "RuleProvider",
     "Sensor",
     "SupportsChat",
@@ -184,6 +192,7 @@ __all__ = [
     "Usage",
     "UsageMeter",
     "budget_guards",
+    "check_approval_request",
     "decision_text",
     "fault_timeline",
     "handler_arity",

@@ -383,6 +383,16 @@ class Learner(Agent):
         """The intents whose thresholds it tunes, each starting at ``threshold`` (the
         Reasoner's ``actions``; any other intent an outcome names joins when first moved)."""
 
+    @classmethod
+    def topics_for(cls, outcome: OutcomeSpec | None) -> tuple[str, ...]:
+        """What a Learner scoring ``outcome`` subscribes to: its topics and its malformed
+        topic (the class default without one). A multi-process run asks this before any
+        agent exists, to know which routes a node must see before it publishes."""
+        if outcome is None:
+            return cls.subscriptions
+        malformed = () if outcome.malformed_topic is None else (outcome.malformed_topic,)
+        return (*outcome.topics, *malformed)
+
     def __init__(
         self,
         name: str | None = None,
@@ -394,10 +404,7 @@ class Learner(Agent):
     ) -> None:
         self.outcome = SUPPORT_OUTCOME if outcome is None else outcome
         if subscribe is None and outcome is not None:
-            topics = list(self.outcome.topics)
-            if self.outcome.malformed_topic is not None:
-                topics.append(self.outcome.malformed_topic)
-            subscribe = topics
+            subscribe = self.topics_for(outcome)
         super().__init__(name, subscribe=subscribe, **kwargs)
         # Kept by reference, not copied: the team's Observer files labels into the same
         # mapping as it reads the input (a generator's exist only then).

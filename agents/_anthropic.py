@@ -151,6 +151,11 @@ class AnthropicProvider(_Provider):
             )
         return self._client
 
+    def request_identity(self) -> Any:
+        """The server, the model and what every request carries (see
+        :class:`agents.RequestIdentity`)."""
+        return (self.url, self.model, self.max_tokens, self.params)
+
     async def check(self) -> None:
         """One ``GET {base_url}/v1/models`` without retries: any HTTP answer means the
         server is there (no tokens spent; a missing key is answered too)."""

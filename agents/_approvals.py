@@ -16,7 +16,13 @@ from typing import Any, Protocol, runtime_checkable
 
 from agents._errors import AgentError
 
-__all__ = ["APPROVAL_EFFECT", "ApprovalDesk", "ApprovalUnavailable", "Decision", "check_request"]
+__all__ = [
+    "APPROVAL_EFFECT",
+    "ApprovalDesk",
+    "ApprovalUnavailable",
+    "Decision",
+    "check_approval_request",
+]
 
 #: The effect name an approval is recorded under.
 APPROVAL_EFFECT = "human.approval"
@@ -85,7 +91,7 @@ class ApprovalDesk(Protocol):
     async def ask(self, agent: str, request: Mapping[str, Any]) -> Mapping[str, Any]: ...
 
 
-def check_request(agent: str, request: Any) -> dict[str, Any]:
+def check_approval_request(agent: str, request: Any) -> dict[str, Any]:
     """The request as a plain dict, or :class:`ApprovalUnavailable` saying what is wrong:
     a mapping with a one-line ``summary`` a person reads (other keys are details)."""
     if not isinstance(request, Mapping):

@@ -17,8 +17,13 @@ from typing import Any, ClassVar
 import structlog
 from pydantic import BaseModel, ConfigDict
 
-from agents._approvals import APPROVAL_EFFECT, ApprovalDesk, ApprovalUnavailable, Decision
-from agents._approvals import check_request as _check_request
+from agents._approvals import (
+    APPROVAL_EFFECT,
+    ApprovalDesk,
+    ApprovalUnavailable,
+    Decision,
+    check_approval_request,
+)
 from agents._budget import BUDGET_EFFECT, BudgetExceeded, BudgetGuard
 from agents._effects import Effects, LiveEffects, active_tracer, genai_span
 from agents._errors import AgentError
@@ -621,7 +626,7 @@ class Agent:
         ``human.approval``: a replay serves the recorded decision without asking anyone. The
         scenario's ``approvals`` section bounds the wait (a timeout with a default
         decision). While it waits, the agent holds one of its ``concurrency`` slots."""
-        request = _check_request(self.name, request)
+        request = check_approval_request(self.name, request)
         data = await self.effect(APPROVAL_EFFECT, self._ask_person, request)
         return Decision.from_dict(data)
 

@@ -20,7 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from bus import Tracer, current_envelope
 
-__all__ = ["Effects", "LiveEffects", "call_maybe_async", "genai_span"]
+__all__ = ["Effects", "LiveEffects", "RequestIdentity", "call_maybe_async", "genai_span"]
 
 #: The bus's tracer while an agent handles a traced (sampled) message, else ``None``: set by
 #: ``Agent`` around such a handling only, so untraced work pays one lookup per span site.
@@ -60,6 +60,21 @@ class Effects(Protocol):
 
     async def random(self) -> float:
         """A uniform float in [0, 1), as an effect."""
+        ...
+
+
+@runtime_checkable
+class RequestIdentity(Protocol):
+    """An object that can stand, in a recorded effect's request digest, for what about it
+    decides the call's answer: a model provider for its server and model, a tool for its
+    function. The recorder digests each effect's function and arguments; an argument or
+    a bound object with no stable encoding leaves the call without a digest, and a what-if
+    then decides it on the agent's whole configuration instead of on the request."""
+
+    def request_identity(self) -> Any:
+        """Plain data (or objects that have a request identity) naming what decides the
+        answer; None: nothing does (a rate limiter changes when a call goes, not what it
+        asks). Leave credentials out: they do not change the answer."""
         ...
 
 

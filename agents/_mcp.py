@@ -72,9 +72,11 @@ _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 class MCPServerError(AgentError, RuntimeError):
-    """An MCP server failed a start or a call; ``server`` and ``tool`` (or None) say which."""
+    """An MCP server failed a start or a call; ``server`` and ``tool`` (or None) say which.
+    Both are None in one a replay rebuilt from a session's record (built from its message
+    alone, which names them), so it is still this type and is handled as the original was."""
 
-    def __init__(self, message: str, *, server: str, tool: str | None = None) -> None:
+    def __init__(self, message: str, *, server: str | None = None, tool: str | None = None) -> None:
         super().__init__(message)
         self.server = server
         self.tool = tool
@@ -205,6 +207,13 @@ class MCPServer:
         self._stop = asyncio.Event()
         self._tools: list[MCPTool] | None = None
         self._lost: str | None = None
+
+    def request_identity(self) -> Any:
+        """Which server: its command or URL, where it runs and the tools allowed (see
+        :class:`agents.RequestIdentity`); not ``env``, where its credentials go."""
+        cwd = None if self._cwd is None else os.fspath(self._cwd)
+        allow = None if self._allow is None else sorted(self._allow)
+        return (self._command, self._url, cwd, allow)
 
     @property
     def name(self) -> str:

@@ -18,7 +18,10 @@ as the effect ``tools.list``: a replay offers the model the same tools without t
 
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
-the error below, and the bus retries or dead-letters it with that reason.
+the error below, and the bus retries or dead-letters it with that reason. A failed tool call
+(a Python tool's exception, an MCP tool's error result or timeout) goes back to the model as
+the tool's result; an MCP server that is gone (:class:`agents.MCPServerUnavailable`) fails
+the message at once with that error instead.
 
 Errors (a branch of :class:`agents.AgentError`)::
 
@@ -41,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
+from agents._mcp import MCPServerUnavailable
 from agents._providers import ChatResult, ProviderResponseError, ToolCall
 from agents._tools import Tool, ToolError, ToolSource, _load, load_tools, tool_schema
 from bus import Envelope
@@ -347,6 +351,7 @@ class ModelAgent(Agent):
         #: The sources' tools by name once they are started (on the first live listing).
         self._source_tools: dict[str, Tool] | None = None
         self._starting = asyncio.Lock()
+        self._through_sources = _SourceCalls(self)
 
     def _add(self, into: dict[str, Tool], t: Tool) -> None:
         if t.name in self._tools or t.name in into:
@@ -426,7 +431,7 @@ class ModelAgent(Agent):
             # The sources' tools as this handling saw them, recorded: what the model was
             # offered replays without the sources, and a source whose tools changed
             # between messages (a restarted MCP server) is seen changing.
-            specs = await self.effect("tools.list", self._list_sources)
+            specs = await self.effect("tools.list", self._through_sources.list)
             listed = {str(spec["name"]) for spec in specs}
             schemas = [*schemas, *({"type": "function", "function": dict(x)} for x in specs)]
         if schemas:
@@ -463,8 +468,15 @@ class ModelAgent(Agent):
                 calls = result.tool_calls
                 if s.parallel_tools and len(calls) > 1:
                     # Each task takes its effect's ordinal before its first await, and tasks
-                    # first run in creation order: the numbering is the model's order.
-                    done = await asyncio.gather(*(self._run_tool(c, listed) for c in calls))
+                    # first run in creation order: the numbering is the model's order. Every
+                    # call ends (and is recorded) before a server's death fails the message.
+                    ran = await asyncio.gather(
+                        *(self._run_tool(c, listed) for c in calls), return_exceptions=True
+                    )
+                    for item in ran:
+                        if isinstance(item, BaseException):
+                            raise item
+                    done = [item for item in ran if not isinstance(item, BaseException)]
                 else:
                     done = [await self._run_tool(c, listed) for c in calls]
                 for call, (content, failed) in zip(calls, done, strict=True):
@@ -512,13 +524,20 @@ class ModelAgent(Agent):
             if name in self._tools:
                 result = await self.effect(f"tool.{name}", self._tools[name], arguments)
             elif name in listed:
-                result = await self.effect(f"tool.{name}", self._call_source_tool, name, arguments)
+                result = await self.effect(
+                    f"tool.{name}", self._through_sources.call, name, arguments
+                )
             else:
                 have = ", ".join([*self._tools, *sorted(listed)]) or "none"
                 return f"Error: there is no tool named {name!r} (tools: {have})", True
+        except MCPServerUnavailable:
+            # The server is gone: no answer the model could act on, and every later call
+            # would fail alike. The message fails, dead-lettered with this reason.
+            raise
         except Exception as exc:
             # Named by the type's own name and message, which a replay rebuilds the same
-            # (pantheon.sessions.rebuild_error), so the model is told the same words.
+            # (pantheon.sessions.rebuild_error), so the model is told the same words. An MCP
+            # tool's error or timeout is one of these: the model may try otherwise.
             return _cut(f"Error: {type(exc).__name__}: {exc}"), True
         return _cut(_text(result)), False
 
@@ -554,6 +573,28 @@ class ModelAgent(Agent):
                 s.output_topic, answer if isinstance(answer, Mapping) else {"answer": answer}
             )
         return answer
+
+
+class _SourceCalls:
+    """The effects a model agent makes of its tool sources (``tools.list``, a source's
+    tool call), as methods of an object that stands, in a request digest, for the sources
+    alone (:class:`agents.RequestIdentity`): a what-if that edits the agent's instructions
+    then serves a source's tool call asked with the recorded arguments. A source with no
+    request identity of its own leaves these calls without a digest."""
+
+    __slots__ = ("_agent",)
+
+    def __init__(self, agent: ModelAgent) -> None:
+        self._agent = agent
+
+    def request_identity(self) -> Any:
+        return self._agent._sources
+
+    async def list(self) -> list[dict[str, Any]]:
+        return await self._agent._list_sources()
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> Any:
+        return await self._agent._call_source_tool(name, arguments)
 
 
 def _assistant(result: ChatResult) -> dict[str, Any]:

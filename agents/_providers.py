@@ -296,6 +296,16 @@ class RuleProvider(_Provider):
         self._intents = tuple(i for i, ps in self._rules.items() for _ in ps)
         self._matcher = _PatternSet(p for ps in self._rules.values() for p in ps)
         self.default_intent = default_intent
+        self._identity = (
+            default_intent,
+            list(self._rank),
+            [(i, [(p.pattern, p.flags) for p in ps]) for i, ps in self._rules.items()],
+        )
+
+    def request_identity(self) -> Any:
+        """The rules, their tie order and the default: everything its answers depend on
+        (see :class:`agents.RequestIdentity`)."""
+        return self._identity
 
     async def chat(
         self,
@@ -718,6 +728,10 @@ class OpenAIProvider(_Provider):
             raise ProviderUnavailable(
                 f"cannot reach model server at {self.url}: {_reason(exc)}", url=self.url
             ) from None
+
+    def request_identity(self) -> Any:
+        """The server and the model asked (see :class:`agents.RequestIdentity`)."""
+        return (self.url, self.model)
 
     async def aclose(self) -> None:
         """Close the pooled connections. The provider cannot be used afterwards."""

@@ -62,6 +62,11 @@ class RateLimiter:
         self.admitted = 0
         self.waited = 0
 
+    def request_identity(self) -> None:
+        """Nothing: a limiter decides when a call goes, not what it asks or is answered
+        (see :class:`agents.RequestIdentity`)."""
+        return None
+
     def _prune(self, now: float) -> None:
         log = self._log
         horizon = now - self.limit.window

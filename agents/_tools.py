@@ -254,6 +254,10 @@ class FunctionTool:
                 result = await result
         return to_jsonable_python(result)
 
+    def request_identity(self) -> Any:
+        """Its function: what it answers (see :class:`agents.RequestIdentity`)."""
+        return self._fn
+
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r})"
 

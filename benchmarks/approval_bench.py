@@ -1,6 +1,6 @@
 """How soon a waiting run sees a decision made by another process, per poll interval.
 
-A :class:`pantheon._approvals.StoreDesk` asks; a separate ``pantheon approve`` process
+A :class:`pantheon.approvals._desk.StoreDesk` asks; a separate ``pantheon approve`` process
 decides it. Measured: from the decision's commit (its ``decided`` time in the store) to
 ``ask()`` returning in the run (the desk's pickup, which the poll interval bounds), and the
 whole ``pantheon approve`` command (interpreter start included). Both poll intervals run
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pantheon._approvals import StoreDesk
+from pantheon.approvals._desk import StoreDesk
 from pantheon.scenario import ApprovalsConfig
 from pantheon.sessions import SessionStore
 

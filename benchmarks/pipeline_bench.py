@@ -56,7 +56,7 @@ from agents import (
     Sensor,
 )
 from bus import Bus
-from pantheon._inputs import jsonl_labels, open_input
+from pantheon.runner._inputs import jsonl_labels, open_input
 from pantheon.scenario import load_scenario
 from pantheon.sessions import Recorder, SessionStore
 from pantheon.telemetry import Telemetry

@@ -2,7 +2,7 @@
 
     python benchmarks/provider_bench.py [--repeats 5] [--delay-ms 1] [--loop uvloop]
 
-Runs ``scenarios/support_email.yaml`` in this process with ``pantheon._runtime.run_scenario``
+Runs ``scenarios/support_email.yaml`` in this process with ``pantheon.runner._runtime.run_scenario``
 (the shipped 600 emails, unpaced: ``input.rate`` 0, everything else as shipped, so the
 Reasoner has 8 workers) with two providers:
 
@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 from unittest.mock import patch
 
-import pantheon._runtime as runtime
-import pantheon._team as team
+import pantheon.runner._build as team
+import pantheon.runner._runtime as runtime
 from agents import ChatResult, ModelProvider, OpenAIProvider
 from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
 

@@ -44,7 +44,7 @@ from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, T
 from bus._sched import SchedulingStats
 from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
-from bus._transport import InProcessHub, InProcessTransport, Transport
+from bus._transport import InProcessHub, InProcessTransport, Receipt, Transport
 from bus._worker import current_envelope, current_subscription
 
 __all__ = [
@@ -82,6 +82,7 @@ __all__ = [
     "Priority",
     "PublishError",
     "QueueFullError",
+    "Receipt",
     "RequestTimeout",
     "Retry",
     "SchedulingStats",

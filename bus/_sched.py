@@ -3,7 +3,7 @@
 A latency figure mixes two things: the time the code took, and the time the operating
 system gave the process no CPU. On a quiet machine the second is nil; beside other busy
 processes it can dwarf the first. The bus measures it so that a timing check can tell
-"the code is slow" from "the machine was busy" (``pantheon._report.judge``).
+"the code is slow" from "the machine was busy" (``pantheon.runner._report.judge``).
 
 Every handler, every queue wait and the bus itself run on one thread: the event loop's.
 So the figure is that thread's, from the bus's ``start`` to the reading:

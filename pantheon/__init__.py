@@ -15,10 +15,8 @@ in :mod:`pantheon._errors`). Depends on ``agents`` and ``bus``, never on ``dashb
 """
 
 from pantheon._api import Session, replay, run
-from pantheon._cluster import ClusterError
 from pantheon._errors import PantheonError
-from pantheon._report import RunSummary
-from pantheon._team import AgentSetupError
+from pantheon.runner import AgentSetupError, ClusterError, RunSummary
 from pantheon.scenario import Problem, Scenario, ScenarioError, load_scenario, parse_scenario
 
 __all__ = [

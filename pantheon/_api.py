@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bus import Bus
-from pantheon._report import RunSummary
-from pantheon._team import check_model
+from pantheon.runner import RunSummary, check_model
 from pantheon.scenario import GatewayConfig, Scenario, load_scenario
 
 if TYPE_CHECKING:
@@ -53,11 +52,9 @@ async def run(
     the expectations held (``summary.passed``); a failing one is not an exception. A model
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
-    from pantheon._approvals import approval_desk
-    from pantheon._cluster import cluster_transport
-    from pantheon._runtime import run_scenario
-    from pantheon._session_run import recording
+    from pantheon.approvals import approval_desk
     from pantheon.live import live_run
+    from pantheon.runner import cluster_transport, recording, run_scenario
 
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
@@ -134,7 +131,7 @@ class _Served:
 
     def watch(self, team: Any) -> None:
         from agents import Observer
-        from pantheon._inputs import HttpSource
+        from pantheon.runner import HttpSource
 
         for agent in team.of_role(Observer):
             if isinstance(agent.source, HttpSource):
@@ -258,8 +255,8 @@ async def replay(
     recorded one. It returns a ``WhatIfReport`` (``report.decisions`` names every item
     decided differently); an invalid overlay raises :class:`ScenarioError` before anything
     runs."""
-    from pantheon._team import team_setup
     from pantheon.rerun import replay_session
+    from pantheon.runner import team_setup
     from pantheon.sessions import SessionStore
 
     ref = session.id if isinstance(session, Session) else session
@@ -267,8 +264,7 @@ async def replay(
     with SessionStore(None if path is None else Path(path)) as st:
         info = st.session(ref)
         if with_ is not None:
-            from pantheon._overlay import read_overlay
-            from pantheon._whatif import whatif_replay
+            from pantheon.rerun import read_overlay, whatif_replay
 
             if live_effects:
                 raise ValueError("a what-if replay (with_) serves unchanged calls: no live_effects")

@@ -27,6 +27,7 @@ __all__ = [
     "PROVIDER_GROUP",
     "ImportProblem",
     "add_import_roots",
+    "import_path",
     "load_object",
 ]
 
@@ -94,3 +95,19 @@ def load_object(spec: str, *, group: str | None = None) -> Any:
         except AttributeError:
             raise ImportProblem(f"module {module_name!r} has no attribute {attr!r}") from None
     return obj
+
+
+def import_path(spec: str, base_dir: Path | None = None, *, group: str | None = None) -> Any:
+    """The object ``spec`` (``"package.module:name"``, or an entry point's name in
+    ``group``) names, with ``base_dir`` (the scenario's folder) importable, resolved as
+    agents' ``class:`` paths are (:func:`load_object`).
+
+    Raises :class:`ImportProblem` saying whether the path is malformed, the module cannot be
+    found, importing it raised, or the attribute is missing.
+    """
+    if base_dir is not None:
+        add_import_roots([base_dir])
+    module_name = spec.partition(":")[0]
+    if module_name and module_name not in sys.modules:
+        importlib.invalidate_caches()  # a module written since its folder was last listed
+    return load_object(spec, group=group)

@@ -1,6 +1,7 @@
 """docs/model-agents.md runs as written: its files, written into one folder as the page
 names them, and ``python -m pytest`` there passes every test they hold, against the real
-stand-in model server; and ``pantheon validate`` accepts its scenario."""
+stand-in model server (one the test starts, and one its scenario's ``stand_in`` names);
+and ``pantheon validate`` accepts both its scenarios."""
 
 from __future__ import annotations
 
@@ -34,13 +35,17 @@ def test_the_model_agents_guide_runs_as_written(tmp_path: Path) -> None:
         "desk.py",
         "tests/test_refunds.py",
         "tests/test_desk.py",
+        "scripted.py",
+        "refunds_offline.yaml",
+        "tests/test_offline.py",
     }
     for name, body in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(body, encoding="utf-8")
-    valid = _run(["pantheon", "validate", "refunds.yaml"], tmp_path)
-    assert valid.returncode == 0, valid.stdout + valid.stderr
+    for scenario in ("refunds.yaml", "refunds_offline.yaml"):
+        valid = _run(["pantheon", "validate", scenario], tmp_path)
+        assert valid.returncode == 0, valid.stdout + valid.stderr
     tests = sorted(n for n in files if n.startswith("tests/"))
     done = _run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"\b2 passed\b", done.stdout), done.stdout
+    assert re.search(r"\b3 passed\b", done.stdout), done.stdout

@@ -19,7 +19,7 @@ from untimed import (
     untimed_text,
 )
 
-from pantheon._report import RunSummary, judge
+from pantheon.runner._report import RunSummary, judge
 from pantheon.scenario import load_scenario, parse_scenario
 
 SHIPPED = sorted(SCENARIOS.glob("*.yaml"))

@@ -19,8 +19,8 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Input, Label, Static
 
-from pantheon._approvals import who
-from pantheon.sessions import Approval, ApprovalBook, SessionStore
+from pantheon.approvals import Approval, ApprovalBook, who
+from pantheon.sessions import SessionStore
 
 __all__ = ["APPROVALS_POLL", "DecisionScreen", "decide", "read_approvals"]
 

@@ -1,4 +1,5 @@
-"""Routing, the store, error pages and the sessions list.
+"""The store, error pages and the sessions list; the routing is the app script's
+(``app.py``), so the session page's modules import this one and not the reverse.
 
 The page is chosen by the URL: ``?session=ID`` is a session's page, no parameter the list,
 so a session page can be bookmarked and shared. The store is the one ``$PANTHEON_STORE``
@@ -26,26 +27,22 @@ from pantheon.sessions import (
     SessionError,
     SessionNotFound,
     SessionStore,
-    resolve_store_path,
 )
 
-__all__ = ["LIVE_REFRESH_S", "USD_COLUMN", "cost_of", "main", "open_session", "store", "when"]
+__all__ = [
+    "LIVE_REFRESH_S",
+    "SESSION_PARAM",
+    "USD_COLUMN",
+    "cost_of",
+    "open_session",
+    "sessions_page",
+    "store",
+    "when",
+]
 
 #: How often a page showing a running session re-reads the store.
 LIVE_REFRESH_S = 1.0
 SESSION_PARAM = "session"
-
-
-def main() -> None:
-    st.set_page_config(page_title="Pantheon", page_icon="🏛", layout="wide")
-    path = resolve_store_path(None).resolve()
-    ref = st.query_params.get(SESSION_PARAM)
-    if ref:
-        from dashboard.web._session import session_page
-
-        session_page(path, ref)
-    else:
-        sessions_page(path)
 
 
 # -- the store and its errors --------------------------------------------------------------

@@ -15,8 +15,8 @@ import pandas as pd
 import streamlit as st
 
 from dashboard.web._app import store, when
-from pantheon._approvals import who
-from pantheon.sessions import Approval, ApprovalBook, ApprovalError, SessionInfo
+from pantheon.approvals import Approval, ApprovalBook, ApprovalError, who
+from pantheon.sessions import SessionInfo
 
 __all__ = ["approvals_panel"]
 

@@ -18,7 +18,7 @@ from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
-from pantheon._report import expectation_state
+from pantheon.runner import expectation_state
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
 __all__ = ["session_page"]

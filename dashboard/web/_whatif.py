@@ -21,8 +21,7 @@ import yaml
 
 from dashboard.web._app import open_session, store
 from dashboard.web._jobs import cli_command
-from pantheon._overlay import apply_overlay
-from pantheon.rerun import diff_outcomes
+from pantheon.rerun import apply_overlay, diff_outcomes
 from pantheon.scenario import ScenarioError
 from pantheon.sessions import SessionInfo
 

@@ -42,10 +42,10 @@ from bus import (
     UntrustedDecoder,
     validate_pattern,
 )
-from pantheon._inputs import HttpSource, InboxClosed, InboxFull
 from pantheon.gateway._auth import ANONYMOUS, Grant, Tokens
 from pantheon.gateway._fanout import CLIENT_BYTES, Client, Encoder, Hub, release_memory
 from pantheon.gateway._metrics import render_metrics
+from pantheon.runner import HttpSource, InboxClosed, InboxFull
 from pantheon.scenario import GatewayConfig
 from pantheon.sessions import WATCHER_PREFIX
 

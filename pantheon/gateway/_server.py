@@ -21,12 +21,12 @@ from typing import Any
 import uvicorn
 
 from bus import Bus
-from pantheon._inputs import HttpSource
 from pantheon.gateway._app import GatewayState, build_app
 from pantheon.gateway._auth import Tokens, load_tokens, token_digest
 from pantheon.gateway._errors import GatewayError
 from pantheon.gateway._fanout import Encoder
 from pantheon.gateway._protocol import DenialAwareWebSocket, ServerLimits, http_protocol
+from pantheon.runner import HttpSource
 from pantheon.scenario import GatewayConfig
 
 __all__ = ["Gateway"]

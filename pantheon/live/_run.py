@@ -15,7 +15,7 @@ from pantheon.live._wire import socket_path
 from pantheon.readmodel import SessionUsage, placement
 
 if TYPE_CHECKING:
-    from pantheon._team import Team
+    from pantheon.runner import Team
 
 __all__ = ["LiveRun", "live_run"]
 

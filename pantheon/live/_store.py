@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 from pantheon import readmodel
-from pantheon._report import expectation_state
 from pantheon.live._snapshot import (
     MAX_TALLIED,
     BreakerState,
@@ -19,6 +18,7 @@ from pantheon.live._snapshot import (
     Totals,
     Trace,
 )
+from pantheon.runner import expectation_state
 from pantheon.sessions import SessionStore
 
 __all__ = ["DEFAULT_BUCKETS", "snapshot_from_store", "trace_from_store"]

@@ -7,8 +7,13 @@ call it a divergence. The modes are policies over that one loop:
 * :class:`ExactReplay`: the same team must take the same path (:func:`replay_session`,
   ``pantheon replay``);
 * :class:`WhatIf`: a changed team, served where a call is the recorded one
-  (``pantheon replay --with``, :mod:`pantheon._whatif`);
-* :class:`Resume`: a dead run's recording served, then on live (``pantheon resume``).
+  (``pantheon replay --with``, :mod:`pantheon.rerun._whatif`);
+* :class:`Resume`: a dead run's recording served, then on live (``pantheon resume``,
+  :mod:`pantheon.rerun._resume`, which the package does not import: it runs the live feed,
+  and the live feed reads sessions' outcomes from here).
+
+A what-if's changed team is the recorded scenario with an overlay applied
+(:func:`apply_overlay`); :func:`whatif_replay` runs it and judges it as a run.
 
 What a session decided per item, in the team's own terms, and how two sessions' decisions
 differ (``pantheon diff``, what-if, both dashboards): :func:`session_outcomes`,
@@ -20,6 +25,8 @@ from pantheon.rerun._engine import (
     Rerun,
     RerunEffects,
     Setup,
+    by_name,
+    counts_line,
     credit_inputs,
     incomplete_reason,
     node_cuts,
@@ -35,7 +42,9 @@ from pantheon.rerun._outcomes import (
     outcome_spec,
     session_outcomes,
 )
+from pantheon.rerun._overlay import apply_overlay, read_overlay
 from pantheon.rerun._policies import EffectCall, ExactReplay, Policy, Resume, Verdict, WhatIf
+from pantheon.rerun._whatif import WhatIfReport, whatif_replay
 
 __all__ = [
     "DEFAULT_REPLAY_TIMEOUT",
@@ -52,14 +61,20 @@ __all__ = [
     "Setup",
     "Verdict",
     "WhatIf",
+    "WhatIfReport",
+    "apply_overlay",
+    "by_name",
+    "counts_line",
     "credit_inputs",
     "diff_outcomes",
     "incomplete_reason",
     "node_cuts",
     "nondeterminism_hint",
     "outcome_spec",
+    "read_overlay",
     "replay_session",
     "rerun",
     "session_outcomes",
     "unrecorded_nodes",
+    "whatif_replay",
 ]

@@ -16,7 +16,7 @@ Exact replay, what-if and resume are this loop with another policy (and their ow
   served answers and live ones alike are recorded in the new session;
 * an approval (``human.approval``) is an effect like any other: served when the policy
   serves it, otherwise asked through the new session's approval desk
-  (:class:`~pantheon._approvals.StoreDesk`, when the caller gives an ``approvals`` config),
+  (:class:`~pantheon.approvals._desk.StoreDesk`, when the caller gives an ``approvals`` config),
   where the scripted person, the timeout or ``pantheon approve`` decides it.
 """
 
@@ -25,15 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from agents import InputOrdinals, Observer, input_ordinal
-from agents._approvals import APPROVAL_EFFECT
+from agents import APPROVAL_EFFECT, InputOrdinals, Observer, input_ordinal
 from bus import Bus, Envelope
-from pantheon._approvals import StoreDesk, request_key
+from pantheon.approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (
@@ -52,6 +51,7 @@ from pantheon.sessions import (
 )
 from pantheon.sessions._align import Lineage, Mapper, same_payload
 from pantheon.sessions._codec import decode, normalize
+from pantheon.sessions._digest import request_digest
 from pantheon.sessions._effects import EffectSink, rebuild_error
 from pantheon.sessions._store import EFFECT_DIVERGED, EFFECT_ERROR, Status
 
@@ -62,6 +62,8 @@ __all__ = [
     "RerunEffects",
     "Setup",
     "Tracker",
+    "by_name",
+    "counts_line",
     "credit_inputs",
     "incomplete_reason",
     "past_the_record",
@@ -73,6 +75,17 @@ __all__ = [
 MAX_DIFFERENCES = 100
 
 EffectIndex = Mapping[tuple[int, str | None], Sequence[StoredEffect]]
+
+
+def by_name(counts: Mapping[str, int]) -> dict[str, int]:
+    """Effect counts by name, the most first (a tie by name): how the reports list them."""
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def counts_line(label: str, counts: Mapping[str, int]) -> str:
+    """``called live 40: model.openai.chat 38, tool.lookup 2``: a total and its names."""
+    named = ", ".join(f"{name} {n}" for name, n in by_name(counts).items())
+    return f"{label} {sum(counts.values())}" + (f": {named}" if named else "")
 
 
 def incomplete_reason(info: SessionInfo) -> str | None:
@@ -300,7 +313,9 @@ class RerunEffects(RecordingEffects):
         "_policy",
         "_requests",
         "_tracker",
+        "called_by_name",
         "served",
+        "served_by_name",
         "unserved",
     )
 
@@ -325,6 +340,9 @@ class RerunEffects(RecordingEffects):
         self._on_divergence = on_divergence
         #: Effects served from the record (``calls`` counts the ones that ran).
         self.served = 0
+        #: ``served`` and ``calls`` by effect name, for the reports.
+        self.served_by_name: Counter[str] = Counter()
+        self.called_by_name: Counter[str] = Counter()
         #: Handlings (new envelope, subscriber) with a call not served: what they did
         #: next may differ from the record for that reason. At most one per live call.
         self.unserved: set[tuple[int, str | None]] = set()
@@ -336,7 +354,8 @@ class RerunEffects(RecordingEffects):
         records = self._index.get((orig_id, sub), ()) if orig_id is not None else ()
         rec = records[n] if n < len(records) else None
         same = env_id == 0 or env_id in tracker.identical
-        call = EffectCall(env_id, sub, n, name, orig_id, rec, same)
+        digest = request_digest(fn, args, kwargs)
+        call = EffectCall(env_id, sub, n, name, orig_id, rec, same, digest)
         verdict = self._policy.decide(call)
         if verdict.action == "serve" and call.record is not None:
             return self._serve(call, fn, args)
@@ -345,8 +364,9 @@ class RerunEffects(RecordingEffects):
         self.unserved.add(call.handling)
         if verdict.action == "diverge":
             raise self._diverge(call, verdict.problem)
+        self.called_by_name[name] += 1
         try:
-            result = await self._run(env_id, sub, n, name, fn, args, kwargs)
+            result = await self._run(env_id, sub, n, name, fn, args, kwargs, digest)
         except Exception:
             self._policy.ran(call, None, True)
             raise
@@ -374,13 +394,14 @@ class RerunEffects(RecordingEffects):
         rec = call.record
         assert rec is not None
         self.served += 1
+        self.served_by_name[call.name] += 1
         agent = getattr(fn, "__self__", None)
         if self._desk is not None and call.name == APPROVAL_EFFECT and agent is not None and args:
             self._desk.count(agent.name, args[0])
         now_ns = time.monotonic_ns()
         self._sink(
             ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name, rec.flag,
-             rec.result, rec.error_type, rec.error, time.time(), now_ns, now_ns)
+             rec.result, rec.error_type, rec.error, time.time(), now_ns, now_ns, call.digest)
         )  # fmt: skip
         if rec.flag == EFFECT_ERROR:
             raise rebuild_error(rec.error_type or "Exception", rec.error or "")
@@ -400,7 +421,7 @@ class RerunEffects(RecordingEffects):
         now_ns = time.monotonic_ns()
         self._sink(
             ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name,
-             EFFECT_DIVERGED, None, None, str(div), time.time(), now_ns, now_ns)
+             EFFECT_DIVERGED, None, None, str(div), time.time(), now_ns, now_ns, call.digest)
         )  # fmt: skip
         if self._on_divergence is not None:
             self._on_divergence(div)

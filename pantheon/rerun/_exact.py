@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pantheon.rerun._engine import (
     DEFAULT_REPLAY_TIMEOUT,
     Rerun,
     Setup,
+    by_name,
     incomplete_reason,
     past_the_record,
     rerun,
@@ -46,7 +47,12 @@ class ReplayReport:
     ``node_lost``) is not something one process can do again, so the inputs whose trees
     it was in the middle of are not replayed (``cut_inputs`` of them, counted in
     ``inputs_skipped``); every other input must match exactly, the ones the node handled
-    to the end included."""
+    to the end included.
+
+    ``served_by_name`` and ``called_by_name`` split ``effects_served`` and
+    ``effects_called`` by effect name, the most first. ``requests_changed`` counts, by
+    name, the calls whose request digest differed from the record's (see
+    :class:`~pantheon.rerun.ExactReplay`)."""
 
     new_session_id: str
     original_session_id: str
@@ -64,6 +70,9 @@ class ReplayReport:
     reproduced_messages: int = 0
     cut: dict[str, str] | None = None
     cut_inputs: int = 0
+    served_by_name: dict[str, int] = field(default_factory=dict)
+    called_by_name: dict[str, int] = field(default_factory=dict)
+    requests_changed: dict[str, int] = field(default_factory=dict)
 
     def raise_for_divergence(self) -> None:
         """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
@@ -82,6 +91,9 @@ class ReplayReport:
             "inputs_skipped": self.inputs_skipped,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
+            "served_by_name": self.served_by_name,
+            "called_by_name": self.called_by_name,
+            "requests_changed": self.requests_changed,
             "live_effects": self.live_effects,
             "incomplete": self.incomplete,
             "recorded_messages": self.recorded_messages,
@@ -130,10 +142,11 @@ async def replay_session(
     """
     original = store.session(session_id)
     incomplete = incomplete_reason(original)
+    policy = ExactReplay(live=live_effects)
     run = await rerun(
         store,
         original,
-        ExactReplay(live=live_effects),
+        policy,
         setup,
         kind="replay",
         timeout=timeout,
@@ -190,6 +203,9 @@ async def replay_session(
         reproduced_messages=len(comparison.pairs),
         cut=run.cuts or None,
         cut_inputs=len(cut_roots),
+        served_by_name=by_name(run.runner.served_by_name),
+        called_by_name=by_name(run.runner.called_by_name),
+        requests_changed=by_name(policy.requests_changed),
     )
     await run.finish("completed", {"replay": report.to_dict()})
     if raise_on_divergence:

@@ -205,7 +205,7 @@ def outcome_spec(info: SessionInfo) -> OutcomeSpec:
 def _team(info: SessionInfo, *, labels: bool = True) -> tuple[OutcomeSpec, dict[str, Any]]:
     """The recorded team's outcome and its input's labels (the default outcome and no
     labels when the recorded scenario cannot be read any more)."""
-    from pantheon._inputs import jsonl_labels
+    from pantheon.runner import jsonl_labels
     from pantheon.scenario import FileInputConfig, JsonlInputConfig, ScenarioError, parse_scenario
 
     if not info.scenario_text:

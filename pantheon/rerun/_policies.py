@@ -10,6 +10,7 @@ session are the same, so they live once, in the engine.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -31,7 +32,8 @@ class EffectCall:
     None when the message has no original); ``record`` is the original's effect at the
     same (message, subscriber, ordinal), whatever its name, or None. ``same_message``:
     the message being handled is equal to its original (topic and payload; always true
-    outside a handler)."""
+    outside a handler). ``digest``: the call's request digest
+    (:mod:`pantheon.sessions._digest`), None when it has no stable encoding."""
 
     envelope_id: int
     subscriber: str | None
@@ -40,6 +42,7 @@ class EffectCall:
     original_id: int | None
     record: StoredEffect | None
     same_message: bool = True
+    digest: bytes | None = None
 
     @property
     def agent(self) -> str | None:
@@ -54,6 +57,15 @@ class EffectCall:
         """The record at this position is this call (same name) and can be served."""
         rec = self.record
         return rec is not None and rec.name == self.name and rec.flag != EFFECT_REPR
+
+    def same_request(self) -> bool | None:
+        """Whether the call asks what the record at its position asked, by their request
+        digests; None when either has none (a session recorded before digests, a call
+        with no stable encoding)."""
+        rec = self.record
+        if rec is None or rec.digest is None or self.digest is None:
+            return None
+        return rec.digest == self.digest
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +97,17 @@ class Policy(ABC):
 
 class ExactReplay(Policy):
     """Serve every call the record holds at its position, under its name; anything else
-    diverges. ``live``: call every effect for real (still checked by name and order)."""
+    diverges. ``live``: call every effect for real (still checked by name and order).
+
+    A call served although its request digest differs from the record's (both have one)
+    is counted in ``requests_changed``, by name: a replay that matches can still have asked
+    something else (a prompt with the time in it, read outside an effect)."""
 
     halts = True
 
     def __init__(self, *, live: bool = False) -> None:
         self.live = live
+        self.requests_changed: Counter[str] = Counter()
 
     def decide(self, call: EffectCall) -> Verdict:
         rec = call.record
@@ -98,6 +115,8 @@ class ExactReplay(Policy):
             return Verdict("diverge", "no recorded effect at this position")
         if rec.name != call.name:
             return Verdict("diverge")
+        if call.same_request() is False:
+            self.requests_changed[call.name] += 1
         if self.live:
             return LIVE
         if rec.flag == EFFECT_REPR:
@@ -108,15 +127,37 @@ class ExactReplay(Policy):
 
 
 class WhatIf(Policy):
-    """Serve a call when it is the one the original made: the same agent with the same
-    configuration (``same_agent(agent, model_call)``), handling a message equal to the
-    original's (:attr:`EffectCall.same_message`), at the same position and under the same
-    name, with every earlier effect of that handling answered as recorded. Live otherwise.
+    """Serve a call when it is the one the original made; live otherwise.
 
-    An agent is deterministic given its message and its effects' answers, so such a call
-    has the same arguments as the recorded one; a live call that answers what the record
-    says keeps the handling servable (a changed rule set that still classifies the email
-    the same way leaves its threshold read served)."""
+    When the record and the call both have a request digest, "the one the original made"
+    is decided by the request: the call is at the recorded position (the aligned message,
+    the subscriber, the ordinal) under the recorded name and the digests are equal,
+    whatever changed in the agent's configuration. An instructions edit then runs live
+    only the model calls whose prompt it changed, and a tool call asked with the same
+    arguments is served, not made a second time.
+
+    Two things the older rule asks are not asked then, because the digest answers them:
+
+    * the message being equal (``same_message``): the digest covers everything the call's
+      answer depends on (its function, the object a method is bound to, every argument),
+      so an equal request deserves the recorded answer whatever else the message held,
+      and a changed message that changes the request changes the digest;
+    * the handling's earlier calls all answered as recorded (the taint): that only stood
+      in for "so this call's arguments are the recorded ones", which the digest now says
+      directly. It would also defeat the point: a live model call never answers byte for
+      byte as recorded (a tool call's id, the prompt's token count), so every tool call
+      after it would run again with the very arguments the record answered.
+
+    Without digests on both sides (a session recorded before them, a call whose function
+    or arguments have no stable encoding, such as an agent's own method) the rule is the
+    older, coarser one: the same agent with the same configuration
+    (``same_agent(agent, model_call)``), handling a message equal to the original's
+    (:attr:`EffectCall.same_message`), at the same position under the same name, with
+    every earlier effect of that handling answered as recorded (a live call that answers
+    what the record says keeps the handling servable: a changed rule set that still
+    classifies the email the same way leaves its threshold read served). An agent is
+    deterministic given its message and its effects' answers, so such a call has the same
+    arguments as the recorded one."""
 
     def __init__(self, same_agent: Callable[[str | None, bool], bool]) -> None:
         self._same_agent = same_agent
@@ -124,14 +165,17 @@ class WhatIf(Policy):
         self._tainted: set[tuple[int, str | None]] = set()
 
     def decide(self, call: EffectCall) -> Verdict:
-        if call.handling in self._tainted:
-            return LIVE
         if call.name == BUDGET_EFFECT:
             # A budget admission is decided again, on the changed team's own ledgers (it
             # calls nothing outside): a raised budget admits a call the original refused,
             # whose answer then differs from the record and so is asked live.
             return LIVE
-        if call.original_id is None or not call.same_message:
+        if call.original_id is None:
+            return LIVE
+        same = call.same_request()
+        if same is not None:
+            return SERVE if same and call.matches_record() else LIVE
+        if call.handling in self._tainted or not call.same_message:
             return LIVE
         if not self._same_agent(call.agent, call.name.startswith("model.")):
             return LIVE

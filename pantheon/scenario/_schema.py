@@ -37,7 +37,13 @@ from pydantic import (
 import bus
 from agents import Actor, Budget, Learner, Observer, OutcomeSpec, RateLimit
 from bus import validate_pattern
-from pantheon._imports import INPUT_GROUP, PROVIDER_GROUP, add_import_roots, load_object
+from pantheon._imports import (
+    INPUT_GROUP,
+    PROVIDER_GROUP,
+    add_import_roots,
+    import_path,
+    load_object,
+)
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
 from pantheon.scenario._locate import _dotted, _suggest
 
@@ -432,6 +438,35 @@ class OpenAIProviderConfig(_Model):
     rate_limit: RateLimitConfig | None = None
     """Requests and tokens per minute this team may send (see :class:`RateLimitConfig`)."""
     default_intent: str = "question"
+    stand_in: str | None = None
+    """A scripted stand-in for the model: ``"module:reply"``, a function of each request body
+    answering as :class:`pantheon.testing.ModelServer`'s reply functions do (a ``Reply``,
+    text or a mapping). The run then starts a ``ModelServer`` with it on a free port of
+    127.0.0.1 before its input flows, points the provider there, and stops it when the run
+    ends; a replay, whose calls are served, never starts it, a what-if only for a live call.
+    Not with ``base_url``."""
+
+    @field_validator("stand_in")
+    @classmethod
+    def _stand_in(cls, value: str | None) -> str | None:
+        if value is not None:
+            fn = load_object(value)
+            if not callable(fn) or isinstance(fn, type):
+                raise ValueError(
+                    f"{value!r} is not a function of the request (it is a "
+                    f"{type(fn).__name__}): give one taking the request body and returning "
+                    "a Reply, text or a mapping"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _one_server(self) -> OpenAIProviderConfig:
+        if self.stand_in is not None and "base_url" in self.model_fields_set:
+            raise ValueError(
+                "give base_url (a model server to call) or stand_in (a scripted one the run "
+                "starts), not both"
+            )
+        return self
 
 
 def _env_anthropic_url() -> str:
@@ -610,9 +645,6 @@ def _resolved(spec: str, info: ValidationInfo, group: str | None = None) -> Any:
     context = info.context or {}
     if not context.get("check_files", True):
         return None
-    # Imported when first needed: pantheon._inputs brings in `agents`.
-    from pantheon._inputs import import_path
-
     base_dir = context.get("base_dir")
     return import_path(spec, None if base_dir is None else Path(base_dir).resolve(), group=group)
 

@@ -16,7 +16,7 @@ before the crash (same key) gets that row back, decided or still pending, never 
 
 A request asked by an agent on another process of a multi-process run (a ZeroMQ or NATS
 node) names that process in ``node`` (None: the process that runs the scenario); the
-driver writes the row on the node's behalf (``pantheon._remote_approvals``). Tables made
+driver writes the row on the node's behalf (``pantheon.approvals._relay``). Tables made
 before ``node`` existed get the column, empty, the first time a book opens them.
 
 Deciding is one conditional ``UPDATE ... WHERE status = 'pending'``: when a person and the

@@ -20,6 +20,7 @@ import msgspec
 
 from bus import current_envelope, current_subscription
 from pantheon.sessions._codec import encode
+from pantheon.sessions._digest import request_digest
 from pantheon.sessions._errors import RecordedError
 from pantheon.sessions._store import (
     EFFECT_ERROR,
@@ -139,6 +140,8 @@ class RecordingEffects:
     a generator seeded with the session's seed. Results are stored as msgpack: return plain
     data (dict, list, str, numbers, bool, None, bytes; tuples come back as lists on replay).
     A result msgspec cannot encode is stored as its repr and cannot be served on replay.
+    Each call also records its request's digest (:mod:`pantheon.sessions._digest`), taken
+    before the call, so a function that mutates its arguments cannot change it.
     """
 
     __slots__ = ("_ordinals", "_random", "_sink", "active", "calls")
@@ -169,7 +172,9 @@ class RecordingEffects:
 
     async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env_id, sub, n = self._key()
-        return await self._run(env_id, sub, n, name, fn, args, kwargs)
+        return await self._run(
+            env_id, sub, n, name, fn, args, kwargs, request_digest(fn, args, kwargs)
+        )
 
     async def _run(
         self,
@@ -180,6 +185,7 @@ class RecordingEffects:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        digest: bytes | None,
     ) -> Any:
         self.calls += 1
         started = time.monotonic_ns()
@@ -194,7 +200,7 @@ class RecordingEffects:
         except Exception as exc:
             self._sink(
                 ("effect", env_id, sub, n, name, EFFECT_ERROR, None, type_name(exc), str(exc),
-                 time.time(), started, time.monotonic_ns())
+                 time.time(), started, time.monotonic_ns(), digest)
             )  # fmt: skip
             raise
         finally:
@@ -205,7 +211,7 @@ class RecordingEffects:
         flag = EFFECT_REPR if as_repr else EFFECT_OK
         self._sink(
             ("effect", env_id, sub, n, name, flag, blob, None, None, time.time(), started,
-             time.monotonic_ns())
+             time.monotonic_ns(), digest)
         )  # fmt: skip
         return result
 

@@ -23,8 +23,7 @@ from typing import Any
 
 import msgspec
 
-from bus import Delivery, Envelope
-from bus._transport import Receipt
+from bus import Delivery, Envelope, Receipt
 from pantheon.sessions._codec import safe_repr
 
 __all__ = [
@@ -47,8 +46,14 @@ _U64 = 2**64
 DeliveryTuple = tuple[str, int, int, int, int, str]
 #: An effect as the recorder's effects sink queues it, minus the leading ``"effect"`` tag:
 #: (envelope id, subscriber, ordinal, name, flag, result blob, error type, error, time,
-#: started_ns, ended_ns).
+#: started_ns, ended_ns, request digest).
 EffectTuple = tuple[
+    int, str | None, int, str, int, bytes | None, str | None, str | None, float, int, int,
+    bytes | None,
+]  # fmt: skip
+#: An effect as a schema-3 journal holds it: no request digest. A store migrated with
+#: chunks still in its journal (a run killed before it) reads them back without one.
+_EffectTupleV3 = tuple[
     int, str | None, int, str, int, bytes | None, str | None, str | None, float, int, int
 ]
 
@@ -57,6 +62,7 @@ _EnvChunk = tuple[float, int, list[int], list[Envelope]]  # wall0, mono0, flagge
 _env_chunk: msgspec.msgpack.Decoder[_EnvChunk] = msgspec.msgpack.Decoder(_EnvChunk)
 _del_chunk = msgspec.msgpack.Decoder(list[DeliveryTuple])
 _eff_chunk = msgspec.msgpack.Decoder(list[EffectTuple])
+_eff_chunk_v3 = msgspec.msgpack.Decoder(list[_EffectTupleV3])
 _raw = msgspec.msgpack.Encoder()
 
 
@@ -159,12 +165,17 @@ def decode_deliveries(blob: bytes, first: int) -> list[tuple[Any, ...]]:
     ]
 
 
-def decode_effects(blob: bytes, first: int) -> list[tuple[Any, ...]]:
-    """A chunk's effects as ``effects`` rows minus the session column: (seq, envelope_id,
-    subscriber, ordinal, name, flag, result, error_type, error, time, started_ns, ended_ns),
-    ids as SQLite stores them."""
+def decode_effects(blob: bytes, first: int, node: str | None) -> list[tuple[Any, ...]]:
+    """A chunk's effects (made on ``node``) as ``effects`` rows minus the session column:
+    (seq, envelope_id, subscriber, ordinal, name, flag, result, error_type, error, time,
+    started_ns, ended_ns, node, digest), ids as SQLite stores them."""
+    try:
+        effects: list[tuple[Any, ...]] = _eff_chunk.decode(blob)
+    except msgspec.ValidationError:
+        effects = [(*e, None) for e in _eff_chunk_v3.decode(blob)]
     return [
-        (first + n, _db(env_id), *rest) for n, (env_id, *rest) in enumerate(_eff_chunk.decode(blob))
+        (first + n, _db(env_id), *rest, node, digest)
+        for n, (env_id, *rest, digest) in enumerate(effects)
     ]
 
 
@@ -273,8 +284,8 @@ class Materializer:
                 envs = decode_envelopes(blob, first)
                 insert_rows(conn, "envelopes", [(sid, *r, node) for r in envs])
             elif kind == "effects":
-                effs = decode_effects(blob, first)
-                insert_rows(conn, "effects", [(sid, *r, node) for r in effs])
+                effs = decode_effects(blob, first, node)
+                insert_rows(conn, "effects", [(sid, *r) for r in effs])
             else:
                 rows = self._pairing.fill(decode_deliveries(blob, first))
                 insert_rows(conn, "deliveries", [(sid, *r, node) for r in rows])

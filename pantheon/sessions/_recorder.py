@@ -42,8 +42,16 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
-from bus import BreakerEvent, Bus, DeadLetter, Delivery, Envelope, ObserverHandle
-from bus._transport import InProcessTransport, Receipt
+from bus import (
+    BreakerEvent,
+    Bus,
+    DeadLetter,
+    Delivery,
+    Envelope,
+    InProcessTransport,
+    ObserverHandle,
+    Receipt,
+)
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, EffectSink, RecordingEffects
 from pantheon.sessions._errors import RecordingError

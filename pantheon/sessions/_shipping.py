@@ -3,11 +3,12 @@
 A session is the union of per-process journals (``RECORD.md`` §1). The driver's recorder
 writes its own straight into the store; every node runs the same recorder in *ship* mode: its
 writer thread encodes the same journal chunks (envelopes the node published, deliveries it
-handled, effects its agents performed) plus its dead letters and breaker changes into one
-:class:`Shipment` per commit and hands the bytes to a ``ship`` callable (over a ZeroMQ run's
-control link, or a NATS run's, to the driver). The driver's writer *ingests* a shipment: it
-gives the chunks the session's next positions, tags every row with the node, and counts the
-node's progress in ``session_nodes``, in one transaction with its own commit.
+handled, effects its agents performed, each with its request digest) plus its dead letters
+and breaker changes into one :class:`Shipment` per commit and hands the bytes to a ``ship``
+callable (over a ZeroMQ run's control link, or a NATS run's, to the driver). The driver's
+writer *ingests* a shipment: it gives the chunks the session's next positions, tags every
+row with the node, and counts the node's progress in ``session_nodes``, in one transaction
+with its own commit.
 
 Ordering: shipments are numbered per node, gap-free from 0 (``seq``); the store applies each
 once (a shipment at or below the node's count is a duplicate and is skipped), so a channel

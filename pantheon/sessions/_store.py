@@ -71,8 +71,10 @@ __all__ = [
 #: Bumped on any incompatible change to the tables below. 2: the journal holds effects too
 #: (``kind = 'effects'``). 3: records carry the ``node`` (process) that made them, and
 #: ``session_nodes`` says how far each node's journal reached (multi-process runs). An older
-#: store is migrated in place when opened (``_migrate``).
-SCHEMA_VERSION = 3
+#: store is migrated in place when opened (``_migrate``). 4: every effect row carries its
+#: request's ``digest`` (``pantheon.sessions._digest``; NULL in rows recorded before, and
+#: for calls with no stable encoding).
+SCHEMA_VERSION = 4
 #: Where the store lives when neither an explicit path nor ``$PANTHEON_STORE`` says otherwise
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
@@ -196,6 +198,7 @@ CREATE TABLE IF NOT EXISTS effects (
     started_ns INTEGER NOT NULL,
     ended_ns INTEGER NOT NULL,
     node TEXT,
+    digest BLOB,
     PRIMARY KEY (session, seq)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS dead_letters_envelope ON dead_letters (session, envelope_id);
@@ -262,6 +265,9 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         ),
         _SESSION_NODES,
     ),
+    # 3 -> 4: the request digest, a column of its own at the end (the journal's effect
+    # chunks gain it as a last field; ``decode_effects`` reads the older ones too).
+    3: ("ALTER TABLE effects ADD COLUMN digest BLOB",),
 }
 
 
@@ -539,6 +545,9 @@ class StoredEffect:
     ended_ns: int = 0
     node: str | None = None
     """The process whose agent made the call (``None``: the recording process)."""
+    digest: bytes | None = None
+    """The request's digest (``pantheon.sessions._digest``): None when the call's function
+    or arguments have no stable encoding, or the session was recorded before digests."""
 
     @property
     def value(self) -> Any:
@@ -1071,7 +1080,7 @@ class SessionStore:
         reader after a few kinds does not decode every tool result."""
         sql = (
             "SELECT seq, envelope_id, subscriber, ordinal, name, flag, result, error_type, "
-            "error, time, started_ns, ended_ns, node FROM effects WHERE session = ?"
+            "error, time, started_ns, ended_ns, node, digest FROM effects WHERE session = ?"
         )
         params: tuple[Any, ...] = (session_id,)
         if name is not None:
@@ -1083,7 +1092,7 @@ class SessionStore:
             journaled: list[tuple[Any, ...]] = []
             for first, blob, node in chunks:
                 try:
-                    journaled.extend((*r, node) for r in decode_effects(blob, first))
+                    journaled.extend(decode_effects(blob, first, node))
                 except Exception as exc:  # a damaged chunk: whatever the decoder raises
                     raise self._damaged(
                         session_id, f"journal chunk at effect {first} cannot be decoded ({exc})"

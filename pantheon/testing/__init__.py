@@ -23,6 +23,10 @@ approvals=[True, False])`` (:class:`ScriptedDesk`); a whole team runs against a 
 server with ``run_scenario("scenario.yaml", provider=server)``. Pantheon's
 ``docs/testing.md`` shows each with a test that runs.
 
+A scenario can name its own scripted model (``provider: {kind: openai, model: ...,
+stand_in: "module:reply"}``): the run serves it from a :class:`ModelServer` it starts and
+stops itself, and ``python -m pantheon.testing --reply module:reply`` serves it alone.
+
 ``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
 completions and Anthropic Messages (seen by its replies as :func:`openai_view` gives them)
 on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
@@ -32,6 +36,14 @@ place.
 """
 
 from bus.testing import FakeClock, capture_events, memory_bus
+from pantheon.standin import (
+    ModelServer,
+    ReceivedRequest,
+    Reply,
+    classify_reply,
+    openai_view,
+    schema_reply,
+)
 from pantheon.testing._harness import (
     DEFAULT_SEND_TIMEOUT,
     AgentFailed,
@@ -40,14 +52,6 @@ from pantheon.testing._harness import (
     EffectCall,
     RecordedEffects,
     agent_harness,
-)
-from pantheon.testing._model_server import (
-    ModelServer,
-    ReceivedRequest,
-    Reply,
-    classify_reply,
-    openai_view,
-    schema_reply,
 )
 from pantheon.testing._scripted import Answer, ChatRequest, Ruling, ScriptedDesk, ScriptedModel
 from pantheon.testing._team import (

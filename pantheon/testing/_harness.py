@@ -12,6 +12,7 @@ depends on the wall clock.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -27,7 +28,6 @@ from agents import (
     Handler,
     InputOrdinals,
 )
-from agents._effects import call_maybe_async
 from bus import Bus, DeadLetter, Envelope, Priority, matches
 from bus.testing import capture_events
 from pantheon._errors import PantheonError
@@ -99,6 +99,15 @@ class Chat:
 Fake = Any
 
 
+async def _called(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """What ``fn`` returns, awaited when it is awaitable (an effect and its fake may each be
+    sync or async)."""
+    result = fn(*args, **kwargs)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
 @dataclass
 class RecordedEffects:
     """An :class:`agents.Effects` runner that calls effects for real, or fakes the ones
@@ -124,9 +133,9 @@ class RecordedEffects:
                 fake = self.fakes[name]
                 if isinstance(fake, BaseException):
                     raise fake
-                result = await call_maybe_async(fake, *args, **kwargs) if callable(fake) else fake
+                result = await _called(fake, args, kwargs) if callable(fake) else fake
             else:
-                result = await call_maybe_async(fn, *args, **kwargs)
+                result = await _called(fn, args, kwargs)
         except Exception as exc:
             self.calls.append(EffectCall(name, args, dict(kwargs), error=exc, faked=faked))
             raise

@@ -26,13 +26,12 @@ import yaml
 
 import pantheon
 from pantheon._api import Session
-from pantheon._report import RunSummary
+from pantheon.runner import RunSummary
 from pantheon.scenario import Scenario, parse_scenario
-from pantheon.testing._model_server import ModelServer
+from pantheon.standin import ModelServer
 
 if TYPE_CHECKING:
-    from pantheon._whatif import WhatIfReport
-    from pantheon.rerun import OutcomeDiff, ReplayReport
+    from pantheon.rerun import OutcomeDiff, ReplayReport, WhatIfReport
 
 __all__ = [
     "assert_outcomes_changed",
@@ -118,7 +117,7 @@ def with_provider(
 
     A :class:`ModelServer` keeps an OpenAI or Anthropic section's other settings (its model
     name, which ``prices`` look up) and changes only ``base_url`` (the server speaks both
-    protocols); any other section becomes ``{kind:
+    protocols; a ``stand_in`` the section names gives way to it); any other section becomes ``{kind:
     openai, base_url, model}`` with the server's model (``stand-in`` when it echoes the one
     asked for). The result's text is what a run records, so the session replays with the
     provider it ran with. A scenario that had no ``provider:`` gets one appended, which
@@ -140,6 +139,7 @@ def with_provider(
     if isinstance(provider, ModelServer):
         kind = had.get("kind") if isinstance(had, dict) else None
         section = dict(had) if isinstance(had, dict) and kind in ("openai", "anthropic") else {}
+        section.pop("stand_in", None)  # the server given replaces a scripted stand-in
         if kind == "anthropic":
             section["base_url"] = provider.anthropic_base_url
         else:

@@ -26,7 +26,7 @@ SCENARIOS = ROOT / "scenarios"
 #: The ``expect`` keys that bound wall-clock time (pantheon.scenario.ExpectConfig).
 TIMING_BOUNDS = ("max_p99_ms", "p99_handling_ms", "p99_queue_wait_ms", "min_throughput")
 
-# The names pantheon._report.judge gives the checks those keys make.
+# The names pantheon.runner._report.judge gives the checks those keys make.
 _TIMING_NAME = re.compile(r"timing: .*|p99 \S+ <= \S+ ms|throughput >= \S+ msg/s")
 _KEY = re.compile(r"^  (\w+):")
 

@@ -13,7 +13,7 @@ from budget_session import REPLY, TICKETS, budget_scenario, budget_team
 
 from agents import Agent, OpenAIProvider, RateLimit, RateLimiter
 from bus.testing import FakeClock
-from pantheon._team import build_team
+from pantheon.runner._build import build_team
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.testing import ModelServer, assert_replays, run_scenario
 

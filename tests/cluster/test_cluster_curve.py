@@ -13,7 +13,7 @@ from untimed import copy_untimed
 
 from bus import Bus
 from bus.backends.zeromq import ConnectError, ZmqTransport
-from pantheon._cluster import _RUNS, cluster_transport
+from pantheon.runner._multiprocess import _RUNS, cluster_transport
 from pantheon.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]

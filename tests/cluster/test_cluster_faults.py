@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from pantheon._cluster import _Child
+from pantheon.runner._multiprocess import _Child
 from pantheon.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 from cli_run import pantheon
 
-from pantheon._cluster import Placement
-from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario
+from agents import Learner
+from pantheon.runner._multiprocess import Placement
+from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 THREE_NODE = ROOT / "scenarios" / "support_email_3node.yaml"
@@ -54,6 +55,20 @@ def test_probes_cover_every_pattern_subscribed_elsewhere() -> None:
     # A node never waits for its own subscriptions.
     assert "memory.lookup" not in placement.probes("cognition")
     assert "memory.lookup" in placement.probes("action")
+
+
+def test_a_learner_is_placed_with_the_subscriptions_the_team_gives_it() -> None:
+    """A Learner subscribes by the team's outcome, not its class default: on the on-call
+    team it hears the alert decisions, so no node waits for a route to the support desk's
+    ``observation.email.malformed`` that nobody ever subscribes to."""
+    text = (ROOT / "scenarios" / "oncall.yaml").read_text()
+    with_learner = text.replace("\nagents:\n", "\nagents:\n  learner: {}\n", 1)
+    scenario = parse_scenario(with_learner, base_dir=ROOT / "scenarios")
+    built = Learner("learner", outcome=scenario.outcome_spec())
+    placement = Placement.of(scenario)
+    learner = {n: p for n, p in placement.subscriptions[DRIVER_NODE].items() if "learner" in n}
+    assert tuple(learner.values()) == built.subscriptions
+    assert "observation.email.malformed" not in learner.values()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from cli_run import pantheon
 from rich.console import Console
 from untimed import copy_untimed
 
-from pantheon._cli_cluster import print_nodes
+from pantheon.cli._summary_text import print_nodes
 from pantheon.sessions import SessionStore
 
 ROOT = Path(__file__).resolve().parents[2]

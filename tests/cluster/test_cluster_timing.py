@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import pantheon._report
+import pantheon.runner._report
 from pantheon.scenario import load_scenario
 from pantheon.testing import run_scenario
 
@@ -45,7 +45,7 @@ def test_a_nodes_late_check_is_inconclusive_unless_strict(
 ) -> None:
     # Every run counts as starved (the rule itself: tests/pantheon/test_timing_honesty.py),
     # so what is left to see is the node's figures reaching the driver's judge.
-    monkeypatch.setattr(pantheon._report, "STARVED_SHARE", 0.0)
+    monkeypatch.setattr(pantheon.runner._report, "STARVED_SHARE", 0.0)
     (tmp_path / "timing_zmq_agents.py").write_text(AGENTS)
     path = tmp_path / "scenario.yaml"
     path.write_text(SCENARIO)

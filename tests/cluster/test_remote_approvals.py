@@ -24,7 +24,7 @@ from cli_run import pantheon
 from agents import Decision
 from bus import Bus, Envelope
 from bus.backends.nats import NatsServer, NatsTransport
-from pantheon._remote_approvals import LOST_BY
+from pantheon.approvals._relay import LOST_BY
 from pantheon.sessions import ApprovalBook, SessionStore
 
 #: The node hosting the Guardian; every other agent stays on the driver, so the Actor

@@ -11,7 +11,7 @@ from approval_run import stop, waiting_run
 from streamlit.testing.v1 import AppTest
 
 from dashboard.web import APP
-from pantheon._approvals import who
+from pantheon.approvals._desk import who
 from pantheon.sessions import STORE_ENV, ApprovalBook, SessionStore
 
 

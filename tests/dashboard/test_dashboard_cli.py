@@ -8,7 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from dashboard.web import APP
-from pantheon._cli_dashboard import register, streamlit_command
+from pantheon.cli._cmd_dashboard import register, streamlit_command
 
 
 def _app() -> typer.Typer:

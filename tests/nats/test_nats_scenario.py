@@ -10,8 +10,8 @@ import pytest
 
 from bus import Bus
 from bus.backends.nats import AuthorizationError, ConnectError, NatsTransport
-from pantheon._cluster import Placement, cluster_transport
-from pantheon._takeover import fed_groups
+from pantheon.runner._multiprocess import Placement, cluster_transport
+from pantheon.runner._takeover import fed_groups
 from pantheon.scenario import NatsTransportConfig, ScenarioError, load_scenario
 
 BASE = """\

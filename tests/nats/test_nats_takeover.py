@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console
 from untimed import copy_untimed
 
-from pantheon._cli_cluster import print_stream
+from pantheon.cli._summary_text import print_stream
 from pantheon.sessions import SessionStore
 
 PLACEMENT = (

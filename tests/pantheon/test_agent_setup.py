@@ -14,7 +14,7 @@ import pytest
 from cli_run import pantheon
 
 from pantheon import AgentSetupError, load_scenario
-from pantheon._team import build_team
+from pantheon.runner._build import build_team
 
 # Module names are unique per test file: a process imports a module once.
 MODULE = """\

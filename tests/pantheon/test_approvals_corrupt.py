@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pantheon._approvals import StoreDesk
+from pantheon.approvals._desk import StoreDesk
 from pantheon.cli import app
 from pantheon.scenario import ApprovalsConfig
 from pantheon.sessions import ApprovalBook, ApprovalError, SessionStore

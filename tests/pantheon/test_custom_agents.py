@@ -132,7 +132,7 @@ def test_a_team_outside_the_package_runs_records_and_replays(team: Path, tmp_pat
 
 def test_settings_reach_the_agent_as_its_typed_model(team: Path) -> None:
     scenario = load_scenario(team / "scenario.yaml")
-    from pantheon._team import build_team
+    from pantheon.runner._build import build_team
 
     built = build_team(scenario)
     triage = built.agents["triage"]
@@ -264,7 +264,7 @@ def test_an_installed_package_adds_agents_through_entry_points(
     (tmp_path / "t.jsonl").write_text(json.dumps(EMAILS[0]) + "\n", encoding="utf-8")
     text = "version: 1\nname: ep\ninput:\n  path: t.jsonl\nagents:\n  sorter:\n    class: triage\n"
     (tmp_path / "ep.yaml").write_text(text, encoding="utf-8")
-    from pantheon._team import build_team
+    from pantheon.runner._build import build_team
 
     sorter = build_team(load_scenario(tmp_path / "ep.yaml")).agents["sorter"]
     assert type(sorter).__name__ == "Triage" and type(sorter).__module__ == "epteam_mod"

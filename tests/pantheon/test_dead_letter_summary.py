@@ -9,9 +9,9 @@ from typing import Any
 
 from agents import Outbox
 from bus import Bus, Envelope
-from pantheon._report import local_report
-from pantheon._summary_text import dead_letter_lines, dead_letters_text
-from pantheon._team import Team
+from pantheon.cli._summary_text import dead_letter_lines, dead_letters_text
+from pantheon.runner._build import Team
+from pantheon.runner._report import local_report
 
 
 async def test_a_dead_letter_line_names_the_exception_type_and_no_payload_field() -> None:

@@ -75,8 +75,8 @@ def test_every_public_exception_class_defined_anywhere_is_in_the_tree() -> None:
 
 
 def test_the_builtin_bases_callers_caught_before_stay() -> None:
-    from pantheon._inputs import InboxClosed, InboxFull
-    from pantheon._scaffold import TeamNameError
+    from pantheon.cli._scaffold import TeamNameError
+    from pantheon.runner._inputs import InboxClosed, InboxFull
     from pantheon.testing import AgentFailed
 
     assert issubclass(TeamNameError, ValueError)
@@ -86,7 +86,7 @@ def test_the_builtin_bases_callers_caught_before_stay() -> None:
 
 
 def test_a_run_s_errors_are_caught_from_the_top_level_package() -> None:
-    from pantheon._cluster import ClusterError
+    from pantheon.runner._multiprocess import ClusterError
 
     assert pantheon.ClusterError is ClusterError
     assert {"ScenarioError", "AgentSetupError", "ClusterError"} <= set(pantheon.__all__)

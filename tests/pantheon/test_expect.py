@@ -12,9 +12,9 @@ import pytest
 
 from bus import Bus, Envelope
 from bus._transport import Receipt
-from pantheon._report import RunSummary, count_own_topics, judge, local_report, summarize
-from pantheon._runtime import run_scenario
-from pantheon._team import Team
+from pantheon.runner._build import Team
+from pantheon.runner._report import RunSummary, count_own_topics, judge, local_report, summarize
+from pantheon.runner._runtime import run_scenario
 from pantheon.scenario import (
     DEAD_LETTER_REASONS,
     Problem,

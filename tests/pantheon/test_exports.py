@@ -30,7 +30,7 @@ def test_public_names_are_exactly_the_user_api() -> None:
 
 
 def test_every_pantheon_error_has_one_root() -> None:
-    from pantheon._cluster import ClusterError
+    from pantheon.runner._multiprocess import ClusterError
 
     for cls in (
         pantheon.ScenarioError,

@@ -22,18 +22,17 @@ import pantheon
 from agents import InputItem, Labels, Learner, Observer
 from bus import Bus, Envelope, Priority
 from bus.testing import capture_events
-from pantheon._imports import ImportProblem
-from pantheon._inputs import (
+from pantheon._imports import ImportProblem, import_path
+from pantheon.runner._build import build_team
+from pantheon.runner._inputs import (
     GeneratorSource,
     InputSource,
     JsonlSource,
     StdinSource,
     count_inputs,
-    import_path,
     open_input,
 )
-from pantheon._runtime import run_scenario
-from pantheon._team import build_team
+from pantheon.runner._runtime import run_scenario
 from pantheon.scenario import (
     SUPPORT_INBOX,
     FileInputConfig,

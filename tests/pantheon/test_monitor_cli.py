@@ -9,7 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from pantheon import _cli_monitor
+from pantheon.cli import _cmd_monitor as _cli_monitor
 from pantheon.sessions import SessionStore
 
 pytest.importorskip("textual")  # the command checks for the monitor's extra first
@@ -24,7 +24,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Path | None]]:
         seen.append((sid, feed))
 
     monkeypatch.setattr(_cli_monitor, "_monitor", fake)
-    monkeypatch.setattr(_cli_monitor, "_load_setup", lambda *args, **kwargs: None)
+    monkeypatch.setattr(_cli_monitor, "load_setup", lambda *args, **kwargs: None)
     return seen
 
 

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 from untimed import assert_passed_but_timing
 
 from pantheon import load_scenario
-from pantheon._cli_new import register
-from pantheon._scaffold import (
+from pantheon.cli._cmd_new import register
+from pantheon.cli._scaffold import (
     TeamNameError,
     check_team_name,
     new_team,

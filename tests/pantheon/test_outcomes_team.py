@@ -134,7 +134,7 @@ def test_an_input_path_the_system_cannot_use_is_a_located_error() -> None:
 
 
 def test_per_field_bounds_judge_each_field() -> None:
-    from pantheon._report import accuracy_bounds
+    from pantheon.runner._report import accuracy_bounds
 
     scenario = parse_scenario(
         HEAD

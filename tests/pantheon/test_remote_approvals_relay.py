@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from agents import ApprovalUnavailable
-from pantheon._approvals import StoreDesk
-from pantheon._remote_approvals import LOST_BY, MAX_REQUEST, DeskRelay, NodeDesk
+from pantheon.approvals._desk import StoreDesk
+from pantheon.approvals._relay import LOST_BY, MAX_REQUEST, DeskRelay, NodeDesk
 from pantheon.scenario import ApprovalsConfig
 from pantheon.sessions import Approval, ApprovalBook, SessionStore
 

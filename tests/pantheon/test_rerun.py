@@ -4,10 +4,12 @@ when a handler reads randomness (or keeps state) outside an effect."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+from cli_run import pantheon as cli
 
 import pantheon
 import pantheon.rerun
@@ -71,6 +73,30 @@ def test_what_if_serves_only_the_unchanged_call_of_an_unchanged_handling() -> No
     assert other.decide(call("tool.x", rec)).action == "live"
 
 
+def test_what_if_with_digests_on_both_sides_decides_by_the_request_alone() -> None:
+    policy = WhatIf(lambda agent, model_call: False)  # every agent changed
+    asked = dataclasses.replace(effect("tool.x", "answer"), digest=b"a" * 16)
+
+    def digested(name: str, digest: bytes | None, *, same: bool = True) -> EffectCall:
+        return EffectCall(70, "agent", 0, name, 7, asked, same, digest)
+
+    # Served whatever changed in the agent or the message, the handling tainted or not.
+    policy.ran(digested("tool.x", b"a" * 16), "another answer", False)
+    assert policy.decide(digested("tool.x", b"a" * 16, same=False)).action == "serve"
+    assert policy.decide(digested("tool.x", b"b" * 16)).action == "live"
+    assert policy.decide(digested("tool.y", b"a" * 16)).action == "live"  # another name
+    unstored = dataclasses.replace(asked, flag=EFFECT_REPR)
+    assert policy.decide(EffectCall(70, "agent", 0, "tool.x", 7, unstored, True, b"a" * 16)) == (
+        Verdict("live")
+    )
+    # A digest on one side only: the older rule (here: the agent changed, so live).
+    assert policy.decide(digested("tool.x", None)).action == "live"
+    old = WhatIf(lambda agent, model_call: True)
+    assert old.decide(
+        EffectCall(70, "agent", 0, "tool.x", 7, effect("tool.x"), True, b"a" * 16)
+    ) == (Verdict("serve"))
+
+
 def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> None:
     policy = Resume()
     assert policy.decide(call("tool.x", effect("tool.x"))).action == "serve"
@@ -83,8 +109,18 @@ def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> N
 
 MODULE = """
 import random
+import time
 
 SEEN = []
+
+
+def lane(ticket, at):
+    return "fast"
+
+
+async def stamp(env, agent):
+    chosen = await agent.effect("tool.lane", lane, env.payload["id"], time.time())
+    await agent.emit("ticket.routed", {"id": env.payload["id"], "lane": chosen})
 
 
 async def route(env, agent):
@@ -154,3 +190,17 @@ def test_no_hint_when_the_handlers_effects_ran_live(tmp_path: Path) -> None:
     # The handler's effect ran for real: its answer, not the handler, may be the cause.
     assert report.divergence is not None and report.divergence.field == "payload"
     assert report.divergence.hint is None
+
+
+def test_a_replay_counts_the_served_calls_that_asked_something_else(tmp_path: Path) -> None:
+    store = tmp_path / "s.db"
+    summary = asyncio.run(pantheon.run(team(tmp_path, "stamp"), store=store))
+    report = asyncio.run(pantheon.replay(summary.session_id or "", store=store))
+    # The lane was asked with the time read outside an effect: served as recorded, and
+    # the replay matches, but every request differed.
+    assert report.matched and report.effects_called == 0
+    assert report.requests_changed == {"tool.lane": 3}
+    assert report.to_dict()["requests_changed"] == {"tool.lane": 3}
+    proc = cli("replay", summary.session_id or "", "--store", str(store), cwd=tmp_path)
+    assert "served 3: tool.lane 3; called 0" in proc.stdout
+    assert "asked other than recorded 3: tool.lane 3" in proc.stdout

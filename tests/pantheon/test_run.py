@@ -14,8 +14,8 @@ from untimed import copy_untimed
 
 from agents import ModelProvider, ProviderError
 from bus import Bus
-from pantheon._runtime import run_scenario
-from pantheon._team import _provider, build_team
+from pantheon.runner._build import _provider, build_team
+from pantheon.runner._runtime import run_scenario
 from pantheon.scenario import OpenAIProviderConfig, Scenario, load_scenario
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, classify_reply
@@ -237,7 +237,7 @@ async def test_a_run_on_a_model_server_shares_counts_and_closes_one_provider(
         made.append(_provider(scenario))
         return made[-1]
 
-    monkeypatch.setattr("pantheon._team._provider", capture)
+    monkeypatch.setattr("pantheon.runner._build._provider", capture)
     support = load_scenario(SCENARIOS / "support_email.yaml")
     with ModelServer(classify_reply) as server:
         scenario = support.model_copy(

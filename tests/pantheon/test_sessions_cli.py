@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from bus import Bus
 from pantheon import readmodel as rm
-from pantheon._cli_sessions import register
+from pantheon.cli._cmd_sessions import register
 from pantheon.sessions import Recorder, SessionStore
 
 TEAM = str(Path(__file__).with_name("sessions_team.py")) + ":team_setup"

@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from pantheon._report import RunSummary
-from pantheon.cli import _print_summary
+from pantheon.cli._summary_text import print_summary as _print_summary
+from pantheon.runner._report import RunSummary
 
 HOP = {
     "handled": 591,
@@ -80,7 +80,7 @@ def test_piped_without_a_terminal_nothing_wraps(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv("COLUMNS", raising=False)
-    monkeypatch.setattr("pantheon._console.terminal_width", lambda: None)
+    monkeypatch.setattr("pantheon.cli._console.terminal_width", lambda: None)
     lines = _printed(capsys)
     assert (
         "inputs 600: 591 published, 9 malformed (on observation.email.malformed, not dead letters)"

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-import pantheon._report
+import pantheon.runner._report
 from bus import Bus
 from bus._sched import LoopScheduling, read_schedstat
-from pantheon._report import RunSummary, expectation_state, judge, local_report, summarize
-from pantheon._team import Team
 from pantheon.cli import app
+from pantheon.runner._build import Team
+from pantheon.runner._report import RunSummary, expectation_state, judge, local_report, summarize
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
 from pantheon.sessions import SessionStore
 from pantheon.testing import run_scenario
@@ -323,7 +323,7 @@ def any_wait_excuses(monkeypatch: pytest.MonkeyPatch) -> None:
     machine (the rule itself is tested above)."""
     if sys.platform == "win32":
         pytest.skip("no measure of CPU waits on Windows: nothing is ever inconclusive")
-    monkeypatch.setattr(pantheon._report, "STARVED_SHARE", 0.0)
+    monkeypatch.setattr(pantheon.runner._report, "STARVED_SHARE", 0.0)
 
 
 def test_run_prints_inconclusive_and_json_carries_the_states(

@@ -15,8 +15,8 @@ import yaml
 from typer.testing import CliRunner
 
 import pantheon
-from pantheon._cli_sessions import register
-from pantheon._overlay import apply_overlay
+from pantheon.cli._cmd_sessions import register
+from pantheon.rerun._overlay import apply_overlay
 from pantheon.scenario import ScenarioError
 from pantheon.sessions import SessionStore
 

@@ -8,10 +8,10 @@ from opentelemetry.trace import SpanKind
 from telemetry_helpers import Traced
 
 from bus import Bus
-from pantheon._runtime import run_scenario
-from pantheon._session_run import recording
-from pantheon._team import team_setup
 from pantheon.rerun import replay_session
+from pantheon.runner._build import team_setup
+from pantheon.runner._runtime import run_scenario
+from pantheon.runner._session_run import recording
 from pantheon.scenario import (
     AnthropicProviderConfig,
     OpenAIProviderConfig,

@@ -13,7 +13,7 @@ from model_session import model_scenario, model_session  # noqa: F401 - shared f
 from node_session import node_sessions  # noqa: F401 - shared fixture
 
 from bus import Bus
-from pantheon._team import team_setup
+from pantheon.runner._build import team_setup
 
 ROOT = Path(__file__).resolve().parents[2]
 

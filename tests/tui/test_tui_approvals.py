@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Input, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
 from dashboard.tui._approvals import DecisionScreen
-from pantheon._approvals import who
+from pantheon.approvals._desk import who
 from pantheon.sessions import ApprovalBook, SessionStore
 
 

@@ -13,7 +13,7 @@ from pilot_wait import until
 from textual.widgets import Static, TabbedContent
 
 from dashboard.tui import LiveSource, MonitorApp, StoreSource
-from pantheon._cli_monitor import _child_session
+from pantheon.cli._cmd_monitor import _child_session
 from pantheon.live import connect
 from pantheon.testing import ModelServer
 

@@ -15,7 +15,7 @@ from textual.widgets import DataTable, TabbedContent, TabPane
 
 from dashboard.tui import LiveSource, MonitorApp, StoreSource
 from dashboard.tui._app import MAX_ROWS
-from pantheon._cli_monitor import _child_session
+from pantheon.cli._cmd_monitor import _child_session
 from pantheon.live import connect
 
 ROOT = Path(__file__).resolve().parents[2]

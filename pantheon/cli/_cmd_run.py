@@ -1,0 +1,268 @@
+"""``pantheon validate | run | serve``: a scenario checked, run once, or served behind the
+gateway until stopped; a run prints its summary and exits 1 when an expectation fails."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from agents import ProviderUnavailable
+from pantheon.cli._common import (
+    StrictTimingOpt,
+    console,
+    load_scenario_file,
+    run_async,
+    strict,
+)
+from pantheon.cli._summary_text import print_summary
+from pantheon.runner import AgentSetupError, RunSummary
+from pantheon.scenario import Scenario
+from pantheon.sessions import SessionError
+
+__all__ = ["register"]
+
+
+def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
+    """Check a scenario without running it; errors name the file, line and field."""
+    scenario = load_scenario_file(file)
+    agents = [n for n in scenario.agents] or ["(defaults)"]
+    typer.echo(f"{file}: ok (scenario {scenario.name!r}, agents: {', '.join(agents)})")
+
+
+def run(
+    file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
+    ] = None,
+    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    tui: Annotated[
+        bool, typer.Option("--tui", help="Watch the run in the terminal monitor (tui extra).")
+    ] = False,
+    strict_timing: StrictTimingOpt = False,
+) -> None:
+    """Run a scenario, record it as a session, print a summary; exit 1 if an expectation
+    fails."""
+    scenario = strict(load_scenario_file(file), strict_timing)
+    if tui:
+        from pantheon.cli._cmd_monitor import run_tui
+
+        raise typer.Exit(
+            run_tui(
+                file,
+                seed=seed,
+                store=store,
+                record=record,
+                as_json=as_json,
+                strict_timing=strict_timing,
+            )
+        )
+    # The transport's client library is checked before anything starts, not mid-run.
+    client = {"zmq": ("zmq", "pyzmq"), "nats": ("nats", "nats-py")}.get(scenario.transport.kind)
+    if client is not None and importlib.util.find_spec(client[0]) is None:
+        kind = scenario.transport.kind
+        console.print(
+            f"[red]{file}: transport.kind: {kind} needs {client[1]}[/red]: "
+            + escape(f"pip install 'pantheon[{kind}]'")
+        )
+        raise typer.Exit(2) from None
+    gateway_errors: tuple[type[Exception], ...] = ()
+    if scenario.gateway is not None:
+        try:
+            from pantheon.gateway import GatewayError
+        except ImportError as exc:
+            console.print(f"[red]{file}: gateway:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(2) from None
+        gateway_errors = (GatewayError,)
+    telemetry = _telemetry(scenario)
+    from pantheon.runner import ClusterError
+
+    try:
+        summary = run_async(
+            _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
+        )
+    except gateway_errors as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except ClusterError as exc:
+        console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except (ProviderUnavailable, AgentSetupError) as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    except SessionError as exc:  # the --store given cannot hold the session
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
+    else:
+        print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)
+
+
+def serve(
+    file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    host: Annotated[
+        str | None, typer.Option(help="Interface to listen on (default: gateway.host, 127.0.0.1).")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port (default: gateway.port, 8787; 0 picks a free one).")
+    ] = None,
+    seed: Annotated[
+        int | None,
+        typer.Option(
+            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+    store: Annotated[
+        Path | None,
+        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
+    ] = None,
+    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    strict_timing: StrictTimingOpt = False,
+) -> None:
+    """Run a scenario behind the HTTP/WebSocket gateway until Ctrl-C (or SIGTERM), then
+    finish the run, record the session and print its summary."""
+    scenario = strict(load_scenario_file(file), strict_timing)
+    if scenario.transport.kind == "zmq":
+        console.print(f"[red]{file}: pantheon serve runs in-process scenarios only[/red]")
+        raise typer.Exit(2)
+    from pantheon.scenario import GatewayConfig
+
+    settings = (scenario.gateway or GatewayConfig()).model_dump()
+    if host is not None:
+        settings["host"] = host
+    if port is not None:
+        settings["port"] = port
+    try:
+        gateway = GatewayConfig.model_validate(settings)
+    except ValueError as exc:
+        console.print(f"[red]{file}: gateway:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    try:
+        from pantheon.gateway import GatewayError
+    except ImportError as exc:
+        console.print(f"[red]{file}: {escape(str(exc))}[/red]", soft_wrap=True)
+        raise typer.Exit(2) from None
+    telemetry = _telemetry(scenario)
+    try:
+        summary = run_async(
+            _run(
+                scenario, seed, store, record, progress=False, telemetry=telemetry,
+                gateway=gateway, serve=True,
+            )
+        )  # fmt: skip
+    except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
+    else:
+        print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)
+
+
+def _announce(gateway: Any) -> None:
+    console.print(
+        f"gateway on {gateway.url}  (page: {gateway.url}/, metrics: {gateway.url}/metrics); "
+        "Ctrl-C finishes the run",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+
+
+async def _run(
+    scenario: Scenario,
+    seed: int | None,
+    store: Path | None,
+    record: bool,
+    progress: bool,
+    telemetry: Any = None,
+    *,
+    gateway: Any = None,
+    serve: bool = False,
+) -> RunSummary:
+    """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus;
+    ``gateway`` (a :class:`~pantheon.scenario.GatewayConfig`) serves it, and ``serve``
+    keeps it running until a signal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    import pantheon
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress or not sys.stderr.isatty(),
+        transient=True,
+    )
+    task = bar.add_task(f"{scenario.name}: {scenario.outcome_spec().noun}s in", total=None)
+
+    def on_progress(done: int, total: int | None) -> None:
+        bar.update(task, completed=done, total=total)
+
+    with bar:
+        summary = await pantheon.run(
+            scenario,
+            seed=seed,
+            store=store,
+            record=record,
+            on_progress=on_progress,
+            on_bus=None if telemetry is None else lambda bus: _observe(telemetry, bus),
+            gateway=gateway,
+            serve=serve,
+            on_gateway=_announce,
+        )
+    if telemetry is not None:
+        await asyncio.to_thread(telemetry.shutdown)  # exports buffered spans and metrics
+    return summary
+
+
+def _telemetry(scenario: Any) -> Any:
+    """Set up logging, and the OTel exporters the ``OTEL_*`` variables ask for (none by
+    default); a setting that cannot be honoured exits 2 before anything runs."""
+    from pantheon.telemetry import Telemetry, TelemetryConfigError, configure_logging
+
+    try:
+        configure_logging()
+        return Telemetry.for_scenario(scenario)
+    except (TelemetryConfigError, ValueError, ImportError) as exc:
+        console.print(f"[red]observability:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+def _observe(telemetry: Any, bus: Any) -> None:
+    """Trace the run's bus and bind its session to every log line of the run."""
+    import structlog
+
+    telemetry.instrument(bus)
+    if bus.session_id is not None:
+        structlog.contextvars.bind_contextvars(session=bus.session_id)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``validate``, ``run`` and ``serve`` to ``app``."""
+    app.command()(validate)
+    app.command()(run)
+    app.command()(serve)

@@ -1,0 +1,271 @@
+"""``pantheon resume``: finish a run whose process died, from its recording.
+
+What resuming does, exactly:
+
+1. Only a session whose recording process died (``aborted``; the store marks a ``running``
+   session so once its pid is gone) can be resumed, once: a running, finished or replay
+   session, a ZeroMQ run (its nodes' records reach the store only through the driver, so
+   what they did after its last commit is nowhere), or one resumed before (by a resume
+   that did not itself die), is refused with the reason. A resume that died is resumed in
+   turn. A NATS run resumes in this one process: first, the shipments its nodes left on
+   the stream that the dead driver had not stored are added to its record
+   (``pantheon.runner._multiprocess.import_from_stream``), so what they did is served, not redone.
+2. A new session (kind ``resume``, ``replay_of`` the original) runs the recorded scenario's
+   team on a fresh bus in this process.
+3. The original's recorded inputs are published again in recorded order, paced as a replay
+   paces them (each once the messages the original had published before it have appeared
+   again). Every effect is served from the recording where one was recorded at that
+   position (same message, agent, ordinal and name): nothing the dead process did is done
+   twice. Where the recording stops (effects that had not happened yet, or were in the
+   last uncommitted group of the recorder), the effect runs live and is recorded.
+4. Approval requests the dead run had asked keep their number and their deadline: asked
+   again (live, step 3), each finds its row in the store. A request decided while no process
+   was running is answered at once; a pending one waits for a person, the scripted person
+   or its original deadline. Its decision is recorded in the new session.
+5. The inputs the original never published follow, live: the Observer skips as many
+   items of its source as the recording holds inputs and goes on at the scenario's rate.
+6. The run ends like ``pantheon run``: drained, summarized over the whole story (every
+   input), expectations judged; the summary says how many effects were served and called.
+
+Agent state is rebuilt by re-handling the recorded inputs (with served effects), which is
+why the team need not persist anything of its own. Tool calls the original made in its last
+uncommitted group run again: the outbox of a resumed session is its own file, and an
+Actor's tools must be idempotent per key for that to be harmless (``Outbox`` is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from agents import InputItem, Observer, input_ordinal
+from bus import Bus
+from pantheon.live import live_run
+from pantheon.rerun import Rerun, Resume, credit_inputs
+from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
+from pantheon.scenario import Scenario, parse_scenario
+from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
+from pantheon.sessions._approvals import origin_of
+
+__all__ = ["ResumeResult", "resumable", "resume"]
+
+
+def resumable(info: SessionInfo) -> str | None:
+    """Why ``info`` cannot be resumed, or None when it can."""
+    if info.kind not in ("run", "resume"):
+        return f"session {info.id} is a {info.kind}, not a run: replay its original instead"
+    if info.status == "running":
+        return (
+            f"session {info.id} is still running (pid {info.pid} on {info.host}); only a run "
+            "whose process died can be resumed"
+        )
+    if info.status != "aborted":
+        return (
+            f"session {info.id} ended ({info.status}); only a run whose process died "
+            "(aborted) can be resumed"
+        )
+    return None
+
+
+def _published(inputs: Sequence[StoredEnvelope]) -> dict[str, int] | None:
+    """How many items of each input topic the original published: one past the highest
+    input number its record holds per topic, or None when its inputs are not numbered.
+
+    By number, not by count: the inputs of a NATS run whose driver died are read back from
+    the stream, and that holds only the ones another process subscribed to (its emails, not
+    the malformed records its driver handled itself), so a count would skip too few."""
+    out: dict[str, int] = {}
+    for inp in inputs:
+        ordinal = input_ordinal(inp.id)
+        if ordinal is None:
+            return None
+        out[inp.topic] = max(out.get(inp.topic, 0), ordinal + 1)
+    return out
+
+
+async def _skip(
+    source: Any, per_topic: dict[str, int] | None, published: int
+) -> AsyncIterator[InputItem]:
+    """``source`` without the items the original already published: per topic, those
+    numbered below ``per_topic`` (:func:`_published`), else the first ``published``."""
+    seen: dict[str, int] = {}
+    total = 0
+    async for item in source:
+        if per_topic is None:
+            total += 1
+            if total <= published:
+                continue
+        else:
+            n = seen[item.topic] = seen.get(item.topic, -1) + 1
+            if n < per_topic.get(item.topic, 0):
+                continue
+        yield item
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ResumeResult:
+    """A resumed run: its summary, and how it got there."""
+
+    summary: RunSummary
+    original_session_id: str
+    inputs_replayed: int
+    effects_served: int
+    effects_called: int
+    mismatched: int
+    differences: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "original_session_id": self.original_session_id,
+            "new_session_id": self.summary.session_id,
+            "inputs_replayed": self.inputs_replayed,
+            "effects_served": self.effects_served,
+            "effects_called": self.effects_called,
+            "mismatched": self.mismatched,
+            "differences": list(self.differences),
+        }
+
+
+async def resume(
+    session: str,
+    *,
+    store: str | Path | None = None,
+    drain_timeout: float = 60.0,
+    on_bus: Callable[[Bus], None] | None = None,
+) -> ResumeResult:
+    """Resume the aborted run ``session`` (an id or unique prefix) as described in this
+    module's docstring; :class:`SessionError` says why a session cannot be resumed."""
+    with SessionStore(None if store is None else Path(store), create=False) as st:
+        original = st.session(session)
+        refused = resumable(original)
+        if refused is not None:
+            raise SessionError(refused)
+        for other in st.sessions():
+            resumed = other.replay_of == original.id and other.kind == "resume"
+            if resumed and other.status != "aborted":
+                raise SessionError(
+                    f"session {original.id} was resumed already, as {other.id} ({other.status})"
+                )
+        base = None if original.scenario_dir is None else Path(original.scenario_dir)
+        scenario = parse_scenario(
+            original.scenario_text or "",
+            f"<scenario of session {original.id}>",
+            base_dir=base,
+        )
+        if scenario.transport.kind == "zmq":
+            # Its nodes' records reach the store only through the driver, so what they did
+            # after its last commit is nowhere: resuming would do it again.
+            raise SessionError(
+                f"session {original.id} is a ZeroMQ run: its nodes' records died with its "
+                "driver, so resuming would do again what they did (a NATS run's survive)"
+            )
+        if scenario.transport.kind == "nats":
+            # Whatever its nodes shipped and the dead driver had not stored is still on the
+            # stream: take it in first, so none of it is done twice.
+            from pantheon.runner import import_from_stream
+
+            await import_from_stream(st, original, scenario)
+        policy = Resume()
+        run = Rerun(
+            st,
+            original,
+            policy,
+            kind="resume",
+            truncated=True,
+            approvals=scenario.approvals,
+            origin=origin_of(st, original),
+        )
+        try:
+            summary = await _run(
+                scenario, original, run, on_bus, drain_timeout + scenario.approvals.timeout
+            )
+        except BaseException as exc:
+            await run.fail({"resume_of": original.id, "error": repr(exc)})
+            raise
+        result = ResumeResult(
+            summary,
+            original.id,
+            len(run.inputs),
+            run.runner.served,
+            run.runner.calls,
+            policy.mismatched,
+            tuple(run.tracker.differences),
+        )
+        data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
+        await run.finish("completed" if summary.passed else "failed", data)
+        return result
+
+
+async def _run(
+    scenario: Scenario,
+    original: SessionInfo,
+    run: Rerun,
+    on_bus: Callable[[Bus], None] | None,
+    drain_timeout: float,
+) -> RunSummary:
+    seed = original.seed if original.seed is not None else scenario.seed
+    recorder = run.recorder
+    outbox_dir = run.store.path.parent / "outbox"
+    team = build_team(scenario, seed=seed, outbox_path=outbox_dir / f"{recorder.session_id}.jsonl")
+    run.serve_desk(team.agents.values())
+    observers: list[Observer] = team.of_role(Observer)
+    if sum(o.source is not None for o in observers) > 1:
+        # Which recorded input came from which source is not recorded.
+        raise SessionError(
+            f"session {original.id}: its team reads input through several Observers; "
+            "resume continues one"
+        )
+    # Held back until the recorded inputs are in: the rest of the source comes after them.
+    sources = [(o, o.source) for o in observers]
+    for o, _ in sources:
+        o.source = None
+    inputs = run.inputs
+    started = time.perf_counter()
+    async with Bus(session_id=recorder.session_id) as bus:
+        rec = Recording(bus, recorder, outbox_dir)
+        async with live_run(rec, scenario.name) as live:
+            live.watch(team)
+            run.track(bus)  # before the recorder sees it
+            if on_bus is not None:
+                on_bus(bus)
+            try:
+                await team.attach(bus)
+                await live.attach(bus)
+                await team.check_model()
+                await team.start()
+                await run.feed(bus, drain_timeout)
+                # The recorded inputs count as the Observer's: the summary's inputs are the
+                # whole run's, as the original's would have been.
+                credit_inputs(observers, inputs, getattr(scenario.input, "malformed_topic", None))
+                numbered = _published(inputs)
+                already = len(inputs) if numbered is None else sum(numbered.values())
+                for observer, source in sources:
+                    count = observer.settings.count
+                    left = None if count is None else count - already
+                    if source is None or (left is not None and left <= 0):
+                        continue
+                    observer.source = _skip(source, numbered, already)
+                    observer.ordinals = run.ordinals  # numbered on from the recorded ones
+                    if left is not None:
+                        observer.settings = observer.settings.model_copy(update={"count": left})
+                    observer.done.clear()
+                    await observer.start()
+                for o in observers:
+                    await o.done.wait()
+                await bus.drain(timeout=drain_timeout)
+                await team.stop()
+                await bus.drain(timeout=drain_timeout)
+                summary = summarize(
+                    scenario,
+                    [local_report(bus, team)],
+                    seed=seed,
+                    elapsed=time.perf_counter() - started,
+                    session_id=recorder.session_id,
+                )
+            finally:
+                await team.aclose()
+            await live.close("completed" if summary.passed else "failed")
+    return summary

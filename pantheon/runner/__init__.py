@@ -1,0 +1,61 @@
+"""Running a scenario: building the team, its inputs, the run loop, multi-process runs on
+either transport (ZeroMQ or NATS JetStream), and the report a run ends with.
+
+:func:`run_scenario` is the loop; :func:`recording` puts a run's bus in the session store;
+:func:`build_team` makes the scenario's agents; :func:`cluster_transport` and
+:class:`NodeHost` are the driver's and a node's sides of a multi-process run; a run ends
+with a :class:`RunSummary`, its expectations judged by :func:`judge`. ``pantheon.run`` (the
+user API) and the ``pantheon`` command are built on these.
+"""
+
+from pantheon.runner._build import AgentSetupError, Team, build_team, check_model, team_setup
+from pantheon.runner._inputs import HttpSource, InboxClosed, InboxFull, jsonl_labels
+from pantheon.runner._multiprocess import (
+    ClusterError,
+    NodeHost,
+    cluster_transport,
+    import_from_stream,
+    install_stop_signals,
+    say_control,
+    serve_broker,
+    serve_node,
+)
+from pantheon.runner._report import (
+    RunSummary,
+    accuracy_bounds,
+    expectation_state,
+    judge,
+    local_report,
+    summarize,
+)
+from pantheon.runner._runtime import run_scenario
+from pantheon.runner._session_run import Recording, recording
+
+__all__ = [
+    "AgentSetupError",
+    "ClusterError",
+    "HttpSource",
+    "InboxClosed",
+    "InboxFull",
+    "NodeHost",
+    "Recording",
+    "RunSummary",
+    "Team",
+    "accuracy_bounds",
+    "build_team",
+    "check_model",
+    "cluster_transport",
+    "expectation_state",
+    "import_from_stream",
+    "install_stop_signals",
+    "jsonl_labels",
+    "judge",
+    "local_report",
+    "recording",
+    "run_scenario",
+    "say_control",
+    "serve_broker",
+    "serve_node",
+    "summarize",
+    "team_setup",
+]

@@ -1,0 +1,100 @@
+"""The request digest: a 16-byte hash of what an effect call asked, stored with its record.
+
+A what-if serves a recorded answer to the call that asks what the recorded call asked
+(:class:`~pantheon.rerun.WhatIf`); the digest is how it knows, without keeping the
+arguments. It covers the function and its arguments: the function is as much a part of the
+request as the arguments, and a bound method or a closure carries hidden inputs (a
+Learner's ``observe`` answers from the learner's state, a closure from its cells), so
+calls that differ only there must not look equal.
+
+Encoding: msgpack (msgspec) with dict keys sorted, so two equal requests encode alike
+whatever order their dicts were built in. What msgspec encodes natively (plain data,
+Structs, dataclasses, enums...) is itself. Anything else stands for itself only when it
+can say so stably:
+
+* a named function with no closure cells, a builtin function of a module, a class: its
+  ``module:qualname``;
+* a bound method: its function and the object it is bound to, encoded in turn;
+* ``functools.partial``: its function, arguments and keywords;
+* an object with a ``request_identity()`` method (:class:`agents.RequestIdentity`): what it
+  returns (a model provider says which model behind which server, a tool which function;
+  None, as a rate limiter says, encodes as None: an agent given a limiter asks the same);
+
+anything else (an agent, a random generator, a closure, a lambda: every lambda of a
+function shares one qualname) gives no digest at all, never one
+built from a ``repr`` with an address in it. No digest makes a what-if decide that call by
+the older rule, on the agent's whole configuration.
+
+The marks that keep these apart from data that happens to look the same are msgpack
+extension values, which no plain argument is.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import types
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = ["DIGEST_BYTES", "request_digest"]
+
+#: Bytes of blake2b kept: 128 bits, so two different requests at one position collide with
+#: probability 2**-128.
+DIGEST_BYTES = 16
+
+_FUNCTION = 1
+_BOUND = 2
+_PARTIAL = 3
+_IDENTITY = 4
+
+
+def _name(obj: Any) -> msgspec.msgpack.Ext:
+    return msgspec.msgpack.Ext(_FUNCTION, f"{obj.__module__}:{obj.__qualname__}".encode())
+
+
+def _stand_in(obj: Any) -> Any:
+    """What ``obj``, which msgspec cannot encode, is encoded as; TypeError: nothing stable."""
+    if isinstance(obj, types.FunctionType):
+        if obj.__closure__:
+            raise TypeError("a closure's cells are inputs the digest cannot see")
+        if "<lambda>" in obj.__qualname__:
+            raise TypeError("a lambda's name does not say which one it is")
+        return _name(obj)
+    if isinstance(obj, types.MethodType):
+        return (msgspec.msgpack.Ext(_BOUND, b""), obj.__func__, obj.__self__)
+    if isinstance(obj, types.BuiltinFunctionType):
+        bound = obj.__self__
+        if bound is None or isinstance(bound, types.ModuleType):
+            return _name(obj)
+        return (msgspec.msgpack.Ext(_BOUND, obj.__name__.encode()), bound)
+    if isinstance(obj, type):
+        return _name(obj)
+    if isinstance(obj, functools.partial):
+        return (msgspec.msgpack.Ext(_PARTIAL, b""), obj.func, obj.args, obj.keywords)
+    identity = getattr(type(obj), "request_identity", None)
+    if callable(identity):
+        said = identity(obj)
+        if said is None:  # decides nothing: as if the argument were None
+            return None
+        cls = type(obj)
+        mark = f"{cls.__module__}:{cls.__qualname__}".encode()
+        return (msgspec.msgpack.Ext(_IDENTITY, mark), said)
+    raise TypeError(f"{type(obj).__qualname__} has no stable encoding")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_stand_in, order="deterministic")
+
+
+def request_digest(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> bytes | None:
+    """The digest of calling ``fn(*args, **kwargs)``, or None when some part of it has no
+    stable encoding (see the module docstring). Never raises."""
+    try:
+        blob = _encoder.encode((fn, args, kwargs))
+    except Exception:
+        return None
+    return hashlib.blake2b(blob, digest_size=DIGEST_BYTES).digest()

@@ -1,0 +1,76 @@
+"""The request digest: equal requests digest alike whatever order their dicts were built
+in; what decides an answer (the rules of a rule provider, the server of a model, a tool's
+function, an argument) changes it; what has no stable encoding gives none, never a digest
+of an address."""
+
+from __future__ import annotations
+
+import functools
+import random
+import time
+from typing import Any
+
+from agents import OpenAIProvider, RateLimit, RateLimiter, RuleProvider, tool
+from agents._base import _recorded_chat
+from pantheon.sessions._digest import request_digest
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+
+def paid(order_id: str) -> float:
+    """What was paid."""
+    return 1.0
+
+
+def refunded(order_id: str) -> float:
+    """What was refunded."""
+    return 0.0
+
+
+def chat(provider: Any, messages: Any = MESSAGES, limiter: Any = None) -> bytes | None:
+    return request_digest(_recorded_chat, (provider, messages, {"temperature": 0}, limiter), {})
+
+
+def test_equal_requests_digest_alike_and_any_difference_shows() -> None:
+    a = OpenAIProvider("http://127.0.0.1:1/v1", model="m")
+    same = chat(a)
+    assert same is not None and len(same) == 16
+    reordered = [{"content": m["content"], "role": m["role"]} for m in MESSAGES]
+    assert chat(OpenAIProvider("http://127.0.0.1:1/v1", model="m", api_key="k"), reordered) == same
+    # The limiter decides when a call goes, not what it asks.
+    assert chat(a, limiter=RateLimiter(RateLimit(requests=1))) == same
+    assert chat(OpenAIProvider("http://127.0.0.1:1/v1", model="other")) != same
+    assert chat(OpenAIProvider("http://127.0.0.1:2/v1", model="m")) != same
+    assert chat(a, [*MESSAGES[:1], {"role": "user", "content": "Hi!"}]) != same
+    spam = RuleProvider({"spam": ["(?i)unsubscribe"]})
+    assert chat(spam) == chat(RuleProvider({"spam": ["(?i)unsubscribe"]})) != same
+    assert chat(spam) != chat(RuleProvider({"spam": ["(?i)winner"]}))
+    # A tool is its function; an argument is an argument.
+    args = ({"order_id": "A-1"},)
+    assert request_digest(tool(paid), args, {}) == request_digest(tool(paid), args, {})
+    assert request_digest(tool(paid), args, {}) != request_digest(tool(refunded), args, {})
+    assert request_digest(tool(paid), args, {}) != request_digest(
+        tool(paid), ({"order_id": "A-2"},), {}
+    )
+    # A function and a string that spells its name are not the same argument.
+    assert request_digest(dict, (paid,), {}) != request_digest(dict, (f"{__name__}:paid",), {})
+    assert request_digest(time.time, (), {}) == request_digest(time.time, (), {})
+    assert request_digest(functools.partial(paid, "A-1"), (), {}) is not None
+
+
+class Learner:
+    """An object whose answers come from its state: no request identity."""
+
+    def observe(self, outcome: dict[str, Any]) -> int:
+        return 0
+
+
+def test_what_has_no_stable_encoding_gives_no_digest() -> None:
+    limit = 3
+    assert request_digest(lambda: limit, (), {}) is None  # a closure: its cells are inputs
+    assert request_digest(lambda: 3, (), {}) is None  # a lambda: which one, by name?
+    assert request_digest(Learner().observe, ({"a": 1},), {}) is None
+    assert request_digest(random.Random(1).random, (), {}) is None
+    assert request_digest(dict, (Learner(),), {}) is None
+    assert request_digest(dict, (2**70,), {}) is None  # past msgpack's integers
+    assert request_digest(dict, ({1: "a", "b": 2},), {}) is None  # keys that do not sort
