@@ -39,6 +39,7 @@ from agents._budget import (
     BudgetGuard,
     BudgetLedger,
     BudgetState,
+    BudgetUnavailable,
     budget_guards,
 )
 from agents._cognition import Memory, Planner, Reasoner
@@ -128,6 +129,7 @@ __all__ = [
     "BudgetGuard",
     "BudgetLedger",
     "BudgetState",
+    "BudgetUnavailable",
     "ChatResult",
     "Decision",
     "Effects",
