@@ -102,6 +102,9 @@ class NodeBudgetLink:
         self.node = node
         self._say = say
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        #: Admissions whose asker stopped waiting (its handler was cancelled): the agent, to
+        #: give the reservation back if the driver admits it all the same.
+        self._abandoned: dict[int, str] = {}
         self._next = 0
         self._gone: str | None = None
 
@@ -130,6 +133,8 @@ class NodeBudgetLink:
             answer = await future
         finally:
             self._waiting.pop(rid, None)
+            if op == "admit" and (future.cancelled() or not future.done()):
+                self._abandoned[rid] = agent
         error = answer.get("error")
         if error is not None:
             raise BudgetUnavailable(f"node {self.node!r}, agent {agent!r}: {error}")
@@ -147,6 +152,10 @@ class NodeBudgetLink:
     def answered(self, command: Mapping[str, Any]) -> None:
         rid = command.get("id")
         future = self._waiting.get(rid) if isinstance(rid, int) else None
+        if isinstance(rid, int) and (agent := self._abandoned.pop(rid, None)) is not None:
+            if not {"refused", "error"} & command.keys():
+                self.tell(agent, "release")  # admitted for a call that will not be made
+            return
         if future is None or future.done():
             log.warning("node %s: a budget answer %r, which nobody waits for", self.node, rid)
             return

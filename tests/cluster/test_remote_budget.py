@@ -1,28 +1,45 @@
-"""A run budget holds team-wide on ZeroMQ: two askers on two node processes, each making a
+"""A run budget holds team-wide on ZeroMQ and NATS: two askers on two node processes, each making a
 model call per ticket, are charged to the driver's one ``run`` ledger, so the run stops at
 its N tokens (plus at most the call that crossed it), not at N per node.
 
 Every process is real: ``pantheon run`` (the driver) in a subprocess starts the broker and
-the nodes; the model is the stand-in server of ``pantheon.testing``."""
+the nodes (the NATS server is started here on a free port); the model is the stand-in
+server of ``pantheon.testing``."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 from budget_session import PER_CALL, REPLY, TICKETS, budget_scenario, budget_team
 from cli_run import pantheon
 
+from bus.backends.nats import NatsServer
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, assert_replays
 
 #: The run's budget: 23 tokens, four and a bit calls of 5.
 TOKENS = 23
-NODES = "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n  nodes:\n    one: [asker1]\n" \
-    "    two: [asker2]\n"  # fmt: skip
+PLACEMENT = "  nodes:\n    one: [asker1]\n    two: [asker2]\n"
 
 
-def test_a_run_budget_across_two_nodes_stops_the_team_at_n(tmp_path: Path) -> None:
+@pytest.fixture(params=["zmq", "nats"])
+def transport(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The scenario's ``transport:`` section: a ZeroMQ broker the run starts, or this
+    test's own ``nats-server -js``."""
+    if request.param == "zmq":
+        yield f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
+        return
+    server = NatsServer().start()
+    try:
+        yield f"transport:\n  kind: nats\n  url: {server.url}\n{PLACEMENT}"
+    finally:
+        server.stop()
+
+
+def test_a_run_budget_across_two_nodes_stops_the_team_at_n(tmp_path: Path, transport: str) -> None:
     with ModelServer(reply=REPLY) as server:
         path = budget_scenario(
             budget_team(tmp_path),
@@ -32,7 +49,7 @@ def test_a_run_budget_across_two_nodes_stops_the_team_at_n(tmp_path: Path) -> No
             'listener: {class: "budget_team_mod:Listener"}',
         )
         text = path.read_text(encoding="utf-8").replace("http://127.0.0.1:1/v1", server.base_url)
-        path.write_text(text.replace("\ninput:", f"\n{NODES}input:"), encoding="utf-8")
+        path.write_text(text.replace("\ninput:", f"\n{transport}input:"), encoding="utf-8")
         proc = pantheon("run", path.name, "--json", "--store", "s.db", cwd=tmp_path)
         calls = len(server.requests)
     summary = json.loads(proc.stdout)

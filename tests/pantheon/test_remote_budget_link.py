@@ -84,6 +84,24 @@ async def test_a_lost_node_gives_back_the_reservations_it_held() -> None:
     await relay.aclose()
 
 
+async def test_an_admission_its_asker_gave_up_is_given_back_when_it_comes() -> None:
+    guards, [run] = budget_guards(Budget(tokens=10), {}, ["a", "b"])
+    relay = BudgetRelay(guards, {"one": ["a", "b"]})
+    link = wired(relay, "one")
+    a, b = RemoteBudgetGuard(link, "a"), RemoteBudgetGuard(link, "b")
+    await a.admit()  # in flight: before it settles, it may fill the budget
+    waiting = asyncio.ensure_future(b.admit())
+    await settle_tasks()
+    waiting.cancel()  # b's handler is cancelled (a stop) while its admission waits
+    a.settle(5, 0.0, True)
+    await settle_tasks()
+    # The driver admitted b after all; nobody makes that call, so the node gave it back.
+    assert run.in_flight == 0 and run.tokens == 5
+    await a.admit()
+    a.settle(5, 0.0, True)
+    assert run.tokens == 10 and run.in_flight == 0
+
+
 async def test_a_node_cannot_charge_an_agent_it_does_not_host() -> None:
     guards, _ = budget_guards(Budget(tokens=10), {}, ["a", "b"])
     relay = BudgetRelay(guards, {"one": ["a"], "two": ["b"]})
