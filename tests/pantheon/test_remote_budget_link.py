@@ -65,6 +65,20 @@ async def test_two_nodes_spend_one_run_budget_and_the_first_refusal_is_announced
     assert run.refused == 2
 
 
+async def test_an_agents_budget_holds_across_the_members_of_its_group() -> None:
+    """One agent on two nodes (a group): both members are charged to its one ledger."""
+    guards, [ledger] = budget_guards(None, {"a": Budget(tokens=10)}, ["a"])
+    relay = BudgetRelay(guards, {"one": ["a"], "two": ["a"]})
+    members = [RemoteBudgetGuard(wired(relay, node), "a") for node in ("one", "two")]
+    for member in members:
+        await member.admit()
+        member.settle(5, 0.0, True)
+    for member in members:
+        with pytest.raises(BudgetExceeded, match="budget 'agent:a' spent: 10 of 10 tokens"):
+            await member.admit()
+    assert (ledger.scope, ledger.tokens, ledger.in_flight) == ("agent:a", 10, 0)
+
+
 async def test_a_lost_node_gives_back_the_reservations_it_held() -> None:
     guards, [run] = budget_guards(Budget(tokens=10), {}, ["a", "b"])
     relay = BudgetRelay(guards, {"one": ["a"], "two": ["b"]})
