@@ -45,6 +45,7 @@ from agents._budget import (
     BudgetGuard,
     BudgetLedger,
     BudgetState,
+    BudgetUnavailable,
     budget_guards,
 )
 from agents._cognition import Memory, Planner, Reasoner
@@ -135,6 +136,7 @@ __all__ = [
     "BudgetGuard",
     "BudgetLedger",
     "BudgetState",
+    "BudgetUnavailable",
     "ChatResult",
     "Decision",
     "Effects",

@@ -608,10 +608,9 @@ class Agent:
 
     async def _refused(self, guard: BudgetGuard, exc: BudgetExceeded) -> None:
         """Count a refusal; the first in its scope is published as ``system.budget``."""
-        ledger = guard.refused(exc.scope)
-        if ledger is None or self.bus is None:
+        state = await guard.count_refusal(exc.scope)
+        if state is None or self.bus is None:
             return
-        state = ledger.state()
         await self.emit("system.budget", state.as_dict() | {"agent": self.name})
 
     @property

@@ -17,8 +17,10 @@ Replay. The admission is the effect ``budget.admit``: recorded live, served on r
 replay refuses exactly the calls the run refused, in whatever order its calls finish; the
 spend is counted from the (recorded) answers in both.
 
-Scope. A guard's ledgers live in one process: on ZeroMQ or NATS nodes each process keeps
-its own ``run`` ledger (and each member of a group its own agent ledger).
+Scope. A guard's ledgers live in one process. Under ``pantheon run`` on ZeroMQ or NATS the
+driver keeps them for the whole team: a node's agents are charged to them over the node's
+control channel (``pantheon.runner._budget_relay``), so the ``run`` budget, and an agent's budget
+across a group's members, hold team-wide.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "BudgetGuard",
     "BudgetLedger",
     "BudgetState",
+    "BudgetUnavailable",
     "budget_guards",
 ]
 
@@ -79,6 +82,12 @@ class BudgetExceeded(AgentError, RuntimeError):
         self.scope = rest.partition("'")[0]
 
 
+class BudgetUnavailable(AgentError, RuntimeError):
+    """A model call could not be admitted because its budget's ledgers cannot be reached
+    (a node whose driver is gone): the call fails like any failed effect (retries, then the
+    dead letter queue) rather than spend without a bound."""
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetState:
     """One scope's account, as a run summary reports it."""
@@ -105,6 +114,14 @@ class BudgetState:
             "refused": self.refused,
             "stopped": self.stopped,
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> BudgetState:
+        """The state :meth:`as_dict` gave (``stopped`` is derived, so not read)."""
+        return cls(
+            str(data["scope"]), int(data["tokens"]), float(data["cost_usd"]),
+            data["limit_tokens"], data["limit_cost_usd"], int(data["refused"]),
+        )  # fmt: skip
 
 
 class BudgetLedger:
@@ -233,6 +250,12 @@ class BudgetGuard:
                     ledger.announced = True
                     return ledger
         return None
+
+    async def count_refusal(self, scope: str) -> BudgetState | None:
+        """Count a refusal in ``scope``; its state if it is the scope's first, which the
+        agent publishes as ``system.budget`` (a node's guard asks the driver's ledgers)."""
+        ledger = self.refused(scope)
+        return ledger.state() if ledger is not None else None
 
     def settle(self, tokens: int, cost: float, reserved: bool) -> None:
         for ledger in self.ledgers:

@@ -7,6 +7,7 @@
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
     ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
+    ├── BudgetUnavailable             a model call not admitted: its budget's ledgers unreachable
     ├── MCPServerError                an MCP server failed a start or a tool call
     │   ├── MCPServerUnavailable      it could not be started or reached, or it died
     │   ├── MCPToolTimeout            a call had no answer within its timeout

@@ -31,7 +31,7 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING, Any, Self, TextIO
@@ -125,7 +125,11 @@ class MCPServer:
     Exactly one of ``command`` (a stdio server the run starts: the program and its arguments,
     run in ``cwd`` with ``env`` added to the SDK's safe default environment of PATH, HOME and a
     few more, so the run's secrets are not handed on) or ``url`` (a streamable-HTTP endpoint,
-    ``http://host:port/mcp``). ``allow`` keeps only the tools named (each must exist: a typo
+    ``http://host:port/mcp``). ``headers_env`` gives a ``url`` server HTTP headers sent with
+    every request, each value read from the environment variable named (``{"Authorization":
+    "MCP_TOKEN"}``, the variable holding ``Bearer ...``) when the server starts: a scenario
+    or a record names the variable, never holds the secret; a variable not set fails the
+    start, naming it. ``allow`` keeps only the tools named (each must exist: a typo
     fails the start instead of leaving the model without a tool); ``timeout`` bounds every call
     and ``start_timeout`` the start. ``name`` is how errors and records name the server; by
     default the name the server gives itself, else the command or URL. A stdio server's stderr
@@ -144,6 +148,7 @@ class MCPServer:
         "_command",
         "_cwd",
         "_env",
+        "_headers_env",
         "_holder",
         "_lost",
         "_name",
@@ -164,6 +169,7 @@ class MCPServer:
         url: str | None = None,
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
+        headers_env: Mapping[str, str] | None = None,
         allow: Iterable[str] | None = None,
         timeout: float = DEFAULT_CALL_TIMEOUT,
         start_timeout: float = DEFAULT_START_TIMEOUT,
@@ -186,6 +192,17 @@ class MCPServer:
             raise ValueError(f"MCPServer url must be an http:// or https:// URL, got {url!r}")
         if url is not None and (env is not None or cwd is not None or stderr is not None):
             raise ValueError("MCPServer env=, cwd= and stderr= apply to a stdio server only")
+        if headers_env is not None:
+            if command is not None:
+                raise ValueError("MCPServer headers_env= applies to a url= server only")
+            if not isinstance(headers_env, Mapping) or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v
+                for k, v in headers_env.items()
+            ):
+                raise TypeError(
+                    "MCPServer headers_env must map header names to environment variable "
+                    f"names ({{'Authorization': 'MCP_TOKEN'}}), got {headers_env!r}"
+                )
         for label, seconds in (("timeout", timeout), ("start_timeout", start_timeout)):
             if not seconds > 0:
                 raise ValueError(f"MCPServer {label} must be > 0 seconds, got {seconds!r}")
@@ -194,6 +211,7 @@ class MCPServer:
         self._command = list(command) if command is not None else None
         self._url = url
         self._env = dict(env) if env is not None else None
+        self._headers_env = dict(headers_env) if headers_env else None
         self._cwd = cwd
         self._allow = frozenset(allow) if allow is not None else None
         self._timeout = float(timeout)
@@ -210,10 +228,13 @@ class MCPServer:
 
     def request_identity(self) -> Any:
         """Which server: its command or URL, where it runs and the tools allowed (see
-        :class:`agents.RequestIdentity`); not ``env``, where its credentials go."""
+        :class:`agents.RequestIdentity`); not ``env``, where its credentials go, and of
+        ``headers_env`` only the names (the values are secrets, and change by themselves)."""
         cwd = None if self._cwd is None else os.fspath(self._cwd)
         allow = None if self._allow is None else sorted(self._allow)
-        return (self._command, self._url, cwd, allow)
+        if self._headers_env is None:
+            return (self._command, self._url, cwd, allow)
+        return (self._command, self._url, cwd, allow, sorted(self._headers_env.items()))
 
     @property
     def name(self) -> str:
@@ -244,12 +265,13 @@ class MCPServer:
         name is one a model cannot call."""
         if self._holder is not None:
             raise RuntimeError(f"{self!r} was already started (an MCPServer starts once)")
+        headers = self._headers()
         # Importing the SDK costs about 0.6 s of CPU (pydantic models; 580-600 ms measured on a
         # quiet 2-core machine): in a thread, so a team already running on this loop does not
         # stall for it. A missing extra is an ImportError here, not a failed start.
         await asyncio.to_thread(_import_sdk)
         ready: asyncio.Future[list[MCPTool]] = asyncio.get_running_loop().create_future()
-        self._holder = asyncio.create_task(self._hold(ready), name=f"mcp {self.name}")
+        self._holder = asyncio.create_task(self._hold(ready, headers), name=f"mcp {self.name}")
         try:
             tools = await asyncio.wait_for(asyncio.shield(ready), self._start_timeout)
         except BaseException as exc:
@@ -276,6 +298,22 @@ class MCPServer:
                 raise
             raise error from (None if isinstance(exc, TimeoutError) else exc)
         self._tools = tools
+
+    def _headers(self) -> dict[str, str] | None:
+        """The HTTP headers of ``headers_env``, read from the environment now."""
+        if self._headers_env is None:
+            return None
+        headers: dict[str, str] = {}
+        for header, variable in self._headers_env.items():
+            value = os.environ.get(variable)
+            if value is None:
+                raise MCPServerUnavailable(
+                    f"MCP server {self.name!r} cannot be started: its header {header!r} takes "
+                    f"its value from the environment variable {variable}, which is not set",
+                    server=self.name,
+                )
+            headers[header] = value
+        return headers
 
     def tools(self) -> list[MCPTool]:
         """The server's tools (those ``allow`` keeps), in the server's order."""
@@ -362,13 +400,15 @@ class MCPServer:
 
     # -- the session's task ---------------------------------------------------------------------
 
-    def _new_client(self, errlog: TextIO | None) -> Client:
+    def _new_client(self, errlog: TextIO | None, headers: dict[str, str] | None) -> Client:
         from mcp import Client, StdioServerParameters
         from mcp.client.stdio import stdio_client
 
         if self._command is None:
             assert self._url is not None
-            return Client(self._url)
+            if headers is None:
+                return Client(self._url)
+            return Client(_http_with_headers(self._url, headers))
         params = StdioServerParameters(
             command=self._command[0],
             args=self._command[1:],
@@ -377,11 +417,13 @@ class MCPServer:
         )
         return Client(stdio_client(params, errlog=errlog or sys.stderr))
 
-    async def _hold(self, ready: asyncio.Future[list[MCPTool]]) -> None:
+    async def _hold(
+        self, ready: asyncio.Future[list[MCPTool]], headers: dict[str, str] | None
+    ) -> None:
         """Enter the client, list the tools, and keep the session open until :meth:`aclose`."""
         try:
             with self._stderr_log() as errlog:
-                client = self._new_client(errlog)
+                client = self._new_client(errlog, headers)
                 async with client:
                     self._client = client
                     if self._name is None and client.server_info is not None:
@@ -487,6 +529,19 @@ class MCPServer:
         data = os.pread(fd, STDERR_TAIL, max(0, size - STDERR_TAIL))
         text = data.decode("utf-8", errors="replace").strip()
         return f"; its stderr ends:\n{text}" if text else ""
+
+
+@contextlib.asynccontextmanager
+async def _http_with_headers(url: str, headers: dict[str, str]) -> AsyncIterator[Any]:
+    """The SDK's streamable-HTTP transport on an HTTP client of the SDK's defaults (its
+    timeouts) that sends ``headers`` with every request, closed with the transport."""
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    async with (
+        create_mcp_http_client(headers=headers) as http,
+        streamable_http_client(url, http_client=http) as streams,
+    ):
+        yield streams
 
 
 def _import_sdk() -> None:

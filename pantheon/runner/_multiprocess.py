@@ -63,6 +63,7 @@ from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon.approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
 from pantheon.runner import _takeover
+from pantheon.runner._budget_relay import BUDGET_EVENT, BudgetRelay, NodeBudgetLink
 from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
@@ -575,11 +576,16 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
     also makes the node leave. A start-up failure is sent as ``error`` and raised. The
     agents' approval requests go to the driver and their decisions come back on the same
-    pipes, answered whatever the loop below is doing (:mod:`pantheon.approvals._relay`)."""
+    pipes, answered whatever the loop below is doing (:mod:`pantheon.approvals._relay`);
+    so are their budget admissions, charged to the driver's ledgers
+    (:mod:`pantheon.runner._budget_relay`)."""
     out = out or sys.stdout
     desk = NodeDesk(host.node, functools.partial(say_control, out))
     desk.serve(host.team.agents.values())
-    commands, pump = desk.pump(await _stdin_lines())
+    budget = NodeBudgetLink(host.node, functools.partial(say_control, out))
+    budget.serve(host.team.agents.values())
+    lines, tap = budget.tap(await _stdin_lines())
+    commands, pump = desk.pump(lines)
     if journal:
         host.ship_journal(out)
     try:
@@ -587,6 +593,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     except Exception as exc:
         say_control(out, "error", message=str(exc))
         pump.cancel()
+        tap.cancel()
         with contextlib.suppress(Exception):
             await host.aclose()
         raise
@@ -637,6 +644,7 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 say_control(out, "error", message=f"unknown command {command!r}")
     finally:
         pump.cancel()
+        tap.cancel()
         await host.aclose(drain=not orphaned)
 
 
@@ -866,6 +874,16 @@ def _node_command(
     return cmd
 
 
+def _both(
+    first: Callable[[dict[str, Any]], None], then: Callable[[dict[str, Any]], None]
+) -> Callable[[dict[str, Any]], None]:
+    def handle(event: dict[str, Any]) -> None:
+        first(event)
+        then(event)
+
+    return handle
+
+
 class _Driver:
     """One multi-process run, from spawning the nodes to the merged summary."""
 
@@ -912,7 +930,16 @@ class _Driver:
             outbox_path=(outbox_dir / f"{sid}.jsonl") if outbox_dir else None,
         )
         mine = self.placement.hosts[DRIVER_NODE]
-        self.team = Team({a: full.agents[a] for a in mine}, full.outbox, full.provider)
+        # The team's budget ledgers are the driver's: its own agents are charged to them
+        # directly, the nodes' through the relay, so a budget holds team-wide.
+        self.team = Team(
+            {a: full.agents[a] for a in mine}, full.outbox, full.provider, budgets=full.budgets
+        )
+        guarded = {name: a.budget for name, a in full.agents.items() if name not in mine}
+        self.budgets = BudgetRelay(
+            {name: guard for name, guard in guarded.items() if guard is not None},
+            self.placement.nodes,
+        )
 
     async def spawn(self) -> None:
         sid = self.bus.session_id
@@ -927,7 +954,8 @@ class _Driver:
             child = await _Child.spawn(name, agents, command, f"node {name!r}")
             child.on_journal = self.journal
             child.handlers[APPROVAL_EVENT] = self.approvals.on_request(name, child.send)
-            child.handlers["eof"] = self.approvals.on_lost(name)
+            child.handlers[BUDGET_EVENT] = self.budgets.on_event(name, child.send)
+            child.handlers["eof"] = _both(self.approvals.on_lost(name), self.budgets.on_lost(name))
             self.nodes[name] = child
 
     def _live(self) -> list[_Child]:
@@ -1141,6 +1169,7 @@ class _Driver:
     async def close(self) -> None:
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
         await self.approvals.aclose()  # after the nodes: their pending requests cancelled
+        await self.budgets.aclose()
         await self.team.aclose()
 
 

@@ -74,7 +74,8 @@ class RunSummary:
     budget: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Per budget scope (``run``, ``agent:<name>``): tokens and cost spent, the limits,
     calls ``refused`` and whether the budget ``stopped`` calls; of a multi-process run, the
-    processes' ledgers added up. Empty without a ``budget:`` section."""
+    driver's ledgers (the nodes' agents are charged to them, see ``pantheon.runner._budget_relay``).
+    Empty without a ``budget:`` section."""
     topics: dict[str, int] = field(default_factory=dict)
     """Messages published per topic, each counted once however many processes it crossed."""
     input_errors: list[str] = field(default_factory=list)
@@ -351,8 +352,9 @@ def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _merge_budget(budgets: list[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
-    """One run's budget scopes from its processes': each process keeps its own ledgers, so
-    spend and refusals add up (the limits are the scenario's, the same in each)."""
+    """One run's budget scopes from its processes' reports, spend and refusals added up (the
+    limits are the scenario's, the same in each). Under ``pantheon run`` only the driver's
+    report carries ledgers: the nodes' agents are charged to the driver's."""
     out: dict[str, dict[str, Any]] = {}
     for part in budgets:
         for scope, state in part.items():

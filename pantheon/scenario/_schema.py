@@ -390,8 +390,9 @@ class RateLimitConfig(_Model):
     """Client-side limits on the provider's model calls, as the server meters the key: at
     most ``requests_per_minute`` calls and ``tokens_per_minute`` tokens in any ``window``
     seconds (60 unless a test scales it). Calls over the limit wait their turn, first come
-    first served; a 429 the server still sends is retried after its ``Retry-After``. Each
-    process of the team keeps its own limiter."""
+    first served; a 429 the server still sends is retried after its ``Retry-After`` (by
+    the OpenAI provider's own retries, or the Anthropic SDK's). Each process of the team
+    keeps its own limiter."""
 
     requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     """Calls per window: 1 to 10,000,000."""
@@ -497,6 +498,9 @@ class AnthropicProviderConfig(_Model):
     honouring Retry-After): 0 to 100."""
     max_connections: Annotated[int, Field(ge=1, le=1024)] = 32
     """Connections open to the server at once: 1 to 1024."""
+    rate_limit: RateLimitConfig | None = None
+    """Requests and tokens per minute this team may send (see :class:`RateLimitConfig`); a
+    429 past it is the SDK's to retry, after the server's Retry-After."""
 
 
 class CustomProviderConfig(_Model):

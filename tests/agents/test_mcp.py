@@ -239,6 +239,103 @@ async def test_a_streamable_http_server_by_url(
             await find({"query": "stream"})
 
 
+#: The notes server over streamable HTTP behind a check of the Authorization header: a
+#: request without the token is answered 401 before it reaches the MCP app.
+GUARDED = """\
+import sys
+
+import uvicorn
+
+from pantheon.testing.mcp_notes import build_server
+
+db, port, token = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+app = build_server(db).streamable_http_app(host="127.0.0.1")
+
+
+async def guarded(scope, receive, send):
+    if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != token.encode():
+        await send({"type": "http.response.start", "status": 401, "headers": []})
+        await send({"type": "http.response.body", "body": b"no token"})
+        return
+    await app(scope, receive, send)
+
+
+uvicorn.run(guarded, host="127.0.0.1", port=port, log_level="warning")
+"""
+TOKEN = "Bearer s3cret-notes"
+
+
+@pytest.fixture
+def guarded_notes(tmp_path: Path) -> Iterator[str]:
+    """The notes server over streamable HTTP, answering only requests carrying
+    ``Authorization: TOKEN``: its URL."""
+    script = tmp_path / "guarded.py"
+    script.write_text(GUARDED, encoding="utf-8")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = (tmp_path / "guarded.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path / "notes.sqlite"), str(port), TOKEN],
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        deadline = time.monotonic() + UP_WITHIN
+        while True:
+            assert proc.poll() is None, (tmp_path / "guarded.log").read_text()
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the guarded notes server did not come up"
+                time.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+        log.close()
+
+
+async def test_a_url_server_gets_its_headers_from_the_environment(
+    guarded_notes: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("NOTES_TOKEN", TOKEN)
+    server = MCPServer(url=guarded_notes, headers_env={"Authorization": "NOTES_TOKEN"})
+    async with server:
+        add, find, _read = server.tools()
+        assert await add({"title": "Auth", "text": "by header"}) == {"id": 1}
+        assert (await find({"query": "header"}))["notes"][0]["title"] == "Auth"
+    # What a record keeps of the server names the variable, never holds its value.
+    identity = repr(server.request_identity())
+    assert "NOTES_TOKEN" in identity and "s3cret" not in identity and "s3cret" not in repr(server)
+
+    # The check is real: without the header the server refuses the start.
+    with pytest.raises(MCPServerUnavailable, match="could not be started: MCPError"):
+        await MCPServer(url=guarded_notes).start()
+
+
+async def test_a_header_whose_variable_is_not_set_fails_the_start_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("NOTES_TOKEN", raising=False)
+    server = MCPServer(url="http://127.0.0.1:1/mcp", headers_env={"Authorization": "NOTES_TOKEN"})
+    with pytest.raises(MCPServerUnavailable) as info:
+        await server.start()
+    assert str(info.value) == (
+        "MCP server 'http://127.0.0.1:1/mcp' cannot be started: its header 'Authorization' "
+        "takes its value from the environment variable NOTES_TOKEN, which is not set"
+    )
+    # Nothing was started: setting the variable and starting again is a plain start.
+    assert server._holder is None
+
+
+def test_a_server_without_headers_keeps_its_identity() -> None:
+    """Sessions recorded before headers_env digest a URL server as they did."""
+    server = MCPServer(url="http://h/mcp", allow=["find_notes"])
+    assert server.request_identity() == (None, "http://h/mcp", None, ["find_notes"])
+
+
 async def test_nothing_listens_at_the_url() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -260,6 +357,8 @@ async def test_nothing_listens_at_the_url() -> None:
         ({"command": ["x"], "timeout": 0}, ValueError, "timeout must be > 0"),
         ({"command": ["x"], "start_timeout": -1}, ValueError, "start_timeout must be > 0"),
         ({"command": ["x"], "allow": "find_notes"}, TypeError, "list of tool names"),
+        ({"command": ["x"], "headers_env": {"A": "B"}}, ValueError, "url= server only"),
+        ({"url": "http://h/mcp", "headers_env": {"A": ""}}, TypeError, "environment variable"),
     ],
 )
 def test_bad_settings_are_refused_when_made(
