@@ -114,8 +114,12 @@ _IDLE_SHARE = 0.1
 #: message's payload alive until its batch is committed (~50-70 ms), so allocations outrun
 #: frees and the default made the collector run ten times as often and promote what it
 #: found to older generations: 18% of a recorded nine-agent pipeline's time (122 ms of GC in
-#: a 3,000-email run against 11 ms unrecorded; 27 ms at this threshold).
-_GC_GEN0 = 10_000
+#: a 3,000-email run against 11 ms unrecorded). At 10,000 a run still saw 5-6 collections of
+#: the young generation, each traversing the ~10,000 payload objects the recording held
+#: (2-7 ms apiece, 11-55 ms of GC per run with the older generations they fed); at 50,000
+#: it sees none in the run's 0.6 s (a 3,000-email run allocates ~50,000 net), and a cycle
+#: of garbage waits for at most that many allocations (a few MB).
+_GC_GEN0 = 50_000
 
 
 class _GcTuning:
