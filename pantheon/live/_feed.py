@@ -8,9 +8,10 @@ Cost to the run, and why it is arranged this way:
 * Dead letters and breaker transitions are rare; the feed keeps the last few of each from
   the bus's listeners.
 * Recent traces need per-message data the counters do not have (which delivery of which
-  request started and ended when), so the feed chains the bus's delivery listener with one
-  append of a tuple to a bounded ring. That append is the only per-message work; a feed
-  made with ``trace_ring=0`` does none and shows no traces.
+  request started and ended when), so the feed's delivery listener is a bounded ring's own
+  ``append``, keeping the bus's :class:`~bus.Delivery` as it is (a C call, no Python frame).
+  That append is the only per-message work; a feed made with ``trace_ring=0`` does none and
+  shows no traces.
 * Model usage (calls, tokens, cost per agent) is what the agents count anyway: the feed
   asks the run's ``usage`` callable once per snapshot and adds nothing to a model call, or
   to a run that makes none.
