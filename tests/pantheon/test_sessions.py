@@ -568,3 +568,21 @@ def test_a_multi_process_driver_materializes_only_on_a_spare_core(
     assert alone._loop_idle(now + 0.06)  # a single-process run looks at its loop only
     idle_s[0] += 0.06  # a whole core idle over the next 60 ms
     assert driver._loop_idle(now + 0.12)
+
+
+def test_a_new_session_id_that_is_taken_is_drawn_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two sessions begun in one second draw from 65,536 suffixes: a clash is drawn again,
+    never an error (a replay and a what-if of one session met one in CI)."""
+    from pantheon.sessions import _store
+
+    drawn = iter(["20261128-040635-d05a", "20261128-040635-d05a", "20261128-040635-0001"])
+    monkeypatch.setattr(_store, "new_session_id", lambda: next(drawn))
+    with SessionStore(tmp_path / "s.db") as store:
+        first = store.begin_session(scenario="a")
+        second = store.begin_session(scenario="b")
+        assert (first, second) == ("20261128-040635-d05a", "20261128-040635-0001")
+        store.end_session(first, "completed")
+        with pytest.raises(StoreError, match="already exists"):
+            store.begin_session("20261128-040635-d05a", scenario="c")
