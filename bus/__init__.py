@@ -16,7 +16,7 @@ from bus._config import (
     Retry,
 )
 from bus._decode import DEFAULT_MAX_DECODE_BYTES, UntrustedDecoder
-from bus._dlq import DeadLetter, DeadLetterQueue, DeadLetterRecord
+from bus._dlq import DeadLetter, DeadLetterQueue, DeadLetterReason, DeadLetterRecord
 from bus._envelope import Envelope
 from bus._errors import (
     BusClosedError,
@@ -66,6 +66,7 @@ __all__ = [
     "Clock",
     "DeadLetter",
     "DeadLetterQueue",
+    "DeadLetterReason",
     "DeadLetterRecord",
     "DecodeError",
     "Delivery",

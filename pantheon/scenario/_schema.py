@@ -36,7 +36,7 @@ from pydantic import (
 
 import bus
 from agents import Actor, Budget, Learner, Observer, OutcomeSpec, RateLimit
-from bus import validate_pattern
+from bus import DeadLetterReason, validate_pattern
 from pantheon._imports import (
     INPUT_GROUP,
     PROVIDER_GROUP,
@@ -1118,18 +1118,7 @@ _AccuracyBound = Annotated[
     Discriminator(_p99_kind),
 ]
 
-#: Why a message is dead-lettered: the bus's reasons (``bus._dlq.REASONS``) and the
-#: ZeroMQ transport's ``node_lost``, and ``budget`` (a model call refused by a spent budget).
-DeadLetterReason = Literal[
-    "failed",
-    "circuit_open",
-    "shed",
-    "filter_error",
-    "bus_closed",
-    "unsubscribed",
-    "node_lost",
-    "budget",
-]
+#: Why a message is dead-lettered (:data:`bus.DeadLetterReason`, where the list is kept).
 DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
 
 #: A topic, or a token pattern over topics as subscriptions take them (``action.*``,
