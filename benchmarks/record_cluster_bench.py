@@ -107,6 +107,8 @@ def scenario_file(name: str, tmp: Path, emails: int | None, rate: float | None) 
         doc["input"]["path"] = str((shipped.parent / doc["input"]["path"]).resolve())
     if rate is not None:
         doc["input"]["rate"] = rate
+    # The team's own package (scenarios/support/) is imported from the scenario's folder.
+    doc["path"] = [str(shipped.parent), *doc.get("path", [])]
     out = tmp / shipped.name
     out.write_text(yaml.safe_dump(doc, sort_keys=False))
     return out

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus import current_envelope, current_subscription
+from bus._worker import current as _current
 from pantheon.sessions._codec import encode
 from pantheon.sessions._digest import request_digest
 from pantheon.sessions._errors import RecordedError
@@ -112,6 +112,11 @@ class EffectsContext(msgspec.Struct, array_like=True, dict=True):
     def wrap(cls, runner: RecordingEffects) -> EffectsContext:
         ctx = cls()
         ctx.runner = runner
+        # The runner's own bound method in the instance's ``__dict__``, where it shadows the
+        # forwarding ``effect`` below: one Python frame less per call (~20,000 calls in a
+        # 3,000-email pipeline run; a recorded call's CPU over a live one's went from 2.19
+        # to 1.86 µs, min of 7 x 30,000 calls on a loaded machine).
+        vars(ctx)["effect"] = runner.effect
         return ctx
 
     # Plain functions handing back the runner's coroutine: a forwarding ``async def`` is one
@@ -157,11 +162,13 @@ class RecordingEffects:
         self.calls = 0
 
     def _key(self) -> tuple[int, str | None, int]:
-        env = current_envelope()
-        if env is None:
+        # The bus's own context variable, read once (``current_envelope`` and
+        # ``current_subscription`` would read it twice; ~20,000 calls a pipeline run).
+        running = _current.get()
+        if running is None or running.env is None:
             key: tuple[int, str | None] = (0, None)
         else:
-            key = (env.id, current_subscription())
+            key = (running.env.id, running.sub.name)
         ordinals = self._ordinals
         n = ordinals.pop(key, 0)
         # Re-insert at the end: the dict's order is least recently used first.

@@ -546,3 +546,29 @@ def test_a_late_ticker_keeps_the_writer_from_materializing(tmp_path: Path) -> No
     assert not writer._loop_idle(now + 0.12)  # opens the next window
     writer.loop_late = 0.02
     assert writer._loop_idle(now + 0.18)  # next to no CPU: idle however late the ticker
+
+
+@pytest.mark.skipif(not hasattr(time, "pthread_getcpuclockid"), reason="no per-thread CPU clock")
+def test_a_multi_process_driver_materializes_only_on_a_spare_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The driver's loop idles while its nodes work; on one machine its materializing takes
+    # their cores, so the machine's idle time decides too. Fake times as above; the
+    # machine's idle CPU seconds are given.
+    from pantheon.sessions import _recorder
+
+    idle_s = [100.0]
+    monkeypatch.setattr(_recorder, "_machine_idle_s", lambda: idle_s[0])
+    driver = _Writer(
+        tmp_path / "d.db", "NORMAL", "d", time.time(), time.monotonic_ns(), nodes=["a"]
+    )
+    alone = _Writer(tmp_path / "s.db", "NORMAL", "s", time.time(), time.monotonic_ns())
+    for writer in (driver, alone):
+        writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
+    now = time.monotonic()
+    assert not driver._loop_idle(now) and not alone._loop_idle(now)  # open the windows
+    idle_s[0] += 0.006  # 0.1 of a core idle over 60 ms: the nodes keep the machine busy
+    assert not driver._loop_idle(now + 0.06)
+    assert alone._loop_idle(now + 0.06)  # a single-process run looks at its loop only
+    idle_s[0] += 0.06  # a whole core idle over the next 60 ms
+    assert driver._loop_idle(now + 0.12)
