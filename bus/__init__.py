@@ -45,7 +45,7 @@ from bus._sched import SchedulingStats
 from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Receipt, Transport
-from bus._worker import current_envelope, current_subscription
+from bus._worker import current_envelope, current_handler, current_subscription
 
 __all__ = [
     "DEFAULT_BLOCK_TIMEOUT",
@@ -96,6 +96,7 @@ __all__ = [
     "TransportError",
     "UntrustedDecoder",
     "current_envelope",
+    "current_handler",
     "current_subscription",
     "is_sampled",
     "matches",
