@@ -16,7 +16,7 @@ from bus._config import (
     Retry,
 )
 from bus._decode import DEFAULT_MAX_DECODE_BYTES, UntrustedDecoder
-from bus._dlq import DeadLetter, DeadLetterQueue, DeadLetterRecord
+from bus._dlq import DeadLetter, DeadLetterQueue, DeadLetterReason, DeadLetterRecord
 from bus._envelope import Envelope
 from bus._errors import (
     BusClosedError,
@@ -45,7 +45,7 @@ from bus._sched import SchedulingStats
 from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Receipt, Transport
-from bus._worker import current_envelope, current_subscription
+from bus._worker import current_envelope, current_handler, current_subscription
 
 __all__ = [
     "DEFAULT_BLOCK_TIMEOUT",
@@ -66,6 +66,7 @@ __all__ = [
     "Clock",
     "DeadLetter",
     "DeadLetterQueue",
+    "DeadLetterReason",
     "DeadLetterRecord",
     "DecodeError",
     "Delivery",
@@ -95,6 +96,7 @@ __all__ = [
     "TransportError",
     "UntrustedDecoder",
     "current_envelope",
+    "current_handler",
     "current_subscription",
     "is_sampled",
     "matches",

@@ -51,7 +51,7 @@ from bus._sched import LoopScheduling
 from bus._subscription import Ledger, Subscription, as_async
 from bus._topics import validate_pattern
 from bus._transport import BusPort, InProcessTransport, Transport
-from bus._worker import current, work
+from bus._worker import current_handler, work
 
 __all__ = ["Bus"]
 
@@ -368,7 +368,7 @@ class Bus:
         # which costs one identity test, a third of the range comparison plain ints get.
         if priority.__class__ is not Priority and not 0 <= priority <= 2:
             raise ValueError(f"priority must be 0, 1 or 2 (bus.Priority), got {priority!r}")
-        worker = current.get()
+        worker = current_handler.get()
         if cause is None and worker is not None:
             cause = worker.env
         if cause is None:

@@ -11,7 +11,7 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, fields
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self, get_args
 
 from bus._envelope import Envelope
 
@@ -139,15 +139,20 @@ def _repeats(repeated: int) -> str:
     return f"  [Previous line repeated {more} more time{'s' if more > 1 else ''}]\n"
 
 
-REASONS = (
+#: Why a message is dead-lettered: the bus's reasons, the agents' ``budget`` (a model call
+#: refused by a spent budget, a refusal's own reason) and the ZeroMQ transport's
+#: ``node_lost``. Defined once, here: a scenario's expectations name these.
+DeadLetterReason = Literal[
     "failed",
     "circuit_open",
     "shed",
     "filter_error",
     "bus_closed",
     "unsubscribed",
+    "node_lost",
     "budget",
-)
+]
+REASONS: tuple[DeadLetterReason, ...] = get_args(DeadLetterReason)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,7 @@ from bus._metrics import Histogram
 from bus._subscription import Subscription, give_back
 from bus._transport import Receipt
 
-__all__ = ["current_envelope", "current_subscription", "work"]
+__all__ = ["current_envelope", "current_handler", "current_subscription", "work"]
 
 #: A worker that has held the loop this long without suspending yields to it, so a
 #: subscriber whose handler never suspends cannot starve the others. A time budget rather
@@ -73,21 +73,24 @@ class Running:
         self.env: Envelope | None = None
 
 
-#: Set in each worker's task; ``None`` elsewhere.
-current: contextvars.ContextVar[Running | None] = contextvars.ContextVar(
+#: Set in each worker's task; ``None`` elsewhere. Public for a caller on the hot path that
+#: needs both the envelope and the subscription (a recorded effect, ~20,000 a pipeline run):
+#: one read of the context, where a helper returning both cost 0.11 µs more a call (98 vs
+#: 210 ns, min of 7 x 200,000).
+current_handler: contextvars.ContextVar[Running | None] = contextvars.ContextVar(
     "pantheon_bus_worker", default=None
 )
 
 
 def current_envelope() -> Envelope | None:
     """The envelope whose handler is running in this task, or ``None`` outside handlers."""
-    running = current.get()
+    running = current_handler.get()
     return None if running is None else running.env
 
 
 def current_subscription() -> str | None:
     """The name of the subscription whose handler is running in this task, or ``None``."""
-    running = current.get()
+    running = current_handler.get()
     return None if running is None else running.sub.name
 
 
@@ -101,7 +104,7 @@ def _cancelling() -> int:
 async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     """One worker of ``sub``, until cancelled."""
     running = Running(sub)
-    current.set(running)
+    current_handler.set(running)
     q0, q1, q2 = sub.queues
     handler = sub.handler
     breaker = sub.breaker

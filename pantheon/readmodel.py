@@ -52,7 +52,7 @@ from agents import (
     UsageMeter,
     total_usage,
 )
-from bus import DeadLetterRecord, matches, validate_pattern
+from bus import BreakerChange, DeadLetterRecord, matches, validate_pattern
 from pantheon.sessions import (
     NodeJournal,
     SessionInfo,
@@ -162,17 +162,26 @@ class HopLatency:
     handle_p99_ms: float
 
 
-@dataclass(frozen=True, slots=True)
-class BreakerEvent:
-    """A circuit breaker changed state (``closed``/``open``/``half_open``) at ``t_s``."""
+class BreakerEvent(BreakerChange, frozen=True):
+    """A circuit breaker changed state (``closed``/``open``/``half_open``): the bus's change,
+    ``t_s`` seconds from the session's start, in process ``node`` (multi-process sessions
+    only; ``None``: the recording process). A finished session's (:func:`breaker_timeline`)
+    and a live feed's (``pantheon.live``) breaker events are both this."""
 
     t_s: float
-    name: str
-    old: str
-    new: str
-    reason: str | None
     node: str | None = None
-    """The process whose breaker it was (multi-process sessions only)."""
+
+    @property
+    def name(self) -> str:
+        """The breaker's name (what the dashboards' columns call it)."""
+        return self.breaker
+
+    @classmethod
+    def of(cls, change: BreakerChange, *, t_s: float, node: str | None) -> BreakerEvent:
+        """``change`` (the bus's event, or a recorded transition) at ``t_s`` in ``node``."""
+        return cls(
+            change.time, change.breaker, change.old, change.new, change.reason, t_s=t_s, node=node
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -602,7 +611,7 @@ def breaker_timeline(store: SessionStore, sid: str) -> list[BreakerEvent]:
     info, _, origin = _load(store, sid)
     node = _node_of(store, info)
     return [
-        BreakerEvent(origin.wall_s(t.time), t.name, t.old, t.new, t.reason, node(t.node))
+        BreakerEvent.of(t, t_s=origin.wall_s(t.time), node=node(t.node))
         for t in store.breaker_transitions(info.id)
     ]
 

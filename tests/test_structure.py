@@ -1,20 +1,50 @@
 """The tree shows the architecture (#28): pantheon/ is a few top-level modules beside its
 rooms (``cli``, ``runner``, ``approvals``, ``rerun``...), no modules import one another in a
-circle, and no module reaches into another package's private modules. Read from the source
-with ``ast``: a lazy import inside a function counts, ``if TYPE_CHECKING:`` does not."""
+circle, no module reaches into another package's private modules, and every room is entered
+only through its faces (its ``__init__``, or a module without a leading ``_`` such as
+``pantheon.scenario.internals``). Read from the source with ``ast``: a lazy import inside a
+function counts, ``if TYPE_CHECKING:`` does not."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from import_graph import ROOT, cycles, imports_of, modules, private_owner, read_graph
+from import_graph import (
+    ROOT,
+    Import,
+    cycles,
+    imports_of,
+    modules,
+    private_owner,
+    read_graph,
+)
 
 #: Top-level modules pantheon/ may have beside its sub-packages (``__init__`` counted).
 MAX_TOP_LEVEL = 8
-#: The rooms the flat pantheon/ was split into: every other module uses them through their
-#: package's face (its ``__init__``), never through one of their private modules.
-ROOMS = ("pantheon.cli", "pantheon.runner", "pantheon.approvals")
+
+
+def rooms(root: Path = ROOT) -> list[str]:
+    """pantheon's rooms: its sub-packages."""
+    return sorted(
+        f"pantheon.{p.name}" for p in (root / "pantheon").iterdir() if (p / "__init__.py").is_file()
+    )
+
+
+def entered_behind_faces(edges: Iterable[Import], known_rooms: Iterable[str]) -> list[str]:
+    """Every import of a room's private module (or of a private name in one) by a module
+    outside that room, described as ``source:line imports target``."""
+    problems = []
+    for e in edges:
+        owner = private_owner(e.target)
+        if owner is None:
+            continue
+        for room in known_rooms:
+            inside = owner == room or owner.startswith(f"{room}.")
+            if inside and e.source != room and not e.source.startswith(f"{room}."):
+                problems.append(f"{e.source}:{e.line} imports {e.target}")
+    return problems
 
 
 def test_pantheon_is_a_few_modules_beside_its_rooms() -> None:
@@ -38,15 +68,10 @@ def test_no_module_imports_another_package_s_private_module() -> None:
     assert problems == []
 
 
-def test_the_rooms_are_entered_through_their_faces() -> None:
-    problems = [
-        f"{e.source}:{e.line} imports {e.target}"
-        for e in read_graph()
-        if (owner := private_owner(e.target)) in ROOMS
-        and e.source != owner
-        and not e.source.startswith(f"{owner}.")
-    ]
-    assert problems == []
+def test_every_room_is_entered_through_its_faces() -> None:
+    found = rooms()
+    assert {"pantheon.scenario", "pantheon.sessions", "pantheon.rerun"} <= set(found)
+    assert entered_behind_faces(read_graph(), found) == []
 
 
 # -- the checks themselves ---------------------------------------------------------------------
@@ -106,6 +131,29 @@ def test_a_module_importing_its_own_package_s_siblings_is_no_circle(tmp_path: Pa
         "pantheon/x/_o.py": "",
     }
     assert circles_in(tmp_path, files) == []
+
+
+def test_a_room_s_private_module_is_refused_to_every_other_module(tmp_path: Path) -> None:
+    files = {
+        "pantheon/__init__.py": "",
+        "pantheon/_api.py": "from pantheon.x._n import g\n",
+        "pantheon/x/__init__.py": "from pantheon.x._n import g\n",
+        "pantheon/x/_n.py": "from pantheon.x.sub._deep import h\n",
+        "pantheon/x/sub/__init__.py": "",
+        "pantheon/x/sub/_deep.py": "",
+        "pantheon/x/internals.py": "from pantheon.x._n import g\n",
+        "pantheon/y/__init__.py": "from pantheon.x import g\n",
+        "pantheon/y/_m.py": "from pantheon.x.internals import g\nfrom pantheon.x._n import _k\n",
+        "pantheon/y/_o.py": "def f():\n    from pantheon.x.sub import _deep\n",
+    }
+    tree(tmp_path, files)
+    found = rooms(tmp_path)
+    assert found == ["pantheon.x", "pantheon.y"]
+    assert entered_behind_faces(read_graph(tmp_path, ["pantheon"]), found) == [
+        "pantheon._api:1 imports pantheon.x._n",
+        "pantheon.y._m:2 imports pantheon.x._n._k",
+        "pantheon.y._o:2 imports pantheon.x.sub._deep",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -55,7 +55,7 @@ from dashboard.tui._format import (
     waterfall_text,
 )
 from dashboard.tui._sources import Source
-from pantheon.live import DeadLetterView, Hop, HopLatency, Series, Snapshot, Trace
+from pantheon.live import DeadLetterView, HopBar, HopLatency, Series, Snapshot, Trace
 from pantheon.sessions import Approval, SessionError
 
 __all__ = ["DeadLetterScreen", "MonitorApp", "TimelineScreen"]
@@ -685,7 +685,7 @@ class TimelineScreen(Screen[None]):
     def __init__(self, trace: Trace) -> None:
         super().__init__()
         self.trace = trace
-        self.hops: tuple[Hop, ...] | None = None
+        self.hops: tuple[HopBar, ...] | None = None
 
     def compose(self) -> ComposeResult:
         t = self.trace
@@ -700,7 +700,7 @@ class TimelineScreen(Screen[None]):
             yield Static("loading...", id="waterfall")
         yield Footer()
 
-    def show(self, hops: tuple[Hop, ...]) -> None:
+    def show(self, hops: tuple[HopBar, ...]) -> None:
         self.hops = hops
         self._draw()
 

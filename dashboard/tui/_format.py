@@ -9,7 +9,7 @@ from typing import Any
 from rich.text import Text
 
 from agents import AgentUsage, BudgetState
-from pantheon.live import Hop, OutcomeTally, Snapshot
+from pantheon.live import HopBar, OutcomeTally, Snapshot
 from pantheon.readmodel import SessionUsage, usd
 
 __all__ = [
@@ -134,7 +134,7 @@ def payload_text(payload: Any) -> str:
         return repr(payload)
 
 
-def waterfall_text(hops: Sequence[Hop], width: int) -> Text:
+def waterfall_text(hops: Sequence[HopBar], width: int) -> Text:
     """One line per delivery of a request: the agent, then on a shared time axis its queue
     wait (``░``, from publish to pick-up) and handling (``█``; red when it failed), then
     both in ms. The axis spans the request, first publish to last handling end."""

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from pantheon.live import (
     FeedClosed,
-    Hop,
+    HopBar,
     LiveClient,
     RedriveResult,
     Snapshot,
@@ -42,7 +42,7 @@ class Source(Protocol):
         """Snapshots, newest first-come; ends when there will be no more."""
         ...
 
-    async def waterfall(self, trace: Trace) -> tuple[Hop, ...]: ...
+    async def waterfall(self, trace: Trace) -> tuple[HopBar, ...]: ...
 
     async def redrive(self, entry_id: int) -> str:
         """Redrive one dead letter; a line saying what happened (raises on refusal)."""
@@ -89,7 +89,7 @@ class StoreSource:
             else:
                 await self._changed.wait()
 
-    async def waterfall(self, trace: Trace) -> tuple[Hop, ...]:
+    async def waterfall(self, trace: Trace) -> tuple[HopBar, ...]:
         return await asyncio.to_thread(
             trace_from_store, self._store, self.session_id, trace.correlation_id
         )
@@ -128,7 +128,7 @@ class LiveSource:
                 self._last = snap
                 yield snap
 
-    async def waterfall(self, trace: Trace) -> tuple[Hop, ...]:
+    async def waterfall(self, trace: Trace) -> tuple[HopBar, ...]:
         return await _waterfall(trace, self._last, self._store)
 
     async def redrive(self, entry_id: int) -> str:
@@ -150,7 +150,7 @@ class LiveSource:
 
 async def _waterfall(
     trace: Trace, last: Snapshot | None, store: StoreSource | None
-) -> tuple[Hop, ...]:
+) -> tuple[HopBar, ...]:
     if trace.hops is not None:
         return trace.hops
     if store is None or last is None or last.live:

@@ -444,7 +444,21 @@ def _breakers(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     st.markdown(f"**{len(events)} breaker transition(s)**")
     st.altair_chart(_charts.breaker_chart(events, end), width="stretch")
     st.dataframe(
-        _without_empty_node(pd.DataFrame([asdict(e) for e in events])),
+        _without_empty_node(
+            pd.DataFrame(
+                [
+                    {
+                        "t_s": e.t_s,
+                        "name": e.name,
+                        "old": e.old,
+                        "new": e.new,
+                        "reason": e.reason,
+                        "node": e.node,
+                    }
+                    for e in events
+                ]
+            )
+        ),
         hide_index=True,
         key="breaker_table",
     )

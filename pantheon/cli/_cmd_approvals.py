@@ -133,7 +133,7 @@ def resume(
     """Finish a run whose process died: re-run its recorded inputs serving the recorded
     effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
     "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
-    from pantheon.rerun._resume import resume as resume_run
+    from pantheon.rerun.resume import resume as resume_run
 
     path = resolve_store_path(store)
     try:

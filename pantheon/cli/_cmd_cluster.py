@@ -29,7 +29,7 @@ from rich.markup import escape
 
 from pantheon.cli._common import fail, run_async
 from pantheon.scenario import ROLES
-from pantheon.scenario._schema import bind_is_local
+from pantheon.scenario.internals import bind_is_local
 
 __all__ = ["register"]
 

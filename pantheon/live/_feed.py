@@ -47,7 +47,7 @@ from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
 from pantheon.live._snapshot import (
     BreakerState,
     Hello,
-    Hop,
+    HopBar,
     HopLatency,
     OutcomeTally,
     Redrive,
@@ -261,9 +261,7 @@ class LiveFeed:
         self._dead: deque[DeadLetter] = deque(maxlen=max_dead_letters)
         self._dead_seen = 0
         self._redriven: set[int] = set()
-        self._breaker_events: deque[tuple[int, str, str, str, str]] = deque(
-            maxlen=_MAX_BREAKER_EVENTS
-        )
+        self._breaker_events: deque[tuple[int, BreakerEvent]] = deque(maxlen=_MAX_BREAKER_EVENTS)
         self._breaker_reason: dict[str, str] = {}
         self._ring: deque[Delivery] = deque(maxlen=trace_ring)
         self._trace_ring = trace_ring
@@ -457,7 +455,7 @@ class LiveFeed:
         self._dead_seen += 1
 
     def _on_breaker(self, ev: BreakerEvent) -> None:
-        self._breaker_events.append((time.monotonic_ns(), ev.breaker, ev.old, ev.new, ev.reason))
+        self._breaker_events.append((time.monotonic_ns(), ev))
         self._breaker_reason[ev.breaker] = ev.reason
 
     # -- ticking -------------------------------------------------------------------------------
@@ -543,8 +541,8 @@ class LiveFeed:
             breakers=self._breakers(),
             breaker_events=tuple(
                 # A breaker of this bus: the feed runs in the driver of a multi-process run.
-                readmodel.BreakerEvent((t - origin) / 1e9, name, old, new, reason, self._here)
-                for t, name, old, new, reason in self._breaker_events
+                readmodel.BreakerEvent.of(ev, t_s=(t - origin) / 1e9, node=self._here)
+                for t, ev in self._breaker_events
             ),
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
@@ -655,7 +653,7 @@ class LiveFeed:
             root = min((d.envelope for d in items), key=lambda env: (env.id != cid, env.hops))
             items.sort(key=lambda d: (d.started, d.envelope.hops, d.subscriber))
             hops = tuple(
-                Hop(
+                HopBar(
                     envelope_id=d.envelope.id,
                     causation_id=d.envelope.causation_id,
                     topic=d.envelope.topic,

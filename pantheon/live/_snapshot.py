@@ -10,12 +10,14 @@ Conventions follow :mod:`pantheon.readmodel`: times are offsets from the session
 envelope (``t_s`` seconds, ``*_ms`` milliseconds) and an *agent* is a subscription name
 (but an agent's name where model usage is concerned).
 
-The model usage section, the breaker events and the dead letters are the read model's own
-:class:`~pantheon.readmodel.SessionUsage`, :class:`~pantheon.readmodel.BreakerEvent` and
-:class:`~pantheon.readmodel.DeadLetterView` (frozen dataclasses, which msgspec encodes as it
-does Structs; the dead letter is the bus's :class:`~bus.DeadLetterRecord` with a view's
-fields) rather than copies of them: one type for both sources, so a live and a recorded
-session cannot disagree on what these are.
+The model usage section, the breaker events, a request's hops and the dead letters are the
+read model's own :class:`~pantheon.readmodel.SessionUsage`,
+:class:`~pantheon.readmodel.BreakerEvent`, :class:`~pantheon.readmodel.HopBar` and
+:class:`~pantheon.readmodel.DeadLetterView` (the breaker event a Struct, the others frozen
+dataclasses, which msgspec encodes as it does Structs; the dead letter is the bus's
+:class:`~bus.DeadLetterRecord` and the breaker event the bus's :class:`~bus.BreakerChange`,
+each with a view's fields) rather than copies of them: one type for both sources, so a live
+and a recorded session cannot disagree on what these are.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Literal
 import msgspec
 
 from agents import BudgetState
-from pantheon.readmodel import BreakerEvent, DeadLetterView, SessionUsage
+from pantheon.readmodel import BreakerEvent, DeadLetterView, HopBar, SessionUsage
 
 __all__ = [
     "MAX_TALLIED",
@@ -35,7 +37,7 @@ __all__ = [
     "Check",
     "DeadLetterView",
     "Hello",
-    "Hop",
+    "HopBar",
     "HopLatency",
     "OutcomeTally",
     "Redrive",
@@ -125,25 +127,6 @@ class Check(msgspec.Struct, frozen=True):
     why: str | None = None
 
 
-class Hop(msgspec.Struct, frozen=True):
-    """One delivery of a request: published at ``enqueued_ms``, started, ended (offsets).
-    ``node``: the process that handled it (multi-process sessions only)."""
-
-    envelope_id: int
-    causation_id: int | None
-    topic: str
-    agent: str
-    depth: int
-    enqueued_ms: float
-    start_ms: float
-    end_ms: float
-    queue_wait_ms: float
-    handling_ms: float
-    outcome: str
-    error: str | None
-    node: str | None = None
-
-
 class Trace(msgspec.Struct, frozen=True):
     """One request (an input and all it caused). ``hops`` is its waterfall, or None when
     the snapshot left it out (a finished session's: ask the store for one request's)."""
@@ -155,7 +138,7 @@ class Trace(msgspec.Struct, frozen=True):
     total_ms: float
     hop_count: int
     outcome: str
-    hops: tuple[Hop, ...] | None = None
+    hops: tuple[HopBar, ...] | None = None
 
 
 class OutcomeTally(msgspec.Struct, frozen=True, kw_only=True):

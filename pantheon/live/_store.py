@@ -10,7 +10,7 @@ from pantheon.live._snapshot import (
     MAX_TALLIED,
     BreakerState,
     Check,
-    Hop,
+    HopBar,
     HopLatency,
     OutcomeTally,
     Series,
@@ -136,16 +136,11 @@ def _json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, default=repr)
 
 
-def trace_from_store(store: SessionStore, session_id: str, correlation_id: int) -> tuple[Hop, ...]:
-    """One request's waterfall (:func:`pantheon.readmodel.waterfall`) as snapshot hops."""
-    return tuple(
-        Hop(
-            b.envelope_id, b.causation_id, b.topic, b.agent, b.depth,
-            b.enqueued_ms, b.start_ms, b.end_ms, b.queue_wait_ms, b.handling_ms,
-            b.outcome, b.error, b.node,
-        )
-        for b in readmodel.waterfall(store, session_id, correlation_id)
-    )  # fmt: skip
+def trace_from_store(
+    store: SessionStore, session_id: str, correlation_id: int
+) -> tuple[HopBar, ...]:
+    """One request's waterfall (:func:`pantheon.readmodel.waterfall`), as a snapshot's."""
+    return tuple(readmodel.waterfall(store, session_id, correlation_id))
 
 
 def _hop_latency(h: readmodel.HopLatency) -> HopLatency:

@@ -9,8 +9,8 @@ call it a divergence. The modes are policies over that one loop:
 * :class:`WhatIf`: a changed team, served where a call is the recorded one
   (``pantheon replay --with``, :mod:`pantheon.rerun._whatif`);
 * :class:`Resume`: a dead run's recording served, then on live (``pantheon resume``,
-  :mod:`pantheon.rerun._resume`, which the package does not import: it runs the live feed,
-  and the live feed reads sessions' outcomes from here).
+  :mod:`pantheon.rerun.resume`, the room's second face, which the package does not import:
+  it runs the live feed, and the live feed reads sessions' outcomes from here).
 
 A what-if's changed team is the recorded scenario with an overlay applied
 (:func:`apply_overlay`); :func:`whatif_replay` runs it and judges it as a run.

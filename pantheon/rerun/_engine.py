@@ -49,11 +49,19 @@ from pantheon.sessions import (
     StoredEffect,
     StoredEnvelope,
 )
-from pantheon.sessions._align import Lineage, Mapper, same_payload
-from pantheon.sessions._codec import decode, normalize
-from pantheon.sessions._digest import request_digest
-from pantheon.sessions._effects import EffectSink, rebuild_error
-from pantheon.sessions._store import EFFECT_DIVERGED, EFFECT_ERROR, Status
+from pantheon.sessions.internals import (
+    EFFECT_DIVERGED,
+    EFFECT_ERROR,
+    EffectSink,
+    Lineage,
+    Mapper,
+    Status,
+    decode,
+    normalize,
+    rebuild_error,
+    request_digest,
+    same_payload,
+)
 
 __all__ = [
     "DEFAULT_REPLAY_TIMEOUT",

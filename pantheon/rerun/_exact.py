@@ -20,7 +20,7 @@ from pantheon.sessions import (
     ReplayDivergence,
     SessionStore,
 )
-from pantheon.sessions._align import Mapper, compare_runs, same_payload
+from pantheon.sessions.internals import Mapper, compare_runs, same_payload
 
 __all__ = ["ReplayReport", "nondeterminism_hint", "replay_session"]
 

@@ -36,17 +36,22 @@ from typing import Any
 
 import yaml
 
-from pantheon.scenario import Problem, Scenario, ScenarioError, parse_scenario
-from pantheon.scenario._agents import agent_class
-from pantheon.scenario._locate import (
+from pantheon.scenario import (
     MAX_SCENARIO_BYTES,
-    _bounded_marks,
-    _dotted,
-    _Loc,
-    _locate,
-    _MarkingLoader,
-    _Refused,
-    _suggest,
+    Problem,
+    Scenario,
+    ScenarioError,
+    parse_scenario,
+)
+from pantheon.scenario.internals import (
+    Loc,
+    MarkingLoader,
+    Refused,
+    agent_class,
+    bounded_marks,
+    dotted,
+    locate,
+    suggest,
 )
 
 __all__ = ["FIXED_SECTIONS", "Overlay", "agent_fingerprints", "apply_overlay", "read_overlay"]
@@ -84,10 +89,10 @@ def read_overlay(path: str | Path) -> str:
         raise ScenarioError([Problem(str(path), 1, 1, "", "not UTF-8 text")]) from None
 
 
-def _parse(text: str, source: str) -> tuple[Any, dict[_Loc, tuple[int, int]]]:
+def _parse(text: str, source: str) -> tuple[Any, dict[Loc, tuple[int, int]]]:
     """The overlay's data and the position of every key path in it."""
     try:
-        loader = _MarkingLoader(text)
+        loader = MarkingLoader(text)
     except yaml.reader.ReaderError as exc:
         raise ScenarioError([Problem(source, 1, 1, "", f"unreadable: {exc}")]) from None
     try:
@@ -95,11 +100,11 @@ def _parse(text: str, source: str) -> tuple[Any, dict[_Loc, tuple[int, int]]]:
         if root is None:
             message = "the overlay is empty (write {} to replay with no change)"
             raise ScenarioError([Problem(source, 1, 1, "", message)])
-        marks, duplicates = _bounded_marks(loader, root, source, "overlay")
+        marks, duplicates = bounded_marks(loader, root, source, "overlay")
         if duplicates:
             raise ScenarioError(duplicates)
         data = loader.construct_document(root)
-    except _Refused as exc:
+    except Refused as exc:
         mark = exc.problem_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
@@ -138,8 +143,8 @@ def apply_overlay(
     is to blame, e.g. an expectation about an agent the overlay removed)."""
     data, marks = _parse(overlay_text, source)
 
-    def problem(loc: _Loc, message: str) -> Problem:
-        return Problem(source, *_locate(marks, loc), _dotted(loc), message)
+    def problem(loc: Loc, message: str) -> Problem:
+        return Problem(source, *locate(marks, loc), dotted(loc), message)
 
     if not isinstance(data, Mapping):
         raise ScenarioError(
@@ -165,7 +170,7 @@ def apply_overlay(
                 problems.append(
                     problem(
                         ("agents", name),
-                        f"no agent {name!r} in the recorded team{_suggest(str(name), known)} "
+                        f"no agent {name!r} in the recorded team{suggest(str(name), known)} "
                         f"(it has {have}); a new agent goes under add_agents",
                     )
                 )
@@ -198,16 +203,16 @@ def _relocate(
     exc: ScenarioError,
     merged_text: str,
     source: str,
-    marks: Mapping[_Loc, tuple[int, int]],
+    marks: Mapping[Loc, tuple[int, int]],
     added: Any,
 ) -> list[Problem]:
     """Problems of the merged scenario, moved to where the overlay says what caused them."""
-    loader = _MarkingLoader(merged_text)
+    loader = MarkingLoader(merged_text)
     try:
-        merged_marks, _ = _bounded_marks(loader, loader.get_single_node(), source, "overlay")
+        merged_marks, _ = bounded_marks(loader, loader.get_single_node(), source, "overlay")
     finally:
         loader.dispose()
-    at: dict[tuple[int, int], _Loc] = {}
+    at: dict[tuple[int, int], Loc] = {}
     for loc, pos in merged_marks.items():
         at.setdefault(pos, loc)
     new_agents = set(added) if isinstance(added, Mapping) else set()
@@ -219,7 +224,7 @@ def _relocate(
         # The overlay's own key for it, or the nearest one above it (not the whole file).
         while loc and loc not in marks:
             loc = loc[:-1]
-        line, column = _locate(marks, loc) if loc else (1, 1)
+        line, column = locate(marks, loc) if loc else (1, 1)
         out.append(Problem(source, line, column, p.field, p.message))
     return out
 

@@ -17,8 +17,7 @@ from typing import Any, Literal
 
 from agents import BUDGET_EFFECT
 from pantheon.sessions import StoredEffect
-from pantheon.sessions._codec import encode
-from pantheon.sessions._store import EFFECT_OK, EFFECT_REPR
+from pantheon.sessions.internals import EFFECT_OK, EFFECT_REPR, encode
 
 __all__ = ["EffectCall", "ExactReplay", "Policy", "Resume", "Verdict", "WhatIf"]
 

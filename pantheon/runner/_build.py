@@ -40,8 +40,7 @@ from bus import Bus
 from pantheon._errors import PantheonError
 from pantheon.runner._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
-from pantheon.scenario._agents import agent_class, resolve_handler
-from pantheon.scenario._schema import provider_class
+from pantheon.scenario.internals import agent_class, provider_class, resolve_handler
 from pantheon.standin import StandInProvider, load_reply
 
 __all__ = [

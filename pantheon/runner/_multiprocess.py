@@ -68,7 +68,7 @@ from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
-from pantheon.scenario._agents import agent_class
+from pantheon.scenario.internals import agent_class
 from pantheon.sessions import (
     SessionError,
     SessionInfo,

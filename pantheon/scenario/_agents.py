@@ -22,11 +22,11 @@ from agents import ROLES as ROLE_CLASSES
 from agents import Agent, FunctionAgent, handler_arity
 from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
-from pantheon.scenario._locate import _suggest
+from pantheon.scenario._locate import suggest
 
 __all__ = ["agent_class", "agent_problems", "model_problem", "resolve_handler", "uses_model"]
 
-_Loc = tuple[Any, ...]
+Loc = tuple[Any, ...]
 
 
 def agent_class(name: str, cfg: Mapping[str, Any] | Any) -> type[Agent]:
@@ -65,15 +65,15 @@ def _get(cfg: Any, attr: str, key: str) -> Any:
     return cfg.get(key) if isinstance(cfg, Mapping) else getattr(cfg, attr, None)
 
 
-def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tuple[_Loc, str]]:
+def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tuple[Loc, str]]:
     """What is wrong with agent ``name``'s class, handler and settings, as (location, message)
     pairs; ``settings`` are the raw settings to check against the class's model."""
-    here: _Loc = ("agents", name)
+    here: Loc = ("agents", name)
     given = [k for k in ("role", "class", "handler") if cfg.get(k) is not None]
     if len(given) > 1:
         return [(here, f"give one of role, class or handler, not {' and '.join(given)}")]
     if cfg.get("handler") is not None:
-        out: list[tuple[_Loc, str]] = []
+        out: list[tuple[Loc, str]] = []
         try:
             resolve_handler(str(cfg["handler"]))
         except ImportProblem as exc:
@@ -85,7 +85,7 @@ def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tup
         return [
             (
                 here,
-                f"unknown agent {name!r}{_suggest(str(name), ROLE_CLASSES)}: name a built-in "
+                f"unknown agent {name!r}{suggest(str(name), ROLE_CLASSES)}: name a built-in "
                 f"role ({', '.join(ROLE_CLASSES)}), or give it role:, class: or handler:",
             )
         ]
@@ -108,7 +108,7 @@ def agent_problems(name: str, cfg: Mapping[str, Any], settings: Any) -> list[tup
     return out
 
 
-def settings_problems(cls: type[Agent], settings: Any, loc: _Loc) -> list[tuple[_Loc, str]]:
+def settings_problems(cls: type[Agent], settings: Any, loc: Loc) -> list[tuple[Loc, str]]:
     """``settings`` checked against ``cls.Settings``: each error at its own key."""
     if settings is None:
         settings = {}
@@ -129,7 +129,7 @@ def settings_problems(cls: type[Agent], settings: Any, loc: _Loc) -> list[tuple[
                     if fields
                     else (f"{cls.__name__} takes no settings")
                 )
-                out.append((where, f"unknown setting {key!r}{_suggest(key, fields)}; {takes}"))
+                out.append((where, f"unknown setting {key!r}{suggest(key, fields)}; {takes}"))
             else:
                 msg = str(err["msg"]).removeprefix("Value error, ")
                 out.append((where, msg))
@@ -189,7 +189,7 @@ def _names_chat(code: CodeType) -> bool:
     )
 
 
-def model_problem(name: str, cfg: Mapping[str, Any], provider: Any) -> tuple[_Loc, str] | None:
+def model_problem(name: str, cfg: Mapping[str, Any], provider: Any) -> tuple[Loc, str] | None:
     """Why agent ``name`` cannot run on the scenario's ``provider`` section (raw), or None.
 
     An agent that asks a model its own questions on the offline rules provider (the

@@ -14,24 +14,24 @@ from pydantic import BaseModel, Discriminator, Tag, ValidationError
 
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
+    Loc,
+    MarkingLoader,
     Problem,
+    Refused,
     ScenarioError,
-    _bounded_marks,
     _clean_loc,
-    _dotted,
-    _Loc,
-    _locate,
-    _MarkingLoader,
     _or,
-    _Refused,
-    _suggest,
+    bounded_marks,
+    dotted,
+    locate,
+    suggest,
 )
 from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
 
 __all__ = ["load_scenario", "parse_scenario"]
 
 
-def _model_at(loc: _Loc) -> type[BaseModel] | None:
+def _model_at(loc: Loc) -> type[BaseModel] | None:
     """The model class validating the value at raw pydantic ``loc`` (tags included), if any."""
     tp: Any = Scenario
     for part in loc:
@@ -83,9 +83,9 @@ def _tagged_member(tp: Any, tag: str) -> Any:
     return None
 
 
-def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
+def _describe(error: Mapping[str, Any]) -> tuple[Loc, str]:
     """A pydantic error as (location in the file, message a scenario author understands)."""
-    raw: _Loc = tuple(error["loc"])
+    raw: Loc = tuple(error["loc"])
     loc = _clean_loc(raw)
     kind = error["type"]
     msg: str = error["msg"]
@@ -95,7 +95,7 @@ def _describe(error: Mapping[str, Any]) -> tuple[_Loc, str]:
         model = _model_at(raw[:-1])
         if model is not None:
             fields = [f.alias or name for name, f in model.model_fields.items()]
-            hint = _suggest(str(key), fields)
+            hint = suggest(str(key), fields)
             msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
         else:
             msg = f"unknown key {key!r}"
@@ -148,16 +148,16 @@ def parse_scenario(
     """
     try:
         # The reader checks every character up front, before any parsing.
-        loader = _MarkingLoader(text)
+        loader = MarkingLoader(text)
     except yaml.reader.ReaderError as exc:
         raise ScenarioError([_unreadable(source, text, exc)]) from None
     try:
         root = loader.get_single_node()
         if root is None:
             raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
-        marks, problems = _bounded_marks(loader, root, source)
+        marks, problems = bounded_marks(loader, root, source)
         data = loader.construct_document(root)
-    except _Refused as exc:
+    except Refused as exc:
         mark = exc.problem_mark
         line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
@@ -171,8 +171,8 @@ def parse_scenario(
     finally:
         loader.dispose()
 
-    def problem(loc: _Loc, message: str) -> Problem:
-        return Problem(source, *_locate(marks, loc), _dotted(loc), message)
+    def problem(loc: Loc, message: str) -> Problem:
+        return Problem(source, *locate(marks, loc), dotted(loc), message)
 
     if not isinstance(data, Mapping):
         raise ScenarioError(
@@ -191,7 +191,7 @@ def parse_scenario(
             ]
         )
 
-    cross: list[tuple[_Loc, str]] = []
+    cross: list[tuple[Loc, str]] = []
     context = {"base_dir": base_dir, "check_files": check_files, "cross_problems": cross}
     try:
         scenario = Scenario.model_validate(data, context=context)

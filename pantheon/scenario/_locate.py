@@ -20,7 +20,7 @@ from pantheon._errors import PantheonError
 __all__ = ["MAX_SCENARIO_BYTES", "MAX_SCENARIO_DEPTH", "Problem", "ScenarioError"]
 
 
-def _suggest(word: str, choices: Iterable[str]) -> str:
+def suggest(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -65,7 +65,7 @@ class ScenarioError(PantheonError, ValueError):
 
 # -- loading -----------------------------------------------------------------------------------
 
-_Loc: TypeAlias = tuple[Any, ...]
+Loc: TypeAlias = tuple[Any, ...]
 
 
 #: Key paths a scenario may expand to. A real one has a few hundred; aliases to aliases
@@ -87,7 +87,7 @@ MAX_SCENARIO_DEPTH = 100
 _MAX_INT_CHARS = 1000
 
 
-class _Refused(yaml.MarkedYAMLError):
+class Refused(yaml.MarkedYAMLError):
     """YAML that parses but that a scenario may not contain (too deep, an integer too long to
     convert, an impossible date); its ``problem`` is the whole message, at ``problem_mark``."""
 
@@ -95,7 +95,7 @@ class _Refused(yaml.MarkedYAMLError):
         super().__init__(problem=problem, problem_mark=mark)
 
 
-class _MarkingLoader(yaml.SafeLoader):
+class MarkingLoader(yaml.SafeLoader):
     """A safe loader; :func:`_marks` walks the node tree it composes for key positions.
 
     It refuses what would otherwise escape as a Python error rather than a located one:
@@ -110,7 +110,7 @@ class _MarkingLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_SCENARIO_DEPTH:
-                raise _Refused(_too_deep(), self.peek_event().start_mark)
+                raise Refused(_too_deep(), self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -121,7 +121,7 @@ class _MarkingLoader(yaml.SafeLoader):
             # Refused before conversion: 5,000 hex digits convert, but the value then has
             # too many decimal digits for any message that shows it (a ValueError again).
             message = f"an integer of {len(text)} characters is too long to read as a number"
-            raise _Refused(message, node.start_mark)
+            raise Refused(message, node.start_mark)
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:
@@ -131,7 +131,7 @@ class _MarkingLoader(yaml.SafeLoader):
             else:
                 shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
                 message = f"cannot read {shown!r} as {kind}: {exc}"
-            raise _Refused(message, node.start_mark) from None
+            raise Refused(message, node.start_mark) from None
 
 
 def _too_deep() -> str:
@@ -147,9 +147,9 @@ class _TooDeep(Exception):
         self.node = node
 
 
-def _bounded_marks(
-    loader: _MarkingLoader, root: yaml.Node, source: str, what: str = "scenario"
-) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
+def bounded_marks(
+    loader: MarkingLoader, root: yaml.Node, source: str, what: str = "scenario"
+) -> tuple[dict[Loc, tuple[int, int]], list[Problem]]:
     """:func:`_marks` within the loader's limits, a breach as one located
     :class:`ScenarioError`: every YAML file Pantheon validates (a scenario, an overlay) is
     held to the same bounds, so aliases of aliases cannot expand one of them instead."""
@@ -165,21 +165,21 @@ def _bounded_marks(
 
 
 def _marks(
-    loader: _MarkingLoader, root: yaml.Node, source: str
-) -> tuple[dict[_Loc, tuple[int, int]], list[Problem]]:
+    loader: MarkingLoader, root: yaml.Node, source: str
+) -> tuple[dict[Loc, tuple[int, int]], list[Problem]]:
     """Position (1-based line, column) of every key path, and any duplicate keys.
 
     A mapping entry is placed at its key, a sequence item at its first character, so an error
     about a value points at the line that names it. Keys brought in by a ``<<`` merge keep the
     position of the anchored mapping; the mapping's own keys win, as in YAML.
     """
-    marks: dict[_Loc, tuple[int, int]] = {}
+    marks: dict[Loc, tuple[int, int]] = {}
     duplicates: list[Problem] = []
 
     def at(node: yaml.Node) -> tuple[int, int]:
         return node.start_mark.line + 1, node.start_mark.column + 1
 
-    def walk(node: yaml.Node, loc: _Loc, merged: bool, seen: set[int]) -> None:
+    def walk(node: yaml.Node, loc: Loc, merged: bool, seen: set[int]) -> None:
         if id(node) in seen:  # an alias cycle; YAML allows them, we need not follow
             return
         if len(marks) > _MAX_PATHS:
@@ -208,7 +208,7 @@ def _marks(
                         Problem(
                             source,
                             *at(key_node),
-                            _dotted(child),
+                            dotted(child),
                             f"duplicate key {key!r} (first defined on line {line}); "
                             "YAML keeps only the last",
                         )
@@ -235,7 +235,7 @@ def _marks(
     return marks, duplicates
 
 
-def _key(loader: _MarkingLoader, node: yaml.Node) -> Any:
+def _key(loader: MarkingLoader, node: yaml.Node) -> Any:
     if isinstance(node, yaml.ScalarNode):
         try:
             return loader.construct_object(node)
@@ -244,7 +244,7 @@ def _key(loader: _MarkingLoader, node: yaml.Node) -> Any:
     return f"<{node.id} key>"
 
 
-def _dotted(loc: _Loc) -> str:
+def dotted(loc: Loc) -> str:
     """``("rules", "spam", 2)`` -> ``rules.spam[2]``."""
     out = ""
     for part in loc:
@@ -255,7 +255,7 @@ def _dotted(loc: _Loc) -> str:
     return out
 
 
-def _clean_loc(loc: _Loc) -> _Loc:
+def _clean_loc(loc: Loc) -> Loc:
     """Drop union tags (``@zmq``), which pydantic adds to ``loc`` but the file never has."""
     return tuple(p for p in loc if not (isinstance(p, str) and p.startswith("@")))
 
@@ -265,7 +265,7 @@ def _or(words: list[str]) -> str:
     return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
 
 
-def _locate(marks: Mapping[_Loc, tuple[int, int]], loc: _Loc) -> tuple[int, int]:
+def locate(marks: Mapping[Loc, tuple[int, int]], loc: Loc) -> tuple[int, int]:
     """The position of ``loc``, or of its nearest ancestor the file has (a missing key)."""
     while loc not in marks and loc:
         loc = loc[:-1]

@@ -36,7 +36,7 @@ from pydantic import (
 
 import bus
 from agents import Actor, Budget, Learner, Observer, OutcomeSpec, RateLimit
-from bus import validate_pattern
+from bus import DeadLetterReason, validate_pattern
 from pantheon._imports import (
     INPUT_GROUP,
     PROVIDER_GROUP,
@@ -45,7 +45,7 @@ from pantheon._imports import (
     load_object,
 )
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
-from pantheon.scenario._locate import _dotted, _suggest
+from pantheon.scenario._locate import dotted, suggest
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -1118,18 +1118,7 @@ _AccuracyBound = Annotated[
     Discriminator(_p99_kind),
 ]
 
-#: Why a message is dead-lettered: the bus's reasons (``bus._dlq.REASONS``) and the
-#: ZeroMQ transport's ``node_lost``, and ``budget`` (a model call refused by a spent budget).
-DeadLetterReason = Literal[
-    "failed",
-    "circuit_open",
-    "shed",
-    "filter_error",
-    "bus_closed",
-    "unsubscribed",
-    "node_lost",
-    "budget",
-]
+#: Why a message is dead-lettered (:data:`bus.DeadLetterReason`, where the list is kept).
 DEAD_LETTER_REASONS: tuple[str, ...] = typing.get_args(DeadLetterReason)
 
 #: A topic, or a token pattern over topics as subscriptions take them (``action.*``,
@@ -1317,7 +1306,7 @@ class Scenario(_Model):
         if sink is not None:
             sink.extend(problems)  # the loader reports them beside the field errors
         elif problems:
-            raise ValueError("; ".join(f"{_dotted(loc)}: {msg}" for loc, msg in problems))
+            raise ValueError("; ".join(f"{dotted(loc)}: {msg}" for loc, msg in problems))
         return data
 
     @property
@@ -1437,7 +1426,7 @@ def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], st
                     ("expect", "min_accuracy", name),
                     f"{name!r} is not a decision field of the outcome "
                     f"(outcome.fields: {', '.join(map(str, fields))})"
-                    f"{_suggest(str(name), [str(f) for f in fields])}",
+                    f"{suggest(str(name), [str(f) for f in fields])}",
                 )
                 for name in bounds
                 if name not in fields
@@ -1485,7 +1474,7 @@ def _cross_field_problems(
     def check_names(loc: tuple[Any, ...], mapping: Any, what: str) -> None:
         if isinstance(mapping, Mapping):
             out.extend(
-                ((*loc, key), f"{what} names unknown agent {key!r}{_suggest(str(key), names)}")
+                ((*loc, key), f"{what} names unknown agent {key!r}{suggest(str(key), names)}")
                 for key in mapping
                 if key not in names
             )
@@ -1529,7 +1518,7 @@ def _cross_field_problems(
                             (
                                 ("transport", "nodes", node, i),
                                 f"node {node!r} hosts unknown agent {agent!r}"
-                                f"{_suggest(str(agent), names)}",
+                                f"{suggest(str(agent), names)}",
                             )
                         )
                     elif agent in disabled:
@@ -1589,7 +1578,7 @@ def _cross_field_problems(
                 out.append(
                     (
                         ("faults", "kill_node", "node"),
-                        f"unknown node {node!r}{_suggest(str(node), map(str, nodes))}; "
+                        f"unknown node {node!r}{suggest(str(node), map(str, nodes))}; "
                         f"transport.nodes has {', '.join(map(str, nodes)) or 'no nodes'}",
                     )
                 )
@@ -1617,7 +1606,7 @@ def _standby_problems(
         for i, agent in enumerate(listed if isinstance(listed, list | tuple) else ()):
             if agent not in names:
                 why = f"standby on {node!r} names unknown agent {agent!r}"
-                why += _suggest(str(agent), names)
+                why += suggest(str(agent), names)
             elif agent in disabled:
                 why = (
                     f"standby on {node!r} names agent {agent!r}, which is disabled "

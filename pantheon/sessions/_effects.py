@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from bus._worker import current as _current
+from bus import current_handler
 from pantheon.sessions._codec import encode
 from pantheon.sessions._digest import request_digest
 from pantheon.sessions._errors import RecordedError
@@ -164,7 +164,7 @@ class RecordingEffects:
     def _key(self) -> tuple[int, str | None, int]:
         # The bus's own context variable, read once (``current_envelope`` and
         # ``current_subscription`` would read it twice; ~20,000 calls a pipeline run).
-        running = _current.get()
+        running = current_handler.get()
         if running is None or running.env is None:
             key: tuple[int, str | None] = (0, None)
         else:

@@ -1,6 +1,6 @@
 """The check the teams of ``scenarios/`` are held to: Pantheon's public API and nothing else
-(no module or name that starts with ``_``, and from our packages only what a public
-module's ``__all__`` exports)."""
+(no module or name that starts with ``_``, no ``internals`` module, and from our packages
+only what a public module's ``__all__`` exports)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ __all__ = ["private_imports"]
 OURS = ("agents", "bus", "pantheon", "dashboard")
 # Not ours, and every module may use it.
 ALLOWED_DUNDER = {"__future__"}
+# A room's face for its sibling rooms (``pantheon.scenario.internals``): Pantheon's own.
+INTERNAL = "internals"
+
+
+def _hidden(part: str) -> bool:
+    return part.startswith("_") or part == INTERNAL
 
 
 def private_imports(source: str) -> list[str]:
@@ -22,16 +28,16 @@ def private_imports(source: str) -> list[str]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 parts = alias.name.split(".")
-                if any(p.startswith("_") for p in parts) and alias.name not in ALLOWED_DUNDER:
+                if any(_hidden(p) for p in parts) and alias.name not in ALLOWED_DUNDER:
                     problems.append(f"{node.lineno}: import {alias.name}")
         elif isinstance(node, ast.ImportFrom):
             module = node.module or ""
             parts = [p for p in module.split(".") if p]
-            if module not in ALLOWED_DUNDER and any(p.startswith("_") for p in parts):
+            if module not in ALLOWED_DUNDER and any(_hidden(p) for p in parts):
                 problems.append(f"{node.lineno}: from {module} import ...")
                 continue
             for alias in node.names:
-                if alias.name.startswith("_") and module not in ALLOWED_DUNDER:
+                if _hidden(alias.name) and module not in ALLOWED_DUNDER:
                     problems.append(f"{node.lineno}: from {module} import {alias.name}")
                 elif parts and parts[0] in OURS:
                     exported = getattr(importlib.import_module(module), "__all__", ())

@@ -44,10 +44,10 @@ def test_latency_chart_stacks_wait_and_handling(pristine: Recorded) -> None:
 
 def test_breaker_chart_draws_each_state_until_the_next() -> None:
     events = [
-        rm.BreakerEvent(0.5, "actor", "closed", "open", "5 failures in a row"),
-        rm.BreakerEvent(0.6, "actor", "open", "half_open", "cooldown over"),
-        rm.BreakerEvent(0.7, "actor", "half_open", "closed", "probe succeeded"),
-        rm.BreakerEvent(0.2, "sensor", "closed", "open", "rate 0.5"),
+        rm.BreakerEvent(0.5, "actor", "closed", "open", "5 failures in a row", t_s=0.5),
+        rm.BreakerEvent(0.6, "actor", "open", "half_open", "cooldown over", t_s=0.6),
+        rm.BreakerEvent(0.7, "actor", "half_open", "closed", "probe succeeded", t_s=0.7),
+        rm.BreakerEvent(0.2, "sensor", "closed", "open", "rate 0.5", t_s=0.2),
     ]
     data = _data(_charts.breaker_chart(events, end_s=2.0))
     segments = [tuple(r) for r in data[["breaker", "state", "from", "to"]].itertuples(index=False)]
@@ -92,8 +92,8 @@ def _charts_of(recorded: Recorded) -> Iterator[tuple[str, Any]]:
     for kind in ("agent", "edge"):
         yield f"latency per {kind}", _charts.latency_chart(hops, kind, "p99")
     events = [
-        rm.BreakerEvent(0.1, "actor", "closed", "open", "3 failures in a row"),
-        rm.BreakerEvent(0.2, "actor", "open", "half_open", "cooldown over"),
+        rm.BreakerEvent(0.1, "actor", "closed", "open", "3 failures in a row", t_s=0.1),
+        rm.BreakerEvent(0.2, "actor", "open", "half_open", "cooldown over", t_s=0.2),
     ]
     yield "breakers", _charts.breaker_chart(events, end_s=1.0)
     yield "waterfall", _charts.waterfall_chart(bars, req.start_ms)

@@ -1,6 +1,6 @@
 """The on-call team is built on Pantheon's public API and nothing else: no module or name
-that starts with ``_``, and from our packages only what a public module's ``__all__``
-exports."""
+that starts with ``_``, no ``internals`` module (a room's face for its sibling rooms), and
+from our packages only what a public module's ``__all__`` exports."""
 
 from __future__ import annotations
 
@@ -38,6 +38,12 @@ def test_team_module_imports_only_public_names(path: Path) -> None:
         ("from mylib._impl import thing", "from mylib._impl import ..."),
         ("from pantheon.scenario import _locate", "from pantheon.scenario import _locate"),
         ("from pantheon.scenario import agent_class", "(not in pantheon.scenario.__all__)"),
+        (
+            "from pantheon.scenario.internals import agent_class",
+            "from pantheon.scenario.internals import ...",
+        ),
+        ("import pantheon.sessions.internals", "import pantheon.sessions.internals"),
+        ("from pantheon.sessions import internals", "from pantheon.sessions import internals"),
     ],
 )
 def test_the_check_catches_private_imports(source: str, found: str) -> None:

@@ -18,7 +18,7 @@ from approval_run import REFUNDS, WAIT, pending, scenario, spawn, stop, wait_for
 
 import pantheon
 from agents import Agent, ApprovalUnavailable, Decision, Guardian
-from pantheon.rerun._resume import resumable
+from pantheon.rerun.resume import resumable
 from pantheon.scenario import ScenarioError, load_scenario
 from pantheon.sessions import (
     AlreadyDecided,

@@ -24,7 +24,9 @@ def test_every_dead_letter_is_the_bus_record_with_its_layer_s_fields_after() -> 
     hints = typing.get_type_hints(live.Snapshot)
     assert hints["dead_letters"] == tuple[readmodel.DeadLetterView, ...]
     assert hints["breaker_events"] == tuple[readmodel.BreakerEvent, ...]
+    assert typing.get_type_hints(live.Trace)["hops"] == tuple[readmodel.HopBar, ...] | None
     assert issubclass(BreakerEvent, BreakerChange) and issubclass(BreakerTransition, BreakerChange)
+    assert issubclass(readmodel.BreakerEvent, BreakerChange)
 
 
 def test_a_layer_s_dead_letter_is_built_from_another_s_by_the_shared_fields() -> None:
@@ -51,12 +53,21 @@ def test_a_recorded_breaker_change_reads_its_name() -> None:
     assert msgspec.structs.astuple(event)[:5] == msgspec.structs.astuple(row)[:5]
 
 
+def test_a_read_model_breaker_event_is_the_bus_s_change_with_when_and_where() -> None:
+    event = BreakerEvent(2.0, "actor", "closed", "open", "3 failures", trips=1, retry_after=5.0)
+    view = readmodel.BreakerEvent.of(event, t_s=0.5, node="action")
+    assert msgspec.structs.astuple(view)[:5] == msgspec.structs.astuple(event)[:5]
+    assert (view.name, view.t_s, view.node) == ("actor", 0.5, "action")
+
+
 def test_a_snapshot_carries_the_read_model_s_dead_letters_and_breaker_events() -> None:
     letter = readmodel.DeadLetterView(
         1, 41, "mail.in", "triage", "failed", "ValueError", "no", "tb", 2,
         t_s=0.5, redriven=True, payload={"id": 7}, correlation_id=40, node="action",
     )  # fmt: skip
-    change = readmodel.BreakerEvent(0.25, "triage", "closed", "open", "2 failures", "action")
+    change = readmodel.BreakerEvent(
+        9.25, "triage", "closed", "open", "2 failures", t_s=0.25, node="action"
+    )
     snap = live.Snapshot(
         session_id="s", scenario=None, status="running", live=True, seq=1, t_s=1.0,
         totals=live.Totals(), breaker_events=(change,), dead_letters=(letter,),

@@ -8,6 +8,7 @@ import json
 import sqlite3
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -56,8 +57,11 @@ def _reset_calls() -> None:
 
 
 def test_public_surface_is_exactly_all() -> None:
+    # A submodule (``internals``, once a sibling room imported it) is an attribute of the
+    # package but not part of its surface, as in bus's and rerun's own checks.
     public = {name for name in dir(sessions) if not name.startswith("_")}
-    assert public == set(sessions.__all__)
+    modules = {n for n in public if isinstance(getattr(sessions, n), types.ModuleType)}
+    assert public - modules == set(sessions.__all__)
 
 
 async def test_a_failing_session_is_recorded(store: SessionStore) -> None:

@@ -48,7 +48,7 @@ from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
 from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
-from pantheon.sessions._approvals import origin_of
+from pantheon.sessions.internals import origin_of
 
 __all__ = ["ResumeResult", "resumable", "resume"]
 
