@@ -24,12 +24,13 @@ from typing import Any
 
 from agents import Budget, BudgetGuard, BudgetLedger
 from pantheon.runner._budget_relay import (
+    BUDGET_COMMAND,
     BUDGET_EVENT,
     BudgetRelay,
     NodeBudgetLink,
     RemoteBudgetGuard,
 )
-from pantheon.runner._multiprocess import _Child, _stdin_lines, say_control
+from pantheon.runner._multiprocess import _Child, _stdin_lines, say_control, split_control
 
 
 def _guard() -> BudgetGuard:
@@ -50,7 +51,9 @@ async def _calls(guard: BudgetGuard, n: int) -> list[float]:
 async def node(calls: int) -> None:
     say = functools.partial(say_control, sys.stdout)
     link = NodeBudgetLink("bench", say)
-    _, tap = link.tap(await _stdin_lines())
+    _, tap = split_control(
+        await _stdin_lines(), "bench", {BUDGET_COMMAND: link.answered}, (link.driver_gone,)
+    )
     local = await _calls(_guard(), calls)
     remote = await _calls(RemoteBudgetGuard(link, "asker"), calls)
     say("result", local=local, remote=remote)

@@ -11,7 +11,7 @@ process of a multi-process run to the driver's desk.
 """
 
 from pantheon.approvals._desk import StoreDesk, approval_desk, request_key, who
-from pantheon.approvals._relay import APPROVAL_EVENT, DeskRelay, NodeDesk
+from pantheon.approvals._relay import APPROVAL_EVENT, DECIDED_COMMAND, DeskRelay, NodeDesk
 from pantheon.sessions import (
     AlreadyDecided,
     Approval,
@@ -22,6 +22,7 @@ from pantheon.sessions import (
 
 __all__ = [
     "APPROVAL_EVENT",
+    "DECIDED_COMMAND",
     "AlreadyDecided",
     "Approval",
     "ApprovalBook",

@@ -81,11 +81,6 @@ LOST_BY = "node-lost"
 #: kept far under that, and one of a mebibyte is no longer something a person reads. A
 #: longer one is refused on the node, with its size.
 MAX_REQUEST = 1 << 20
-_DRIVER_GONE = "the driver of the run is gone (its control pipe closed)"
-#: Commands other than ``decided`` that may wait for the node's control loop. The driver
-#: sends one and waits for its answer before the next, so one is ever waiting; a full
-#: queue would only hold the reader back, never drop a line.
-_COMMANDS = 16
 
 
 class NodeDesk:
@@ -160,7 +155,7 @@ class NodeDesk:
             return
         future.set_result(decision)
 
-    def driver_gone(self, why: str = _DRIVER_GONE) -> None:
+    def driver_gone(self, why: str) -> None:
         """Nothing more comes from the driver: fail every waiting request, and every later
         one, saying ``why``."""
         self._gone = why
@@ -172,37 +167,6 @@ class NodeDesk:
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"
         return f"{who} cannot ask for approval: {self._gone}; nobody can decide"
-
-    def pump(self, reader: asyncio.StreamReader) -> tuple[asyncio.Queue[bytes], asyncio.Task[None]]:
-        """Read the driver's lines from ``reader`` in a task: ``decided`` commands are taken
-        here, every other line goes to the returned queue, then ``b""`` at end of input
-        (after which :meth:`driver_gone` has failed what waited). Cancel the task to stop."""
-        queue: asyncio.Queue[bytes] = asyncio.Queue(_COMMANDS)
-
-        async def read() -> None:
-            why = _DRIVER_GONE
-            try:
-                while line := await reader.readline():
-                    try:
-                        command = json.loads(line)
-                    except ValueError:
-                        command = None  # not ours: the control loop says what is wrong
-                    if isinstance(command, dict) and command.get("cmd") == DECIDED_COMMAND:
-                        self.decided(command)
-                    else:
-                        await queue.put(line)
-            except asyncio.CancelledError:
-                # The node stops listening (it leaves, or failed to start): nothing that
-                # still waits could be answered.
-                self.driver_gone("the node no longer listens to its driver")
-                raise
-            except (ValueError, OSError) as exc:  # a line past the reader's limit, a bad pipe
-                why = f"the driver's control pipe cannot be read ({type(exc).__name__}: {exc})"
-                log.error("node %s: %s; leaving", self.node, why)
-            self.driver_gone(why)
-            await queue.put(b"")  # the control loop leaves as when the driver is gone
-
-        return queue, asyncio.get_running_loop().create_task(read())
 
 
 class DeskRelay:

@@ -44,7 +44,6 @@ spend unbounded.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -59,7 +58,6 @@ log = logging.getLogger("pantheon.budget")
 #: The node's event (a request or a settlement) and the driver's answer.
 BUDGET_EVENT = "budget"
 BUDGET_COMMAND = "budget"
-_DRIVER_GONE = "the driver of the run is gone (its control pipe closed)"
 
 
 class RemoteBudgetGuard(BudgetGuard):
@@ -161,7 +159,7 @@ class NodeBudgetLink:
             return
         future.set_result(dict(command))
 
-    def driver_gone(self, why: str = _DRIVER_GONE) -> None:
+    def driver_gone(self, why: str) -> None:
         """Nothing more comes from the driver: fail every waiting question, and every
         later one, saying ``why``."""
         self._gone = why
@@ -172,35 +170,6 @@ class NodeBudgetLink:
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"
         return f"{who} cannot be admitted to a model call: {self._gone}"
-
-    def tap(self, reader: asyncio.StreamReader) -> tuple[asyncio.StreamReader, asyncio.Task[None]]:
-        """Read the driver's lines from ``reader`` in a task: budget answers are taken here,
-        every other line goes on to the returned reader (its end too). Cancel the task to
-        stop."""
-        rest = asyncio.StreamReader()
-
-        async def read() -> None:
-            why = _DRIVER_GONE
-            try:
-                while line := await reader.readline():
-                    try:
-                        command = json.loads(line)
-                    except ValueError:
-                        command = None  # not ours: the control loop says what is wrong
-                    if isinstance(command, dict) and command.get("cmd") == BUDGET_COMMAND:
-                        self.answered(command)
-                    else:
-                        rest.feed_data(line)
-            except asyncio.CancelledError:
-                self.driver_gone("the node no longer listens to its driver")
-                raise
-            except (ValueError, OSError) as exc:
-                why = f"the driver's control pipe cannot be read ({type(exc).__name__}: {exc})"
-            finally:
-                rest.feed_eof()
-            self.driver_gone(why)
-
-        return rest, asyncio.get_running_loop().create_task(read())
 
 
 class BudgetRelay:

@@ -61,9 +61,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 from agents import Learner, LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
-from pantheon.approvals import APPROVAL_EVENT, DeskRelay, NodeDesk
+from pantheon.approvals import APPROVAL_EVENT, DECIDED_COMMAND, DeskRelay, NodeDesk
 from pantheon.runner import _takeover
-from pantheon.runner._budget_relay import BUDGET_EVENT, BudgetRelay, NodeBudgetLink
+from pantheon.runner._budget_relay import (
+    BUDGET_COMMAND,
+    BUDGET_EVENT,
+    BudgetRelay,
+    NodeBudgetLink,
+)
 from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
@@ -548,6 +553,61 @@ async def _stdin_lines() -> asyncio.StreamReader:
     return reader
 
 
+#: Why a node's waiting approvals and budget admissions fail when its driver's pipe ends.
+DRIVER_GONE = "the driver of the run is gone (its control pipe closed)"
+#: Commands that may wait for the node's control loop. The driver sends one and waits for
+#: its answer before the next, so one is ever waiting; a full queue would only hold the
+#: reader back, never drop a line.
+_COMMANDS = 16
+
+
+def split_control(
+    reader: asyncio.StreamReader,
+    node: str,
+    answers: Mapping[str, Callable[[dict[str, Any]], None]],
+    gone: Iterable[Callable[[str], None]],
+) -> tuple[asyncio.Queue[bytes], asyncio.Task[None]]:
+    """Read the driver's lines in a task, whatever the node's control loop is doing: a
+    command named in ``answers`` (a decided approval, a budget answer: what a handler waits
+    for) goes to its taker at once, every other line to the returned queue, then ``b""`` at
+    the end of input. When the pipe ends or cannot be read, each of ``gone`` is told why
+    (so what waits fails instead of hanging); cancelling the task tells them the node no
+    longer listens. One reader for the pipe: the control loop may itself be waiting (a
+    ``stop`` draining handlers that wait for an answer), so answers must not queue behind
+    it."""
+    queue: asyncio.Queue[bytes] = asyncio.Queue(_COMMANDS)
+    takers = tuple(gone)
+
+    def tell(why: str) -> None:
+        for taker in takers:
+            taker(why)
+
+    async def read() -> None:
+        why = DRIVER_GONE
+        try:
+            while line := await reader.readline():
+                try:
+                    command = json.loads(line)
+                except ValueError:
+                    command = None  # not an answer: the control loop says what is wrong
+                name = command.get("cmd") if isinstance(command, dict) else None
+                take = answers.get(name) if isinstance(name, str) else None
+                if take is not None:
+                    take(command)
+                else:
+                    await queue.put(line)
+        except asyncio.CancelledError:
+            tell("the node no longer listens to its driver")
+            raise
+        except (ValueError, OSError) as exc:  # a line past the reader's limit, a bad pipe
+            why = f"the driver's control pipe cannot be read ({type(exc).__name__}: {exc})"
+            log.error("driver control pipe unreadable; leaving", node=node, why=why)
+        tell(why)
+        await queue.put(b"")  # the control loop leaves as when the driver is gone
+
+    return queue, asyncio.get_running_loop().create_task(read())
+
+
 async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
     """Serve a started broker under a driver's control until ``leave`` or a closed stdin:
     ``ready`` carries the bound endpoint (the real port of ``:0``), ``stats`` answers the
@@ -584,8 +644,12 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     desk.serve(host.team.agents.values())
     budget = NodeBudgetLink(host.node, functools.partial(say_control, out))
     budget.serve(host.team.agents.values())
-    lines, tap = budget.tap(await _stdin_lines())
-    commands, pump = desk.pump(lines)
+    commands, pump = split_control(
+        await _stdin_lines(),
+        host.node,
+        {DECIDED_COMMAND: desk.decided, BUDGET_COMMAND: budget.answered},
+        (desk.driver_gone, budget.driver_gone),
+    )
     if journal:
         host.ship_journal(out)
     try:
@@ -593,7 +657,6 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     except Exception as exc:
         say_control(out, "error", message=str(exc))
         pump.cancel()
-        tap.cancel()
         with contextlib.suppress(Exception):
             await host.aclose()
         raise
@@ -644,7 +707,6 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 say_control(out, "error", message=f"unknown command {command!r}")
     finally:
         pump.cancel()
-        tap.cancel()
         await host.aclose(drain=not orphaned)
 
 

@@ -14,7 +14,13 @@ from typing import Any
 import pytest
 
 from agents import Budget, BudgetExceeded, BudgetUnavailable, budget_guards
-from pantheon.runner._budget_relay import BudgetRelay, NodeBudgetLink, RemoteBudgetGuard
+from pantheon.runner._budget_relay import (
+    BUDGET_COMMAND,
+    BudgetRelay,
+    NodeBudgetLink,
+    RemoteBudgetGuard,
+)
+from pantheon.runner._multiprocess import split_control
 
 Send = Callable[[Mapping[str, Any]], Awaitable[bool]]
 
@@ -127,7 +133,7 @@ async def test_a_node_whose_driver_is_gone_cannot_be_admitted() -> None:
     said: list[dict[str, Any]] = []
     link = NodeBudgetLink("one", lambda event, **fields: said.append(fields))
     stdin = asyncio.StreamReader()
-    rest, tap = link.tap(stdin)
+    rest, tap = split_control(stdin, "one", {BUDGET_COMMAND: link.answered}, (link.driver_gone,))
     guard = RemoteBudgetGuard(link, "a")
     waiting = asyncio.ensure_future(guard.admit())
     await settle_tasks()
@@ -135,7 +141,7 @@ async def test_a_node_whose_driver_is_gone_cannot_be_admitted() -> None:
     stdin.feed_data(b'{"cmd": "status"}\n')  # not a budget answer: the control loop's
     stdin.feed_eof()
     await tap
-    assert await rest.readline() == b'{"cmd": "status"}\n' and rest.at_eof()
+    assert await rest.get() == b'{"cmd": "status"}\n' and await rest.get() == b""
     with pytest.raises(BudgetUnavailable, match="the driver of the run is gone"):
         await waiting
     with pytest.raises(BudgetUnavailable, match="cannot be admitted to a model call"):
