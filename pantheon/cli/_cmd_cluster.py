@@ -27,7 +27,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from pantheon.cli._common import fail, run_async
+from pantheon.cli._common import SeedOpt, fail, run_async
 from pantheon.scenario import ROLES
 from pantheon.scenario.internals import bind_is_local
 
@@ -255,12 +255,7 @@ def node(
         str | None,
         typer.Option("--node", help="This node's name (default node-PID).", show_default=False),
     ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
-        ),
-    ] = None,
+    seed: SeedOpt = None,
     session: Annotated[
         str | None, typer.Option(help="Session id stamped on messages this node originates.")
     ] = None,

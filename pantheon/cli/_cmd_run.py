@@ -16,7 +16,11 @@ from rich.markup import escape
 
 from agents import ProviderUnavailable
 from pantheon.cli._common import (
+    RecordOpt,
+    RunStoreOpt,
+    SeedOpt,
     StrictTimingOpt,
+    SummaryJsonOpt,
     console,
     load_scenario_file,
     run_async,
@@ -39,18 +43,10 @@ def validate(file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) 
 
 def run(
     file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    store: Annotated[
-        Path | None,
-        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
-    ] = None,
-    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    seed: SeedOpt = None,
+    as_json: SummaryJsonOpt = False,
+    store: RunStoreOpt = None,
+    record: RecordOpt = True,
     tui: Annotated[
         bool, typer.Option("--tui", help="Watch the run in the terminal monitor (tui extra).")
     ] = False,
@@ -124,18 +120,10 @@ def serve(
     port: Annotated[
         int | None, typer.Option(help="Port (default: gateway.port, 8787; 0 picks a free one).")
     ] = None,
-    seed: Annotated[
-        int | None,
-        typer.Option(
-            help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
-        ),
-    ] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
-    store: Annotated[
-        Path | None,
-        typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
-    ] = None,
-    record: Annotated[bool, typer.Option(help="Record the session in the store.")] = True,
+    seed: SeedOpt = None,
+    as_json: SummaryJsonOpt = False,
+    store: RunStoreOpt = None,
+    record: RecordOpt = True,
     strict_timing: StrictTimingOpt = False,
 ) -> None:
     """Run a scenario behind the HTTP/WebSocket gateway until Ctrl-C (or SIGTERM), then

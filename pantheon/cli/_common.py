@@ -21,9 +21,13 @@ from pantheon.sessions import STORE_ENV, Setup
 
 __all__ = [
     "JsonOpt",
+    "RecordOpt",
+    "RunStoreOpt",
+    "SeedOpt",
     "SetupOpt",
     "StoreOpt",
     "StrictTimingOpt",
+    "SummaryJsonOpt",
     "console",
     "fail",
     "load_scenario_file",
@@ -107,6 +111,19 @@ StoreOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="Override the scenario's seed.", min=-(2**63), max=2**63 - 1, show_default=False
+    ),
+]
+# A run's own options (``run``, ``serve``): where it records and how it reports.
+SummaryJsonOpt = Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")]
+RunStoreOpt = Annotated[
+    Path | None,
+    typer.Option(help="Session store (default .pantheon/sessions.db, or $PANTHEON_STORE)."),
+]
+RecordOpt = Annotated[bool, typer.Option(help="Record the session in the store.")]
 SetupOpt = Annotated[
     str | None,
     typer.Option(
