@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["LoopScheduling", "SchedulingStats", "read_schedstat"]
+__all__ = ["LoopScheduling", "SchedulingStats", "read_schedstat", "run_delay_ns"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +60,48 @@ def read_schedstat(path: str | Path) -> tuple[int, int] | None:
         return int(fields[0]), int(fields[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class _RunDelay:
+    """The calling thread's ``schedstat``, kept open: a ``pread`` costs about what
+    ``time.thread_time`` does (5 us on the loaded 2-core test machine), where opening the file
+    for each reading cost 33 us. Thread-local, so the file read is always the reader's own;
+    closed when its thread ends."""
+
+    __slots__ = ("fd",)
+
+    def __init__(self) -> None:
+        try:
+            self.fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+        except OSError:
+            self.fd = -1
+
+    def read(self) -> int | None:
+        if self.fd < 0:
+            return None
+        try:
+            return int(os.pread(self.fd, 128, 0).split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def __del__(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+
+
+_thread = threading.local()
+
+
+def run_delay_ns() -> int | None:
+    """Nanoseconds the calling thread has waited on a run queue since it started (Linux's
+    ``run_delay``), or ``None`` where the kernel does not say. The difference of two readings
+    around a handling is the part of its wall time the machine, not the code, took: the
+    kernel adds a wait to the figure when the thread gets its CPU back, so a reading by the
+    running thread itself is never short of one."""
+    reader: _RunDelay | None = getattr(_thread, "run_delay", None)
+    if reader is None:
+        reader = _thread.run_delay = _RunDelay()
+    return reader.read()
 
 
 def _loadavg() -> float | None:
