@@ -175,7 +175,9 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
             "cpu_p99_ms": s.handling_cpu.p99_us / 1000,
             "breaker_trips": s.breaker_trips,
         }
-        if s.handling_own.count:
+        # Sampled with the CPU time wherever the kernel gives run-queue waits (Linux); a
+        # subscription that handled nothing has none of either, and a figure of 0.
+        if s.handling_own.count == s.handling_cpu.count:
             row["own_p99_ms"] = s.handling_own.p99_us / 1000
         if s.published != s.delivered + s.dead_lettered + s.shed + s.released or s.rejected:
             accounting_ok = False

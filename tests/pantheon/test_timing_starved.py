@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bus import beside_the_loop
+from bus._sched import read_schedstat, run_delay_ns
 from pantheon.runner._report import STARVED_SHARE, RunSummary, judge
 from pantheon.scenario import load_scenario
 from pantheon.testing import run_scenario
@@ -140,3 +142,31 @@ def test_fast_handlers_are_never_failed_by_starvation(tmp_path: Path, starved_co
     assert len(states) == 3
     assert set(states.values()) <= {"passed", "inconclusive"}, summary.expectations
     assert summary.passed
+
+
+def test_a_thread_beside_the_loop_adds_its_waits_and_they_stay_counted(
+    starved_core: None,
+) -> None:
+    """The session writer's waits for a CPU (it may hold the GIL the loop needs) count as
+    the machine's, and still do once it has left: readings around a handling subtract."""
+    own = Path(f"/proc/self/task/{threading.get_native_id()}/schedstat")
+    entered, leave = threading.Event(), threading.Event()
+
+    def writer() -> None:
+        with beside_the_loop():
+            entered.set()
+            while not leave.is_set():
+                time.sleep(0.001)  # each wake-up queues for the pinned core
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    entered.wait()
+    time.sleep(0.3)
+    mine = read_schedstat(own)
+    total = run_delay_ns()
+    assert mine is not None and total is not None and total - mine[1] > 0
+    leave.set()
+    thread.join()
+    mine = read_schedstat(own)
+    after = run_delay_ns()
+    assert mine is not None and after is not None and after - mine[1] > 0
