@@ -134,6 +134,17 @@ def beside_the_loop() -> Iterator[None]:
             _left_ns += max((last or base) - base, 0)
 
 
+def _forked() -> None:
+    """In a forked child the kept files are the parent's threads': read this one afresh."""
+    global _beside, _left_ns
+    _thread.run_delay = None
+    _beside, _left_ns = (), 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def run_delay_ns() -> int | None:
     """Nanoseconds the calling thread has waited on a run queue since it started (Linux's
     ``run_delay``), plus the waits of the threads :func:`beside_the_loop`; ``None`` where the
