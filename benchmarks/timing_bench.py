@@ -4,12 +4,12 @@ measurement on (as shipped) and off, alternated in one process.
     python benchmarks/timing_bench.py [--repeats 15] [--emails 3000] [--messages 300000]
 
 "off" removes, in this process only, the two things a run measures so that a timing check
-can tell slow code from a busy machine: the loop thread's CPU clock read around sampled
-handlings (``bus._worker.CPU_ALL_UNTIL`` / ``CPU_SAMPLE``) and the bus's run-queue readings
-of ``/proc/self/task/<tid>/schedstat`` (``bus._bus.LoopScheduling``, read at start and on
-every ``stats()``). On and off alternate within each repeat, so a busy machine slows both
-alike; each figure is the median of per-repeat on/off ratios. CPU time (``process_time``)
-is printed beside wall time: on a shared machine it moves less.
+can tell slow code from a busy machine: the loop thread's CPU clock and run-queue wait read
+around sampled handlings (``bus._worker.CPU_ALL_UNTIL`` / ``CPU_SAMPLE``) and the bus's
+run-queue readings of ``/proc/self/task/<tid>/schedstat`` (``bus._bus.LoopScheduling``,
+read at start and on every ``stats()``). On and off alternate within each repeat, so a busy
+machine slows both alike; each figure is the median of per-repeat on/off ratios. CPU time
+(``process_time``) is printed beside wall time: on a shared machine it moves less.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from bus._hooks import (
     is_sampled,
 )
 from bus._metrics import BusStats, EdgeStats, LatencySummary, SubscriberStats, TopicStats
-from bus._sched import SchedulingStats
+from bus._sched import SchedulingStats, beside_the_loop
 from bus._subscription import Handler, Subscription
 from bus._topics import matches, validate_pattern
 from bus._transport import InProcessHub, InProcessTransport, Receipt, Transport
@@ -95,6 +95,7 @@ __all__ = [
     "Transport",
     "TransportError",
     "UntrustedDecoder",
+    "beside_the_loop",
     "current_envelope",
     "current_handler",
     "current_subscription",

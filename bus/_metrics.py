@@ -157,6 +157,11 @@ class SubscriberStats:
     sparsely than ``handling`` (the clock is a system call). A handler's own work plus
     whatever ran on the loop while it awaited: an upper bound on its own, which the timing
     checks use to tell slow code from a busy machine."""
+    handling_own: LatencySummary
+    """A handling's wall time less the loop thread's run-queue wait during it (sampled with
+    ``handling_cpu``; Linux only, empty elsewhere): its CPU time plus whatever it blocked on
+    or awaited, what it would take had no other process wanted the CPU. The machine's
+    starvation explains the rest of ``handling`` and nothing more (the timing checks)."""
 
 
 @dataclass(frozen=True, slots=True)

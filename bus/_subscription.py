@@ -114,6 +114,7 @@ class Subscription:
         "handler",
         "handling",
         "handling_cpu",
+        "handling_own",
         "idle",
         "in_flight",
         "ledger",
@@ -205,6 +206,7 @@ class Subscription:
         self.listed_sheds = self.list_at = 0
         self.handling = Histogram()
         self.handling_cpu = Histogram()
+        self.handling_own = Histogram()
         self.edges: dict[str | None, Histogram] = {}
         self.workers: list[asyncio.Task[None]] = []
 
@@ -375,6 +377,7 @@ class Subscription:
             queue_wait=wait.summary(),
             handling=self.handling.summary(),
             handling_cpu=self.handling_cpu.summary(),
+            handling_own=self.handling_own.summary(),
         )
 
 

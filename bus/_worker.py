@@ -27,6 +27,7 @@ from bus._envelope import Envelope
 from bus._errors import BusClosedError, CircuitOpenError
 from bus._hooks import SAMPLED_DIGITS, UNSAMPLED, Delivery, Hooks, Tracer
 from bus._metrics import Histogram
+from bus._sched import run_delay_ns
 from bus._subscription import Subscription, give_back
 from bus._transport import Receipt
 
@@ -47,17 +48,19 @@ FAIRNESS_CHECK = 16
 #: (always every message while a delivery observer listens). Counters are exact either way.
 TIME_ALL_UNTIL = 4096
 TIME_SAMPLE = 16
-#: The loop thread's CPU time is read around the first this many handlings a subscription
-#: delivers (however many workers it has), then one in CPU_SAMPLE of each worker's (a subset
-#: of the timed ones). Reading that clock is a system call, several times the cost of the
-#: monotonic clock, so it is sampled more sparsely; the timing checks need its p99 only to
-#: say whether a handler's own work exceeds a bound. The reads cost about 0.6% of a no-op
-#: subscriber's CPU, nothing measurable on the pipeline (benchmarks/timing_bench.py).
+#: The loop thread's CPU time and run-queue wait are read around the first this many
+#: handlings a subscription delivers (however many workers it has), then one in CPU_SAMPLE of
+#: each worker's (a subset of the timed ones). Each read is a system call, several times the
+#: cost of the monotonic clock, so they are sampled more sparsely; the timing checks need
+#: their p99 only to say whether a handler's own time exceeds a bound. The CPU clock alone
+#: cost about 0.6% of a no-op subscriber's CPU, nothing measurable on the pipeline
+#: (benchmarks/timing_bench.py); with the run-queue reads see benchmarks/RESULTS.md.
 CPU_ALL_UNTIL = 256
 CPU_SAMPLE = 256
 
 _monotonic_ns = time.monotonic_ns
 _thread_ns = time.thread_time_ns
+_run_delay_ns = run_delay_ns
 #: The outcome of an attempt that failed and waits outside the mailbox for another (the
 #: worker tests it by identity; observers never see it, the tracer does).
 RETRYING = "retrying"
@@ -121,6 +124,7 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
     fresh = True  # the last message taken was not a retry: a due retry may go next
     timed: object  # take the clock for this message (a bool, or the observer tuple)
     cpu0 = 0
+    rq0: int | None = None
     while True:
         if due and fresh:
             env = due.popleft()
@@ -175,6 +179,7 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
                     span = tracer.start_process(sub.name, env)
         outcome = "delivered"
         if cpu_timed:
+            rq0 = _run_delay_ns()
             cpu0 = _thread_ns()
         if breaker.state is not CLOSED and not breaker.try_acquire():
             outcome = "circuit_open"
@@ -221,9 +226,12 @@ async def work(sub: Subscription, hooks: Hooks, clock: Clock) -> None:
             if timed:
                 end = now()
                 if sampled:
-                    _timed(sub, env, start, end - start)
                     if cpu_timed:
+                        rq1 = _run_delay_ns()
                         sub.handling_cpu.record(_thread_ns() - cpu0)
+                        if rq0 is not None and rq1 is not None:
+                            sub.handling_own.record(max(end - start - (rq1 - rq0), 0))
+                    _timed(sub, env, start, end - start)
                 if delivery:
                     # Read again: an observer may have rebound its method while the handler
                     # ran (a recorder swapping buffers), and the old one's list is gone.

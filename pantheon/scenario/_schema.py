@@ -1186,9 +1186,10 @@ class ExpectConfig(_Model):
     """Model cost in US dollars (the summary's ``usage``)."""
     strict_timing: bool = False
     """Fail a timing check the machine may have made late (``inconclusive``: the process
-    waited for a CPU for a large share of the run, the handlers' own CPU time within the
-    bound) instead of passing it with a note: for a dedicated CI machine, where no other
-    work should be running. ``pantheon run --strict-timing`` sets it for one run."""
+    waited for a CPU for a large share of the run, the handlers' own time, less their waits
+    for a CPU, within the bound) instead of passing it with a note: for a dedicated CI
+    machine, where no other work should be running. ``pantheon run --strict-timing`` sets
+    it for one run."""
     custom: tuple[_CallablePath, ...] = ()
     """``module:function`` checks, each called with the run summary: ``True``/``None``
     pass, ``False`` fails, a string fails with that message, ``(passed, message)`` says

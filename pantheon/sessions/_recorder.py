@@ -52,6 +52,7 @@ from bus import (
     InProcessTransport,
     ObserverHandle,
     Receipt,
+    beside_the_loop,
 )
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, EffectSink, RecordingEffects
@@ -309,6 +310,11 @@ class _Writer(threading.Thread):
     # -- the thread -------------------------------------------------------------------------
 
     def run(self) -> None:
+        # Its waits for a CPU holding the GIL are the machine's, not the handlers' (bus._sched).
+        with beside_the_loop():
+            self._run()
+
+    def _run(self) -> None:
         conn: Any = None
         try:
             if self.ship is None:

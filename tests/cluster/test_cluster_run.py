@@ -42,6 +42,7 @@ def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
 
 def run_json(workdir: Path, scenario: str, *extra: str) -> tuple[int, dict[str, Any]]:
     proc = pantheon("run", scenario, "--json", "--store", "s.db", *extra, cwd=workdir)
+    assert proc.stdout.strip(), f"exit {proc.returncode}, no summary; stderr: {proc.stderr}"
     summary = json.loads(proc.stdout)
     assert proc.returncode == (0 if summary["passed"] else 1), proc.stderr
     return proc.returncode, summary
