@@ -45,12 +45,10 @@ from pantheon.scenario import (
 )
 from pantheon.scenario.internals import (
     Loc,
-    MarkingLoader,
-    Refused,
     agent_class,
-    bounded_marks,
     dotted,
     locate,
+    read_marked,
     suggest,
 )
 
@@ -91,32 +89,14 @@ def read_overlay(path: str | Path) -> str:
 
 def _parse(text: str, source: str) -> tuple[Any, dict[Loc, tuple[int, int]]]:
     """The overlay's data and the position of every key path in it."""
-    try:
-        loader = MarkingLoader(text)
-    except yaml.reader.ReaderError as exc:
-        raise ScenarioError([Problem(source, 1, 1, "", f"unreadable: {exc}")]) from None
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            message = "the overlay is empty (write {} to replay with no change)"
-            raise ScenarioError([Problem(source, 1, 1, "", message)])
-        marks, duplicates = bounded_marks(loader, root, source, "overlay")
-        if duplicates:
-            raise ScenarioError(duplicates)
-        data = loader.construct_document(root)
-    except Refused as exc:
-        mark = exc.problem_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        what = "; ".join(filter(None, [exc.context, exc.problem]))
-        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
-    except yaml.YAMLError as exc:
-        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
-    finally:
-        loader.dispose()
+    data, marks, duplicates = read_marked(
+        text,
+        source,
+        empty="the overlay is empty (write {} to replay with no change)",
+        what="overlay",
+    )
+    if duplicates:
+        raise ScenarioError(duplicates)
     return data, marks
 
 
@@ -207,11 +187,8 @@ def _relocate(
     added: Any,
 ) -> list[Problem]:
     """Problems of the merged scenario, moved to where the overlay says what caused them."""
-    loader = MarkingLoader(merged_text)
-    try:
-        merged_marks, _ = bounded_marks(loader, loader.get_single_node(), source, "overlay")
-    finally:
-        loader.dispose()
+    # The merged text is our own dump of a parsed scenario: it reads back whole.
+    _, merged_marks, _ = read_marked(merged_text, source, empty="", what="overlay")
     at: dict[tuple[int, int], Loc] = {}
     for loc, pos in merged_marks.items():
         at.setdefault(pos, loc)

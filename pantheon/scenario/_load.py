@@ -9,21 +9,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, Discriminator, Tag, ValidationError
 
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
     Loc,
-    MarkingLoader,
     Problem,
-    Refused,
     ScenarioError,
     _clean_loc,
     _or,
-    bounded_marks,
     dotted,
     locate,
+    read_marked,
     suggest,
 )
 from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
@@ -146,30 +143,7 @@ def parse_scenario(
 
     Raises :class:`ScenarioError` listing every problem found, YAML syntax errors included.
     """
-    try:
-        # The reader checks every character up front, before any parsing.
-        loader = MarkingLoader(text)
-    except yaml.reader.ReaderError as exc:
-        raise ScenarioError([_unreadable(source, text, exc)]) from None
-    try:
-        root = loader.get_single_node()
-        if root is None:
-            raise ScenarioError([Problem(source, 1, 1, "", "the scenario is empty")])
-        marks, problems = bounded_marks(loader, root, source)
-        data = loader.construct_document(root)
-    except Refused as exc:
-        mark = exc.problem_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
-        what = "; ".join(filter(None, [exc.context, exc.problem]))
-        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what}")]) from None
-    except yaml.YAMLError as exc:  # unmarked, which PyYAML should not raise for a string
-        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
-    finally:
-        loader.dispose()
+    data, marks, problems = read_marked(text, source, empty="the scenario is empty")
 
     def problem(loc: Loc, message: str) -> Problem:
         return Problem(source, *locate(marks, loc), dotted(loc), message)
@@ -243,18 +217,3 @@ def load_scenario(path: str | Path) -> Scenario:
 
 def _size(n: int) -> str:
     return f"{n // (1024 * 1024)} MiB" if n % (1024 * 1024) == 0 else f"{n} bytes"
-
-
-def _unreadable(source: str, text: str, exc: yaml.reader.ReaderError) -> Problem:
-    """A character YAML does not allow (NUL, BEL, ESC...), at its line and column."""
-    position = exc.position if isinstance(exc.position, int) else 0
-    line = text.count("\n", 0, position) + 1
-    column = position - (text.rfind("\n", 0, position) + 1) + 1
-    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
-    return Problem(
-        source,
-        line,
-        column,
-        "",
-        f"control character U+{ord(char):04X} is not allowed in YAML; a scenario is plain text",
-    )

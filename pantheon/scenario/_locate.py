@@ -87,7 +87,7 @@ MAX_SCENARIO_DEPTH = 100
 _MAX_INT_CHARS = 1000
 
 
-class Refused(yaml.MarkedYAMLError):
+class _Refused(yaml.MarkedYAMLError):
     """YAML that parses but that a scenario may not contain (too deep, an integer too long to
     convert, an impossible date); its ``problem`` is the whole message, at ``problem_mark``."""
 
@@ -110,7 +110,7 @@ class MarkingLoader(yaml.SafeLoader):
         self._depth += 1
         try:
             if self._depth > MAX_SCENARIO_DEPTH:
-                raise Refused(_too_deep(), self.peek_event().start_mark)
+                raise _Refused(_too_deep(), self.peek_event().start_mark)
             return super().compose_node(parent, index)
         finally:
             self._depth -= 1
@@ -121,7 +121,7 @@ class MarkingLoader(yaml.SafeLoader):
             # Refused before conversion: 5,000 hex digits convert, but the value then has
             # too many decimal digits for any message that shows it (a ValueError again).
             message = f"an integer of {len(text)} characters is too long to read as a number"
-            raise Refused(message, node.start_mark)
+            raise _Refused(message, node.start_mark)
         try:
             return super().construct_object(node, deep)
         except (ValueError, OverflowError) as exc:
@@ -131,7 +131,7 @@ class MarkingLoader(yaml.SafeLoader):
             else:
                 shown = text if len(text) <= 40 else f"{text[:20]}... ({len(text)} characters)"
                 message = f"cannot read {shown!r} as {kind}: {exc}"
-            raise Refused(message, node.start_mark) from None
+            raise _Refused(message, node.start_mark) from None
 
 
 def _too_deep() -> str:
@@ -162,6 +162,57 @@ def bounded_marks(
         mark = exc.node.start_mark
         deep = Problem(source, mark.line + 1, mark.column + 1, "", _too_deep())
         raise ScenarioError([deep]) from None
+
+
+def read_marked(
+    text: str, source: str, *, empty: str, what: str = "scenario"
+) -> tuple[Any, dict[Loc, tuple[int, int]], list[Problem]]:
+    """Parse the YAML file ``text`` (a scenario, an overlay) under the loader's bounds: its
+    data, the position of every key path, and the problems found while marking them
+    (duplicate keys), which the caller reports with its own. Anything that stops the parse
+    (an unreadable character, an empty document, a syntax error, YAML a scenario may not
+    contain, a breach of the bounds) raises one located :class:`ScenarioError`; ``empty``
+    says what an empty document means."""
+    try:
+        # The reader checks every character up front, before any parsing.
+        loader = MarkingLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise ScenarioError([_unreadable(source, text, exc)]) from None
+    try:
+        root = loader.get_single_node()
+        if root is None:
+            raise ScenarioError([Problem(source, 1, 1, "", empty)])
+        marks, problems = bounded_marks(loader, root, source, what)
+        data = loader.construct_document(root)
+    except _Refused as exc:
+        mark = exc.problem_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        raise ScenarioError([Problem(source, line, column, "", str(exc.problem))]) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line, column = (mark.line + 1, mark.column + 1) if mark else (1, 1)
+        what_ = "; ".join(filter(None, [exc.context, exc.problem]))
+        raise ScenarioError([Problem(source, line, column, "", f"YAML syntax: {what_}")]) from None
+    except yaml.YAMLError as exc:  # unmarked, which PyYAML should not raise for a string
+        raise ScenarioError([Problem(source, 1, 1, "", f"YAML: {exc}")]) from None
+    finally:
+        loader.dispose()
+    return data, marks, problems
+
+
+def _unreadable(source: str, text: str, exc: yaml.reader.ReaderError) -> Problem:
+    """A character YAML does not allow (NUL, BEL, ESC...), at its line and column."""
+    position = exc.position if isinstance(exc.position, int) else 0
+    line = text.count("\n", 0, position) + 1
+    column = position - (text.rfind("\n", 0, position) + 1) + 1
+    char = exc.character if isinstance(exc.character, str) else chr(exc.character)
+    return Problem(
+        source,
+        line,
+        column,
+        "",
+        f"control character U+{ord(char):04X} is not allowed in YAML; a scenario is plain text",
+    )
 
 
 def _marks(

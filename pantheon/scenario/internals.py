@@ -2,7 +2,7 @@
 
 The runner builds agents from their configs (:func:`agent_class`, :func:`resolve_handler`,
 :func:`provider_class`), the CLI tells a local bind address (:func:`bind_is_local`), and the
-what-if overlay locates its own YAML the way a scenario's is located (the marking loader and
+what-if overlay reads and locates its own YAML as a scenario's is (:func:`read_marked` and
 the location helpers). A team's code never needs these: ``pantheon.scenario.__all__`` is
 its face, and tests/oncall refuses an import from an ``internals`` module.
 """
@@ -10,25 +10,21 @@ its face, and tests/oncall refuses an import from an ``internals`` module.
 from pantheon.scenario._agents import agent_class, resolve_handler
 from pantheon.scenario._locate import (
     Loc,
-    MarkingLoader,
-    Refused,
-    bounded_marks,
     dotted,
     locate,
+    read_marked,
     suggest,
 )
 from pantheon.scenario._schema import bind_is_local, provider_class
 
 __all__ = [
     "Loc",
-    "MarkingLoader",
-    "Refused",
     "agent_class",
     "bind_is_local",
-    "bounded_marks",
     "dotted",
     "locate",
     "provider_class",
+    "read_marked",
     "resolve_handler",
     "suggest",
 ]
