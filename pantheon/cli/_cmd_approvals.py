@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pantheon.approvals import AlreadyDecided, Approval, ApprovalBook, who
-from pantheon.cli._common import JsonOpt, StoreOpt, fail, run_async
+from pantheon.cli._common import JsonOpt, SessionArg, StoreOpt, fail, run_async
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import print_summary
 from pantheon.sessions import SessionError, SessionStore, resolve_store_path
@@ -62,10 +62,7 @@ def _print_rows(rows: list[Approval], origin: str, pending: bool, as_json: bool)
 
 
 def approve(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     approval: Annotated[int, typer.Argument(help="The approval's number (see approvals).")],
     reject: Annotated[bool, typer.Option("--reject", help="Reject instead of approve.")] = False,
     note: Annotated[str, typer.Option("--note", help="Why, for the record.")] = "",
@@ -94,10 +91,7 @@ def approve(
 
 
 def approvals(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     pending: Annotated[bool, typer.Option("--pending", help="Only those waiting.")] = False,
     store: StoreOpt = None,
     as_json: JsonOpt = False,
@@ -123,10 +117,7 @@ def approvals(
 
 
 def resume(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:

@@ -104,12 +104,7 @@ def run(
     except SessionError as exc:  # the --store given cannot hold the session
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
-    else:
-        print_summary(summary)
-    if not summary.passed:
-        raise typer.Exit(1)
+    _report(summary, as_json)
 
 
 def serve(
@@ -160,12 +155,7 @@ def serve(
     except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
-    if as_json:
-        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
-    else:
-        print_summary(summary)
-    if not summary.passed:
-        raise typer.Exit(1)
+    _report(summary, as_json)
 
 
 def _announce(gateway: Any) -> None:
@@ -254,3 +244,14 @@ def register(app: typer.Typer) -> None:
     app.command()(validate)
     app.command()(run)
     app.command()(serve)
+
+
+def _report(summary: RunSummary, as_json: bool) -> None:
+    """A finished run's summary (JSON for scripts), and exit 1 when an expectation failed:
+    ``run`` and ``serve`` end alike."""
+    if as_json:
+        typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
+    else:
+        print_summary(summary)
+    if not summary.passed:
+        raise typer.Exit(1)

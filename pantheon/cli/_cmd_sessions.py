@@ -27,7 +27,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from pantheon import readmodel
-from pantheon.cli._common import JsonOpt, SetupOpt, StoreOpt, fail, load_setup
+from pantheon.cli._common import JsonOpt, SessionArg, SetupOpt, StoreOpt, fail, load_setup
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import STATE_MARKS, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
@@ -178,10 +178,7 @@ def sessions_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
 
 
 def sessions_show(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -241,10 +238,7 @@ def sessions_show(
 
 
 def dlq_list(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
@@ -288,10 +282,7 @@ def dlq_list(
 
 
 def dlq_redrive(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     entry: Annotated[
         int | None, typer.Argument(help="Entry id (default: all not yet redriven).")
     ] = None,
@@ -324,10 +315,7 @@ def dlq_redrive(
 
 
 def export(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     fmt: Annotated[str, typer.Option("--format", help="Only jsonl.")] = "jsonl",
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="File (default: stdout).")
@@ -419,10 +407,7 @@ def diff(
 
 
 def replay(
-    session: Annotated[
-        str,
-        typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before)."),
-    ],
+    session: SessionArg,
     live_effects: Annotated[
         bool, typer.Option("--live-effects", help="Call effects for real, not from the record.")
     ] = False,

@@ -24,6 +24,7 @@ __all__ = [
     "RecordOpt",
     "RunStoreOpt",
     "SeedOpt",
+    "SessionArg",
     "SetupOpt",
     "StoreOpt",
     "StrictTimingOpt",
@@ -111,6 +112,9 @@ StoreOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")]
+SessionArg = Annotated[
+    str, typer.Argument(help="Session id, unique prefix, or latest (-1; -2 the one before).")
+]
 SeedOpt = Annotated[
     int | None,
     typer.Option(
