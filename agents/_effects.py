@@ -74,7 +74,8 @@ class RequestIdentity(Protocol):
     def request_identity(self) -> Any:
         """Plain data (or objects that have a request identity) naming what decides the
         answer; None: nothing does (a rate limiter changes when a call goes, not what it
-        asks). Leave credentials out: they do not change the answer."""
+        asks). Leave credentials out: they do not change the answer. Read once per object
+        and kept while it lives (the recorder digests every call): it must not change."""
         ...
 
 

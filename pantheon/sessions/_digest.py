@@ -55,33 +55,70 @@ def _name(obj: Any) -> msgspec.msgpack.Ext:
     return msgspec.msgpack.Ext(_FUNCTION, f"{obj.__module__}:{obj.__qualname__}".encode())
 
 
+#: Stand-ins already worked out, by the object's id, the object kept so that id is not reused:
+#: the functions, classes and identity objects a team calls effects with are few and live as
+#: long as it does, and working one out again was most of a digest (a rules provider's
+#: identity, every pattern of its rules, encoded anew per model call). An identity is kept
+#: encoded (``msgspec.Raw``: the very bytes it encodes to, so digests are unchanged). Emptied
+#: when full. What is made anew at each use (a bound method, a builtin bound to an object,
+#: a ``functools.partial``) is never kept: its parts are.
+_known: dict[int, tuple[Any, Any]] = {}
+_KNOWN_MAX = 4096
+#: Kept for an object found to have no stable encoding (it stays so while it lives).
+_UNSTABLE = object()
+
+
 def _stand_in(obj: Any) -> Any:
     """What ``obj``, which msgspec cannot encode, is encoded as; TypeError: nothing stable."""
+    hit = _known.get(id(obj))
+    if hit is not None and hit[0] is obj:
+        if hit[1] is _UNSTABLE:
+            raise TypeError(f"{type(obj).__qualname__} has no stable encoding")
+        return hit[1]
+    if isinstance(obj, types.MethodType):
+        return (msgspec.msgpack.Ext(_BOUND, b""), obj.__func__, obj.__self__)
+    if isinstance(obj, functools.partial):
+        return (msgspec.msgpack.Ext(_PARTIAL, b""), obj.func, obj.args, obj.keywords)
+    if isinstance(obj, types.BuiltinFunctionType):
+        bound = obj.__self__
+        if bound is not None and not isinstance(bound, types.ModuleType):
+            return (msgspec.msgpack.Ext(_BOUND, obj.__name__.encode()), bound)
+    try:
+        out = _lasting(obj)
+    except TypeError:
+        out = _UNSTABLE  # an agent bound to its own method: as long-lived, as often asked
+        raise
+    finally:
+        if len(_known) >= _KNOWN_MAX:
+            _known.clear()
+        _known[id(obj)] = (obj, out)
+    return out
+
+
+def _lasting(obj: Any) -> Any:
+    """The stand-in of an object that lives as long as the team: a function, a class, an
+    object saying what stands for it (read once: :class:`agents.RequestIdentity` says it
+    does not change)."""
     if isinstance(obj, types.FunctionType):
         if obj.__closure__:
             raise TypeError("a closure's cells are inputs the digest cannot see")
         if "<lambda>" in obj.__qualname__:
             raise TypeError("a lambda's name does not say which one it is")
         return _name(obj)
-    if isinstance(obj, types.MethodType):
-        return (msgspec.msgpack.Ext(_BOUND, b""), obj.__func__, obj.__self__)
-    if isinstance(obj, types.BuiltinFunctionType):
-        bound = obj.__self__
-        if bound is None or isinstance(bound, types.ModuleType):
-            return _name(obj)
-        return (msgspec.msgpack.Ext(_BOUND, obj.__name__.encode()), bound)
-    if isinstance(obj, type):
+    if isinstance(obj, types.BuiltinFunctionType | type):
         return _name(obj)
-    if isinstance(obj, functools.partial):
-        return (msgspec.msgpack.Ext(_PARTIAL, b""), obj.func, obj.args, obj.keywords)
     identity = getattr(type(obj), "request_identity", None)
     if callable(identity):
         said = identity(obj)
         if said is None:  # decides nothing: as if the argument were None
             return None
         cls = type(obj)
-        mark = f"{cls.__module__}:{cls.__qualname__}".encode()
-        return (msgspec.msgpack.Ext(_IDENTITY, mark), said)
+        mark = msgspec.msgpack.Ext(_IDENTITY, f"{cls.__module__}:{cls.__qualname__}".encode())
+        # Encoded on its own (re-entering the shared encoder is not allowed), to the bytes
+        # the pair would encode to in place.
+        return msgspec.Raw(
+            msgspec.msgpack.encode((mark, said), enc_hook=_stand_in, order="deterministic")
+        )
     raise TypeError(f"{type(obj).__qualname__} has no stable encoding")
 
 

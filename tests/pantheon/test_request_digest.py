@@ -74,3 +74,34 @@ def test_what_has_no_stable_encoding_gives_no_digest() -> None:
     assert request_digest(dict, (Learner(),), {}) is None
     assert request_digest(dict, (2**70,), {}) is None  # past msgpack's integers
     assert request_digest(dict, ({1: "a", "b": 2},), {}) is None  # keys that do not sort
+
+
+def test_what_stands_for_a_lasting_object_is_worked_out_once_and_digests_as_before() -> None:
+    """The stand-ins of functions and identity objects are kept (a rules provider's
+    identity was most of a model call's digest): the digests are the very ones a cold
+    computation gives, an identity is read once per object, and what is made anew at each
+    use (a bound method, a partial) is not kept."""
+    from pantheon.sessions import _digest
+
+    class Server:
+        reads = 0
+
+        def request_identity(self) -> Any:
+            Server.reads += 1
+            return {"url": "http://model", "model": "m", "tool": paid}
+
+    server = Server()
+    calls = [
+        (_recorded_chat, (server, MESSAGES, {}, None), {}),
+        (paid, ("A-1",), {}),
+        (functools.partial(paid, "A-2"), (), {}),
+        (time.time, (), {}),
+    ]
+    _digest._known.clear()
+    cold = [request_digest(*c) for c in calls]
+    _digest._known.clear()
+    first = [request_digest(*c) for c in calls]
+    warm = [request_digest(*c) for c in calls]
+    assert None not in cold and cold == first == warm
+    assert Server.reads == 2  # once per cold start, not per digest
+    assert not any(isinstance(obj, functools.partial) for obj, _ in _digest._known.values())
