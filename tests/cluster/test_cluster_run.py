@@ -207,17 +207,22 @@ def test_sigkilled_node_loses_nothing(workdir: Path) -> None:
     # replayed, and counted as skipped) matches hop for hop, with no effect called.
     with SessionStore(workdir / "s.db") as s:
         journals = s.node_journals(summary["session_id"])
-    assert {n: j.ended for n, j in journals.items()} == {
+    # work2's journal stops before its end mark; on a loaded machine the kill can come
+    # before its first shipment, and then it has none at all.
+    assert {n: j.ended for n, j in journals.items() if n != "work2"} == {
         "keep": True,
         "work1": True,
-        "work2": False,
     }
+    assert "work2" not in journals or journals["work2"].ended is False
     proc = pantheon("replay", summary["session_id"], "--store", "s.db", "--json", cwd=workdir)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     replay = json.loads(proc.stdout)
     assert replay["matched"] is True and replay["effects_called"] == 0
     assert list(replay["cut"]) == ["work2"]
-    assert f"after {journals['work2'].records} in" in replay["cut"]["work2"]
+    if "work2" in journals:
+        assert f"after {journals['work2'].records} in" in replay["cut"]["work2"]
+    else:
+        assert replay["cut"]["work2"] == "shipped no records"
     assert replay["inputs_skipped"] == replay["cut_inputs"] < replay["inputs_replayed"]
     assert replay["inputs_replayed"] + replay["inputs_skipped"] == 300
 
