@@ -385,9 +385,8 @@ class Learner(Agent):
 
     @classmethod
     def topics_for(cls, outcome: OutcomeSpec | None) -> tuple[str, ...]:
-        """What a Learner scoring ``outcome`` subscribes to: its topics and its malformed
-        topic (the class default without one). A multi-process run asks this before any
-        agent exists, to know which routes a node must see before it publishes."""
+        """A Learner scoring ``outcome`` subscribes to its topics and its malformed topic
+        (the class default without one)."""
         if outcome is None:
             return cls.subscriptions
         malformed = () if outcome.malformed_topic is None else (outcome.malformed_topic,)

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import structlog
 from pydantic import BaseModel, ConfigDict
@@ -41,6 +41,9 @@ from bus import (
     current_envelope,
     is_sampled,
 )
+
+if TYPE_CHECKING:
+    from agents._outcomes import OutcomeSpec
 
 __all__ = [
     "Agent",
@@ -311,6 +314,14 @@ class Agent:
     #: class or a base of it); set it when the code cannot tell:
     #: ``True`` for calls made through a helper, ``False`` for questions the rules answer.
     uses_model: ClassVar[bool | None] = None
+
+    @classmethod
+    def topics_for(cls, outcome: OutcomeSpec | None) -> tuple[str, ...]:
+        """The patterns the class subscribes to when its scenario names none, in a team
+        deciding ``outcome``: :attr:`subscriptions` (a Learner follows the outcome). A
+        multi-process run asks before any agent exists, to know which routes a node must
+        see before it publishes."""
+        return cls.subscriptions
 
     def __init__(
         self,

@@ -76,7 +76,6 @@ class RequestIdentity(Protocol):
         answer; None: nothing does (a rate limiter changes when a call goes, not what it
         asks). Leave credentials out: they do not change the answer. Read once per object
         and kept while it lives (the recorder digests every call): it must not change."""
-        ...
 
 
 async def call_maybe_async(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from agents import Learner, LiveEffects, Observer
+from agents import LiveEffects, Observer
 from bus import Bus, BusError, Priority, Transport
 from pantheon._errors import PantheonError
 from pantheon.approvals import APPROVAL_EVENT, DECIDED_COMMAND, DeskRelay, NodeDesk
@@ -177,13 +177,7 @@ def _subscriptions(scenario: Scenario, agents: Iterable[str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for name in agents:
         cfg = scenario.agent(name)
-        cls = agent_class(name, cfg)
-        # A Learner subscribes by the team's outcome (pantheon.runner._build gives it the spec).
-        default = (
-            cls.topics_for(scenario.outcome_spec())
-            if issubclass(cls, Learner)
-            else cls.subscriptions
-        )
+        default = agent_class(name, cfg).topics_for(scenario.outcome_spec())
         patterns = cfg.subscribe or default
         for i, pattern in enumerate(patterns):
             out[name if i == 0 else f"{name}:{pattern}"] = pattern

@@ -13,7 +13,7 @@ it only if one of its model calls runs live.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from agents import ChatResult, OpenAIProvider
@@ -77,26 +77,9 @@ class StandInProvider:
         """Start the server and ready the client's connection, as a real server's check does."""
         await self._provider().check()
 
-    async def chat(
-        self,
-        messages: Sequence[Mapping[str, Any]],
-        *,
-        response_format: Mapping[str, Any] | None = None,
-        tools: Sequence[Mapping[str, Any]] | None = None,
-        temperature: float | None = None,
-        max_tokens: int | None = None,
-        stream: bool = False,
-        on_token: Callable[[str], None] | None = None,
-    ) -> ChatResult:
-        return await self._provider().chat(
-            messages,
-            response_format=response_format,
-            tools=tools,
-            temperature=temperature,
-            max_tokens=max_tokens,
-            stream=stream,
-            on_token=on_token,
-        )
+    async def chat(self, messages: Sequence[Mapping[str, Any]], **options: Any) -> ChatResult:
+        """The OpenAI provider's call, on the stand-in started by the first one."""
+        return await self._provider().chat(messages, **options)
 
     async def aclose(self) -> None:
         """Close the client, then stop the server (if either was started)."""
