@@ -41,7 +41,6 @@ from pantheon._errors import PantheonError
 from pantheon.runner._inputs import jsonl_labels, open_input
 from pantheon.scenario import FileInputConfig, JsonlInputConfig, Scenario
 from pantheon.scenario.internals import agent_class, provider_class, resolve_handler
-from pantheon.standin import StandInProvider, load_reply
 
 __all__ = [
     "AgentSetupError",
@@ -163,6 +162,10 @@ def _provider(scenario: Scenario) -> ModelProvider:
             "max_connections": p.max_connections,
         }
         if p.stand_in is not None:
+            # On use: the stand-in server's modules are 8 ms of every run's start-up
+            # (python -X importtime), and most teams name none.
+            from pantheon.standin import StandInProvider, load_reply
+
             return StandInProvider(load_reply(p.stand_in), p.model, **options)
         key = os.environ.get(p.api_key_env) if p.api_key_env else None
         return OpenAIProvider(p.base_url, p.model, key, **options)
