@@ -77,6 +77,11 @@ class SimulatedModel:
         self.inner = inner
         self.latency_s = latency_s
 
+    def request_identity(self) -> Any:
+        """What a real provider says (its server and model), so a recorded model call pays
+        for its request digest as it does against a real one."""
+        return ("simulated", self.inner.request_identity(), self.latency_s)
+
     async def chat(self, messages: Any, **kwargs: Any) -> ChatResult:
         if self.latency_s:
             await asyncio.sleep(self.latency_s)

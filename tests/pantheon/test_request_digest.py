@@ -105,3 +105,69 @@ def test_what_stands_for_a_lasting_object_is_worked_out_once_and_digests_as_befo
     assert None not in cold and cold == first == warm
     assert Server.reads == 2  # once per cold start, not per digest
     assert not any(isinstance(obj, functools.partial) for obj, _ in _digest._known.values())
+
+
+def _named(fn: Any, module: str, qualname: str) -> Any:
+    fn.__module__, fn.__qualname__, fn.__name__ = module, qualname, qualname.rpartition(".")[2]
+    return fn
+
+
+class Tariff:
+    """A lasting object that says what stands for it."""
+
+    def request_identity(self) -> Any:
+        return {"table": "standard"}
+
+    def price(self, n: int) -> int:
+        return n
+
+
+def test_digests_are_the_ones_stored_sessions_hold() -> None:
+    """A what-if compares a live call's digest with one a recording stored, maybe a release
+    ago: the bytes that are hashed must not drift. These were computed by the first
+    implementation (schema 4); a change here breaks every stored session's what-if."""
+    here = "tests.pantheon.test_request_digest"
+
+    def fee(order_id: str) -> float:
+        """What was paid."""
+        return 1.0
+
+    _named(fee, here, "paid")
+    _named(Tariff.price, here, "Tariff.price")
+    Tariff.__module__ = here
+    cases = {
+        "994fb00c6271bc2ed3bc6450179c7a39": chat(OpenAIProvider("http://127.0.0.1:1/v1", "m")),
+        "c44f3fceb7eb3769af6164a9f604e6d5": request_digest(
+            _recorded_chat, (RuleProvider({"spam": ["(?i)unsubscribe"]}), MESSAGES, {}, None), {}
+        ),
+        "8b4a40d2fb6ae757e3de388334bad0db": request_digest(tool(fee), ({"order_id": "A-1"},), {}),
+        "ff1db936082b05a0c73415f36fe87a37": request_digest(time.time, (), {}),
+        "0753de7e5f6ae1e4185bdaedfff5ed5f": request_digest(
+            functools.partial(fee, "A-1"), (), {"x": [1, 2.5, None]}
+        ),
+        "68ac8de7a0e8bb097271f55ebea44c64": request_digest(Tariff().price, (3,), {}),
+    }
+    for pinned, got in cases.items():
+        assert got is not None and got.hex() == pinned
+    # Asked again (the function's part kept now), the same bytes.
+    assert request_digest(Tariff().price, (3,), {}).hex() == "68ac8de7a0e8bb097271f55ebea44c64"
+
+
+def test_a_method_of_an_object_kept_as_data_is_encoded_anew() -> None:
+    """Only a function whose parts last is kept: a method of an object msgspec encodes as
+    data (a Struct, a dataclass) answers from that data, which may change between calls."""
+    import msgspec
+
+    class Counter(msgspec.Struct):
+        n: int = 0
+
+        def read(self) -> int:
+            return self.n
+
+    c = Counter()
+    before = request_digest(c.read, (), {})
+    c.n = 5
+    assert before is not None and request_digest(c.read, (), {}) != before
+    # An object with no stable encoding stays so, however often its method is asked.
+    learner = Learner()
+    assert [request_digest(learner.observe, ({"a": i},), {}) for i in range(3)] == [None] * 3
