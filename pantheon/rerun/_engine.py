@@ -408,7 +408,7 @@ class RerunEffects(RecordingEffects):
             self._desk.count(agent.name, args[0])
         now_ns = time.monotonic_ns()
         self._sink(
-            ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name, rec.flag,
+            (call.envelope_id, call.subscriber, call.ordinal, call.name, rec.flag,
              rec.result, rec.error_type, rec.error, time.time(), now_ns, now_ns, call.digest)
         )  # fmt: skip
         if rec.flag == EFFECT_ERROR:
@@ -428,7 +428,7 @@ class RerunEffects(RecordingEffects):
         )
         now_ns = time.monotonic_ns()
         self._sink(
-            ("effect", call.envelope_id, call.subscriber, call.ordinal, call.name,
+            (call.envelope_id, call.subscriber, call.ordinal, call.name,
              EFFECT_DIVERGED, None, None, str(div), time.time(), now_ns, now_ns, call.digest)
         )  # fmt: skip
         if self._on_divergence is not None:

@@ -206,7 +206,7 @@ class RecordingEffects:
                 result = await result
         except Exception as exc:
             self._sink(
-                ("effect", env_id, sub, n, name, EFFECT_ERROR, None, type_name(exc), str(exc),
+                (env_id, sub, n, name, EFFECT_ERROR, None, type_name(exc), str(exc),
                  time.time(), started, time.monotonic_ns(), digest)
             )  # fmt: skip
             raise
@@ -217,7 +217,7 @@ class RecordingEffects:
         blob, as_repr = encode(result)
         flag = EFFECT_REPR if as_repr else EFFECT_OK
         self._sink(
-            ("effect", env_id, sub, n, name, flag, blob, None, None, time.time(), started,
+            (env_id, sub, n, name, flag, blob, None, None, time.time(), started,
              time.monotonic_ns(), digest)
         )  # fmt: skip
         return result

@@ -1,17 +1,19 @@
 """The recording journal: what the writer commits every interval, and how it becomes rows.
 
 Why a journal: the bus handles a message in about 1.5 µs, and building and binding one SQLite
-row from Python costs more than that, under the same GIL. So the hot commit stores each
-batch of envelopes (and of deliveries, and of effects) as one msgpack blob, encoded in C by
-msgspec, in the ``journal`` table: durable at the same group-commit cadence, at a few hundred ns
-of GIL per message. Effects were row inserts until schema 2: the nine-agent pipeline makes five
-effect calls per email, and binding their 12 columns cost the writer 0.10 s of CPU per 3,000
-emails against 0.02 s for every envelope and delivery chunk (``benchmarks/RESULTS.md``). The
-writer turns journal chunks into ``envelopes`` / ``deliveries`` / ``effects`` rows
-("materializes" them) whenever the event loop is not busy, when the recorder finishes, and
-when a store is opened after a crash. Materializing a chunk inserts its rows and deletes it
-in one transaction, so every recorded row is in exactly one of the two places at any time;
-:class:`~pantheon.sessions.SessionStore` reads both, so readers never see the difference.
+row from Python costs more than that, under the same GIL. So each envelope, delivery and
+effect is encoded in C by msgspec as it happens, into msgpack chunks of up to 2,048 rows
+(:class:`EnvelopeRows`, :class:`DeliveryRows`, :class:`EffectRows`), and the hot commit
+stores each chunk as one blob in the ``journal`` table: durable at the same group-commit
+cadence, at about a microsecond of loop time per row. Effects were row inserts until schema
+2: the nine-agent pipeline makes five effect calls per email, and binding their 12 columns
+cost the writer 0.10 s of CPU per 3,000 emails against 0.02 s for every envelope and
+delivery chunk (``benchmarks/RESULTS.md``). The writer turns journal chunks into
+``envelopes`` / ``deliveries`` / ``effects`` rows ("materializes" them) whenever the event
+loop is not busy, when the recorder finishes, and when a store is opened after a crash.
+Materializing a chunk inserts its rows and deletes it in one transaction, so every recorded
+row is in exactly one of the two places at any time; :class:`~pantheon.sessions.SessionStore`
+reads both, so readers never see the difference.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ from pantheon.sessions._codec import safe_repr
 
 __all__ = [
     "CHUNK_ROWS",
-    "ChunkEncoder",
+    "Chunk",
+    "DeliveryRows",
+    "EffectRows",
+    "EnvelopeRows",
     "Materializer",
     "decode_deliveries",
     "decode_effects",
     "decode_envelopes",
-    "encode_effects",
     "insert_rows",
 ]
 
@@ -44,7 +48,7 @@ _I64 = 2**63 - 1
 _U64 = 2**64
 
 DeliveryTuple = tuple[str, int, int, int, int, str]
-#: An effect as the recorder's effects sink queues it, minus the leading ``"effect"`` tag:
+#: An effect as an effects runner hands it to its sink (:class:`EffectRows`):
 #: (envelope id, subscriber, ordinal, name, flag, result blob, error type, error, time,
 #: started_ns, ended_ns, request digest).
 EffectTuple = tuple[
@@ -89,16 +93,119 @@ def _skip_type(cls: type) -> bool:
     return issubclass(cls, asyncio.Future | Receipt) or callable(getattr(cls, "effect", None))
 
 
-class ChunkEncoder:
-    """Encodes batches of live envelopes / delivery tuples into journal blobs (writer side)."""
+#: One journal chunk as the loop thread cuts it: (kind, rows, msgpack blob).
+Chunk = tuple[str, int, bytes]
 
-    __slots__ = ("_enc", "_null_types", "mono_base", "wall_base")
+
+def _array_header(n: int) -> bytes:
+    """msgpack's header of an array of ``n`` items, in its shortest form (as msgspec
+    writes it, so a chunk built row by row is byte for byte one encoded whole)."""
+    if n < 16:
+        return bytes((0x90 | n,))
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+class _Rows:
+    """Rows of one kind, encoded to msgpack on the loop thread as they happen, and cut into
+    journal chunks of :data:`CHUNK_ROWS`.
+
+    Why on the loop thread, at once: the recorder used to keep each envelope and delivery
+    (a C ``append``) and have the writer thread encode a batch of them 50-70 ms later.
+    Keeping them meant every payload outlived its handling, and the writer encoded them
+    with the GIL held, from memory another core had written: 75-85 ms of
+    writer CPU per 3,000-email pipeline run for the envelopes alone (2,048 at a time, one C
+    call the loop could not interrupt), and the kept payloads cost the loop more again (the
+    collector's young generation had to be held at 50,000). Encoded at once, what the loop
+    pays is one C call on memory it has just written, and nothing is kept but bytes.
+    Measured in ``benchmarks/RESULTS.md`` ("Session 11").
+
+    Loop thread only: the listeners, the effects sink and the recorder's ticker."""
+
+    __slots__ = ("_buf", "_chunks", "_encode_into", "count", "kind", "taken")
+
+    def __init__(self, kind: str, encoder: msgspec.msgpack.Encoder) -> None:
+        self.kind = kind
+        self._encode_into = encoder.encode_into
+        self._buf = bytearray()
+        self._chunks: list[Chunk] = []
+        #: Rows in the open chunk, and in the cut ones not taken yet.
+        self.count = 0
+        self.taken = 0
+
+    def rows(self) -> int:
+        """Rows waiting to be taken."""
+        return self.taken + self.count
+
+    def add(self, row: tuple[Any, ...]) -> None:
+        """One row of plain values (an effect: :data:`EffectTuple`)."""
+        self._encode_into(row, self._buf, -1)
+        self.count += 1
+        if self.count == CHUNK_ROWS:
+            self._cut()
+
+    def _head(self) -> bytes:
+        return _array_header(self.count)
+
+    def _cut(self) -> None:
+        self._chunks.append((self.kind, self.count, self._head() + self._buf))
+        self.taken += self.count
+        self._buf = bytearray()
+        self.count = 0
+
+    def take(self) -> list[Chunk]:
+        """Every row so far, as chunks (the open one cut), oldest first."""
+        if self.count:
+            self._cut()
+        chunks, self._chunks = self._chunks, []
+        self.taken = 0
+        return chunks
+
+
+class EffectRows(_Rows):
+    """Effects as the effects runner reports them (:data:`EffectTuple`; results are msgpack
+    already, encoded when the effect returned)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("effects", _raw)
+
+
+class DeliveryRows(_Rows):
+    """The bus's :class:`~bus.Delivery` reports, as :data:`DeliveryTuple` rows."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("deliveries", _raw)
+
+    def add_delivery(self, d: Delivery) -> None:
+        """The bus's ``on_delivery`` listener."""
+        env = d.envelope
+        self._encode_into(
+            (d.subscriber, env.id, env.created, d.started, d.ended, d.outcome), self._buf, -1
+        )
+        self.count += 1
+        if self.count == CHUNK_ROWS:
+            self._cut()
+
+
+class EnvelopeRows(_Rows):
+    """Envelopes as published, whole (the payload as it was at that moment: a handler that
+    mutates it later cannot change the record). A payload msgspec cannot encode is stored as
+    its repr and its position flagged. A chunk is ``[wall base, monotonic base, flagged
+    positions, envelopes]``: the bases turn each ``created`` into wall-clock time."""
+
+    __slots__ = ("_flagged", "_null_types", "mono_base", "wall_base")
 
     def __init__(self, wall_base: float, mono_base: int) -> None:
+        super().__init__("envelopes", msgspec.msgpack.Encoder(enc_hook=self._hook))
         self.wall_base = wall_base
         self.mono_base = mono_base
+        self._flagged: list[int] = []
         self._null_types: set[type] = set()
-        self._enc = msgspec.msgpack.Encoder(enc_hook=self._hook)
 
     def _hook(self, obj: Any) -> Any:
         cls = type(obj)
@@ -109,41 +216,37 @@ class ChunkEncoder:
             return None
         raise TypeError(f"cannot encode {cls.__qualname__}")
 
-    def envelopes(self, batch: Sequence[Envelope]) -> bytes:
+    def add_envelope(self, env: Envelope) -> None:
+        """The bus's ``on_publish`` listener."""
+        buf = self._buf
+        mark = len(buf)
         try:
-            return self._enc.encode((self.wall_base, self.mono_base, (), batch))
+            self._encode_into(env, buf, -1)
         except Exception:
-            pass
-        # Some payload is not encodable: find it, store its repr, flag its position.
-        fixed: list[Envelope] = []
-        flagged: list[int] = []
-        for i, env in enumerate(batch):
-            try:
-                self._enc.encode(env)
-                fixed.append(env)
-            except Exception:
-                flagged.append(i)
-                fixed.append(
-                    msgspec.structs.replace(
-                        env, payload=safe_repr(env.payload), context=None, reply=None
-                    )
-                )
-        return self._enc.encode((self.wall_base, self.mono_base, flagged, fixed))
+            del buf[mark:]
+            self._flagged.append(self.count)
+            self._encode_into(
+                msgspec.structs.replace(
+                    env, payload=safe_repr(env.payload), context=None, reply=None
+                ),
+                buf,
+                -1,
+            )
+        self.count += 1
+        if self.count == CHUNK_ROWS:
+            self._cut()
 
-    def deliveries(self, batch: Sequence[Delivery]) -> bytes:
-        """The bus's :class:`~bus.Delivery` objects as the loop thread kept them (one C
-        ``append`` each), flattened here, on the writer thread, to :data:`DeliveryTuple`."""
-        return _raw.encode(
-            [(d.subscriber, d.envelope.id, d.envelope.created, d.started, d.ended, d.outcome)
-             for d in batch]
-        )  # fmt: skip
+    def add_own_envelope(self, env: Envelope) -> None:
+        """``on_publish`` of a bus with peers: an envelope from another process (its
+        ``reply`` is that transport's :class:`~bus.Receipt`) is that process's to journal."""
+        if not isinstance(env.reply, Receipt):
+            self.add_envelope(env)
 
-
-def encode_effects(batch: Sequence[tuple[Any, ...]]) -> bytes:
-    """Effect events (``("effect", *EffectTuple)``, as queued) as one journal blob. Results
-    are msgpack already (encoded on the loop when the effect returned, so a handler that
-    mutates what it got back cannot change the record); here they are only framed."""
-    return _raw.encode([ev[1:] for ev in batch])
+    def _head(self) -> bytes:
+        head = _raw.encode((self.wall_base, self.mono_base, self._flagged))
+        self._flagged = []
+        # The 3-item array's header, widened to 4 by the envelopes that follow it.
+        return b"\x94" + head[1:] + _array_header(self.count)
 
 
 def _db(i: int | None) -> int | None:

@@ -3,28 +3,20 @@
 Where the cost goes, and why it is arranged this way (measured with
 ``tests/pantheon/sessions_bench.py``):
 
-* Per message, the bus thread only appends: the publish listener *is* ``list.append`` (a C
-  call storing a reference to the envelope) and the delivery listener appends one small
-  record (a ``gc=False`` Struct: a tuple per message woke the cycle collector often enough
-  to cost ~7 % of throughput by itself).
-* Every ``commit_interval`` the recorder's ticker (a task on the bus's loop) swaps those two
-  lists for fresh ones and hands the full ones to the writer thread, which encodes them in C
-  (msgspec) into journal chunks, with the effects queued meanwhile, and group-commits them
-  with the rare rows (dead letters, breaker transitions, metrics) in one transaction (see
-  ``_journal``).
-* The writer hands the lists back and the ticker drops them, so envelopes are freed on the
-  bus thread as they are without a recorder. Freeing them on the writer thread cost 15-20 %
-  of throughput: refcounts of shared objects (payloads, the effects runner, topic strings)
-  bounced between cores.
+* Per message, the bus thread encodes: the publish listener, the delivery listener and the
+  effects sink each write one msgpack row, in C, into the open journal chunk of their kind
+  (``_journal.EnvelopeRows``...), and keep nothing else: the envelope and its payload are
+  freed when their handlings end, as they are without a recorder. A payload is recorded as
+  it was published, whatever a handler does to it afterwards.
+* Every ``commit_interval`` the recorder's ticker (a task on the bus's loop) takes the
+  chunks written so far and hands them to the writer thread, which group-commits them with
+  the rare rows (dead letters, breaker transitions, metrics) in one transaction (see
+  ``_journal``); SQLite releases the GIL for most of that.
 
 The commit cadence therefore follows the loop: a publisher that never yields to the loop
 (no ``await`` that suspends) for a stretch also commits nothing during that stretch; it
 does not lose anything unless the process dies inside it. Bus workers yield every 128
 messages, so a running team ticks on time.
-
-Payloads are encoded by the writer thread, up to one commit interval after publish. They are
-shared by reference with every subscriber anyway, so treat them as immutable: a payload
-mutated after it was emitted is recorded as mutated.
 """
 
 from __future__ import annotations
@@ -32,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import gc
 import json
 import os
 import threading
@@ -47,21 +38,20 @@ from bus import (
     BreakerEvent,
     Bus,
     DeadLetter,
-    Delivery,
     Envelope,
     InProcessTransport,
     ObserverHandle,
-    Receipt,
     beside_the_loop,
 )
 from pantheon.sessions._codec import safe_repr
 from pantheon.sessions._effects import EffectsContext, EffectSink, RecordingEffects
 from pantheon.sessions._errors import RecordingError
 from pantheon.sessions._journal import (
-    CHUNK_ROWS,
-    ChunkEncoder,
+    Chunk,
+    DeliveryRows,
+    EffectRows,
+    EnvelopeRows,
     Materializer,
-    encode_effects,
     insert_rows,
 )
 from pantheon.sessions._shipping import (
@@ -136,63 +126,6 @@ def _machine_idle_s() -> float | None:
         return None
 
 
-#: While any recorder is attached, the cycle collector's youngest generation runs after this
-#: many net allocations of tracked objects instead of CPython's 700. A recording keeps every
-#: message's payload alive until its batch is committed (~50-70 ms), so allocations outrun
-#: frees and the default made the collector run ten times as often and promote what it
-#: found to older generations: 18% of a recorded nine-agent pipeline's time (122 ms of GC in
-#: a 3,000-email run against 11 ms unrecorded). At 10,000 a run still saw 5-6 collections of
-#: the young generation, each traversing the ~10,000 payload objects the recording held
-#: (2-7 ms apiece, 11-55 ms of GC per run with the older generations they fed); at 50,000
-#: it sees none in the run's 0.6 s (a 3,000-email run allocates ~50,000 net), and a cycle
-#: of garbage waits for at most that many allocations (a few MB).
-_GC_GEN0 = 50_000
-
-
-class _GcTuning:
-    """Raises the gen0 threshold while recorders are attached, and puts back what it found
-    when the last one detaches (unless someone changed it meanwhile)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._attached = 0
-        self._before: tuple[int, int, int] | None = None
-
-    def attach(self) -> None:
-        with self._lock:
-            self._attached += 1
-            if self._attached == 1:
-                before = gc.get_threshold()
-                if before[0] and before[0] < _GC_GEN0:  # 0: collection is disabled
-                    self._before = before
-                    gc.set_threshold(_GC_GEN0, before[1], before[2])
-
-    def detach(self) -> None:
-        with self._lock:
-            self._attached -= 1
-            before = self._before
-            if self._attached == 0 and before is not None:
-                self._before = None
-                if gc.get_threshold() == (_GC_GEN0, before[1], before[2]):
-                    gc.set_threshold(*before)
-
-
-_gc_tuning = _GcTuning()
-
-
-_Batch = tuple[list[Envelope], list[Delivery]]
-
-
-class _Buffers:
-    """What the listeners append to; swapped wholesale by the ticker (bus thread only)."""
-
-    __slots__ = ("dels", "envs")
-
-    def __init__(self) -> None:
-        self.envs: list[Envelope] = []
-        self.dels: list[Delivery] = []
-
-
 class _Writer(threading.Thread):
     """The one thread that touches SQLite for a recording.
 
@@ -210,8 +143,6 @@ class _Writer(threading.Thread):
         path: Path | None,
         synchronous: str,
         session_id: str,
-        wall_base: float,
-        mono_base: int,
         *,
         ship: Ship | None = None,
         nodes: Sequence[str] = (),
@@ -226,9 +157,6 @@ class _Writer(threading.Thread):
         #: run's stay its own.
         self.node_index = {name: i + 1 for i, name in enumerate(nodes)}
         self.processes = len(nodes) + 1
-        #: Set once the bus has peers: envelopes that came from another process are that
-        #: process's to journal (see ``_shipping``).
-        self.own_only = False
         #: Shipments a node sent that could not be decoded (dropped; the node is named in
         #: the log, and its journal shows the gap).
         self.bad_shipments = 0
@@ -242,9 +170,8 @@ class _Writer(threading.Thread):
         #: loop's thread, read and reset by this one (a float store; a lost update only
         #: shortens one window).
         self.loop_late = 0.0
-        #: Batches from the bus thread, and the same batches handed back for it to free.
-        self.inbox: deque[_Batch] = deque()
-        self.spent: deque[_Batch] = deque()
+        #: Batches of journal chunks from the bus thread.
+        self.inbox: deque[list[Chunk]] = deque()
         #: Rare rows, appended by the bus thread at any time.
         self.events: deque[tuple[Any, ...]] = deque()
         self.backlog = 0  # rows handed over and not committed yet
@@ -253,7 +180,6 @@ class _Writer(threading.Thread):
         self.rows = 0
         self.max_commit_s = 0.0
         self.materialized = 0
-        self._encoder = ChunkEncoder(wall_base, mono_base)
         self._cond = threading.Condition()
         self._stopping = False
         self._submitted = 0
@@ -267,12 +193,12 @@ class _Writer(threading.Thread):
 
     # -- called from other threads ----------------------------------------------------------
 
-    def submit(self, batch: _Batch | None) -> int:
-        """Queue a batch (None: only the pending events) and return its ticket."""
+    def submit(self, batch: list[Chunk]) -> int:
+        """Queue a batch (empty: only the pending events) and return its ticket."""
         with self._cond:
-            if batch is not None:
+            if batch:
                 self.inbox.append(batch)
-                self.backlog += len(batch[0]) + len(batch[1])
+                self.backlog += sum(chunk[1] for chunk in batch)
             self._submitted += 1
             self._cond.notify_all()
             return self._submitted
@@ -286,8 +212,7 @@ class _Writer(threading.Thread):
             )
 
     def pending(self) -> int:
-        """Rows waiting: the batches' and the rare ones (effects above all: a handler can
-        run many per message, and they would otherwise escape ``max_pending``)."""
+        """Rows handed over and waiting: the batches' and the rare ones."""
         return self.backlog + len(self.events)
 
     def wait_below(self, rows: int, timeout: float = 60.0) -> None:
@@ -340,12 +265,9 @@ class _Writer(threading.Thread):
                         batches.append(self.inbox.popleft())
                     self._commit(conn, batches)
                     with self._cond:
-                        self.backlog -= sum(len(b[0]) + len(b[1]) for b in batches)
+                        self.backlog -= sum(chunk[1] for batch in batches for chunk in batch)
                         self._committed = target
                         self._cond.notify_all()
-                    # Give the lists back: the bus thread frees the envelopes.
-                    self.spent.extend(batches)
-                    del batches
                 if self._journal and materializer is not None:
                     self._materialize(materializer, time.monotonic(), everything=stopping)
                 if stopping and not self.inbox and not self.events and not self._journal:
@@ -429,7 +351,7 @@ class _Writer(threading.Thread):
                 journal.popleft()
                 self.materialized += 1
 
-    def _commit(self, conn: Any, batches: list[_Batch]) -> None:
+    def _commit(self, conn: Any, batches: list[list[Chunk]]) -> None:
         started = time.perf_counter()
         # Events are taken after the batches were handed over: a failed delivery's dead
         # letter is appended before the delivery itself, so it lands in this transaction or
@@ -440,12 +362,10 @@ class _Writer(threading.Thread):
         seq = self._seq
         wall = time.time()
 
-        dlq_rows, breaker_rows, effects, metric_rows, shipments = [], [], [], [], []
+        dlq_rows, breaker_rows, metric_rows, shipments = [], [], [], []
         for ev in batch_events:
             kind = ev[0]
-            if kind == "effect":
-                effects.append(ev)
-            elif kind == "dlq":
+            if kind == "dlq":
                 d: DeadLetter = ev[1]
                 env = d.envelope
                 dlq_rows.append(
@@ -467,25 +387,13 @@ class _Writer(threading.Thread):
 
         journal_rows: list[tuple[Any, ...]] = []
         n_rows = 0
-        # Each kind with its own encoder; effects are journaled too (see ``_journal``), so a
-        # commit binds one row per chunk of 2,048 and not 12 columns per effect.
-        kinds: list[tuple[str, Sequence[Any], Callable[[Sequence[Any]], bytes]]] = []
-        for envs, dels in batches:
-            if self.own_only:
-                envs = [e for e in envs if not isinstance(e.reply, Receipt)]
-            kinds.append(("envelopes", envs, self._encoder.envelopes))
-            kinds.append(("deliveries", dels, self._encoder.deliveries))
-        kinds.append(("effects", effects, encode_effects))
-        for kind, batch, encode in kinds:
-            for i in range(0, len(batch), CHUNK_ROWS):
-                part = batch[i : i + CHUNK_ROWS]
-                journal_rows.append(
-                    (sid, self._jseq, kind, seq[kind], len(part), wall, encode(part), None)
-                )
+        # One journal row per chunk of up to 2,048 rows, encoded already (``_journal``).
+        for batch in batches:
+            for kind, count, blob in batch:
+                journal_rows.append((sid, self._jseq, kind, seq[kind], count, wall, blob, None))
                 self._jseq += 1
-                seq[kind] += len(part)
-                n_rows += len(part)
-        del effects
+                seq[kind] += count
+                n_rows += count
 
         if self.ship is not None:
             self._ship(journal_rows, dlq_rows, breaker_rows)
@@ -682,14 +590,7 @@ class Recorder:
             forked_from=forked_from,
         )
         self._setup(
-            _Writer(
-                store.path,
-                store.synchronous,
-                self.session_id,
-                time.time(),
-                time.monotonic_ns(),
-                nodes=nodes,
-            ),
+            _Writer(store.path, store.synchronous, self.session_id, nodes=nodes),
             seed,
             commit_interval,
             commit_rows,
@@ -718,25 +619,18 @@ class Recorder:
         self.metrics_interval = metrics_interval
         self._writer = writer
         self._writer.start()
-        self._effects = EffectsContext.wrap(RecordingEffects(self._writer.events.append, seed))
+        # What the loop thread writes into as things happen (see ``_journal``).
+        self._envelopes = EnvelopeRows(time.time(), time.monotonic_ns())
+        self._deliveries = DeliveryRows()
+        self._effect_rows = EffectRows()
+        self._effects = EffectsContext.wrap(RecordingEffects(self._effect_rows.add, seed))
         self._bus: Bus | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._finished = False
         self._prev_context: Any = None
         self._handle: ObserverHandle | None = None
-        self._gc_tuned = False  # this recording holds the collector's raised threshold
         self._last_swap = time.monotonic()
         self._waits = 0
-        bufs = self._bufs = _Buffers()
-
-        # What the bus calls: ``on_publish`` and ``on_delivery`` are the current buffers' own
-        # ``append`` (no Python frame per message), rebound at every swap (see _swap).
-        self._tap = SimpleNamespace(
-            on_publish=bufs.envs.append,
-            on_delivery=bufs.dels.append,
-            on_dead_letter=self._on_dead_letter,
-            on_breaker=self._on_breaker,
-        )
         atexit.register(self._atexit)
 
     def __repr__(self) -> str:
@@ -769,7 +663,7 @@ class Recorder:
         Before :meth:`attach` only: the bus carries the runner from then on."""
         if self._bus is not None:
             raise RuntimeError(f"{self!r} is attached already: choose its effects before")
-        runner = make(self._writer.events.append)
+        runner = make(self._effect_rows.add)
         self._effects = EffectsContext.wrap(runner)
         return runner
 
@@ -784,7 +678,7 @@ class Recorder:
         return {
             "rows": w.rows,
             "commits": w.commits,
-            "pending": w.pending() + len(self._bufs.envs) + len(self._bufs.dels),
+            "pending": w.pending() + self._rows(),
             "backpressure_waits": self._waits,
             "max_commit_s": w.max_commit_s,
             "materialized_chunks": w.materialized,
@@ -804,10 +698,18 @@ class Recorder:
         bus.session_id = self.session_id
         self._prev_context = bus.context
         bus.context = self._effects
-        self._handle = bus.observe(self._tap)
-        self._writer.own_only = type(bus.transport) is not InProcessTransport
-        _gc_tuning.attach()
-        self._gc_tuned = True
+        envelopes = self._envelopes
+        self._handle = bus.observe(
+            SimpleNamespace(
+                # A bus with peers journals only its own envelopes (see ``_shipping``).
+                on_publish=envelopes.add_envelope
+                if type(bus.transport) is InProcessTransport
+                else envelopes.add_own_envelope,
+                on_delivery=self._deliveries.add_delivery,
+                on_dead_letter=self._on_dead_letter,
+                on_breaker=self._on_breaker,
+            )
+        )
         if hasattr(time, "pthread_getcpuclockid"):
             with contextlib.suppress(OSError):
                 self._writer.loop_clock = time.pthread_getcpuclockid(threading.get_ident())
@@ -824,32 +726,22 @@ class Recorder:
         if self._bus is not None and self.store is not None:
             self._writer.events.append(("metrics", time.time(), self._bus.stats().to_dict()))
 
-    def _swap(self) -> int:
-        """Hand the filled buffers to the writer (bus thread only); returns the ticket."""
-        bufs = self._bufs
-        envs, dels = bufs.envs, bufs.dels
-        self._last_swap = time.monotonic()
-        if not envs and not dels:
-            return self._writer.submit(None)
-        bufs.envs = []
-        bufs.dels = []
-        self._tap.on_publish = bufs.envs.append
-        self._tap.on_delivery = bufs.dels.append
-        if self._handle is not None:
-            self._handle.refresh()
-        return self._writer.submit((envs, dels))
+    def _rows(self) -> int:
+        """Rows written on the loop thread and not handed to the writer yet."""
+        return self._envelopes.rows() + self._deliveries.rows() + self._effect_rows.rows()
 
-    def _release(self) -> None:
-        spent = self._writer.spent
-        while spent:
-            spent.popleft()
+    def _swap(self) -> int:
+        """Hand what was written to the writer (bus thread only); returns the ticket."""
+        self._last_swap = time.monotonic()
+        return self._writer.submit(
+            self._envelopes.take() + self._deliveries.take() + self._effect_rows.take()
+        )
 
     def _detach(self) -> None:
         bus = self._bus
         if bus is None:
             return
         self._bus = None
-        self._untune_gc()
         if self._handle is not None:
             self._handle.close()
             self._handle = None
@@ -859,36 +751,26 @@ class Recorder:
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         writer = self._writer
-        bufs = self._bufs
         next_metrics = loop.time() + self.metrics_interval
         while True:
             asleep = time.monotonic()
-            try:
-                await asyncio.sleep(_TICK)
-            except asyncio.CancelledError:
-                # finish() stops the ticker, and so does a loop shutting down without
-                # finish(): then nothing more is recorded, so the collector is given back.
-                self._untune_gc()
-                raise
+            await asyncio.sleep(_TICK)
             if writer.error is not None or not writer.is_alive():
                 # The run goes on unrecorded; finish() reports why.
                 self._detach()
                 return
-            self._release()
             now = time.monotonic()
             late = now - asleep - _TICK
             if late > writer.loop_late:
                 writer.loop_late = late
-            if (bufs.envs or bufs.dels or writer.events) and (
+            rows = self._rows()
+            if (rows or writer.events) and (
                 now - self._last_swap >= self.commit_interval
-                or len(bufs.envs) + len(bufs.dels) >= self.commit_rows
+                or rows >= self.commit_rows
+                or rows + writer.pending() > self.max_pending
             ):
                 self._swap()
-            if writer.backlog + len(writer.events) > self.max_pending:
-                if writer.events:
-                    # The writer takes the rare rows only with a submitted batch: hand it
-                    # one now, or it would have nothing to do while the loop waits.
-                    self._swap()
+            if writer.pending() > self.max_pending:
                 self._waits += 1
                 # Deliberately blocks the loop: the only backpressure a synchronous listener
                 # can apply. Waiting releases the GIL, so the writer runs flat out meanwhile.
@@ -901,7 +783,6 @@ class Recorder:
         """Wait until everything recorded so far is committed (readers can see it)."""
         ticket = self._swap()
         await asyncio.to_thread(self._writer.wait, ticket)
-        self._release()
         self._raise_if_failed()
 
     def _raise_if_failed(self) -> None:
@@ -934,7 +815,6 @@ class Recorder:
         self._swap()
         self._detach()
         await asyncio.to_thread(self._writer.close)
-        self._release()
         if self.store is not None:
             summary = dict(summary or {})
             if self._writer.error is not None:
@@ -942,16 +822,9 @@ class Recorder:
             await asyncio.to_thread(self.store.end_session, self.session_id, status, summary)
         self._raise_if_failed()
 
-    def _untune_gc(self) -> None:
-        """Give back this recording's hold on the collector's threshold, once."""
-        if self._gc_tuned:
-            self._gc_tuned = False
-            _gc_tuning.detach()
-
     def _atexit(self) -> None:
         # Interpreter exit without finish(): commit what is buffered; the session stays
         # 'running' and the next open of the store marks it aborted.
-        self._untune_gc()
         with contextlib.suppress(Exception):
             self._swap()
         self._writer.close(timeout=10.0)
@@ -967,7 +840,7 @@ def import_shipments(
     no process is recording any more, after what it holds, and materialize them; returns
     how many were applied (shipments the session has already are skipped). ``pantheon
     resume`` of a NATS run reads from the stream what its dead driver had not stored."""
-    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0, nodes=nodes)
+    writer = _Writer(store.path, store.synchronous, session_id, nodes=nodes)
     conn = connect(store.path, store.synchronous)
     try:
         writer.continue_from(conn)
@@ -995,11 +868,14 @@ def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[E
     if not missing:
         return 0
     # Bases 0: ``created`` is wall-clock ns already, so the chunk's wall times come out right.
-    writer = _Writer(store.path, store.synchronous, session_id, 0.0, 0)
+    rows = EnvelopeRows(0.0, 0)
+    for env in missing:
+        rows.add_envelope(env)
+    writer = _Writer(store.path, store.synchronous, session_id)
     conn = connect(store.path, store.synchronous)
     try:
         writer.continue_from(conn)
-        writer._commit(conn, [(list(missing), [])])
+        writer._commit(conn, [rows.take()])
         Materializer(conn, session_id).run()
     finally:
         conn.close()
@@ -1028,7 +904,7 @@ class ShippingRecorder(Recorder):
         self.store = None
         self.session_id = session_id
         self._setup(
-            _Writer(None, "", session_id, time.time(), time.monotonic_ns(), ship=ship),
+            _Writer(None, "", session_id, ship=ship),
             seed,
             commit_interval,
             commit_rows,

@@ -11,7 +11,7 @@ import pytest
 
 from bus import Bus, Envelope
 from pantheon.sessions import SCHEMA_VERSION, Recorder, SessionStore, StoreError
-from pantheon.sessions._journal import ChunkEncoder
+from pantheon.sessions._journal import EnvelopeRows
 
 #: The version-1 schema as Pantheon shipped it (its journal refused ``kind = 'effects'``).
 V1_SCHEMA = """
@@ -105,9 +105,11 @@ def _old_store(path: Path) -> None:
              100.56, 5_810, 5_890),
         ],
     )  # fmt: skip
-    chunk = ChunkEncoder(200.0, 0).envelopes(
-        [Envelope(topic="email.received", payload={"id": "e9"}, id=21, created=1_000_000_000)]
+    rows = EnvelopeRows(200.0, 0)
+    rows.add_envelope(
+        Envelope(topic="email.received", payload={"id": "e9"}, id=21, created=1_000_000_000)
     )
+    ((_, _, chunk),) = rows.take()
     conn.execute("INSERT INTO journal VALUES ('old-cut', 0, 'envelopes', 0, 1, 200.5, ?)", (chunk,))
     conn.commit()
     conn.close()
