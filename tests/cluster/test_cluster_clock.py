@@ -73,8 +73,8 @@ def test_queue_waits_across_processes_on_one_machine_are_exact(tmp_path: Path) -
     assert {(envelopes[d.envelope_id].node, d.node) for d in crossed} == {(None, "a"), ("a", "b")}
     assert len(crossed) == 80
     # The receiver's ``created`` is the publisher's own reading, to the nanosecond: the
-    # move onto the wire and back cancels exactly (it was off by up to 4.4 ms either way,
-    # 3% of a 3-node support run's waits negative).
+    # move onto the wire and back cancels exactly (it was off by up to 4.4 ms either way:
+    # 1 to 8% of a 3-node support run's waits came out negative).
     assert [d.enqueued_ns for d in crossed] == [
         envelopes[d.envelope_id].created_ns for d in crossed
     ]
