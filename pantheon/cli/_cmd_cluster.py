@@ -441,7 +441,13 @@ def _node_telemetry(scenario: Any, node: str) -> Any:
 
 def _node_line(name: str, status: dict[str, Any], host: Any) -> str:
     offset = status.get("clock_offset_ns")
-    clock = "not yet measured" if offset is None else f"{offset / 1000:+.1f} µs"
+    clock = (
+        "exactly known (same machine)"
+        if status.get("clock_shared")
+        else "not yet measured"
+        if offset is None
+        else f"{offset / 1000:+.1f} µs (estimated)"
+    )
     handled = sum(s.delivered + s.dead_lettered for s in host.bus.stats().subscribers.values())
     return (
         f"node {name}: handled {handled}, outstanding {status['outstanding']}, "

@@ -250,7 +250,9 @@ def print_nodes(out: Console, summary: Any) -> None:
         transport = n.get("transport") or {}
         over_nats = "team" in transport  # NatsTransport's stats: no broker, no clock sync
         clock = (
-            f"  clock offset {offset:+.1f} µs"
+            "  clock shared with the broker (same machine: queue waits are exact)"
+            if transport.get("clock_shared")
+            else f"  clock offset {offset:+.1f} µs (estimated, ± half a heartbeat's round trip)"
             if offset is not None
             else "  clock offset not measured (shorter than one heartbeat)"
             if n["status"] == "ok" and not over_nats

@@ -9,7 +9,14 @@ user API) and the ``pantheon`` command are built on these.
 """
 
 from pantheon.runner._build import AgentSetupError, Team, build_team, check_model, team_setup
-from pantheon.runner._inputs import HttpSource, InboxClosed, InboxFull, jsonl_labels
+from pantheon.runner._inputs import (
+    HttpSource,
+    InboxClosed,
+    InboxFull,
+    JsonlLine,
+    jsonl_labels,
+    read_jsonl,
+)
 from pantheon.runner._multiprocess import (
     ClusterError,
     NodeHost,
@@ -37,6 +44,7 @@ __all__ = [
     "HttpSource",
     "InboxClosed",
     "InboxFull",
+    "JsonlLine",
     "NodeHost",
     "Recording",
     "RunSummary",
@@ -51,6 +59,7 @@ __all__ = [
     "jsonl_labels",
     "judge",
     "local_report",
+    "read_jsonl",
     "recording",
     "run_scenario",
     "say_control",

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from agents import InputItem
 from bus import Bus, BusError, Priority
@@ -41,11 +41,13 @@ __all__ = [
     "DEFAULT_STDIN_BUFFER",
     "GeneratorSource",
     "InputSource",
+    "JsonlLine",
     "JsonlSource",
     "StdinSource",
     "count_inputs",
     "jsonl_labels",
     "open_input",
+    "read_jsonl",
     "run_flood",
 ]
 
@@ -173,12 +175,28 @@ class JsonlSource:
         self.shape = shape
 
     async def __aiter__(self) -> AsyncIterator[InputItem]:
-        for line, record, problem in _jsonl(self.path):
+        for line, record, problem in read_jsonl(self.path):
             yield self.shape.malformed(line, problem) if problem else self.shape(record, line)
 
 
-def _jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
-    """(line number, record, why it is no record) for every non-blank line."""
+class JsonlLine(NamedTuple):
+    """One non-blank line of a JSON-lines file: its number (from 1), and either the JSON
+    object it holds (``record``) or why it holds none (``problem``, e.g. ``"not JSON:
+    Expecting value"``, ``"not a JSON object"``); exactly one of the two is ``None``."""
+
+    line: int
+    record: dict[str, Any] | None
+    problem: str | None
+
+
+def read_jsonl(path: Path) -> Iterator[JsonlLine]:
+    """Every non-blank line of the JSON-lines file at ``path``, as a ``jsonl`` input reads
+    it: one :class:`JsonlLine` each, in file order, lazily.
+
+    A line that is no JSON object is a located problem, never an exception: a run publishes
+    it on the input's ``malformed_topic`` with its line and reason, so a team's tests that
+    read the same file through this see the same lines, numbers and reasons. Bytes that
+    are not UTF-8 are replaced, not refused (a mangled body is still an email)."""
     with path.open(encoding="utf-8", errors="replace") as f:
         for n, text in enumerate(f, 1):
             if not text.strip():
@@ -186,15 +204,15 @@ def _jsonl(path: Path) -> Iterator[tuple[int, Any, str | None]]:
             try:
                 record = json.loads(text)
             except json.JSONDecodeError as exc:
-                yield n, None, f"not JSON: {exc.msg}"
+                yield JsonlLine(n, None, f"not JSON: {exc.msg}")
                 continue
             except (ValueError, RecursionError) as exc:  # an int past 4,300 digits; too deep
-                yield n, None, f"not JSON: {_unreadable(exc)}"
+                yield JsonlLine(n, None, f"not JSON: {_unreadable(exc)}")
                 continue
             if not isinstance(record, dict):
-                yield n, None, "not a JSON object"
+                yield JsonlLine(n, None, "not a JSON object")
                 continue
-            yield n, record, None
+            yield JsonlLine(n, record, None)
 
 
 def _unreadable(exc: ValueError | RecursionError) -> str:
@@ -215,8 +233,8 @@ def jsonl_labels(config: JsonlInputConfig | FileInputConfig) -> dict[str, Any]:
         return {}
     return {
         str(record[config.key]): record[config.label]
-        for _, record, problem in _jsonl(config.path)
-        if problem is None and record.get(config.key) is not None and config.label in record
+        for _, record, _ in read_jsonl(config.path)
+        if record is not None and record.get(config.key) is not None and config.label in record
     }
 
 

@@ -281,6 +281,7 @@ def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
         "inputs_done": all(o.done.is_set() for o in observers),
         # Zero until a heartbeat came back: no round trip measured, no offset known.
         "clock_offset_ns": t.get("clock_offset_ns") if t.get("rtt_ns") else None,
+        "clock_shared": bool(t.get("clock_shared")),
     }
 
 

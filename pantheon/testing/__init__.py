@@ -30,12 +30,15 @@ stops itself, and ``python -m pantheon.testing --reply module:reply`` serves it 
 ``pantheon new NAME`` writes a team whose tests use these. :class:`ModelServer` answers chat
 completions and Anthropic Messages (seen by its replies as :func:`openai_view` gives them)
 on 127.0.0.1 over real sockets (``with ModelServer(reply=classify_reply) as
-server: ... server.base_url``). The bus's own helpers (:class:`FakeClock`,
-:func:`memory_bus`, :func:`capture_events`) are here too, so a team's tests import from one
-place.
+server: ... server.base_url``). :func:`read_jsonl` reads a team's JSON-lines input file
+line by line exactly as a ``jsonl`` input does (a malformed line is a located problem, not
+an exception), for a test that wants what the run will see. The bus's own helpers
+(:class:`FakeClock`, :func:`memory_bus`, :func:`capture_events`) are here too, so a team's
+tests import from one place.
 """
 
 from bus.testing import FakeClock, capture_events, memory_bus
+from pantheon.runner import JsonlLine, read_jsonl
 from pantheon.standin import (
     ModelServer,
     ReceivedRequest,
@@ -75,6 +78,7 @@ __all__ = [
     "ChatRequest",
     "EffectCall",
     "FakeClock",
+    "JsonlLine",
     "ModelServer",
     "ReceivedRequest",
     "RecordedEffects",
@@ -91,6 +95,7 @@ __all__ = [
     "memory_bus",
     "open_session",
     "openai_view",
+    "read_jsonl",
     "replay_matches",
     "run_scenario",
     "schema_reply",

@@ -1,58 +1,28 @@
-"""The support desk's inbox: reading it, telling an email from a record it cannot act on,
-and what the Sensor pulls out of each email.
+"""The support desk's inbox: telling an email from a record it cannot act on, and what the
+Sensor pulls out of each email.
 
 ``scenarios/support_email.yaml`` names these by import path: ``input.validate`` is
 ``"support.emails:email_problem"``, the Sensor's ``extract`` setting
-``"support.emails:extract_features"``.
+``"support.emails:extract_features"``. Reading the inbox is the run's (``input: {kind:
+jsonl}``); a test that wants it line by line as the run sees it uses
+``pantheon.testing.read_jsonl``.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from support.pii import find_pii
 
-__all__ = ["email_problem", "extract_features", "read_emails"]
+__all__ = ["email_problem", "extract_features"]
 
 _REQUIRED = ("id", "from", "subject", "body")
 #: Control characters other than tab, newline and carriage return (counted in C: a Python
 #: loop over every character of every body was a third of the Observer's time).
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f]")
-
-
-def read_emails(path: Path) -> Iterator[dict[str, Any]]:
-    """Every line of a JSONL inbox as a record; a line that is not a JSON object becomes
-    ``{"_line": n, "_error": ..., "_raw": ...}`` so a caller can report it, not crash."""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                yield {"_line": n, "_error": f"not JSON: {exc.msg}", "_raw": line[:200]}
-                continue
-            except RecursionError:  # valid syntax, nested past the interpreter's limit
-                yield {
-                    "_line": n,
-                    "_error": "not JSON: nested too deep to read",
-                    "_raw": line[:200],
-                }
-                continue
-            except ValueError as exc:  # an integer past 4,300 digits: its first clause
-                why = str(exc).split(";", 1)[0]
-                yield {"_line": n, "_error": f"not JSON: {why}", "_raw": line[:200]}
-                continue
-            if not isinstance(record, dict):
-                yield {"_line": n, "_error": "not a JSON object", "_raw": line[:200]}
-                continue
-            record["_line"] = n
-            yield record
 
 
 def email_problem(record: Any) -> str | None:
@@ -64,8 +34,6 @@ def email_problem(record: Any) -> str | None:
     """
     if not isinstance(record, Mapping):
         return "not a JSON object"
-    if "_error" in record:  # a record from read_emails() that was not JSON at all
-        return str(record["_error"])
     for key in _REQUIRED:
         if key not in record:
             return f"missing field {key!r}"

@@ -14,7 +14,6 @@ from support import (
     classify,
     email_problem,
     extract_features,
-    read_emails,
     scrub,
 )
 
@@ -38,6 +37,7 @@ from agents import (
 )
 from bus import BreakerPolicy, Bus, Retry
 from bus.testing import capture_events
+from pantheon.testing import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -203,14 +203,14 @@ async def test_learner_lowers_a_threshold_after_needless_escalations() -> None:
 
 async def inbox_items(path: Path) -> AsyncIterator[InputItem]:
     """The support inbox as a scenario's input would read it: emails, and rejects."""
-    for record in read_emails(path):
-        reason = email_problem(record)
-        if reason is not None:
-            payload = {"line": record["_line"], "reason": reason, "key": record.get("id")}
-            yield InputItem("observation.email.malformed", payload, malformed=True)
+    for line, record, problem in read_jsonl(path):
+        reason = problem if record is None else email_problem(record)
+        if record is not None and reason is None:
+            yield InputItem("observation.email.received", record, key=record["id"])
         else:
-            email = {k: v for k, v in record.items() if not k.startswith("_")}
-            yield InputItem("observation.email.received", email, key=email["id"])
+            key = None if record is None else record.get("id")
+            payload = {"line": line, "reason": reason, "key": key}
+            yield InputItem("observation.email.malformed", payload, malformed=True)
 
 
 async def test_pipeline_from_inbox_to_outbox(tmp_path: Path) -> None:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 from cli_run import pantheon
-from support import email_problem, read_emails
+from support import email_problem
 
 from bus.backends.nats import NatsServer
 from pantheon.sessions import SessionStore
+from pantheon.testing import read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 FLAKY = ROOT / "scenarios" / "flaky_actor.yaml"
@@ -76,8 +77,8 @@ def _dead_lettered(tmp_path: Path, scenario: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def emails() -> list[str]:
     """The input's email ids in input order (its malformed records left out)."""
-    records = list(read_emails(FLAKY.parent / "data" / "support_emails.jsonl"))[:INPUTS]
-    return [r["id"] for r in records if email_problem(r) is None]
+    lines = list(read_jsonl(FLAKY.parent / "data" / "support_emails.jsonl"))[:INPUTS]
+    return [r["id"] for _, r, _ in lines if r is not None and email_problem(r) is None]
 
 
 def test_every_transport_dead_letters_the_same_emails_inside_the_window(

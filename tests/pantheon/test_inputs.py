@@ -45,6 +45,7 @@ from pantheon.scenario import (
     load_scenario,
     parse_scenario,
 )
+from pantheon.testing import JsonlLine, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -165,6 +166,37 @@ async def test_jsonl_lines_the_json_module_refuses_are_rejected_not_raised(
                                "key": None}),
         ("alert.paged", {"ref": "i9", "kind": "page", "service": "db"}),
     ]  # fmt: skip
+
+
+async def test_read_jsonl_gives_a_team_the_lines_and_reasons_a_run_publishes(
+    tmp_path: Path,
+) -> None:
+    """``pantheon.testing.read_jsonl`` is the reader a ``jsonl`` input runs on: the same line
+    numbers (blank lines counted, not yielded), the same reasons, nothing raised."""
+    path = write_incidents(tmp_path)
+    good = {"ref": "i9", "kind": "page", "service": "db"}
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "incidents.jsonl").write_bytes(
+        b"\n".join([
+            b"{not json", b"", b"[1, 2]", deep.encode(), b'{"n": 1' + b"0" * 5000 + b"}",
+            json.dumps(good).encode(), b'{"ref": "i\xff", "kind": "page", "service": "db"}', b"",
+        ])
+    )  # fmt: skip
+    lines = list(read_jsonl(tmp_path / "incidents.jsonl"))
+    assert lines == [
+        JsonlLine(1, None, "not JSON: Expecting property name enclosed in double quotes"),
+        JsonlLine(3, None, "not a JSON object"),
+        JsonlLine(4, None, "not JSON: nested too deep to read"),
+        JsonlLine(5, None, "not JSON: Exceeds the limit (4300 digits) for integer string "
+                           "conversion: value has 5001 digits"),
+        JsonlLine(6, good, None),
+        JsonlLine(7, {"ref": "i\ufffd", "kind": "page", "service": "db"}, None),
+    ]  # fmt: skip
+    _, seen = await publish(load_scenario(path))
+    rejected = [
+        (e.payload["line"], e.payload["reason"]) for e in seen if e.topic == "incident.rejected"
+    ]
+    assert rejected == [(n, problem) for n, _, problem in lines if problem is not None]
 
 
 async def test_default_topic_takes_values_without_a_mapping(tmp_path: Path) -> None:

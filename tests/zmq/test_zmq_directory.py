@@ -136,7 +136,9 @@ async def test_a_node_drops_bad_directory_entries_and_applies_the_rest(
             async def serve() -> None:
                 ident, frame = await fake.recv_multipart()
                 assert isinstance(decode_up(frame), Hello)
-                await fake.send_multipart([ident, enc.encode(Welcome("fake", 1.0, 3, 1 << 20, 1))])
+                await fake.send_multipart(
+                    [ident, enc.encode(Welcome("fake", 1.0, 3, 1 << 20, 1, "boot:fake", 0))]
+                )
                 directory = Directory(1, [bad[0], stale, *bad[1:], good_info])
                 await fake.send_multipart([ident, enc.encode(directory)])
                 while True:  # until the node says it applied it

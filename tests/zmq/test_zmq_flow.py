@@ -151,6 +151,13 @@ async def test_a_payload_msgpack_cannot_carry_is_refused_at_emit() -> None:
         assert a.transport.stats()["in_flight"] == 0
 
 
+@pytest.fixture
+def elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The nodes take the broker for one on another machine: they estimate their clock."""
+    monkeypatch.setattr("bus.backends.zeromq._control.clock_domain", lambda: "boot:another-machine")
+
+
+@pytest.mark.usefixtures("elsewhere")
 async def test_heartbeats_estimate_the_clock_offset_to_the_broker() -> None:
     # Quick heartbeats for a quick sample, but a long liveness: with the default 3 a stall
     # of 0.15 s on a loaded machine would lose the broker and fail ``broker_lost == 0``.
@@ -160,11 +167,34 @@ async def test_heartbeats_estimate_the_clock_offset_to_the_broker() -> None:
     ):
         await eventually(lambda: node.transport.stats()["rtt_ns"] > 0, what="a heartbeat")
         stats = node.transport.stats()
-        # Same machine, same clock: the estimate is within the heartbeat's round trip.
+        # Same machine, same clock in truth: the estimate is within the heartbeat's round trip.
+        assert stats["clock_shared"] is False
         assert abs(stats["clock_offset_ns"]) <= stats["rtt_ns"]
         assert stats["connected"] and stats["broker_lost"] == 0
 
 
+async def test_a_node_on_the_brokers_machine_takes_the_brokers_clock_exactly() -> None:
+    async with (
+        run_broker() as endpoint,
+        Bus(transport=ZmqTransport(endpoint, node="a")) as a,
+        Bus(transport=ZmqTransport(endpoint, node="b")) as b,
+    ):
+        got: list[int] = []
+
+        @b.on("t", name="t")
+        async def took(env: Envelope) -> None:
+            got.append(env.created)
+
+        await b.transport.sync()
+        sent = await a.emit("t", 1)
+        await eventually(lambda: bool(got), what="the message")
+        # Not an estimate: both read this machine's monotonic clock, and the move to the
+        # broker's reference and back cancels to the nanosecond.
+        assert a.transport.stats()["clock_shared"] and b.transport.stats()["clock_shared"]
+        assert got == [sent.created]
+
+
+@pytest.mark.usefixtures("elsewhere")
 async def test_the_clock_offset_is_measured_right_after_joining() -> None:
     # Heartbeats an hour apart: the only clock sample is the ping sent on joining.
     async with (

@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any
 
+from bus._clock import mono_to_wall as read_mono_to_wall
 from bus._envelope import Envelope
 from bus._errors import EncodeError, TransportError
 from bus._topics import matches
@@ -193,7 +194,11 @@ class NatsTransport(Transport):
         prefix = f"_INBOX.pantheon.{self.node}.{secrets.token_hex(4)}"
         self._ack_prefix = f"{prefix}.ack"
         self._reply_prefix = f"{prefix}.reply"
-        self._mono_to_wall = mono_to_wall = time.time_ns() - time.monotonic_ns()
+        # ``created`` crosses NATS as wall-clock ns: on one machine every process reads the
+        # same wall and monotonic clocks, so the shifts agree to within the tens of ns each
+        # is read to (a single unbracketed read is off by any preemption between its two
+        # calls); across machines a queue wait is as right as the hosts' NTP sync.
+        self._mono_to_wall = mono_to_wall = read_mono_to_wall()
         self._counts = counts = dict.fromkeys(_COUNTERS, 0)
         self._outbox = outbox = Outbox(self.node)
         self._replies = replies = Replies(

@@ -32,6 +32,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from bus._clock import clock_domain, mono_to_wall
 from bus._errors import DecodeError
 from bus.backends.zeromq._keys import CurveKeys
 from bus.backends.zeromq._wire import (
@@ -166,6 +167,8 @@ class Broker:
         self._changed = False
         self._version = 0
         self._epoch = secrets.randbits(63)
+        # The reference clock every envelope's ``created`` crosses the wire on (``_wire``).
+        self._mono_to_wall = mono_to_wall()
         # (node, its subs version, {other node: directory version it must acknowledge})
         self._syncs: list[tuple[_Node, int, dict[_Node, int]]] = []
         self._counts = dict.fromkeys(
@@ -329,8 +332,9 @@ class Broker:
         assert self._loop is not None
         node.last_seen = self._loop.time()
         if type(msg) is Ping:
-            t2 = time.time_ns()
-            self._send(ident, self._enc.encode(Pong(msg.t1, t2, time.time_ns())))
+            shift = self._mono_to_wall
+            t2 = time.monotonic_ns() + shift
+            self._send(ident, self._enc.encode(Pong(msg.t1, t2, time.monotonic_ns() + shift)))
         elif type(msg) is DirectoryAck:
             node.acked = max(node.acked, msg.version)
             self._check_syncs()
@@ -385,7 +389,15 @@ class Broker:
         _log.info("node %s joined (%d subs, data at %s)", node.name, len(node.subs), node.data)
 
     def _welcome(self, node: _Node) -> None:
-        welcome = Welcome("broker", self.heartbeat, self.liveness, self.max_frame, self._epoch)
+        welcome = Welcome(
+            "broker",
+            self.heartbeat,
+            self.liveness,
+            self.max_frame,
+            self._epoch,
+            clock_domain(),
+            self._mono_to_wall,
+        )
         self._send(node.ident, self._enc.encode(welcome))
         self._changed = True
 

@@ -3,9 +3,14 @@
 The broker keeps the directory (who is alive, what each subscribes to, where its data
 socket listens) and the heartbeats; no message goes through it. The session owns the control
 socket and what only it knows: whether the broker hears this node, which broker run it is
-(``epoch``), this node's subscriptions as last sent and acknowledged, and the offset from
-this node's clock to the broker's wall clock (``to_wire``, NTP style, from the
-lowest-delay of the last heartbeats), which stamps every envelope that leaves.
+(``epoch``), this node's subscriptions as last sent and acknowledged, and the shift from
+this node's monotonic clock to the broker's reference clock (``to_wire``, see ``_wire``),
+which stamps every envelope that leaves and unstamps every one that arrives. A node that
+reads the broker's monotonic clock (same :func:`~bus._clock.clock_domain`) takes the
+broker's own shift from WELCOME: exact, so queue waits between such nodes are exact. Any
+other node estimates it NTP style from the lowest-delay of the last heartbeats; there the
+estimate is only good to half that heartbeat's round trip (``rtt``), and under load, when
+the reply waits for a busy loop, it was measured off by milliseconds (issue #24).
 
 What a directory or a rejoin means for the links is not the session's business: it calls
 ``on_directory`` with each listing (and acknowledges it after), ``on_new_broker`` when a new
@@ -27,6 +32,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
+from bus._clock import clock_domain, mono_to_wall
 from bus._errors import DecodeError
 from bus._transport import wake
 from bus.backends.zeromq._errors import AuthenticationFailed, ConnectError
@@ -112,8 +118,11 @@ class BrokerSession:
         self.clock: deque[tuple[int, int]] = deque(maxlen=_CLOCK_SAMPLES)
         self.offset = 0
         self.rtt = 0
-        self.mono_to_wall = time.time_ns() - time.monotonic_ns()
+        self.mono_to_wall = mono_to_wall()
+        # Until WELCOME says otherwise: the broker's reference is our wall clock.
         self.to_wire = self.mono_to_wall
+        self.shared_clock = False  # the broker reads our monotonic clock: to_wire is exact
+        self.reference: tuple[str, int] | None = None  # the broker's (clock, mono_to_wall)
         self._enc = msgspec.msgpack.Encoder()
         self._decode = control_down_decoder(self.max_frame).decode
 
@@ -186,6 +195,7 @@ class BrokerSession:
                     if isinstance(msg, Welcome):
                         welcomed = True
                         self.epoch = msg.epoch
+                        self._reference(msg)
                     elif msg is not None:
                         self.handle(msg)
                     if welcomed and isinstance(msg, Directory):
@@ -236,7 +246,20 @@ class BrokerSession:
         self.connected = True
         self.last_heard = self.reactor.loop.time()
         # A clock sample now, so a short run knows the offset before the first heartbeat.
-        self.send(self._enc.encode(Ping(time.time_ns())))
+        self.send(self._enc.encode(Ping(time.monotonic_ns())))
+
+    def _reference(self, welcome: Welcome) -> None:
+        """Take the reference clock of the broker that welcomed us. A new broker run may
+        have another: the samples taken against the old one are dropped."""
+        reference = (welcome.clock, welcome.mono_to_wall)
+        if reference == self.reference:
+            return
+        self.reference = reference
+        self.clock.clear()
+        self.shared_clock = welcome.clock == clock_domain()
+        if self.shared_clock:
+            self.to_wire = welcome.mono_to_wall
+        self.offset = self.to_wire - self.mono_to_wall
 
     def advertise(self, subs: list[tuple[str, str]]) -> None:
         """This node's subscriptions are now ``subs``; ``send_subs`` tells the broker."""
@@ -322,6 +345,7 @@ class BrokerSession:
             self.rejoin()
         elif kind is Welcome and not self.connected:
             self.counts["rejoined"] += 1
+            self._reference(msg)
             if msg.epoch != self.epoch:
                 # A new broker run. The data links never went through the broker and are
                 # intact; its first directories are partial. Every live node is heard
@@ -349,15 +373,19 @@ class BrokerSession:
             )
             self.rejoin()
         else:
-            self.send(self._enc.encode(Ping(time.time_ns())))
+            self.send(self._enc.encode(Ping(time.monotonic_ns())))
 
     def _pong(self, pong: Pong) -> None:
-        t4 = time.time_ns()
+        # t1 and t4 are our monotonic clock, t2 and t3 the broker's reference clock: the
+        # estimate is the reference minus our monotonic clock, a to_wire directly.
+        t4 = time.monotonic_ns()
         delay = (t4 - pong.t1) - (pong.t3 - pong.t2)
-        offset = ((pong.t2 - pong.t1) + (pong.t3 - t4)) // 2
-        self.clock.append((delay, offset))
-        self.rtt, self.offset = min(self.clock)
-        self.to_wire = self.mono_to_wall + self.offset
+        shift = ((pong.t2 - pong.t1) + (pong.t3 - t4)) // 2
+        self.clock.append((delay, shift))
+        self.rtt, estimate = min(self.clock)
+        if not self.shared_clock:
+            self.to_wire = estimate
+            self.offset = estimate - self.mono_to_wall
 
     def rejoin(self) -> None:
         self.connected = False

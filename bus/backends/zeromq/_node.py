@@ -381,8 +381,10 @@ class ZmqTransport(Transport):
 
     def stats(self) -> dict[str, Any]:
         """Counters since start, the links' state, and the clock offset to the broker
-        (``clock_offset_ns``: broker wall clock minus ours, from the lowest-delay of the last
-        heartbeats, NTP style; ``rtt_ns`` is that heartbeat's round trip)."""
+        (``clock_offset_ns``: broker wall clock minus ours; ``clock_shared``: this node reads
+        the broker's monotonic clock, so the offset is known exactly, else it is estimated
+        from the lowest-delay of the last heartbeats, NTP style, to within half of
+        ``rtt_ns``, that heartbeat's round trip)."""
         peers = self._directory.peers.values()
         out = self._out
         return {
@@ -406,6 +408,7 @@ class ZmqTransport(Transport):
             "links_in": len(self._inbox.links),
             "pending_requests": len(out.requests),
             "clock_offset_ns": self._session.offset,
+            "clock_shared": self._session.shared_clock,
             "rtt_ns": self._session.rtt,
             "sent": out.sent,
             "settled_by": dict(out.settled_by),

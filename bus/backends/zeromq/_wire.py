@@ -26,7 +26,12 @@ keeps it, which is what makes credit, resending and ``node_lost`` accounting pos
 An envelope travels as the array ``[topic, payload, priority, id, session_id,
 correlation_id, causation_id, trace, created, hops, source]`` (``Envelope``'s own field
 order, without ``context`` and ``reply``), with ``created`` moved from the sender's
-monotonic clock to the broker's wall clock, and back on arrival.
+monotonic clock to the broker's reference clock, and back on arrival. The reference is the
+broker's monotonic clock shifted once to wall time (WELCOME says by how much): a node that
+reads the broker's monotonic clock (same machine, :func:`bus._clock.clock_domain`) moves
+times with that exact shift, so a queue wait between two such nodes is exact; a node on
+another machine estimates its shift from heartbeats (PING/PONG, NTP style), which is only
+as good as half the heartbeat's round trip.
 """
 
 from __future__ import annotations
@@ -77,7 +82,9 @@ __all__ = [
 #: 4: WELCOME says which broker run it is (``epoch``), so a node can tell a restart.
 #: 5: subscription patterns are token patterns (``*`` one token, ``>`` the rest); a node of 4
 #:    would route ``a.*`` across dots and may advertise globs this version refuses.
-PROTOCOL = 5
+#: 6: WELCOME carries the broker's clock domain and shift, PONG times are on that reference;
+#:    a node of 5 would estimate its shift on one machine, where it can be exact.
+PROTOCOL = 6
 #: Default limit for one frame. The application checks it (counted as ``oversized``);
 #: ZeroMQ's ``MAXMSGSIZE`` is set to twice this as the hard stop that protects memory.
 DEFAULT_MAX_FRAME = 1 << 20
@@ -117,6 +124,8 @@ class Welcome(msgspec.Struct, array_like=True, tag=2):
     liveness: int
     max_frame: int
     epoch: int  # random per broker run: a new one means the broker restarted
+    clock: str  # the broker's clock domain: a node in the same one reads its monotonic clock
+    mono_to_wall: int  # reference clock minus the broker's monotonic clock, ns
 
 
 class Subs(msgspec.Struct, array_like=True, tag=3):
@@ -164,7 +173,8 @@ class Ping(msgspec.Struct, array_like=True, tag=10):
 
 
 class Pong(msgspec.Struct, array_like=True, tag=11):
-    """broker -> node: NTP-style times (t1 echoed, t2 received, t3 sent)."""
+    """broker -> node: NTP-style times (t1 echoed; t2 received and t3 sent, both on the
+    broker's reference clock)."""
 
     t1: int
     t2: int
