@@ -581,3 +581,42 @@ def test_a_new_session_id_that_is_taken_is_drawn_again(
         store.end_session(first, "completed")
         with pytest.raises(StoreError, match="already exists"):
             store.begin_session("20261128-040635-d05a", scenario="c")
+
+
+async def test_a_handlings_effect_positions_go_on_across_retries_and_end_with_its_delivery(
+    store: SessionStore,
+) -> None:
+    """Effects are numbered per (message, subscriber): a retry goes on from where the
+    failed attempt stopped, and once the bus reports the handling delivered its counter is
+    dropped (a recording kept one per handling for the whole run: 15,000 tuples in a
+    3,000-email run, more work for the cycle collector)."""
+    from bus import Retry
+
+    recorder = Recorder(store, scenario="positions")
+    tries: dict[int, int] = {}
+    async with Bus() as bus:
+        recorder.attach(bus)
+
+        async def flaky(env: Envelope) -> None:
+            n = env.payload["n"]
+            await recorder.effects.effect("tool.look", lambda: n)
+            tries[n] = tries.get(n, 0) + 1
+            if n % 2 and tries[n] == 1:
+                raise RuntimeError("first attempt fails")
+            await recorder.effects.effect("tool.write", lambda: n)
+
+        bus.on("job.*", flaky, name="flaky", retry=Retry(attempts=2))
+        for n in range(6):
+            await bus.emit("job.run", {"n": n})
+        await bus.drain()
+        assert recorder.effects.runner.ordinals == {}  # every handling delivered
+    await recorder.finish()
+    ids = {e.id: e.payload["n"] for e in store.envelopes(recorder.session_id)}
+    by_n: dict[int, list[tuple[int, str]]] = {}
+    for eff in store.effects(recorder.session_id):
+        by_n.setdefault(ids[eff.envelope_id], []).append((eff.ordinal, eff.name))
+    for n in range(6):
+        expected = [(0, "tool.look"), (1, "tool.write")]
+        if n % 2:  # the failed attempt's look, then the retry's look and write
+            expected = [(0, "tool.look"), (1, "tool.look"), (2, "tool.write")]
+        assert sorted(by_n[n]) == expected
