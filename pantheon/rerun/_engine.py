@@ -321,6 +321,7 @@ class RerunEffects(RecordingEffects):
         "_policy",
         "_requests",
         "_tracker",
+        "active",
         "called_by_name",
         "served",
         "served_by_name",
@@ -346,6 +347,10 @@ class RerunEffects(RecordingEffects):
         self._policy = policy
         self._desk = desk
         self._on_divergence = on_divergence
+        #: (envelope id, subscriber) -> live calls of that handling running right now:
+        #: messages it publishes meanwhile are the effect's own (see ``Tracker``). Kept
+        #: here, not by every recording: only a re-run aligns what it publishes.
+        self.active: dict[tuple[int, str | None], int] = {}
         #: Effects served from the record (``calls`` counts the ones that ran).
         self.served = 0
         #: ``served`` and ``calls`` by effect name, for the reports.
@@ -373,11 +378,18 @@ class RerunEffects(RecordingEffects):
         if verdict.action == "diverge":
             raise self._diverge(call, verdict.problem)
         self.called_by_name[name] += 1
+        key = (env_id, sub)
+        active = self.active
+        active[key] = active.get(key, 0) + 1
         try:
             result = await self._run(env_id, sub, n, name, fn, args, kwargs, digest)
         except Exception:
             self._policy.ran(call, None, True)
             raise
+        finally:
+            left = active.pop(key) - 1
+            if left:
+                active[key] = left
         self._policy.ran(call, result, False)
         return result
 

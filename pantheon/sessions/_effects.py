@@ -172,13 +172,10 @@ class RecordingEffects:
     before the call, so a function that mutates its arguments cannot change it.
     """
 
-    __slots__ = ("_random", "_sink", "active", "calls", "ordinals")
+    __slots__ = ("_random", "_sink", "calls", "ordinals")
 
     def __init__(self, sink: EffectSink, seed: int | None = None) -> None:
         self._sink = sink
-        #: (envelope id, subscriber) -> effects of that handler running right now: messages
-        #: it publishes meanwhile are the effect's own (see ``_align``).
-        self.active: dict[tuple[int, str | None], int] = {}
         #: (envelope id, subscriber) -> effects that handling has made so far. A handling's
         #: counter outlives its attempts (a retry's effects go on from the last attempt's)
         #: and is dropped once the bus reports it delivered (the recorder's
@@ -228,9 +225,6 @@ class RecordingEffects:
     ) -> Any:
         self.calls += 1
         started = time.monotonic_ns()
-        key = (env_id, sub)
-        active = self.active
-        active[key] = active.get(key, 0) + 1
         try:
             # ``call_maybe_async`` inlined: one coroutine less per recorded call.
             result = fn(*args, **kwargs)
@@ -242,10 +236,6 @@ class RecordingEffects:
                  time.time(), started, time.monotonic_ns(), digest)
             )  # fmt: skip
             raise
-        finally:
-            left = active.pop(key) - 1
-            if left:
-                active[key] = left
         blob, as_repr = encode(result)
         flag = EFFECT_REPR if as_repr else EFFECT_OK
         self._sink(
