@@ -126,7 +126,14 @@ def test_diff_names_the_node_where_the_first_difference_ran(node_sessions: NodeS
     assert div["node_b"] == placed[agent]
     assert f"from agent {div['agent']!r} (node {placed[agent]} in B)" in div["message"]
 
-    # The text says it too, and the other way round the node is A's.
+    # The other way round the node is A's, and the text says it too. The first difference
+    # is the first in A's order, so it may be another hop than above (a loaded run once
+    # differed first in a payload elsewhere): the node is that hop's.
+    out = pantheon("diff", s.three, s.alone, "--json", "--store", str(s.store), cwd=s.store.parent)
+    back = json.loads(out.stdout)["divergence"]
+    assert back is not None, out.stdout
+    agent = back["agent"].partition(":")[0]
+    assert back["node_a"] == placed[agent] and back["node_b"] is None
     out = pantheon("diff", s.three, s.alone, "--store", str(s.store), cwd=s.store.parent)
     assert f"(node {placed[agent]} in A)" in out.stdout, out.stdout
 
