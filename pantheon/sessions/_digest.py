@@ -148,11 +148,11 @@ def _prefix(fn: Callable[..., Any]) -> Any:
     ``_prefixes`` when every part of ``fn`` lasts."""
     if type(fn) is types.MethodType:
         func, owner = fn.__func__, fn.__self__
-        hit = _prefixes.get((id(func), id(owner)))
+        key: Any = (id(func), id(owner))
+        hit = _prefixes.get(key)
         if hit is not None and hit[0][0] is func and hit[0][1] is owner:
             return hit[1]
         parts: tuple[Any, ...] = (func, owner)
-        key: Any = (id(func), id(owner))
     else:
         hit = _prefixes.get(id(fn))
         if hit is not None and hit[0][0] is fn:

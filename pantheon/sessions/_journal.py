@@ -250,9 +250,12 @@ class EnvelopeRows(_Rows):
 
     def _head(self) -> bytes:
         head = _raw.encode((self.wall_base, self.mono_base, self._flagged))
-        self._flagged = []
         # The 3-item array's header, widened to 4 by the envelopes that follow it.
         return b"\x94" + head[1:] + _array_header(self.count)
+
+    def _cut(self) -> None:
+        super()._cut()
+        self._flagged = []  # positions are the open chunk's
 
 
 def _db(i: int | None) -> int | None:
