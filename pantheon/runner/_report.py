@@ -238,9 +238,16 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
 
 def _accuracy(bus: Bus, team: Team, learners: list[Learner]) -> dict[str, Any] | None:
     """The run's decisions scored against the input's labels (``agents.Outcomes``), with
-    whatever else the team's Learner reports (the support desk's intent accuracy, the
-    on-call scorer's grouping); None when neither has anything to say."""
-    extra = learners[0].report() if learners else {}
+    whatever else the team's Learners report (the support desk's intent accuracy, the
+    on-call scorer's grouping and pages); None when none has anything to say.
+
+    Every Learner's report counts, in the team's order, the first to name a key keeping
+    it: a team that added the built-in Learner beside its own scorer lost the scorer's
+    report when only the first was read, and its custom checks found no pages."""
+    extra: dict[str, Any] = {}
+    for learner in learners:
+        for key, value in learner.report().items():
+            extra.setdefault(key, value)
     if team.outcomes is None:
         return extra or None
     # The team's own subscriptions: a gateway client or a test watching `#` on the same bus

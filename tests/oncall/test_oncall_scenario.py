@@ -129,3 +129,18 @@ async def test_with_a_policy_that_allows_everything_the_team_fails_its_accuracy(
     assert acc["mistakes"]["page -> restart_service"] > 0  # the freeze
     assert acc["action_accuracy"] < 0.9
     assert not summary.passed
+
+
+async def test_a_second_learner_before_the_scorer_keeps_the_scorers_report() -> None:
+    """The built-in Learner added to the team ahead of its scorer: the summary holds both
+    reports, and the team's custom checks still find the pages the scorer counted."""
+    text = SCENARIO.read_text(encoding="utf-8")
+    at = text.index("  scorer:")
+    both = text[:at] + "  learner: {}\n" + text[at:]
+    scenario = pantheon.parse_scenario(both, base_dir=SCENARIO.parent)
+    summary = await pantheon.run(scenario, record=False)
+    acc = summary.accuracy
+    assert acc["pages"]["missed"] == 0 and acc["pages"]["needed"] > 10  # the scorer's
+    assert "intent_accuracy" in acc and "thresholds" in acc  # the built-in Learner's
+    custom = {e["name"]: e for e in summary.expectations if e["name"].startswith("custom:")}
+    assert {e["state"] for e in custom.values()} == {"passed"}, custom
