@@ -5,18 +5,62 @@ that folder on the path.
 In a worker, GNU readline (imported by pytest's debugger support) finds no terminal and
 exports ``COLUMNS=80`` and ``LINES=24``; every CLI child a test starts would then print at
 80 columns, where a run in one process prints at full width. The controller hands its own
-values to each worker, which puts them back before any test runs."""
+values to each worker, which puts them back before any test runs.
+
+The sessions several folders read (``model_session``, ``node_sessions``) are recorded once
+per run, not once per folder and worker: a fixture of a folder's conftest is a fixture of
+its own, cached apart from the same function imported by another folder's, and each xdist
+worker is a test session of its own. The first worker to need one records it; the other
+waits on a lock and reads the same store (the tests only read it; one that changes a store
+works on a copy). Measured on the 2-vCPU VM: the three-process ``node_sessions`` took 19-24 s
+of set-up in each of three folders, ``model_session`` about 5 s in each of four.
+
+The suite writes bytecode even where ``PYTHONDONTWRITEBYTECODE`` is set (as in the
+developers' shells here): without it each worker rewrote and compiled all 300 test modules
+on every run (collection 13.8 s against 4.3 s with their cached bytecode, one process,
+2-vCPU VM), and each of the hundreds of ``pantheon`` child processes compiled the project's
+modules from source (``pantheon --help``: 1.4-1.7 s against 1.1-1.3 s). ``__pycache__/`` is
+ignored by git."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pickle
 import sys
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
+from model_session import ModelSession, record_model_session, write_model_scenario
+from node_session import NodeSessions, record_node_sessions
+
+sys.dont_write_bytecode = False  # this process's modules, the test modules among them
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the workers and every child process
 
 _SIZE = ("COLUMNS", "LINES")
+_T = TypeVar("_T")
+
+#: The longest test files, longest first: the sum of their tests' durations of at least
+#: 8.6 s in a ``CI=1`` run of the whole suite (2-vCPU VM, loaded, 2026-11-28), in seconds.
+_LONGEST_FIRST = (
+    "tests/dashboard/test_dashboard_browser.py",  # 94
+    "tests/test_docs_tutorial.py",  # 69
+    "tests/dashboard/test_dashboard_whatif_browser.py",  # 57
+    "tests/cluster/test_cluster_run.py",  # 56
+    "tests/nats/test_nats_run.py",  # 43
+    "tests/cluster/test_remote_approvals.py",  # 43
+    "tests/test_docs_whatif.py",  # 38
+    "tests/telemetry/test_telemetry_cluster.py",  # 32
+    "tests/access/test_access_scenario.py",  # 31
+    "tests/nats/test_nats_takeover.py",  # 29
+    "tests/tui/test_tui_live.py",  # 27
+    "tests/tui/test_tui_budget.py",  # 23
+    "tests/nats/test_nats_resume.py",  # 22
+    "tests/pantheon/test_approvals.py",  # 21
+)
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 if str(SCENARIOS) not in sys.path:
@@ -39,3 +83,59 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
+
+
+def _once_per_run(factory: pytest.TempPathFactory, name: str, record: Callable[[Path], _T]) -> _T:
+    """``record(folder)`` run by the first worker that asks; every other worker, waiting on
+    the lock meanwhile, gets the same result (pickled beside the folder)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return record(factory.mktemp(name))
+    shared = factory.getbasetemp().parent  # the run's folder, above each worker's own
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = shared / f"{name}.pickle"
+        if done.exists():
+            result: _T = pickle.loads(done.read_bytes())
+            return result
+        folder = shared / name
+        folder.mkdir()
+        result = record(folder)
+        done.write_bytes(pickle.dumps(result))
+        return result
+
+
+@pytest.fixture(scope="session")
+def model_scenario() -> Callable[..., Path]:
+    """:func:`model_session.write_model_scenario`, for tests that run the scenario their own
+    way."""
+    return write_model_scenario
+
+
+@pytest.fixture(scope="session")
+def model_session(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
+    """The support team's run against a model server, with prices, recorded once."""
+    return _once_per_run(tmp_path_factory, "model_session", record_model_session)
+
+
+@pytest.fixture(scope="session")
+def node_sessions(tmp_path_factory: pytest.TempPathFactory) -> NodeSessions:
+    """:func:`node_session.record_node_sessions`, recorded once."""
+    return _once_per_run(tmp_path_factory, "nodes", record_node_sessions)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The longest files first, then the others by their number of tests, most first.
+
+    ``--dist loadfile`` hands out files in this order (``--no-loadscope-reorder``); xdist's
+    own order (most tests first) left the one-test files for the end, the tutorial's 69 s
+    walk-through and the 57 s browser what-if among them, where one worker ran them while
+    the other had nothing left to do."""
+    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
+    counts = Counter(item.nodeid.split("::")[0] for item in items)
+
+    def order(item: pytest.Item) -> tuple[int, int]:
+        path = item.nodeid.split("::")[0]
+        return rank.get(path, len(rank)), -counts[path]
+
+    items.sort(key=order)  # stable: a file's tests stay together and in order

@@ -1,9 +1,8 @@
 """A fixture several test folders use: a session really recorded against a model server.
 
-On ``sys.path`` through pytest's ``pythonpath`` (``tests/_support`` holds nothing else), and
-imported by the conftest of each folder that uses it. Not a ``tests/conftest.py``: that
-would put ``tests/`` on ``sys.path``, where ``tests/agents`` shadows the real ``agents``
-package for a bare ``pytest``.
+On ``sys.path`` through pytest's ``pythonpath`` (``tests/_support`` holds nothing else); the
+fixtures ``model_session`` and ``model_scenario`` are ``tests/conftest.py``'s, which records
+the session once per run for every folder and xdist worker.
 
 ``model_session`` runs the support team on a few emails with its Reasoner asking
 a real local OpenAI-compatible server (:class:`pantheon.testing.ModelServer`), a
@@ -17,12 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from pantheon.testing import ModelServer, classify_reply
@@ -119,15 +116,3 @@ def record_model_session(folder: Path) -> ModelSession:
     assert set(usage["by_agent"]) == {"reasoner", "summarizer"}, usage
     assert usage["priced"] and usage["cost_usd"] > 0 and usage["output_tokens"] > 0
     return ModelSession(store, summary["session_id"], summary, scenario)
-
-
-@pytest.fixture(scope="session")
-def model_scenario() -> Callable[..., Path]:
-    """:func:`write_model_scenario`, for tests that run the scenario their own way."""
-    return write_model_scenario
-
-
-@pytest.fixture(scope="session")
-def model_session(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
-    """The support team's run against a model server, with prices, recorded once."""
-    return record_model_session(tmp_path_factory.mktemp("model_session"))

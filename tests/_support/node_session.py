@@ -11,10 +11,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 from untimed import copy_untimed
 
-__all__ = ["NodeSessions", "node_sessions", "record_node_sessions"]
+__all__ = ["NodeSessions", "record_node_sessions"]
 
 #: The reference team's placement on three nodes (scenarios/support_email_3node.yaml).
 THREE = """  nodes:
@@ -107,8 +106,3 @@ def record_node_sessions(workdir: Path) -> NodeSessions:
         killed=str(summaries["killed"]["session_id"]),
         summaries=summaries,
     )
-
-
-@pytest.fixture(scope="session")
-def node_sessions(tmp_path_factory: pytest.TempPathFactory) -> NodeSessions:
-    return record_node_sessions(tmp_path_factory.mktemp("nodes"))

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
-from node_session import node_sessions  # noqa: F401 - shared fixture
 
 from pantheon.sessions import SessionStore
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from model_session import model_scenario, model_session  # noqa: F401 - shared fixtures
-from node_session import node_sessions  # noqa: F401 - shared fixture
 
 from bus import Bus
 from pantheon.runner._build import team_setup
