@@ -28,7 +28,6 @@ import fcntl
 import os
 import pickle
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,25 +41,6 @@ os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the workers and every child p
 
 _SIZE = ("COLUMNS", "LINES")
 _T = TypeVar("_T")
-
-#: The longest test files, longest first: the sum of their tests' durations of at least
-#: 8.6 s in a ``CI=1`` run of the whole suite (2-vCPU VM, loaded, 2026-11-28), in seconds.
-_LONGEST_FIRST = (
-    "tests/dashboard/test_dashboard_browser.py",  # 94
-    "tests/test_docs_tutorial.py",  # 69
-    "tests/dashboard/test_dashboard_whatif_browser.py",  # 57
-    "tests/cluster/test_cluster_run.py",  # 56
-    "tests/nats/test_nats_run.py",  # 43
-    "tests/cluster/test_remote_approvals.py",  # 43
-    "tests/test_docs_whatif.py",  # 38
-    "tests/telemetry/test_telemetry_cluster.py",  # 32
-    "tests/access/test_access_scenario.py",  # 31
-    "tests/nats/test_nats_takeover.py",  # 29
-    "tests/tui/test_tui_live.py",  # 27
-    "tests/tui/test_tui_budget.py",  # 23
-    "tests/nats/test_nats_resume.py",  # 22
-    "tests/pantheon/test_approvals.py",  # 21
-)
 
 SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
 if str(SCENARIOS) not in sys.path:
@@ -121,21 +101,3 @@ def model_session(tmp_path_factory: pytest.TempPathFactory) -> ModelSession:
 def node_sessions(tmp_path_factory: pytest.TempPathFactory) -> NodeSessions:
     """:func:`node_session.record_node_sessions`, recorded once."""
     return _once_per_run(tmp_path_factory, "nodes", record_node_sessions)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The longest files first, then the others by their number of tests, most first.
-
-    ``--dist loadfile`` hands out files in this order (``--no-loadscope-reorder``); xdist's
-    own order (most tests first) left the one-test files for the end, the tutorial's 69 s
-    walk-through and the 57 s browser what-if among them, where one worker ran them while
-    the other had nothing left to do."""
-    rank = {path: i for i, path in enumerate(_LONGEST_FIRST)}
-    counts = Counter(item.nodeid.split("::")[0] for item in items)
-
-    def order(item: pytest.Item) -> tuple[int, int]:
-        path = item.nodeid.split("::")[0]
-        return rank.get(path, len(rank)), -counts[path]
-
-    items.sort(key=order)  # stable: a file's tests stay together and in order
