@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -236,6 +236,15 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
     }
 
 
+def _first_wins(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The reports merged, the first to name a key keeping it."""
+    merged: dict[str, Any] = {}
+    for report in reports:
+        for key, value in report.items():
+            merged.setdefault(key, value)
+    return merged
+
+
 def _accuracy(bus: Bus, team: Team, learners: list[Learner]) -> dict[str, Any] | None:
     """The run's decisions scored against the input's labels (``agents.Outcomes``), with
     whatever else the team's Learners report (the support desk's intent accuracy, the
@@ -244,10 +253,7 @@ def _accuracy(bus: Bus, team: Team, learners: list[Learner]) -> dict[str, Any] |
     Every Learner's report counts, in the team's order, the first to name a key keeping
     it: a team that added the built-in Learner beside its own scorer lost the scorer's
     report when only the first was read, and its custom checks found no pages."""
-    extra: dict[str, Any] = {}
-    for learner in learners:
-        for key, value in learner.report().items():
-            extra.setdefault(key, value)
+    extra = _first_wins(learner.report() for learner in learners)
     if team.outcomes is None:
         return extra or None
     # The team's own subscriptions: a gateway client or a test watching `#` on the same bus
@@ -314,11 +320,15 @@ def summarize(
         outbox.update(r["outbox"])
         topics.update(r.get("topics", {}))
     # The process that saw the most outcomes scored them (the one with the Learner, or the
-    # one its outcome topics reached); the others saw a part, or none.
-    accuracy: dict[str, Any] = max(
-        (r["accuracy"] for r in reports if r["accuracy"] is not None),
-        key=lambda a: a.get("scored") or 0,
-        default={},
+    # one its outcome topics reached); the others saw a part, or none. What only another
+    # process's Learners report (a scorer on a node, the built-in Learner on the driver)
+    # is kept beside it.
+    accuracy = _first_wins(
+        sorted(
+            (r["accuracy"] for r in reports if r["accuracy"] is not None),
+            key=lambda a: a.get("scored") or 0,
+            reverse=True,  # stable: of equals, the first process's first
+        )
     )
     if messages is None:
         messages = sum(r["published"] for r in reports)

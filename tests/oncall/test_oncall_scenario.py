@@ -144,3 +144,26 @@ async def test_a_second_learner_before_the_scorer_keeps_the_scorers_report() -> 
     assert "intent_accuracy" in acc and "thresholds" in acc  # the built-in Learner's
     custom = {e["name"]: e for e in summary.expectations if e["name"].startswith("custom:")}
     assert {e["state"] for e in custom.values()} == {"passed"}, custom
+
+
+async def test_on_zeromq_the_scorer_on_a_node_and_a_learner_on_the_driver_both_report(
+    tmp_path: Path,
+) -> None:
+    """Across processes too: the scorer runs on a node, the built-in Learner on the driver;
+    the summary keeps the report of each (it kept one process's whole and dropped the
+    other's), and the team's custom checks find the scorer's pages."""
+    copy = copy_untimed(tmp_path) / "oncall.yaml"  # each node loads the file
+    text = copy.read_text(encoding="utf-8")
+    at = text.index("  scorer:")
+    text = text[:at] + "  learner: {}\n" + text[at:]
+    nodes = (
+        "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n"
+        "  nodes:\n    triage: [dedup, correlator, decider]\n    act: [guardian, actor, scorer]\n"
+    )
+    copy.write_text(text.replace("\nagents:\n", f"\n{nodes}\nagents:\n", 1), encoding="utf-8")
+    summary = await pantheon.run(pantheon.load_scenario(copy), record=False)
+    acc = summary.accuracy
+    assert acc["pages"]["missed"] == 0 and acc["pages"]["needed"] > 10  # the node's scorer
+    assert "intent_accuracy" in acc and "thresholds" in acc  # the driver's Learner
+    custom = {e["name"]: e for e in summary.expectations if e["name"].startswith("custom:")}
+    assert {e["state"] for e in custom.values()} == {"passed"}, custom
