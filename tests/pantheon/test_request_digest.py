@@ -151,6 +151,48 @@ def test_digests_are_the_ones_stored_sessions_hold() -> None:
         assert got is not None and got.hex() == pinned
     # Asked again (the function's part kept now), the same bytes.
     assert request_digest(Tariff().price, (3,), {}).hex() == "68ac8de7a0e8bb097271f55ebea44c64"
+    # And a model call from its kept lead (the provider worked out at the first call).
+    spam = RuleProvider({"spam": ["(?i)unsubscribe"]})
+    asked = {request_digest(_recorded_chat, (spam, MESSAGES, {}, None), {}) for _ in range(3)}
+    assert [d.hex() for d in asked if d] == ["c44f3fceb7eb3769af6164a9f604e6d5"]
+
+
+def test_a_lasting_lead_is_hashed_once_and_digests_as_a_cold_computation() -> None:
+    """A model call's provider (2 KB of a rules provider's patterns) leads every request it
+    makes: the hash state after it is kept, and what follows is hashed onto a copy. Each
+    digest is still the one the whole request gives cold, whatever follows the lead."""
+    from pantheon.sessions import _digest
+
+    spam, other = RuleProvider({"spam": ["(?i)unsubscribe"]}), RuleProvider({"spam": ["x"]})
+    asks = [
+        (spam, MESSAGES),
+        (spam, [{"role": "user", "content": "Win a prize"}]),
+        (other, MESSAGES),
+        (spam, [*MESSAGES, {"role": "assistant", "content": "Hi"}]),
+    ]
+    cold = []
+    for provider, messages in asks:
+        _digest._known.clear()
+        _digest._leads.clear()
+        cold.append(chat(provider, messages))
+    _digest._known.clear()
+    _digest._leads.clear()
+    first = [chat(p, m) for p, m in asks]  # a provider's first ask works it out
+    warm = [chat(p, m) for p, m in asks]  # from then on, from its kept lead
+    assert [lead for lead, _ in _digest._leads.values()] == [spam, other]
+    assert None not in cold and cold == first == warm
+    assert len(set(warm)) == 4
+    # A lead with nothing after it, and a lasting object after the lead.
+    alone = request_digest(dict, (spam,), {"k": 1})
+    both = (spam, tool(paid), {"order_id": "A-1"})
+    once = request_digest(dict, both, {})
+    _digest._known.clear()
+    _digest._leads.clear()
+    assert request_digest(dict, both, {}) == once == request_digest(dict, both, {}) is not None
+    assert (
+        request_digest(dict, (spam,), {"k": 1}) == alone == request_digest(dict, (spam,), {"k": 1})
+    )
+    assert request_digest(dict, (spam, tool(refunded), {"order_id": "A-1"}), {}) != once
 
 
 def test_a_method_of_an_object_kept_as_data_is_encoded_anew() -> None:
