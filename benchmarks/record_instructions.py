@@ -9,19 +9,20 @@ ratios of one pass run from -18% to +55% (benchmarks/RESULTS.md): a 15% target c
 shown or refuted by timing there, and a change worth 2% is invisible. The VMs have no
 performance counters (``perf stat -e instructions`` reports none), so each run goes under
 valgrind's callgrind, whose count of a run is the same on a quiet machine and a loaded one
-(off-mode figures of three passes agreed within 0.5%; two recorded runs within 0.1%).
+(runs of one code agree within about 0.5%, off and recorded alike).
 
 What is counted, from start-up to the end of ``bus.drain()``: every thread of the process
 (the session writer's commits included), and the event loop's thread alone (callgrind's
 ``--separate-threads``). That thread runs every handler and every listener, so its count is
 the pipeline's critical path; the writer's SQLite work runs on the other core without the
 GIL. The process then exits at once, so the recorder's ``finish`` (materializing the journal
-after the run) is left out, as ``pipeline_bench`` stops its clock there. Start-up cancels out: the figure per email is the difference of two
-runs of different sizes divided by the difference in emails. The model has no latency
+after the run) is left out, as ``pipeline_bench`` stops its clock there. Start-up cancels
+out: the figure per email is the difference of two runs of different sizes divided by the
+difference in emails. The model has no latency
 (``--latency-ms 0`` of ``pipeline_bench``): a sleep costs no instructions, and a run that
 sleeps only reorders the same work.
 
-Two things differ from a timed run and are stated with the figures:
+What differs from a timed run, stated with the figures:
 - Under valgrind the run takes ~25x as long, so the recorder's clock-driven work (its
   10 ms ticker, the 50 ms group commit, the 1 s metrics snapshot) would run 25x as often
   per email, and the bus's workers would give the loop back 25x as often (they yield
