@@ -24,9 +24,10 @@ sleeps only reorders the same work.
 
 What differs from a timed run, stated with the figures:
 - Under valgrind the run takes ~25x as long, so the recorder's clock-driven work (its
-  10 ms ticker, the 50 ms group commit, the 1 s metrics snapshot) would run 25x as often
-  per email, and the bus's workers would give the loop back 25x as often (they yield
-  after 1 ms of wall time). ``--slow`` (default 25) stretches those intervals by as much.
+  10 ms ticker, the 50 ms group commit, the 1 s metrics snapshot; the bus's readings of
+  the writer's run delay, at most one a millisecond) would run 25x as often per email,
+  and the bus's workers would give the loop back 25x as often (they yield after 1 ms of
+  wall time). ``--slow`` (default 25) stretches those intervals by as much.
 - The writer never materializes journal chunks inside the run (see ``_child``).
 - Large copies (glibc's ``rep movsb``) count one instruction per byte: copying costs far
   less per counted instruction than Python's own code does, so a change that only saves
@@ -58,6 +59,7 @@ def _child(mode: str, emails: int, slow: float) -> None:
     import uvloop
     from pipeline_bench import make_inbox, one_run
 
+    import bus._sched
     import bus._worker
     from bus import Bus
     from pantheon.sessions import _recorder
@@ -72,6 +74,8 @@ def _child(mode: str, emails: int, slow: float) -> None:
     _recorder._TICK *= slow
     # The bus's workers give the loop back after holding it this long (wall time).
     bus._worker.FAIRNESS_NS = int(bus._worker.FAIRNESS_NS * slow)
+    # The writer's run delay is read at most once per this much wall time.
+    bus._sched.BESIDE_READ_NS = int(bus._sched.BESIDE_READ_NS * slow)
     # Materializing inside the run is the writer's guess that the loop is idle, read from
     # the loop's CPU share and its ticker's lateness: under valgrind, and more so on a busy
     # machine, those guesses differ from run to run (a 3,000-email run materializes 1-3
