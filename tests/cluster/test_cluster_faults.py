@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -80,6 +82,38 @@ def start(workdir: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
+def started(run: subprocess.Popen[str], deadline: float) -> dict[int, str]:
+    """The run's broker and three nodes once each runs its own command (a child is listed
+    between its fork and its exec with the parent's command line), every one of them
+    started with a control pipe."""
+
+    def up() -> dict[int, str]:
+        kids = children(run.pid)
+        ready = len(kids) == 4 and all("--control" in cmd for cmd in kids.values())
+        return kids if ready else {}
+
+    return wait_for("a broker and three nodes, each with --control", up, deadline)
+
+
+@pytest.fixture
+def runs() -> Iterator[list[subprocess.Popen[str]]]:
+    """The runs a test starts, killed with their children if the test fails midway (a
+    Popen collected while its process runs is a ResourceWarning in the next test)."""
+    started: list[subprocess.Popen[str]] = []
+    yield started
+    for run in started:
+        if run.poll() is None:
+            kids = children(run.pid)
+            run.kill()
+            for pid in kids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            run.communicate(timeout=30)
+        for pipe in (run.stdout, run.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 def inputs_flowing(workdir: Path) -> bool:
     """True once the driver has recorded some of its inputs (the nodes are all up then)."""
     if not (workdir / "s.db").exists():
@@ -89,12 +123,13 @@ def inputs_flowing(workdir: Path) -> bool:
         return bool(sessions) and store.counts(sessions[0].id).get("envelopes", 0) > 20
 
 
-def test_killing_the_driver_leaves_no_process_behind(slow_run: Path) -> None:
+def test_killing_the_driver_leaves_no_process_behind(
+    slow_run: Path, runs: list[subprocess.Popen[str]]
+) -> None:
     run = start(slow_run)
+    runs.append(run)
     deadline = time.monotonic() + 60
-    kids = wait_for("a broker and three nodes", lambda: len(children(run.pid)) == 4, deadline)
-    kids = children(run.pid)
-    assert sum("--control" in cmd for cmd in kids.values()) == 4
+    kids = started(run, deadline)
     wait_for("inputs to flow", lambda: inputs_flowing(slow_run), deadline)
     run.kill()
     run.communicate(timeout=30)
@@ -102,12 +137,15 @@ def test_killing_the_driver_leaves_no_process_behind(slow_run: Path) -> None:
     wait_for("every child to exit", lambda: not any(alive(p) for p in kids), deadline + 30)
 
 
-def test_a_node_dying_unasked_fails_the_run_and_says_which(slow_run: Path) -> None:
+def test_a_node_dying_unasked_fails_the_run_and_says_which(
+    slow_run: Path, runs: list[subprocess.Popen[str]]
+) -> None:
     run = start(slow_run)
+    runs.append(run)
     deadline = time.monotonic() + 60
-    wait_for("a broker and three nodes", lambda: len(children(run.pid)) == 4, deadline)
+    kids = started(run, deadline)
     wait_for("inputs to flow", lambda: inputs_flowing(slow_run), deadline)
-    [victim] = [p for p, cmd in children(run.pid).items() if "--node cognition" in cmd]
+    [victim] = [p for p, cmd in kids.items() if "--node cognition" in cmd]
     os.kill(victim, signal.SIGKILL)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
