@@ -143,10 +143,21 @@ def _lasting_part(obj: Any) -> Any:
     return hit[1] if hit is not None and hit[0] is obj else None
 
 
-def _prefix(fn: Callable[..., Any], key: Any, parts: tuple[Any, ...]) -> Any:
-    """The encoding of ``fn`` (``_UNSTABLE``: it has no stable encoding), worked out when
-    ``_prefixes`` holds none for it under ``key`` (its id, or its function's and object's),
-    and kept there when every one of its ``parts`` lasts."""
+def _prefix(fn: Callable[..., Any]) -> Any:
+    """The encoding of ``fn`` (``_UNSTABLE``: it has no stable encoding), kept in
+    ``_prefixes`` when every part of ``fn`` lasts."""
+    if type(fn) is types.MethodType:
+        func, owner = fn.__func__, fn.__self__
+        key: Any = (id(func), id(owner))
+        hit = _prefixes.get(key)
+        if hit is not None and hit[0][0] is func and hit[0][1] is owner:
+            return hit[1]
+        parts: tuple[Any, ...] = (func, owner)
+    else:
+        hit = _prefixes.get(id(fn))
+        if hit is not None and hit[0][0] is fn:
+            return hit[1]
+        parts, key = (fn,), id(fn)
     try:
         out: Any = msgspec.Raw(_encoder.encode(fn))
     except Exception:
@@ -196,20 +207,7 @@ def request_digest(
     """The digest of calling ``fn(*args, **kwargs)``, or None when some part of it has no
     stable encoding (see the module docstring). Never raises."""
     try:
-        # The function's encoding, looked up here rather than in ``_prefix`` (one Python
-        # call less for each of a pipeline's ~5 effects an email, most of them agents' own
-        # methods with no stable encoding).
-        if type(fn) is types.MethodType:
-            func, owner = fn.__func__, fn.__self__
-            key: Any = (id(func), id(owner))
-            hit = _prefixes.get(key)
-            if hit is not None and hit[0][0] is func and hit[0][1] is owner:
-                head = hit[1]
-            else:
-                head = _prefix(fn, key, (func, owner))
-        else:
-            hit = _prefixes.get(id(fn))
-            head = hit[1] if hit is not None and hit[0][0] is fn else _prefix(fn, id(fn), (fn,))
+        head = _prefix(fn)
         if head is _UNSTABLE:
             return None
         if 0 < len(args) < 16:
