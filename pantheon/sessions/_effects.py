@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from bus import current_handler
-from pantheon.sessions._codec import safe_repr
+from pantheon.sessions._codec import encode
 from pantheon.sessions._digest import request_digest
 from pantheon.sessions._errors import RecordedError
 from pantheon.sessions._store import (
@@ -51,9 +51,6 @@ MAX_TRACKED_ENVELOPES = 65_536
 #: 385 ns a call (``timeit``, min of 7); a set lookup is ~30. A generator's awaitability is
 #: its own (a generator-based coroutine), never its type's, so generators are not kept.
 _PLAIN_RESULTS: set[type] = set()
-#: ``_codec``'s encoding of stored values (msgpack; a value it cannot encode is stored as its
-#: repr, flagged), used here directly: one Python call less per recorded effect.
-_result_encoder = msgspec.msgpack.Encoder()
 
 
 def _awaitable(result: Any) -> bool:
@@ -231,8 +228,7 @@ class RecordingEffects:
         try:
             # ``call_maybe_async`` inlined: one coroutine less per recorded call.
             result = fn(*args, **kwargs)
-            cls = type(result)  # ``_awaitable`` inlined for its two common answers
-            if cls is types.CoroutineType or (cls not in _PLAIN_RESULTS and _awaitable(result)):
+            if _awaitable(result):
                 result = await result
         except Exception as exc:
             self._sink(
@@ -240,10 +236,8 @@ class RecordingEffects:
                  time.time(), started, time.monotonic_ns(), digest)
             )  # fmt: skip
             raise
-        try:  # ``_codec.encode`` inlined: one Python call less per effect
-            blob, flag = _result_encoder.encode(result), EFFECT_OK
-        except Exception:
-            blob, flag = _result_encoder.encode(safe_repr(result)), EFFECT_REPR
+        blob, as_repr = encode(result)
+        flag = EFFECT_REPR if as_repr else EFFECT_OK
         self._sink(
             (env_id, sub, n, name, flag, blob, None, None, time.time(), started,
              time.monotonic_ns(), digest)
