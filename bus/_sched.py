@@ -162,13 +162,13 @@ def run_delay_ns() -> int | None:
     its wall time the machine, not the code, took: the kernel adds a wait to the figure when
     the thread gets its CPU back, so a reading by the running thread itself is never short
     of one."""
+    global _beside_read
     reader: _RunDelay | None = getattr(_thread, "run_delay", None)
     if reader is None:
         reader = _thread.run_delay = _RunDelay()
     own = reader.read()
     if own is None or (not _beside and not _left_ns):
         return own
-    global _beside_read
     beside = _beside
     at, read_for, waits = _beside_read
     now = time.monotonic_ns()

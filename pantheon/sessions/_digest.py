@@ -39,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+from pantheon.sessions._journal import _array_header
+
 __all__ = ["DIGEST_BYTES", "request_digest"]
 
 #: Bytes of blake2b kept: 128 bits, so two different requests at one position collide with
@@ -194,11 +196,6 @@ def _lead_state(head: Any, lead: Any, n: int) -> Any:
             _leads.clear()
         hit = _leads[key] = (lead, state)
     return hit[1].copy()
-
-
-def _array_header(n: int) -> bytes:
-    """msgpack's header of an array of ``n < 16`` items."""
-    return bytes((0x90 | n,))
 
 
 def request_digest(
