@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from cli_run import pantheon
+from decisions import outcomes
 from rich.console import Console
 from untimed import copy_untimed
 
@@ -27,17 +28,6 @@ def workdir(tmp_path: Path) -> Path:
     on several processes, never about how fast a loaded machine let it go."""
     copy_untimed(tmp_path)
     return tmp_path
-
-
-def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
-    """(Guardian verdict, action taken) per email id, from the session's action.executed."""
-    with SessionStore(store) as s:
-        envelopes = s.envelopes(s.resolve(session))
-    return {
-        e.payload["email_id"]: (e.payload["verdict"], e.payload["action"])
-        for e in envelopes
-        if e.topic == "action.executed"
-    }
 
 
 def run_json(workdir: Path, scenario: str, *extra: str) -> tuple[int, dict[str, Any]]:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from decisions import outcomes
 from untimed import copy_untimed
 
 from pantheon.sessions import SessionStore
@@ -31,17 +32,6 @@ def run_json(workdir: Path, scenario: str) -> dict[str, Any]:
     summary: dict[str, Any] = json.loads(proc.stdout)
     assert proc.returncode == (0 if summary["passed"] else 1), proc.stderr
     return summary
-
-
-def outcomes(store: Path, session: str) -> dict[str, tuple[str, str]]:
-    """(Guardian verdict, action taken) per email id, from the session's action.executed."""
-    with SessionStore(store) as s:
-        envelopes = s.envelopes(s.resolve(session))
-    return {
-        e.payload["email_id"]: (e.payload["verdict"], e.payload["action"])
-        for e in envelopes
-        if e.topic == "action.executed"
-    }
 
 
 def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:

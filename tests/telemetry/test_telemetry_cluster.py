@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from decisions import outcomes
 from otlp_collector import CollectedSpan, OtlpCollector
 from untimed import copy_untimed
 
-from pantheon.sessions import DEFAULT_STORE_PATH, SessionStore
+from pantheon.sessions import DEFAULT_STORE_PATH
 
 ROOT = Path(__file__).resolve().parents[2]
 EMAILS = 600  # scenarios/data/support_emails.jsonl: 591 valid, 9 malformed
@@ -124,16 +125,8 @@ def moved(workdir: Path, a: dict[str, Any], b: dict[str, Any]) -> set[str]:
     before or after the move reached its process (tests/cluster/test_cluster_run.py holds
     the diff to that). Each such email's trace differs by what the Learner made of it."""
 
-    def decided(session: str) -> dict[str, tuple[str, str]]:
-        with SessionStore(workdir / DEFAULT_STORE_PATH) as store:
-            envelopes = store.envelopes(session)
-        return {
-            e.payload["email_id"]: (e.payload["verdict"], e.payload["action"])
-            for e in envelopes
-            if e.topic == "action.executed"
-        }
-
-    first, second = decided(a["session_id"]), decided(b["session_id"])
+    store = workdir / DEFAULT_STORE_PATH
+    first, second = outcomes(store, a["session_id"]), outcomes(store, b["session_id"])
     assert set(first) == set(second)
     return {item for item in first if first[item] != second[item]}
 
