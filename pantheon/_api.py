@@ -100,6 +100,8 @@ async def run(
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
             desk=desk,  # every agent's, on whichever process it runs
         )
+        if summary.nodes and rec.recorder is not None:
+            await _score_from_record(scenario, summary, rec.recorder)
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)
         await rec.finish(summary, source=source)
@@ -107,6 +109,19 @@ async def run(
         # Last: a monitor attached through the gateway gets the feed's final snapshot.
         await served.aclose()
     return summary
+
+
+async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: Any) -> None:
+    """Score a multi-process run from its session record (see
+    :func:`pantheon.runner.score_from_record`), once every node's journal and the driver's
+    own records are committed. An in-process run's summary is scored already, from all its
+    one bus saw."""
+    from pantheon.rerun import session_outcomes
+    from pantheon.runner import score_from_record
+
+    await recorder.flush()
+    read = await asyncio.to_thread(session_outcomes, recorder.store, recorder.session_id)
+    score_from_record(scenario, summary, read.score)
 
 
 class _Served:

@@ -45,10 +45,13 @@ class SessionOutcomes:
     spec: OutcomeSpec
     decisions: dict[str, dict[str, str]]
     labels: Mapping[str, Any] = field(default_factory=dict)
+    #: Outcomes (and refused records) that named no item: unlabelled, as a live run counts
+    #: them.
+    unnamed: int = 0
 
     @property
     def score(self) -> OutcomeScore:
-        return score_decisions(self.decisions, self.labels, self.spec.fields)
+        return score_decisions(self.decisions, self.labels, self.spec.fields, unnamed=self.unnamed)
 
     @property
     def scored(self) -> int:
@@ -235,7 +238,7 @@ def session_outcomes(
     for env in envelopes:
         outcomes.see(env.topic, env.payload, env.id, env.causation_id, env.correlation_id)
     if spec.declared:
-        return SessionOutcomes(info.id, spec, outcomes.decisions(), labels)
+        return SessionOutcomes(info.id, spec, outcomes.decisions(), labels, outcomes.unnamed)
     # Where the team's work ends: topics whose messages no subscriber ever handled.
     topic_of = {env.id: env.topic for env in envelopes}
     handled = {topic_of.get(d.envelope_id) for d in store.deliveries(info.id)}
@@ -243,7 +246,7 @@ def session_outcomes(
     def leaf(topic: str) -> bool:
         return topic not in handled
 
-    return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels)
+    return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels, outcomes.unnamed)
 
 
 def diff_outcomes(store: SessionStore, a: str, b: str) -> OutcomeDiff:

@@ -33,6 +33,7 @@ from pantheon.runner._report import (
     expectation_state,
     judge,
     local_report,
+    score_from_record,
     summarize,
 )
 from pantheon.runner._runtime import run_scenario
@@ -63,6 +64,7 @@ __all__ = [
     "recording",
     "run_scenario",
     "say_control",
+    "score_from_record",
     "serve_broker",
     "serve_node",
     "summarize",

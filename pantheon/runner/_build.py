@@ -277,7 +277,6 @@ def build_team(
             )
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             raise AgentSetupError(name, cls, exc) from exc
-    scored = inp.label is not None or scenario.outcome is not None
     budget = scenario.budget
     guards, ledgers = budget_guards(
         budget.run.to_budget() if budget.run is not None else None,
@@ -291,7 +290,11 @@ def build_team(
         agent.budget = guards.get(name)
         agent.rate_limiter = limiter
     return Team(
-        agents, outbox, provider, Outcomes(spec, labels) if scored else None, budgets=ledgers
+        agents,
+        outbox,
+        provider,
+        Outcomes(spec, labels) if scenario.scored else None,
+        budgets=ledgers,
     )
 
 

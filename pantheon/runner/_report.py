@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents import Guardian, Learner, Monitor, Observer
+from agents import Guardian, Learner, Monitor, Observer, OutcomeScore
 from bus import Bus, Envelope, Receipt, SchedulingStats, matches
 from pantheon._imports import ImportProblem, import_path
 from pantheon.runner._build import Team, sum_usage
@@ -26,6 +26,7 @@ __all__ = [
     "expectation_state",
     "judge",
     "local_report",
+    "score_from_record",
     "summarize",
 ]
 
@@ -365,6 +366,29 @@ def summarize(
     return summary
 
 
+def score_from_record(scenario: Scenario, s: RunSummary, score: OutcomeScore) -> None:
+    """Put a multi-process run's accuracy, read from its whole session record, in ``s``.
+
+    Each process sees only the messages published on its own bus and those that crossed to
+    it: an outcome published on a node that no agent on the driver subscribes to reaches no
+    process holding the item's other messages, and a team whose decisions are spread over
+    nodes (competing consumers) has each process hold a part. The record holds every node's
+    messages, so it is scored as one process would score them (and as ``pantheon diff`` and
+    a what-if read the same session). What only the processes' Learners report (the support
+    desk's intent accuracy and thresholds) is kept beside it. The accuracy checks are judged
+    again; the others stand."""
+    if not scenario.scored:
+        return
+    report = score.as_report() if score.decided else {}
+    merged = report | {k: v for k, v in s.accuracy.items() if k not in report}
+    s.accuracy = merged
+    # Only the accuracy checks are judged again: the run added its own after summarizing
+    # (a multi-process run's "every node ran to the end").
+    fresh = {e["name"]: e for e in judge(scenario, s)}
+    again = {name for name, _, _ in accuracy_bounds(scenario)}
+    s.expectations = [fresh[e["name"]] if e["name"] in again else e for e in s.expectations]
+
+
 def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:
     """One run's usage from its processes': an agent on several nodes adds up."""
     by_agent: dict[str, list[dict[str, Any]]] = {}
@@ -516,6 +540,11 @@ def judge(
             acc = s.accuracy.get(field_)
             ok = acc is not None and acc >= bound
             check(name, ok, bound, acc)
+            if acc is None and scenario.transport.kind != "inprocess" and s.session_id is None:
+                out[-1]["why"] = (
+                    "a multi-process run is scored from its session record and this one "
+                    "was not recorded (--no-record); no Learner on the driver scored it"
+                )
     if e.max_breaker_trips is not None:
         check(
             f"breaker trips <= {e.max_breaker_trips}",

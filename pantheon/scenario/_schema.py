@@ -1326,6 +1326,12 @@ class Scenario(_Model):
         """Where the text came from: the path as given to :func:`load_scenario`, or a label."""
         return self._source
 
+    @property
+    def scored(self) -> bool:
+        """Whether a run of this team is scored (an accuracy, ``min_accuracy``): its input
+        has labels or it declares its outcome."""
+        return self.input.label is not None or self.outcome is not None
+
     def outcome_spec(self) -> OutcomeSpec:
         """The team's outcome for :class:`agents.Outcomes`: its ``outcome:`` section; else,
         for a team with a Learner, the one the Learner has always scored (the Actor's
