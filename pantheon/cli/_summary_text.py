@@ -29,6 +29,7 @@ __all__ = [
     "print_nodes",
     "print_stream",
     "print_summary",
+    "rate_limit_lines",
     "usage_lines",
     "verdict_line",
 ]
@@ -114,6 +115,22 @@ def verdict_line(s: Any) -> str:
     return "[green]all expectations passed[/green]"
 
 
+def rate_limit_lines(rate: dict[str, Any]) -> list[str]:
+    """The provider's rate limit and how many of the team's calls waited their turn."""
+    if not rate:
+        return []
+    window = f"{rate['window_s']:g} s"
+    limits = [
+        f"{rate[key]:,} {what}"
+        for key, what in (("requests_per_minute", "calls"), ("tokens_per_minute", "tokens"))
+        if rate.get(key) is not None
+    ]
+    return [
+        f"rate limit {' and '.join(limits)} per {window}: {rate['admitted']:,} calls admitted, "
+        f"{rate['waited']:,} waited their turn"
+    ]
+
+
 def budget_lines(budget: dict[str, dict[str, Any]]) -> list[str]:
     """One line per budget scope: what it spent of its limits, and whether it stopped calls
     (how many it refused)."""
@@ -185,6 +202,7 @@ def print_summary(s: Any) -> None:
     if s.usage.get("calls"):
         lines.extend(usage_lines(readmodel.SessionUsage.from_dict(s.usage)))
     lines.extend(budget_lines(s.budget))
+    lines.extend(rate_limit_lines(s.rate_limit))
     for line in lines:
         _print_wrapped(out, line)
     table = _latency_table(s.hops, p95=True)

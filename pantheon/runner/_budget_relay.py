@@ -1,4 +1,5 @@
-"""Budgets across processes: a node's agents are charged to the driver's ledgers.
+"""Budgets and the rate limit across processes: a node's agents are charged to the driver's
+ledgers and take their turn at the driver's limiter.
 
 A scenario's ``budget:`` bounds the run (and each agent) as a whole. In a multi-process run
 (``transport.kind: zmq`` or ``nats``) each node builds the team from the scenario, and a
@@ -21,6 +22,14 @@ beside a model call of 100 ms to seconds. Settling and releasing a call are one-
 The admission is still the node's effect ``budget.admit``: recorded in the node's journal,
 so a replay refuses exactly the calls the run refused, without any driver.
 
+The provider's rate limit (``provider.rate_limit``) is the model server's meter on the
+team's key, so it too holds team-wide: a node agent's limiter is a
+:class:`RemoteRateLimiter`, which asks the driver's one :class:`agents.RateLimiter` for
+each call's turn (FIFO across every process) and settles the call's tokens there. Each
+process keeping its own would let N nodes send N times the limit, and the server answer
+429s. The turn is taken inside the model call's effect, as in one process: a replay serves
+the call and asks nobody.
+
 The wire, one JSON object per line:
 
 * node -> driver: ``{"event": "budget", "op": "admit" | "refused", "id": N, "agent":
@@ -29,9 +38,13 @@ The wire, one JSON object per line:
   (admitted), ``{..., "refused": MESSAGE}`` (:class:`agents.BudgetExceeded`), ``{...,
   "state": {...} | null}`` (the scope's :class:`agents.BudgetState` to publish) or ``{...,
   "error": "..."}``;
+* node -> driver: ``{"event": "budget", "op": "rate", "id": N, "agent": NAME}`` (a model
+  call's turn at the rate limiter), answered once the turn came by ``{"cmd": "budget",
+  "id": N, "entry": E}`` (or ``"error"``);
 * node -> driver, not answered: ``{"event": "budget", "op": "settle", "agent": NAME,
-  "tokens": T, "cost": C, "reserved": bool}`` and ``{"event": "budget", "op": "release",
-  "agent": NAME}``.
+  "tokens": T, "cost": C, "reserved": bool}``, ``{"event": "budget", "op": "release",
+  "agent": NAME}`` and ``{"event": "budget", "op": "rate_settle", "agent": NAME,
+  "entry": E, "tokens": T}``.
 
 Failures. A node that dies holding reservations would keep other calls waiting for calls
 that will never settle: the relay gives back every reservation the lost node held (what
@@ -49,9 +62,23 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from agents import BudgetExceeded, BudgetGuard, BudgetState, BudgetUnavailable
+from agents import (
+    BudgetExceeded,
+    BudgetGuard,
+    BudgetState,
+    BudgetUnavailable,
+    RateLimit,
+    RateLimiter,
+)
 
-__all__ = ["BUDGET_COMMAND", "BUDGET_EVENT", "BudgetRelay", "NodeBudgetLink", "RemoteBudgetGuard"]
+__all__ = [
+    "BUDGET_COMMAND",
+    "BUDGET_EVENT",
+    "BudgetRelay",
+    "NodeBudgetLink",
+    "RemoteBudgetGuard",
+    "RemoteRateLimiter",
+]
 
 log = logging.getLogger("pantheon.budget")
 
@@ -88,6 +115,26 @@ class RemoteBudgetGuard(BudgetGuard):
         self.link.tell(self.agent, "release")
 
 
+class RemoteRateLimiter(RateLimiter):
+    """A node agent's rate limiter: each call's turn is taken at the driver's limiter.
+
+    Its own ``admitted`` and ``waited`` stay 0: the team's counts are the driver's."""
+
+    __slots__ = ("agent", "link")
+
+    def __init__(self, link: NodeBudgetLink, agent: str, limit: RateLimit) -> None:
+        super().__init__(limit)
+        self.link = link
+        self.agent = agent
+
+    async def acquire(self) -> list[float]:
+        answer = await self.link.ask(self.agent, "rate")
+        return [float(answer["entry"]), 0.0]
+
+    def settle(self, entry: list[float], tokens: int) -> None:
+        self.link.tell(self.agent, "rate_settle", entry=int(entry[0]), tokens=tokens)
+
+
 class NodeBudgetLink:
     """A node's end: sends its agents' budget questions to the driver and takes the answers.
 
@@ -100,17 +147,21 @@ class NodeBudgetLink:
         self.node = node
         self._say = say
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        #: Admissions whose asker stopped waiting (its handler was cancelled): the agent, to
-        #: give the reservation back if the driver admits it all the same.
-        self._abandoned: dict[int, str] = {}
+        #: Questions whose asker stopped waiting (its handler was cancelled): the agent and
+        #: the question, to give a budget reservation back if the driver admits it all the
+        #: same (a rate turn given to nobody counts as a call in the window, on the safe side).
+        self._abandoned: dict[int, tuple[str, str]] = {}
         self._next = 0
         self._gone: str | None = None
 
     def serve(self, agents: Iterable[Any]) -> None:
-        """Charge every agent of ``agents`` that is under a budget to the driver's ledgers."""
+        """Charge every agent of ``agents`` that is under a budget to the driver's ledgers,
+        and give every one under a rate limit its turns at the driver's limiter."""
         for agent in agents:
             if agent.budget is not None:
                 agent.budget = RemoteBudgetGuard(self, agent.name)
+            if agent.rate_limiter is not None:
+                agent.rate_limiter = RemoteRateLimiter(self, agent.name, agent.rate_limiter.limit)
 
     async def ask(self, agent: str, op: str, **fields: Any) -> dict[str, Any]:
         """Send one question and wait for the driver's answer."""
@@ -131,8 +182,8 @@ class NodeBudgetLink:
             answer = await future
         finally:
             self._waiting.pop(rid, None)
-            if op == "admit" and (future.cancelled() or not future.done()):
-                self._abandoned[rid] = agent
+            if op in ("admit", "rate") and (future.cancelled() or not future.done()):
+                self._abandoned[rid] = (agent, op)
         error = answer.get("error")
         if error is not None:
             raise BudgetUnavailable(f"node {self.node!r}, agent {agent!r}: {error}")
@@ -150,8 +201,9 @@ class NodeBudgetLink:
     def answered(self, command: Mapping[str, Any]) -> None:
         rid = command.get("id")
         future = self._waiting.get(rid) if isinstance(rid, int) else None
-        if isinstance(rid, int) and (agent := self._abandoned.pop(rid, None)) is not None:
-            if not {"refused", "error"} & command.keys():
+        if isinstance(rid, int) and (asked := self._abandoned.pop(rid, None)) is not None:
+            agent, op = asked
+            if op == "admit" and not {"refused", "error"} & command.keys():
                 self.tell(agent, "release")  # admitted for a call that will not be made
             return
         if future is None or future.done():
@@ -177,13 +229,22 @@ class BudgetRelay:
 
     ``guards`` maps each agent under a budget to the guard a driver agent of that name uses
     (charged to the driver's ledgers); ``hosts`` maps each node to the agents it hosts, so a
-    node charging an agent it does not host is refused."""
+    node charging an agent it does not host is refused. ``limiter`` is the team's rate
+    limiter, the one the driver's own agents wait at (None: the provider has no limit)."""
 
     def __init__(
-        self, guards: Mapping[str, BudgetGuard], hosts: Mapping[str, Iterable[str]]
+        self,
+        guards: Mapping[str, BudgetGuard],
+        hosts: Mapping[str, Iterable[str]],
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.guards = dict(guards)
         self.hosts = {node: frozenset(agents) for node, agents in hosts.items()}
+        self.limiter = limiter
+        #: Rate turns the nodes took and have not settled yet: entry id -> the limiter's
+        #: entry, whose tokens the settlement fills in.
+        self._turns: dict[int, list[float]] = {}
+        self._next_turn = 0
         #: Reservations each node's agents hold (admitted, not settled or released yet).
         self._held: dict[str, Counter[str]] = {}
         self._tasks: dict[str, set[asyncio.Future[Any]]] = {}
@@ -198,6 +259,9 @@ class BudgetRelay:
 
         def handle(event: Mapping[str, Any]) -> None:
             op, agent, rid = event.get("op"), event.get("agent"), event.get("id")
+            if op in ("rate", "rate_settle"):
+                self._rate(node, event, send)
+                return
             guard = self._guard(node, agent)
             if op in ("settle", "release"):
                 if guard is None:
@@ -235,6 +299,48 @@ class BudgetRelay:
                 self._spawn(node, send(answer))
 
         return handle
+
+    def _rate(
+        self,
+        node: str,
+        event: Mapping[str, Any],
+        send: Callable[[Mapping[str, Any]], Awaitable[bool]],
+    ) -> None:
+        """A node agent's rate turn, or its settlement."""
+        agent, rid, limiter = event.get("agent"), event.get("id"), self.limiter
+        if event.get("op") == "rate_settle":
+            eid = event.get("entry")
+            entry = self._turns.pop(eid, None) if isinstance(eid, int) else None
+            if entry is not None and limiter is not None:
+                limiter.settle(entry, int(event.get("tokens", 0)))
+            return
+        if not isinstance(rid, int) or isinstance(rid, bool):
+            log.error("node %s sent a rate question without an id: %.200r", node, event)
+            return
+        answer: dict[str, Any] = {"cmd": BUDGET_COMMAND, "id": rid}
+        if limiter is None or not isinstance(agent, str) or agent not in self.hosts.get(node, ()):
+            hosted = ", ".join(sorted(self.hosts.get(node, ()))) or "none"
+            why = (
+                "the team's provider has no rate limit"
+                if limiter is None
+                else f"it does not host that agent (it hosts: {hosted})"
+            )
+            answer["error"] = f"node {node!r} asked a rate-limit turn for {agent!r}, but {why}"
+            self._spawn(node, send(answer))
+            return
+        self._spawn(node, self._turn(limiter, answer, send))
+
+    async def _turn(
+        self,
+        limiter: RateLimiter,
+        answer: dict[str, Any],
+        send: Callable[[Mapping[str, Any]], Awaitable[bool]],
+    ) -> None:
+        entry = await limiter.acquire()
+        self._next_turn += 1
+        self._turns[self._next_turn] = entry
+        answer["entry"] = self._next_turn
+        await send(answer)
 
     def _guard(self, node: str, agent: object) -> BudgetGuard | None:
         if not isinstance(agent, str) or agent not in self.hosts.get(node, ()):

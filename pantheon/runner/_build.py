@@ -88,11 +88,29 @@ class Team:
     outcomes: Outcomes | None = None
     #: The scenario's budget ledgers (``run`` first, then ``agent:<name>``), if it has any.
     budgets: list[BudgetLedger] = field(default_factory=list)
+    #: The limiter every model call of the team waits its turn at (``provider.rate_limit``),
+    #: if the provider has a limit; in a multi-process run, the driver's.
+    rate_limiter: RateLimiter | None = None
 
     def budget(self) -> dict[str, dict[str, Any]]:
         """Per budget scope: spent, limits, calls refused and whether the budget stopped
         calls (:meth:`agents.BudgetState.as_dict`)."""
         return {ledger.scope: ledger.state().as_dict() for ledger in self.budgets}
+
+    def rate_limit(self) -> dict[str, Any]:
+        """The provider's rate limit and how it held the team back: calls admitted and how
+        many had to wait their turn (empty without a limit)."""
+        limiter = self.rate_limiter
+        if limiter is None:
+            return {}
+        limit = limiter.limit
+        return {
+            "requests_per_minute": limit.requests,
+            "tokens_per_minute": limit.tokens,
+            "window_s": limit.window,
+            "admitted": limiter.admitted,
+            "waited": limiter.waited,
+        }
 
     def of_role(self, cls: type[Agent]) -> list[Any]:
         return [a for a in self.agents.values() if isinstance(a, cls)]
@@ -295,6 +313,7 @@ def build_team(
         provider,
         Outcomes(spec, labels) if scenario.scored else None,
         budgets=ledgers,
+        rate_limiter=limiter,
     )
 
 

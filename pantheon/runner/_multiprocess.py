@@ -990,12 +990,18 @@ class _Driver:
         # The team's budget ledgers are the driver's: its own agents are charged to them
         # directly, the nodes' through the relay, so a budget holds team-wide.
         self.team = Team(
-            {a: full.agents[a] for a in mine}, full.outbox, full.provider, budgets=full.budgets
+            {a: full.agents[a] for a in mine},
+            full.outbox,
+            full.provider,
+            budgets=full.budgets,
+            rate_limiter=full.rate_limiter,
         )
         guarded = {name: a.budget for name, a in full.agents.items() if name not in mine}
+        # So is the rate limiter: the model server meters the team's key, not a process.
         self.budgets = BudgetRelay(
             {name: guard for name, guard in guarded.items() if guard is not None},
             self.placement.nodes,
+            full.rate_limiter,
         )
 
     async def spawn(self) -> None:

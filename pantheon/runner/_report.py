@@ -78,6 +78,11 @@ class RunSummary:
     calls ``refused`` and whether the budget ``stopped`` calls; of a multi-process run, the
     driver's ledgers (the nodes' agents are charged to them, see ``pantheon.runner._budget_relay``).
     Empty without a ``budget:`` section."""
+    rate_limit: dict[str, Any] = field(default_factory=dict)
+    """The provider's rate limit (``requests_per_minute``, ``tokens_per_minute``,
+    ``window_s``) and the team's model calls it ``admitted``, of which ``waited`` had to wait
+    their turn; one limiter for the whole team, the driver's in a multi-process run. Empty
+    without ``provider.rate_limit``."""
     topics: dict[str, int] = field(default_factory=dict)
     """Messages published per topic, each counted once however many processes it crossed."""
     input_errors: list[str] = field(default_factory=list)
@@ -233,6 +238,7 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
         "usage": team.usage(),
         "budget": team.budget(),
+        "rate_limit": team.rate_limit(),
         "scheduling": _scheduling(stats.scheduling),
     }
 
@@ -354,6 +360,9 @@ def summarize(
         accounting_ok=all(r["accounting_ok"] for r in reports),
         usage=_merge_usage([r["usage"] for r in reports]),
         budget=_merge_budget([r.get("budget", {}) for r in reports]),
+        # One limiter for the team, the driver's (its report is the first): the nodes'
+        # agents take their turns there (pantheon.runner._budget_relay).
+        rate_limit=next((r["rate_limit"] for r in reports if r.get("rate_limit")), {}),
         topics=dict(sorted(topics.items())),
         input_errors=[e for r in reports for e in r.get("input_errors", ())],
         dlq_evicted=sum(r.get("dlq_evicted", 0) for r in reports),

@@ -391,8 +391,9 @@ class RateLimitConfig(_Model):
     most ``requests_per_minute`` calls and ``tokens_per_minute`` tokens in any ``window``
     seconds (60 unless a test scales it). Calls over the limit wait their turn, first come
     first served; a 429 the server still sends is retried after its ``Retry-After`` (by
-    the OpenAI provider's own retries, or the Anthropic SDK's). Each process of the team
-    keeps its own limiter."""
+    the OpenAI provider's own retries, or the Anthropic SDK's). One limiter for the whole
+    team: on ZeroMQ and NATS the driver's, which the nodes' agents ask for their turns
+    (``pantheon.runner._budget_relay``)."""
 
     requests_per_minute: Annotated[int, Field(ge=1, le=10_000_000)] | None = None
     """Calls per window: 1 to 10,000,000."""

@@ -1,4 +1,4 @@
-"""The budget link between a node and its driver, in one process: a node's
+"""The budget and rate-limit link between a node and its driver, in one process: a node's
 :class:`RemoteBudgetGuard` wired to the driver's :class:`BudgetRelay` as the control pipe
 would carry them (the real run is tests/cluster/test_remote_budget.py). What a pipe cannot
 show cheaply: a lost node's reservations given back, a node asking for an agent it does
@@ -13,12 +13,21 @@ from typing import Any
 
 import pytest
 
-from agents import Budget, BudgetExceeded, BudgetUnavailable, budget_guards
+from agents import (
+    Budget,
+    BudgetExceeded,
+    BudgetUnavailable,
+    RateLimit,
+    RateLimiter,
+    budget_guards,
+)
+from bus.testing import FakeClock
 from pantheon.runner._budget_relay import (
     BUDGET_COMMAND,
     BudgetRelay,
     NodeBudgetLink,
     RemoteBudgetGuard,
+    RemoteRateLimiter,
 )
 from pantheon.runner._multiprocess import split_control
 
@@ -146,3 +155,41 @@ async def test_a_node_whose_driver_is_gone_cannot_be_admitted() -> None:
         await waiting
     with pytest.raises(BudgetUnavailable, match="cannot be admitted to a model call"):
         await guard.admit()
+
+
+async def test_two_nodes_take_their_turns_at_the_drivers_one_rate_limiter() -> None:
+    """Two calls per second for the team, asked from two nodes: the third waits until the
+    first leaves the window, whichever node asks it, and tokens settle on the driver's log
+    (each process keeping its own limiter would have let four go at once)."""
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(requests=2, tokens=100, window=1.0), clock)
+    relay = BudgetRelay({}, {"one": ["a"], "two": ["b"]}, limiter)
+    a = RemoteRateLimiter(wired(relay, "one"), "a", limiter.limit)
+    b = RemoteRateLimiter(wired(relay, "two"), "b", limiter.limit)
+    first = await a.acquire()
+    await b.acquire()
+    calls = [asyncio.ensure_future(x.acquire()) for x in (a, b)]
+    await settle_tasks()
+    assert [c.done() for c in calls] == [False, False] and limiter.admitted == 2
+    await clock.advance(1.0)
+    await settle_tasks()
+    assert [c.done() for c in calls] == [True, True]
+    assert (limiter.admitted, limiter.waited) == (4, 2)
+    assert first == [1.0, 0.0]  # the node holds the driver's entry id, not a log entry
+    a.settle(calls[0].result(), 40)
+    await settle_tasks()
+    assert sorted(entry[1] for entry in limiter._log) == [0.0, 40.0]
+    # Neither node's own limiter counts: the team's figures are the driver's.
+    assert (a.admitted, b.admitted) == (0, 0)
+
+
+async def test_a_rate_turn_for_an_agent_the_node_does_not_host_is_an_error() -> None:
+    limiter = RateLimiter(RateLimit(requests=2, window=1.0))
+    relay = BudgetRelay({}, {"one": ["a"]}, limiter)
+    stranger = RemoteRateLimiter(wired(relay, "one"), "b", limiter.limit)
+    with pytest.raises(BudgetUnavailable, match="does not host that agent"):
+        await stranger.acquire()
+    unlimited = RemoteRateLimiter(wired(BudgetRelay({}, {"one": ["a"]}), "one"), "a", limiter.limit)
+    with pytest.raises(BudgetUnavailable, match="has no rate limit"):
+        await unlimited.acquire()
+    assert limiter.admitted == 0
