@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 from collections.abc import AsyncIterator, Callable
@@ -53,8 +54,8 @@ async def run(
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
     from pantheon.approvals import approval_desk
-    from pantheon.live import live_run
-    from pantheon.runner import cluster_transport, recording, run_scenario
+    from pantheon.live import PartsBoard, live_run
+    from pantheon.runner import cluster_transport, count_own_topics, recording, run_scenario
 
     if not isinstance(scenario, Scenario):
         scenario = load_scenario(scenario)
@@ -68,10 +69,19 @@ async def run(
         from pantheon.gateway import load_tokens
 
         tokens = load_tokens(gw_config.tokens_file, gw_config.tokens_env)
+    # A multi-process run's live feed is whole: every node's part joins the driver's.
+    nodes = tuple(getattr(scenario.transport, "nodes", None) or ())
+    board = PartsBoard(nodes) if nodes and record else None
     async with (
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq
         recording(scenario, store_path, seed, enabled=record, transport=transport) as rec,
-        live_run(rec, scenario.name, enabled=record) as live,
+        live_run(
+            rec,
+            scenario.name,
+            enabled=record,
+            board=board,
+            own_topics=None if board is None else functools.partial(count_own_topics, rec.bus),
+        ) as live,
         _served(gw_config, tokens, on_gateway, lambda: live.feed) as served,
         approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
     ):
@@ -96,6 +106,7 @@ async def run(
             on_team=on_team,
             hold=served.hold if serve else None,
             journal=rec.journal,
+            board=board,
             # A handler may be waiting for a person: the drain waits out its timeout too.
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
             desk=desk,  # every agent's, on whichever process it runs

@@ -388,10 +388,11 @@ def _node_host(
 def _serve_driven_node(host: Any, *, journal: bool) -> None:
     """Serve a node ``pantheon run`` drives over stdin/stdout until the driver says to
     leave (``journal``: ship its record to the driver)."""
+    from pantheon.live import NodeParts
     from pantheon.runner import ClusterError, serve_node
 
     try:
-        run_async(serve_node(host, journal=journal))
+        run_async(serve_node(host, journal=journal, live=NodeParts))
     except ClusterError as exc:
         raise fail(str(exc)) from None
 

@@ -28,7 +28,9 @@ from pantheon.live._feed import (
     LiveFeed,
     SnapshotStream,
 )
-from pantheon.live._run import LiveRun, live_run
+from pantheon.live._node import NodeParts
+from pantheon.live._parts import PartsBoard
+from pantheon.live._run import LiveRun, live_run, outcome_tally
 from pantheon.live._snapshot import (
     PROTOCOL_VERSION,
     BreakerEvent,
@@ -67,7 +69,9 @@ __all__ = [
     "LiveError",
     "LiveFeed",
     "LiveRun",
+    "NodeParts",
     "OutcomeTally",
+    "PartsBoard",
     "ProtocolError",
     "RedriveResult",
     "Series",
@@ -79,6 +83,7 @@ __all__ = [
     "connect_url",
     "live_run",
     "live_sessions",
+    "outcome_tally",
     "snapshot_from_store",
     "socket_path",
     "trace_from_store",

@@ -44,11 +44,13 @@ from agents import BudgetState
 from bus import BreakerEvent, Bus, DeadLetter, Delivery, ObserverHandle
 from pantheon import readmodel
 from pantheon.live._errors import FeedClosed, LiveError, ProtocolError
+from pantheon.live._parts import PartsBoard, merge_parts, summed
 from pantheon.live._snapshot import (
     BreakerState,
     Hello,
     HopBar,
     HopLatency,
+    NodePart,
     OutcomeTally,
     Redrive,
     RedriveResult,
@@ -198,6 +200,12 @@ class LiveFeed:
     name -> node, as :func:`pantheon.readmodel.placement` reads them off the scenario): the
     node of each hop and dead letter is its subscriber's (``driver`` for an agent no node
     runs); without it, they have none, as in a single-process run.
+
+    In a multi-process run (:mod:`pantheon.live._parts`): ``own_topics`` says what this
+    bus published itself per topic (its stats also count what crossed to it), ``here``
+    names the process the feed runs in (``driver`` unless said), and the driver's feed adds
+    the newest part of every node on ``board`` to its snapshots; :meth:`part` is a node
+    feed's contribution.
     """
 
     def __init__(
@@ -217,6 +225,9 @@ class LiveFeed:
         budget: Callable[[], tuple[BudgetState, ...]] | None = None,
         outcomes: Callable[[], OutcomeTally] | None = None,
         nodes: Mapping[str, str] | None = None,
+        here: str | None = None,
+        own_topics: Callable[[], Mapping[str, int]] | None = None,
+        board: PartsBoard | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -249,7 +260,9 @@ class LiveFeed:
         self._node_lines = tuple(
             f"node {node}: {', '.join(agents)}" for node, agents in hosts.items()
         )
-        self._here = DRIVER if self.nodes else None
+        self._here = here or (DRIVER if self.nodes else None)
+        self.own_topics = own_topics
+        self.board = board
         #: Called with each entry id a client redrove successfully (the runtime marks it in
         #: the session store).
         self.on_redrive: list[Callable[[int], Awaitable[None]]] = []
@@ -424,29 +437,51 @@ class LiveFeed:
             await asyncio.gather(sender, receiver, return_exceptions=True)
 
     async def redrive(self, entry_id: int, *, request: int = 0) -> RedriveResult:
-        """Re-publish dead letter ``entry_id`` to its subscription, in this process."""
-        try:
-            taken = await self.bus.dlq.redrive([entry_id])
-        except KeyError:
-            return RedriveResult(
-                request,
-                entry_id,
-                False,
-                f"no dead letter {entry_id} in the running bus (already redriven, or evicted)",
-            )
-        except Exception as exc:  # a full mailbox refuses; the entry stays listed
-            return RedriveResult(request, entry_id, False, f"{type(exc).__name__}: {exc}")
-        if not taken:
-            return RedriveResult(
-                request, entry_id, False, "its subscription is gone or the bus is closing"
-            )
-        self._redriven.add(entry_id)
+        """Re-publish dead letter ``entry_id`` to its subscription, in this process; in the
+        driver of a multi-process run, ``entry_id`` is the store's (as its snapshots show
+        them) and a node's letter is redriven by that node."""
+        board = self.board
+        if board is None:
+            return await self._redrive_here(entry_id, entry_id, request)
+        node, own = board.node_of(entry_id)
+        if node is None:
+            return await self._redrive_here(own, entry_id, request)
+        if board.redrive is None or not node:
+            why = "no such node in this run" if not node else "its node cannot be asked"
+            return RedriveResult(request, entry_id, False, f"dead letter {entry_id}: {why}")
+        ok, message = await board.redrive(node, own)
+        if ok:
+            await self._redriven_hooks(entry_id)
+        return RedriveResult(request, entry_id, ok, f"node {node}: {message}")
+
+    async def _redriven_hooks(self, entry_id: int) -> None:
         for hook in self.on_redrive:
             try:
                 await hook(entry_id)
             except Exception:
                 log.exception("live feed %s: on_redrive hook failed", self.session_id)
-        return RedriveResult(request, entry_id, True, "re-published to its subscription")
+
+    async def _redrive_here(self, entry_id: int, shown: int, request: int) -> RedriveResult:
+        """Redrive this bus's own letter ``entry_id`` (``shown``: its id in snapshots and
+        in the session store, which the hooks are given)."""
+        try:
+            taken = await self.bus.dlq.redrive([entry_id])
+        except KeyError:
+            return RedriveResult(
+                request,
+                shown,
+                False,
+                f"no dead letter {shown} in the running bus (already redriven, or evicted)",
+            )
+        except Exception as exc:  # a full mailbox refuses; the entry stays listed
+            return RedriveResult(request, shown, False, f"{type(exc).__name__}: {exc}")
+        if not taken:
+            return RedriveResult(
+                request, shown, False, "its subscription is gone or the bus is closing"
+            )
+        self._redriven.add(entry_id)
+        await self._redriven_hooks(shown)
+        return RedriveResult(request, shown, True, "re-published to its subscription")
 
     # -- listeners (bus thread) ----------------------------------------------------------------
 
@@ -477,8 +512,15 @@ class LiveFeed:
 
     def _sample(self) -> None:
         stats = self.bus.stats()
-        topics = {t: s.published for t, s in stats.topics.items()}
+        if self.own_topics is not None:
+            topics = dict(self.own_topics())
+        else:
+            topics = {t: s.published for t, s in stats.topics.items()}
         agents = {n: s.delivered + s.dead_lettered for n, s in stats.subscribers.items()}
+        if self.board is not None:
+            parts = self.board.parts()
+            topics = summed(topics, parts, lambda p: p.topics)
+            agents = summed(agents, parts, lambda p: p.agents)
         self._samples.append((time.monotonic_ns(), topics, agents))
         self._stats = stats
 
@@ -516,7 +558,9 @@ class LiveFeed:
         now = self._samples[-1][0]
         subs = stats.subscribers.values()
         totals = Totals(
-            published=stats.published,
+            published=stats.published
+            if self.own_topics is None
+            else sum(self.own_topics().values()),
             delivered=sum(s.delivered for s in subs),
             dead_lettered=sum(s.dead_lettered for s in subs),
             shed=sum(s.shed for s in subs),
@@ -528,7 +572,7 @@ class LiveFeed:
             dlq_size=self._dead_seen,
         )
         self._seq += 1
-        return Snapshot(
+        snap = Snapshot(
             session_id=self.session_id,
             scenario=self.scenario,
             status=self.status,
@@ -550,6 +594,37 @@ class LiveFeed:
             budget=() if self.budget is None else self.budget(),
             outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
             nodes=self._node_lines,
+        )
+        if self.board is None:
+            return snap
+        self._origin()
+        return merge_parts(
+            snap,
+            self.board.parts(),
+            origin_wall=self._origin_wall,
+            board=self.board,
+            max_traces=self.max_traces,
+        )
+
+    def part(self) -> NodePart:
+        """This feed's bus as its node's part of the driver's feed (a node's feed: made with
+        ``here``, the node's name, and ``own_topics``)."""
+        snap = self.snapshot()
+        _, topics, agents = self._samples[-1]
+        self._origin()
+        return NodePart(
+            node=self._here or "",
+            origin_wall=self._origin_wall,
+            totals=snap.totals,
+            topics=topics,
+            agents=agents,
+            hops=snap.hops,
+            breakers=snap.breakers,
+            breaker_events=snap.breaker_events,
+            dead_letters=snap.dead_letters,
+            traces=snap.traces,
+            usage=snap.usage,
+            outcomes=snap.outcomes,
         )
 
     def _node(self, subscriber: str) -> str | None:

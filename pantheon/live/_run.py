@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
-from agents import BudgetState
+from agents import BudgetState, Outcomes
 from bus import Bus
 from pantheon.live._feed import LiveFeed
 from pantheon.live._snapshot import MAX_TALLIED, OutcomeTally
@@ -17,7 +17,7 @@ from pantheon.readmodel import SessionUsage, placement
 if TYPE_CHECKING:
     from pantheon.runner import Team
 
-__all__ = ["LiveRun", "live_run"]
+__all__ = ["LiveRun", "live_run", "outcome_tally"]
 
 
 class LiveRun:
@@ -48,17 +48,8 @@ class LiveRun:
         self._team = team
 
     def _outcomes(self) -> OutcomeTally:
-        outcomes = None if self._team is None else self._team.outcomes
-        if outcomes is None or not outcomes.spec.declared:
-            return OutcomeTally()
-        decided, scored, right = outcomes.live()
-        return OutcomeTally(
-            noun=outcomes.spec.noun,
-            decided=decided,
-            scored=scored,
-            right=right,
-            counts=tuple(outcomes.tally.most_common(MAX_TALLIED)),
-        )
+        team = self._team
+        return outcome_tally(None if team is None else team.outcomes or team.tally)
 
     def _usage(self) -> SessionUsage:
         return (
@@ -102,6 +93,21 @@ class LiveRun:
         """Publish the final snapshot with the session's ``status`` and stop the feed."""
         if self.feed is not None:
             await self.feed.aclose(status)
+
+
+def outcome_tally(outcomes: Outcomes | None) -> OutcomeTally:
+    """What ``outcomes`` has followed so far, as a snapshot carries it (empty for a team
+    that declares no outcome: its default one is read at the end)."""
+    if outcomes is None or not outcomes.spec.declared:
+        return OutcomeTally()
+    decided, scored, right = outcomes.live()
+    return OutcomeTally(
+        noun=outcomes.spec.noun,
+        decided=decided,
+        scored=scored,
+        right=right,
+        counts=tuple(outcomes.tally.most_common(MAX_TALLIED)),
+    )
 
 
 def _marker(recorder: Any) -> Callable[[int], Awaitable[None]]:

@@ -39,6 +39,7 @@ __all__ = [
     "Hello",
     "HopBar",
     "HopLatency",
+    "NodePart",
     "OutcomeTally",
     "Redrive",
     "RedriveResult",
@@ -192,6 +193,29 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     """A multi-process session's processes, a line each (its agents, how it ended, where
     its journal ends: :attr:`pantheon.readmodel.NodeView.text`); a live feed's name each
     node and its agents."""
+
+
+class NodePart(msgspec.Struct, frozen=True, tag="node_part", kw_only=True):
+    """What one node of a multi-process run adds to its driver's live feed, a few times a
+    second over the node's control channel (``pantheon.runner``): its own bus seen as a
+    feed sees it. ``totals.published`` and ``topics`` count only what the node published
+    itself (a message that crossed to it is its publisher's); ``agents`` counts what each
+    of its subscriptions handled. Times (``t_s``, ``*_ms``) are from ``origin_wall``, the
+    wall time of the node feed's origin, which the driver puts on its own. Dead letters
+    keep the node's own entry ids: the driver numbers them as the session store does."""
+
+    node: str
+    origin_wall: float
+    totals: Totals
+    topics: dict[str, int]
+    agents: dict[str, int]
+    hops: tuple[HopLatency, ...] = ()
+    breakers: tuple[BreakerState, ...] = ()
+    breaker_events: tuple[BreakerEvent, ...] = ()
+    dead_letters: tuple[DeadLetterView, ...] = ()
+    traces: tuple[Trace, ...] = ()
+    usage: SessionUsage = msgspec.field(default_factory=SessionUsage)
+    outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
 
 
 # -- the socket protocol ---------------------------------------------------------------------

@@ -30,6 +30,7 @@ from pantheon.runner._multiprocess import (
 from pantheon.runner._report import (
     RunSummary,
     accuracy_bounds,
+    count_own_topics,
     expectation_state,
     judge,
     local_report,
@@ -54,6 +55,7 @@ __all__ = [
     "build_team",
     "check_model",
     "cluster_transport",
+    "count_own_topics",
     "expectation_state",
     "import_from_stream",
     "install_stop_signals",

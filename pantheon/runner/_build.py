@@ -88,6 +88,9 @@ class Team:
     outcomes: Outcomes | None = None
     #: The scenario's budget ledgers (``run`` first, then ``agent:<name>``), if it has any.
     budgets: list[BudgetLedger] = field(default_factory=list)
+    #: In a multi-process run, the decisions this process published itself, for the live
+    #: feed's tally (each process counts its own; the summary is scored from the record).
+    tally: Outcomes | None = None
     #: The limiter every model call of the team waits its turn at (``provider.rate_limit``),
     #: if the provider has a limit; in a multi-process run, the driver's.
     rate_limiter: RateLimiter | None = None
@@ -116,8 +119,9 @@ class Team:
         return [a for a in self.agents.values() if isinstance(a, cls)]
 
     async def attach(self, bus: Bus) -> None:
-        if self.outcomes is not None:
-            bus.observe(self.outcomes)
+        for outcomes in (self.outcomes, self.tally):
+            if outcomes is not None:
+                bus.observe(outcomes)
         for agent in self.agents.values():
             await agent.attach(bus)
 

@@ -56,10 +56,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mappin
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
-from agents import LiveEffects, Observer
-from bus import Bus, BusError, Priority, Transport
+from agents import LiveEffects, Observer, Outcomes
+from bus import Bus, BusError, Envelope, Priority, Receipt, Transport
 from pantheon._errors import PantheonError
 from pantheon.approvals import APPROVAL_EVENT, DECIDED_COMMAND, DeskRelay, NodeDesk
 from pantheon.runner import _takeover
@@ -85,6 +85,7 @@ from pantheon.telemetry import get_logger
 
 if TYPE_CHECKING:
     from pantheon.approvals import StoreDesk
+    from pantheon.live import PartsBoard
     from pantheon.runner._node_journal import JetStreamShipper
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
@@ -285,6 +286,25 @@ def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
     }
 
 
+class _OwnOutcomes(Outcomes):
+    """The decisions one process of a multi-process run published itself: a message that
+    crossed to it is its publisher's, so the processes' tallies add up to the team's."""
+
+    __slots__ = ()
+
+    def on_publish(self, env: Envelope) -> None:
+        if not isinstance(env.reply, Receipt):
+            super().on_publish(env)
+
+
+def _tally(team: Team) -> Outcomes | None:
+    """A process's live tally of the team's declared outcome (none without one)."""
+    o = team.outcomes
+    if o is None or not o.spec.declared:
+        return None
+    return _OwnOutcomes(o.spec, o.labels)
+
+
 def _quiet(status: Mapping[str, Any]) -> bool:
     return status["outstanding"] == 0 and status["in_flight"] == 0
 
@@ -320,6 +340,8 @@ class NodeHost:
         telemetry: Telemetry | None = None,
     ) -> None:
         placement = Placement.of(scenario)
+        #: Where every agent of the run runs (agent -> node), for this node's live part.
+        self.placed = {a: n for n, hosted in placement.nodes.items() for a in hosted}
         self.probes: list[str] = []
         if agents is None:
             if node not in placement.nodes:
@@ -333,7 +355,9 @@ class NodeHost:
         self.seed = scenario.seed if seed is None else seed
         team = build_team(scenario, seed=self.seed, outbox_path=outbox_path)
         _check_agents(scenario, agents, team)
-        self.team = Team({a: team.agents[a] for a in agents}, team.outbox, team.provider)
+        self.team = Team(
+            {a: team.agents[a] for a in agents}, team.outbox, team.provider, tally=_tally(team)
+        )
         self.node = node
         self.endpoint = connect
         self.connect_timeout = connect_timeout
@@ -360,7 +384,8 @@ class NodeHost:
             )
         self.bus = Bus(transport=transport, session_id=session_id)
         self.bus.context = LiveEffects(self.seed)
-        count_own_topics(self.bus)  # this bus also counts what reaches it from others
+        #: What this bus published itself, per topic (it also counts what reaches it).
+        self.own_topics = count_own_topics(self.bus)
         self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
         if self.telemetry is not None:
             self.telemetry.instrument(self.bus)
@@ -621,11 +646,19 @@ async def serve_broker(broker: Any, out: TextIO | None = None) -> None:
             say_control(out, "error", message=f"unknown command {command!r}")
 
 
-async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool = False) -> None:
+async def serve_node(
+    host: NodeHost,
+    out: TextIO | None = None,
+    *,
+    journal: bool = False,
+    live: Callable[[NodeHost, Callable[..., None]], NodeLive] | None = None,
+) -> None:
     """Run ``host`` under a driver's control: commands on stdin, JSON lines on ``out``.
 
     ``journal``: record this node's part of the session and ship it to the driver as
-    ``journal`` lines (``pantheon.sessions.ShippingRecorder``).
+    ``journal`` lines (``pantheon.sessions.ShippingRecorder``); the run is then watched live,
+    and ``live(host, say)`` makes this node's part of the driver's feed, which sends with
+    ``say(event, **fields)`` and answers the driver's ``redrive`` commands.
 
     ``ready`` is sent once the agents run; then ``status`` and ``stop`` are answered,
     ``leave`` answers the final report and returns. A closed stdin (the driver is gone)
@@ -639,15 +672,19 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     desk.serve(host.team.agents.values())
     budget = NodeBudgetLink(host.node, functools.partial(say_control, out))
     budget.serve(host.team.agents.values())
+    # A recorded run is watched live: this node's part goes to the driver's feed.
+    part = live(host, functools.partial(say_control, out)) if journal and live else None
+    answers = {DECIDED_COMMAND: desk.decided, BUDGET_COMMAND: budget.answered}
+    if part is not None:
+        answers[REDRIVE_COMMAND] = part.redrive
     commands, pump = split_control(
-        await _stdin_lines(),
-        host.node,
-        {DECIDED_COMMAND: desk.decided, BUDGET_COMMAND: budget.answered},
-        (desk.driver_gone, budget.driver_gone),
+        await _stdin_lines(), host.node, answers, (desk.driver_gone, budget.driver_gone)
     )
     if journal:
         host.ship_journal(out)
     try:
+        if part is not None:
+            await part.start()
         await host.start()
     except Exception as exc:
         say_control(out, "error", message=str(exc))
@@ -696,6 +733,8 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
                 # Every journal line goes out before the report: the driver ends the session
                 # once it has the reports, so the link's order says the journal is whole.
                 await host.finish_journal()
+                if part is not None:
+                    await part.aclose()  # its last part: the agents are done
                 say_control(out, "report", report=host.report())
                 return
             else:
@@ -703,6 +742,26 @@ async def serve_node(host: NodeHost, out: TextIO | None = None, *, journal: bool
     finally:
         pump.cancel()
         await host.aclose(drain=not orphaned)
+
+
+#: A node's live part (event) and the driver's request to redrive one of its dead letters
+#: (command), answered by ``redriven`` (``pantheon.live.NodeParts`` sends the events).
+LIVE_EVENT = "live"
+REDRIVE_COMMAND = "redrive"
+REDRIVEN_EVENT = "redriven"
+#: Seconds the driver waits for a node to answer a redrive.
+_REDRIVE_TIMEOUT = 10.0
+
+
+class NodeLive(Protocol):
+    """A node's part of its driver's live feed (``pantheon.live.NodeParts``, which the
+    ``pantheon node`` command gives :func:`serve_node`)."""
+
+    async def start(self) -> None: ...
+
+    def redrive(self, command: Mapping[str, Any]) -> None: ...
+
+    async def aclose(self) -> None: ...
 
 
 # -- the driver side ---------------------------------------------------------------------------
@@ -956,6 +1015,7 @@ class _Driver:
         drain_timeout: float,
         desk: StoreDesk | None = None,
         journal: Callable[[str, bytes], None] | None = None,
+        board: PartsBoard | None = None,
     ) -> None:
         source = Path(scenario.source)
         if not source.is_file():
@@ -978,6 +1038,12 @@ class _Driver:
         self.curve = False
         self.startup_s = 0.0
         self.journal = journal
+        #: Where the nodes' live parts go (the driver's live feed reads them), if watched.
+        self.board = board
+        if board is not None:
+            board.redrive = self.redrive_on
+        self._redrives: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._next_redrive = 0
         #: What a killed node left in the stream (pantheon.runner._takeover.inspect), NATS only.
         self.stream: dict[str, Any] = {}
         sid = bus.session_id or "run"
@@ -995,6 +1061,7 @@ class _Driver:
             full.provider,
             budgets=full.budgets,
             rate_limiter=full.rate_limiter,
+            tally=_tally(full),
         )
         guarded = {name: a.budget for name, a in full.agents.items() if name not in mine}
         # So is the rate limiter: the model server meters the team's key, not a process.
@@ -1018,8 +1085,40 @@ class _Driver:
             child.on_journal = self.journal
             child.handlers[APPROVAL_EVENT] = self.approvals.on_request(name, child.send)
             child.handlers[BUDGET_EVENT] = self.budgets.on_event(name, child.send)
+            child.handlers[LIVE_EVENT] = functools.partial(self._live_part, name)
+            child.handlers[REDRIVEN_EVENT] = self._redriven
             child.handlers["eof"] = _both(self.approvals.on_lost(name), self.budgets.on_lost(name))
             self.nodes[name] = child
+
+    def _live_part(self, node: str, event: Mapping[str, Any]) -> None:
+        if self.board is not None:
+            self.board.take(node, event.get("data"))
+
+    def _redriven(self, event: Mapping[str, Any]) -> None:
+        future = self._redrives.get(event.get("id"))  # type: ignore[arg-type]
+        if future is not None and not future.done():
+            future.set_result(dict(event))
+
+    async def redrive_on(self, node: str, entry_id: int) -> tuple[bool, str]:
+        """Ask ``node`` to redrive its own dead letter ``entry_id`` (a watcher's redrive in
+        the driver's live feed): (taken, what happened)."""
+        child = self.nodes.get(node)
+        if child is None or not child.alive:
+            return False, "the node is gone"
+        self._next_redrive += 1
+        rid = self._next_redrive
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._redrives[rid] = future
+        try:
+            if not await child.send({"cmd": REDRIVE_COMMAND, "id": rid, "entry": entry_id}):
+                return False, "the node is gone"
+            async with asyncio.timeout(_REDRIVE_TIMEOUT):
+                answer = await future
+        except TimeoutError:
+            return False, f"no answer within {_REDRIVE_TIMEOUT:g} s"
+        finally:
+            self._redrives.pop(rid, None)
+        return bool(answer.get("ok")), str(answer.get("detail", ""))
 
     def _live(self) -> list[_Child]:
         return [n for n in self.nodes.values() if n.alive]
@@ -1372,6 +1471,7 @@ async def run_cluster(
     on_team: Callable[[Team], None] | None = None,
     desk: StoreDesk | None = None,
     journal: Callable[[str, bytes], None] | None = None,
+    board: PartsBoard | None = None,
 ) -> RunSummary:
     """Run a ZeroMQ scenario as local processes and return its merged summary.
 
@@ -1380,8 +1480,9 @@ async def run_cluster(
     which calls this for a ZeroMQ scenario. ``journal(node, shipment)`` receives every
     node's journal shipments (the run's recorder's ``ingest``); without it the nodes do not
     record. The nodes' agents ask ``desk`` for approval through the driver
-    (:mod:`pantheon.approvals._relay`). Every process started is stopped on return, also
-    when the run fails."""
+    (:mod:`pantheon.approvals._relay`). Recording nodes send their live parts to ``board``
+    (the driver's live feed, :mod:`pantheon.live._parts`). Every process started is stopped
+    on return, also when the run fails."""
     if bus is None:
         async with cluster_transport(scenario) as transport:
             return await run_cluster(
@@ -1396,6 +1497,7 @@ async def run_cluster(
                 on_team=on_team,
                 desk=desk,
                 journal=journal,
+                board=board,
             )
     endpoint = getattr(bus.transport, "endpoint", None)
     if scenario.transport.kind not in ("zmq", "nats") or not isinstance(endpoint, str):
@@ -1414,6 +1516,7 @@ async def run_cluster(
         drain_timeout=drain_timeout,
         desk=desk,
         journal=journal,
+        board=board,
     )
     if on_team is not None:
         on_team(driver.team)  # the driver's agents: the others' calls are on their nodes

@@ -149,16 +149,18 @@ class _OwnTopics:
 _own_topics: weakref.WeakKeyDictionary[Bus, _OwnTopics] = weakref.WeakKeyDictionary()
 
 
-def count_own_topics(bus: Bus) -> None:
-    """Count what ``bus`` publishes itself per topic, for :func:`local_report`.
+def count_own_topics(bus: Bus) -> dict[str, int]:
+    """Count what ``bus`` publishes itself per topic, for :func:`local_report` and the live
+    feed; returns the counts (kept up to date).
 
     Needed on every bus of a multi-process run, before anything is published; a bus alone
     in its process need not (its own per-topic counts are exact and free). Idempotent.
     """
-    if bus not in _own_topics:
-        counter = _OwnTopics()
-        _own_topics[bus] = counter
+    counter = _own_topics.get(bus)
+    if counter is None:
+        counter = _own_topics[bus] = _OwnTopics()
         bus.observe(counter)
+    return counter.counts
 
 
 def local_report(bus: Bus, team: Team) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pantheon.scenario import Scenario
 
 if TYPE_CHECKING:
     from pantheon.approvals import StoreDesk
+    from pantheon.live import PartsBoard
 
 __all__ = ["run_scenario"]
 
@@ -36,6 +37,7 @@ async def run_scenario(
     hold: Callable[[], Awaitable[Any]] | None = None,
     desk: StoreDesk | None = None,
     journal: Callable[[str, bytes], None] | None = None,
+    board: PartsBoard | None = None,
 ) -> RunSummary:
     """Run the scenario to completion and judge its expectations.
 
@@ -52,7 +54,7 @@ async def run_scenario(
     and node processes (:func:`pantheon.runner._multiprocess.run_cluster`); ``bus``, if
     given, must then
     be on its broker; ``journal(node, shipment)`` takes the nodes' records (the run's
-    recorder's ``ingest``).
+    recorder's ``ingest``) and ``board`` their live parts (the run's live feed's).
     """
     if scenario.transport.kind in ("zmq", "nats"):
         from pantheon.runner._multiprocess import run_cluster
@@ -68,6 +70,7 @@ async def run_scenario(
             on_team=on_team,
             desk=desk,
             journal=journal,
+            board=board,
         )
     seed = scenario.seed if seed is None else seed
     bus = bus or Bus()

@@ -1,0 +1,87 @@
+"""A node's side of a multi-process run's live feed (see :mod:`pantheon.live._parts`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pantheon.live._feed import LiveFeed
+from pantheon.live._parts import encode_part
+from pantheon.live._run import outcome_tally
+from pantheon.readmodel import SessionUsage
+
+__all__ = ["LIVE_EVENT", "REDRIVEN_EVENT", "NodeParts"]
+
+log = logging.getLogger("pantheon.live")
+
+#: A node's part (a control line to the driver) and its answer to a ``redrive`` command: the
+#: names ``pantheon.runner`` routes them by (its ``LIVE_EVENT`` and ``REDRIVEN_EVENT``).
+LIVE_EVENT = "live"
+REDRIVEN_EVENT = "redriven"
+
+
+class NodeParts:
+    """A feed of one node's bus, with no socket, whose part goes to the driver each tick
+    through ``say(event, **fields)`` (the node's control channel); the driver's
+    ``redrive`` commands are this feed's redrives, answered ``redriven``.
+
+    ``host`` is the node (``pantheon.runner.NodeHost``): its bus, name, placement
+    (``placed``: agent -> node), own per-topic counts and team (model usage and its
+    ``tally`` of the decisions this node published)."""
+
+    def __init__(self, host: Any, say: Callable[..., None]) -> None:
+        team = host.team
+        own: Mapping[str, int] = host.own_topics
+        self.say = say
+        self.node: str = host.node
+        self.feed = LiveFeed(
+            host.bus,
+            nodes=host.placed,
+            here=host.node,
+            own_topics=lambda: own,
+            usage=lambda: SessionUsage.of(team.usage_by_agent()),
+            outcomes=lambda: outcome_tally(team.tally),
+        )
+        self._ticker: asyncio.Task[None] | None = None
+        self._redrives: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self.feed.start()
+        self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.feed.interval)
+            self.send()
+
+    def send(self) -> None:
+        try:
+            self.say(LIVE_EVENT, data=encode_part(self.feed.part()))
+        except (OSError, ValueError) as exc:  # the driver is gone: nobody watches
+            log.warning("node %s: live part not sent: %r", self.node, exc)
+
+    def redrive(self, command: Mapping[str, Any]) -> None:
+        """The driver's ``redrive`` command (taken as it arrives): redrive this node's own
+        dead letter ``entry`` and answer ``redriven`` with the command's ``id``."""
+
+        async def run() -> None:
+            entry = command.get("entry")
+            result = await self.feed.redrive(entry if isinstance(entry, int) else -1)
+            with contextlib.suppress(OSError, ValueError):
+                self.say(REDRIVEN_EVENT, id=command.get("id"), ok=result.ok, detail=result.detail)
+
+        task = asyncio.get_running_loop().create_task(run())
+        self._redrives.add(task)
+        task.add_done_callback(self._redrives.discard)
+
+    async def aclose(self) -> None:
+        """Send the last part (the agents are done), then stop the feed."""
+        if self._ticker is not None:
+            self._ticker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._ticker
+        self.send()
+        await self.feed.aclose()

@@ -1,0 +1,111 @@
+"""A node's live part joined to its driver's feed, in one process: two real buses, one the
+driver's and one a node's, each with its feed; the node's part goes over the text the
+control line carries (pantheon.live._parts). What a real multi-process run cannot show
+cheaply: a node's dead letter listed under the session store's id and redriven on that
+node from the driver's feed, and bad parts counted and dropped (the real run:
+tests/live/test_live_nodes.py)."""
+
+from __future__ import annotations
+
+from bus import Bus, Envelope
+from pantheon.live import LiveFeed, PartsBoard
+from pantheon.live._parts import decode_part, encode_part
+
+
+async def test_a_nodes_dead_letter_shows_under_its_store_id_and_is_redriven_on_that_node() -> None:
+    async with Bus() as driver_bus, Bus() as node_bus:
+        failing = {"on": True}
+
+        async def review(env: Envelope) -> None:
+            if failing["on"]:
+                raise RuntimeError(f"no reviewer for {env.payload['id']}")
+
+        node_bus.on("access.screened", review, name="reviewer")
+        driver_bus.on("access.requested", lambda env: None, name="intake")
+        own: dict[str, int] = {}
+        node = LiveFeed(
+            node_bus,
+            nodes={"intake": "driver", "reviewer": "two"},
+            here="two",
+            own_topics=lambda: own,
+        )
+        board = PartsBoard(["one", "two"])  # "two" is index 2 of 3 processes
+        asked: list[tuple[str, int]] = []
+
+        async def on_node(name: str, entry_id: int) -> tuple[bool, str]:
+            asked.append((name, entry_id))
+            result = await node.redrive(entry_id)
+            return result.ok, result.detail
+
+        board.redrive = on_node
+        driver = LiveFeed(driver_bus, nodes={"intake": "driver", "reviewer": "two"}, board=board)
+        marked: list[int] = []
+
+        async def mark(entry_id: int) -> None:
+            marked.append(entry_id)
+
+        driver.on_redrive.append(mark)
+        await node.start()
+        await driver.start()
+        try:
+            for i in range(3):
+                await node_bus.emit("access.screened", {"id": f"r{i}"})
+                own["access.screened"] = own.get("access.screened", 0) + 1
+            await node_bus.drain()
+            await driver_bus.emit("access.requested", {"id": "r9"})
+            await driver_bus.drain()
+            board.take("two", encode_part(node.part()))
+            snap = driver.snapshot()
+            # The node's letters under the ids the session store gives them: own * 3 + 2.
+            own_ids = [e.entry_id for e in node_bus.dlq.entries()]
+            assert [d.entry_id for d in snap.dead_letters] == [i * 3 + 2 for i in own_ids]
+            assert {d.node for d in snap.dead_letters} == {"two"}
+            assert snap.totals.dead_lettered == 3
+            # Counted once each, by the bus that published or handled it.
+            assert snap.totals.published == 3 + 1
+            assert {h.name: h.count for h in snap.hops if h.kind == "agent"} == {
+                "intake": 1,
+                "reviewer": 3,
+            }
+            failing["on"] = False
+            shown = snap.dead_letters[0].entry_id
+            result = await driver.redrive(shown)
+            assert result.ok, result.detail
+            assert result.detail == "node two: re-published to its subscription"
+            assert asked == [("two", own_ids[0])]
+            assert marked == [shown]  # the store's id, which the recorder marks
+            await node_bus.drain()
+            board.take("two", encode_part(node.part()))
+            again = {d.entry_id: d.redriven for d in driver.snapshot().dead_letters}
+            assert again[shown] is True
+            # An id no process of the run has is refused, naming why.
+            missing = await driver.redrive(7 * 3 + 1)  # node "one" sent nothing
+            assert not missing.ok
+        finally:
+            await driver.aclose()
+            await node.aclose()
+
+
+def test_bad_parts_are_counted_and_dropped() -> None:
+    board = PartsBoard(["one", "two"])
+    board.take("one", "not base64 at all!")
+    board.take("one", 42)
+    board.take("one", "aGVsbG8=")  # base64, not a part
+    assert board.dropped == 3 and board.parts() == []
+
+
+async def test_a_part_is_taken_only_from_the_node_it_names() -> None:
+    async with Bus() as bus:
+        feed = LiveFeed(bus, nodes={"a": "one"}, here="one", own_topics=dict)
+        await feed.start()
+        try:
+            text = encode_part(feed.part())
+        finally:
+            await feed.aclose()
+    assert decode_part(text).node == "one"
+    board = PartsBoard(["one", "two"])
+    board.take("two", text)  # a node speaking for another
+    board.take("three", text)  # a node the run does not place
+    assert board.dropped == 2 and board.parts() == []
+    board.take("one", text)
+    assert [p.node for p in board.parts()] == ["one"]
