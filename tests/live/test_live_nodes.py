@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from untimed import copy_untimed
@@ -104,3 +105,98 @@ def test_a_3_node_runs_feed_shows_the_whole_team_each_hop_on_its_node(
     assert final.outcomes.scored == summary["accuracy"]["scored"]
     assert final.outcomes.right == round(summary["accuracy"]["accuracy"] * final.outcomes.scored)
     assert {s.key: s.total for s in final.series if s.kind == "topic"} == summary["topics"]
+
+
+PICKY = '''\
+from agents import Agent
+from bus import Envelope
+
+
+class Picky(Agent):
+    """Refuses a ticket marked bad: its message is dead-lettered on this agent's node."""
+
+    subscriptions = ("ticket.received",)
+
+    async def handle(self, env: Envelope) -> None:
+        if env.payload.get("bad"):
+            raise ValueError(f"ticket {env.payload['id']} is marked bad")
+        await self.emit("ticket.done", {"id": env.payload["id"]})
+'''
+
+
+async def _redrive_first(store: Path, child: subprocess.Popen[bytes]) -> tuple[Any, int]:
+    """Attach to the run's feed, wait for a dead letter from node ``work`` and redrive it:
+    (the answer, the id the snapshot showed)."""
+    end = time.monotonic() + DEADLINE
+    while True:
+        if store.exists():  # noqa: ASYNC240 - a stat per poll
+            with SessionStore(store, create=False) as st:
+                found = live_sessions(st)
+            if found:
+                break
+        assert child.poll() is None, "the run ended before its feed was found"
+        assert time.monotonic() < end, "no live session appeared"
+        await asyncio.sleep(0.02)
+    client = await connect(found[0][1])
+    try:
+        async with asyncio.timeout(DEADLINE):
+            async for snap in client:
+                assert snap.live, "the run ended before a node's dead letter was shown"
+                letters = [d for d in snap.dead_letters if d.node == "work"]
+                if letters:
+                    shown = letters[0].entry_id
+                    return await client.redrive(shown), shown
+    finally:
+        await client.aclose()
+    raise AssertionError("the feed ended")
+
+
+def test_a_watcher_redrives_a_nodes_dead_letter_on_that_node(tmp_path: Path) -> None:
+    """The redrive goes from the client to the driver's feed, over the control pipe to node
+    ``work``, whose bus takes the letter back; the store marks it under the id shown."""
+    (tmp_path / "picky_mod.py").write_text(PICKY, encoding="utf-8")
+    (tmp_path / "tickets.jsonl").write_text(
+        "".join(json.dumps({"id": f"t{i}", "bad": i in (2, 5)}) + "\n" for i in range(150)),
+        encoding="utf-8",
+    )
+    (tmp_path / "picky.yaml").write_text(
+        "version: 1\nname: picky\n"
+        "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n  nodes:\n    work: [picky]\n"
+        "input: {kind: jsonl, path: tickets.jsonl, topic: ticket.received, rate: 50}\n"
+        'agents:\n  picky: {class: "picky_mod:Picky"}\n',
+        encoding="utf-8",
+    )
+    store = tmp_path / "s.db"
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pantheon.cli",
+            "run",
+            "picky.yaml",
+            "--json",
+            "--store",
+            str(store),
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        result, shown = asyncio.run(_redrive_first(store, child))
+        out, err = child.communicate(timeout=DEADLINE)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.communicate()
+    assert result.ok, result.detail
+    assert result.detail == "node work: re-published to its subscription"
+    summary = json.loads(out)
+    # Two bad tickets, and the one redriven failed again on the node: three dead letters.
+    assert summary["dlq"] == {"failed": 3}, err
+    with SessionStore(store) as st:
+        letters = {d.entry_id: d for d in st.dead_letters(summary["session_id"])}
+    # Node work is process 1 of 2: its own ids are shown and stored as own * 2 + 1.
+    assert shown % 2 == 1 and letters[shown].node == "work"
+    assert letters[shown].redriven and letters[shown].redriven_by == summary["session_id"]
+    assert sum(d.redriven for d in letters.values()) == 1
