@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 from cli_run import pantheon
+from transports import transport_section
 
-from bus.backends.nats import NatsServer
 from pantheon.rerun import session_outcomes
 from pantheon.sessions import SessionStore
 
@@ -36,14 +36,8 @@ IN_PROCESS = {"scored": 200, "unlabelled": 0, "accuracy": 0.84, "decision_accura
 def transport(request: pytest.FixtureRequest) -> Iterator[str]:
     """The scenario's ``transport:`` section: a ZeroMQ broker the run starts, or this
     test's own ``nats-server -js``."""
-    if request.param == "zmq":
-        yield f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
-        return
-    server = NatsServer().start()
-    try:
-        yield f"transport:\n  kind: nats\n  url: {server.url}\n{PLACEMENT}"
-    finally:
-        server.stop()
+    with transport_section(request.param, PLACEMENT) as section:
+        yield section
 
 
 def placed(work: Path, transport: str) -> Path:

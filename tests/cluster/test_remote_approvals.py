@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from approval_run import REFUNDS, WAIT, pending, scenario, spawn, stop, wait_for
 from cli_run import pantheon
+from transports import transport_section
 
 from agents import Decision
 from bus import Bus, Envelope
@@ -36,14 +37,8 @@ PLACEMENT = "  nodes:\n    action: [guardian]\n"
 def transport(request: pytest.FixtureRequest) -> Iterator[str]:
     """The scenario's ``transport:`` section: a ZeroMQ broker the run starts, or this
     test's own ``nats-server -js``."""
-    if request.param == "zmq":
-        yield f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
-        return
-    server = NatsServer().start()
-    try:
-        yield f"transport:\n  kind: nats\n  url: {server.url}\n{PLACEMENT}"
-    finally:
-        server.stop()
+    with transport_section(request.param, PLACEMENT) as section:
+        yield section
 
 
 def remote_scenario(tmp_path: Path, transport: str, approvals: str) -> Path:

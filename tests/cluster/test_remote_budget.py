@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from budget_session import PER_CALL, REPLY, TICKETS, budget_scenario, budget_team
 from cli_run import pantheon
+from transports import transport_section
 
-from bus.backends.nats import NatsServer
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, assert_replays
 
@@ -29,14 +29,8 @@ PLACEMENT = "  nodes:\n    one: [asker1]\n    two: [asker2]\n"
 def transport(request: pytest.FixtureRequest) -> Iterator[str]:
     """The scenario's ``transport:`` section: a ZeroMQ broker the run starts, or this
     test's own ``nats-server -js``."""
-    if request.param == "zmq":
-        yield f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
-        return
-    server = NatsServer().start()
-    try:
-        yield f"transport:\n  kind: nats\n  url: {server.url}\n{PLACEMENT}"
-    finally:
-        server.stop()
+    with transport_section(request.param, PLACEMENT) as section:
+        yield section
 
 
 def test_a_run_budget_across_two_nodes_stops_the_team_at_n(tmp_path: Path, transport: str) -> None:

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from budget_session import REPLY, budget_team
 from cli_run import pantheon
+from transports import transport_section
 
-from bus.backends.nats import NatsServer
 from pantheon.testing import ModelServer, assert_replays
 
 PLACEMENT = "  nodes:\n    one: [asker1]\n    two: [asker2]\n"
@@ -26,14 +26,10 @@ TICKETS = 5
 
 @pytest.fixture(params=["zmq", "nats"])
 def transport(request: pytest.FixtureRequest) -> Iterator[str]:
-    if request.param == "zmq":
-        yield f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
-        return
-    server = NatsServer().start()
-    try:
-        yield f"transport:\n  kind: nats\n  url: {server.url}\n{PLACEMENT}"
-    finally:
-        server.stop()
+    """The scenario's ``transport:`` section: a ZeroMQ broker the run starts, or this
+    test's own ``nats-server -js``."""
+    with transport_section(request.param, PLACEMENT) as section:
+        yield section
 
 
 def test_two_nodes_take_their_model_calls_turns_at_the_drivers_limiter(

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from live_watch import find_feed
 
 import pantheon.live
 from bus import Bus, Envelope, Retry
@@ -27,7 +27,6 @@ from pantheon.live import (
     RedriveResult,
     Snapshot,
     connect,
-    live_sessions,
     snapshot_from_store,
     socket_path,
     trace_from_store,
@@ -52,17 +51,7 @@ class Watched:
 
 
 async def _watch(store: Path, child: subprocess.Popen[bytes]) -> Watched:
-    end = time.monotonic() + DEADLINE
-    while True:
-        if store.exists():  # noqa: ASYNC240 - a stat per poll
-            with SessionStore(store, create=False) as st:
-                found = live_sessions(st)
-            if found:
-                break
-        assert child.poll() is None, "the run ended before its feed was found"
-        assert time.monotonic() < end, "no live session appeared"
-        await asyncio.sleep(0.02)
-    info, sock = found[0]
+    info, sock = await find_feed(store, child, DEADLINE)
     watched = Watched(store, info.id)
     a, b = await connect(sock), await connect(sock)  # several clients at once
     assert a.session_id == b.session_id == info.id

@@ -9,31 +9,22 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from live_watch import find_feed
 from untimed import copy_untimed
 
-from pantheon.live import Snapshot, connect, live_sessions
+from pantheon.live import Snapshot, connect
 from pantheon.sessions import SessionStore
 
 DEADLINE = 120.0
 
 
 async def _watch(store: Path, child: subprocess.Popen[bytes]) -> list[Snapshot]:
-    end = time.monotonic() + DEADLINE
-    while True:
-        if store.exists():  # noqa: ASYNC240 - a stat per poll
-            with SessionStore(store, create=False) as st:
-                found = live_sessions(st)
-            if found:
-                break
-        assert child.poll() is None, "the run ended before its feed was found"
-        assert time.monotonic() < end, "no live session appeared"
-        await asyncio.sleep(0.02)
-    client = await connect(found[0][1])
+    _, sock = await find_feed(store, child, DEADLINE)
+    client = await connect(sock)
     async with asyncio.timeout(DEADLINE):
         seen = [snap async for snap in client]
     await client.aclose()
@@ -127,17 +118,8 @@ class Picky(Agent):
 async def _redrive_first(store: Path, child: subprocess.Popen[bytes]) -> tuple[Any, int]:
     """Attach to the run's feed, wait for a dead letter from node ``work`` and redrive it:
     (the answer, the id the snapshot showed)."""
-    end = time.monotonic() + DEADLINE
-    while True:
-        if store.exists():  # noqa: ASYNC240 - a stat per poll
-            with SessionStore(store, create=False) as st:
-                found = live_sessions(st)
-            if found:
-                break
-        assert child.poll() is None, "the run ended before its feed was found"
-        assert time.monotonic() < end, "no live session appeared"
-        await asyncio.sleep(0.02)
-    client = await connect(found[0][1])
+    _, sock = await find_feed(store, child, DEADLINE)
+    client = await connect(sock)
     try:
         async with asyncio.timeout(DEADLINE):
             async for snap in client:
