@@ -205,7 +205,8 @@ class LiveFeed:
     bus published itself per topic (its stats also count what crossed to it), ``here``
     names the process the feed runs in (``driver`` unless said), and the driver's feed adds
     the newest part of every node on ``board`` to its snapshots; :meth:`part` is a node
-    feed's contribution.
+    feed's contribution. A feed made with ``ticking=False`` samples its bus only when asked
+    (a node's, whose part is asked for while someone watches the driver's).
     """
 
     def __init__(
@@ -228,6 +229,7 @@ class LiveFeed:
         here: str | None = None,
         own_topics: Callable[[], Mapping[str, int]] | None = None,
         board: PartsBoard | None = None,
+        ticking: bool = True,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -263,6 +265,7 @@ class LiveFeed:
         self._here = here or (DRIVER if self.nodes else None)
         self.own_topics = own_topics
         self.board = board
+        self.ticking = ticking
         #: Called with each entry id a client redrove successfully (the runtime marks it in
         #: the session store).
         self.on_redrive: list[Callable[[int], Awaitable[None]]] = []
@@ -323,9 +326,10 @@ class LiveFeed:
         if self.path is not None:
             await self._listen(self.path)
         self._sample()
-        self._ticker = asyncio.get_running_loop().create_task(
-            self._tick(), name=f"pantheon-live:{self.session_id}"
-        )
+        if self.ticking:
+            self._ticker = asyncio.get_running_loop().create_task(
+                self._tick(), name=f"pantheon-live:{self.session_id}"
+            )
 
     async def _listen(self, path: Path) -> None:
         if _existing_socket(path):
@@ -385,11 +389,13 @@ class LiveFeed:
             stream.close()
             return stream
         self._streams.add(stream)
+        self._watchers_changed()
         stream.put(self.snapshot())
         return stream
 
     def unsubscribe(self, stream: SnapshotStream) -> None:
         self._streams.discard(stream)
+        self._watchers_changed()
 
     async def serve_messages(
         self,
@@ -510,6 +516,11 @@ class LiveFeed:
                 # A snapshot bug must not take the run down with it; say so and go on.
                 log.exception("live feed %s: snapshot failed", self.session_id)
 
+    def _watchers_changed(self) -> None:
+        """Tell the board whether anyone watches: a node sends its part only then."""
+        if self.board is not None:
+            self.board.watch(bool(self._streams or self._clients))
+
     def _sample(self) -> None:
         stats = self.bus.stats()
         if self.own_topics is not None:
@@ -553,24 +564,8 @@ class LiveFeed:
         """The session now. ``sampled``: reuse the counters of the last tick."""
         if not sampled:
             self._sample()
-        stats = self._stats
         origin = self._origin()
         now = self._samples[-1][0]
-        subs = stats.subscribers.values()
-        totals = Totals(
-            published=stats.published
-            if self.own_topics is None
-            else sum(self.own_topics().values()),
-            delivered=sum(s.delivered for s in subs),
-            dead_lettered=sum(s.dead_lettered for s in subs),
-            shed=sum(s.shed for s in subs),
-            rejected=sum(s.rejected for s in subs),
-            failures=sum(s.failures for s in subs),
-            retries=sum(s.retries for s in subs),
-            queued=sum(s.queued for s in subs),
-            in_flight=sum(s.in_flight for s in subs),
-            dlq_size=self._dead_seen,
-        )
         self._seq += 1
         snap = Snapshot(
             session_id=self.session_id,
@@ -579,15 +574,11 @@ class LiveFeed:
             live=self.status == "running",
             seq=self._seq,
             t_s=(now - origin) / 1e9,
-            totals=totals,
+            totals=self._totals(),
             series=self._series(origin),
             hops=self._hops(),
             breakers=self._breakers(),
-            breaker_events=tuple(
-                # A breaker of this bus: the feed runs in the driver of a multi-process run.
-                readmodel.BreakerEvent.of(ev, t_s=(t - origin) / 1e9, node=self._here)
-                for t, ev in self._breaker_events
-            ),
+            breaker_events=self._breaker_timeline(origin),
             dead_letters=self._dead_letters(),
             traces=self._traces(origin),
             usage=SessionUsage() if self.usage is None else self.usage(),
@@ -606,25 +597,51 @@ class LiveFeed:
             max_traces=self.max_traces,
         )
 
+    def _totals(self) -> Totals:
+        stats = self._stats
+        subs = stats.subscribers.values()
+        return Totals(
+            published=stats.published
+            if self.own_topics is None
+            else sum(self.own_topics().values()),
+            delivered=sum(s.delivered for s in subs),
+            dead_lettered=sum(s.dead_lettered for s in subs),
+            shed=sum(s.shed for s in subs),
+            rejected=sum(s.rejected for s in subs),
+            failures=sum(s.failures for s in subs),
+            retries=sum(s.retries for s in subs),
+            queued=sum(s.queued for s in subs),
+            in_flight=sum(s.in_flight for s in subs),
+            dlq_size=self._dead_seen,
+        )
+
+    def _breaker_timeline(self, origin: int) -> tuple[readmodel.BreakerEvent, ...]:
+        # A breaker of this bus, in the process this feed runs in.
+        return tuple(
+            readmodel.BreakerEvent.of(ev, t_s=(t - origin) / 1e9, node=self._here)
+            for t, ev in self._breaker_events
+        )
+
     def part(self) -> NodePart:
         """This feed's bus as its node's part of the driver's feed (a node's feed: made with
-        ``here``, the node's name, and ``own_topics``)."""
-        snap = self.snapshot()
+        ``here``, the node's name, and ``own_topics``). Sampled afresh; no series (the
+        driver samples the sums)."""
+        self._sample()
         _, topics, agents = self._samples[-1]
-        self._origin()
+        origin = self._origin()
         return NodePart(
             node=self._here or "",
             origin_wall=self._origin_wall,
-            totals=snap.totals,
+            totals=self._totals(),
             topics=topics,
             agents=agents,
-            hops=snap.hops,
-            breakers=snap.breakers,
-            breaker_events=snap.breaker_events,
-            dead_letters=snap.dead_letters,
-            traces=snap.traces,
-            usage=snap.usage,
-            outcomes=snap.outcomes,
+            hops=self._hops(),
+            breakers=self._breakers(),
+            breaker_events=self._breaker_timeline(origin),
+            dead_letters=self._dead_letters(),
+            traces=self._traces(origin),
+            usage=SessionUsage() if self.usage is None else self.usage(),
+            outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
         )
 
     def _node(self, subscriber: str) -> str | None:
@@ -782,6 +799,7 @@ class LiveFeed:
         last = self._last if self._last is not None else self.snapshot()
         client.slot.put(self._last_frame or encode(last))
         self._clients.add(client)
+        self._watchers_changed()
         client.task = asyncio.get_running_loop().create_task(client.send())
         try:
             while True:
@@ -797,6 +815,7 @@ class LiveFeed:
             # Also when the feed is closing: aclose() may have listed its clients before
             # this one left, or after; either way its socket is closed here.
             self._clients.discard(client)
+            self._watchers_changed()
             client.slot.close()
             client.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -44,7 +44,10 @@ class NodeParts:
             own_topics=lambda: own,
             usage=lambda: SessionUsage.of(team.usage_by_agent()),
             outcomes=lambda: outcome_tally(team.tally),
+            ticking=False,
         )
+        #: Whether anyone watches the driver's feed (its ``watch`` commands say).
+        self.watched = False
         self._ticker: asyncio.Task[None] | None = None
         self._redrives: set[asyncio.Task[None]] = set()
 
@@ -55,6 +58,13 @@ class NodeParts:
     async def _tick(self) -> None:
         while True:
             await asyncio.sleep(self.feed.interval)
+            if self.watched:
+                self.send()
+
+    def watch(self, command: Mapping[str, Any]) -> None:
+        """The driver's ``watch`` command: someone watches its feed (``on``), or nobody."""
+        was, self.watched = self.watched, bool(command.get("on"))
+        if self.watched and not was:
             self.send()
 
     def send(self) -> None:

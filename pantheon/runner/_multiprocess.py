@@ -677,6 +677,7 @@ async def serve_node(
     answers = {DECIDED_COMMAND: desk.decided, BUDGET_COMMAND: budget.answered}
     if part is not None:
         answers[REDRIVE_COMMAND] = part.redrive
+        answers[WATCH_COMMAND] = part.watch
     commands, pump = split_control(
         await _stdin_lines(), host.node, answers, (desk.driver_gone, budget.driver_gone)
     )
@@ -749,6 +750,8 @@ async def serve_node(
 LIVE_EVENT = "live"
 REDRIVE_COMMAND = "redrive"
 REDRIVEN_EVENT = "redriven"
+#: Whether anyone watches the driver's feed (command): nodes send parts only then.
+WATCH_COMMAND = "watch"
 #: Seconds the driver waits for a node to answer a redrive.
 _REDRIVE_TIMEOUT = 10.0
 
@@ -760,6 +763,8 @@ class NodeLive(Protocol):
     async def start(self) -> None: ...
 
     def redrive(self, command: Mapping[str, Any]) -> None: ...
+
+    def watch(self, command: Mapping[str, Any]) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -1042,6 +1047,8 @@ class _Driver:
         self.board = board
         if board is not None:
             board.redrive = self.redrive_on
+            board.on_watch = self._tell_watch
+        self._chores: set[asyncio.Task[Any]] = set()
         self._redrives: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next_redrive = 0
         #: What a killed node left in the stream (pantheon.runner._takeover.inspect), NATS only.
@@ -1089,6 +1096,17 @@ class _Driver:
             child.handlers[REDRIVEN_EVENT] = self._redriven
             child.handlers["eof"] = _both(self.approvals.on_lost(name), self.budgets.on_lost(name))
             self.nodes[name] = child
+            if self.board is not None and self.board.watched:
+                self._tell_watch(True, [child])  # a watcher came before this node
+
+    def _tell_watch(self, watched: bool, nodes: Iterable[_Child] | None = None) -> None:
+        """Tell the nodes (all, or ``nodes``) whether anyone watches the live feed."""
+        for child in self.nodes.values() if nodes is None else nodes:
+            task = asyncio.get_running_loop().create_task(
+                child.send({"cmd": WATCH_COMMAND, "on": watched})
+            )
+            self._chores.add(task)
+            task.add_done_callback(self._chores.discard)
 
     def _live_part(self, node: str, event: Mapping[str, Any]) -> None:
         if self.board is not None:

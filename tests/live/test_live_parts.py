@@ -7,8 +7,12 @@ tests/live/test_live_nodes.py)."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
 from bus import Bus, Envelope
-from pantheon.live import LiveFeed, PartsBoard
+from pantheon.live import LiveFeed, NodeParts, PartsBoard
 from pantheon.live._parts import decode_part, encode_part
 
 
@@ -109,3 +113,27 @@ async def test_a_part_is_taken_only_from_the_node_it_names() -> None:
     assert board.dropped == 2 and board.parts() == []
     board.take("one", text)
     assert [p.node for p in board.parts()] == ["one"]
+
+
+async def test_a_node_sends_parts_only_while_someone_watches_and_once_when_it_leaves() -> None:
+    """A part costs a node milliseconds (its traces): an unwatched run pays none a tick."""
+    async with Bus() as bus:
+        team = SimpleNamespace(usage_by_agent=dict, tally=None)
+        host = SimpleNamespace(bus=bus, node="one", placed={"a": "one"}, own_topics={}, team=team)
+        sent: list[tuple[str, dict[str, Any]]] = []
+        parts = NodeParts(host, lambda event, **fields: sent.append((event, fields)))
+        parts.feed.interval = 0.01
+        await parts.start()
+        await asyncio.sleep(0.05)
+        assert sent == []  # nobody watches the driver's feed
+        parts.watch({"cmd": "watch", "on": True})
+        assert [e for e, _ in sent] == ["live"]  # at once, then every tick
+        await asyncio.sleep(0.05)
+        assert len(sent) >= 3
+        parts.watch({"cmd": "watch", "on": False})
+        quiet = len(sent)
+        await asyncio.sleep(0.05)
+        assert len(sent) == quiet
+        await parts.aclose()  # the last part, whoever watches: the final snapshot is whole
+        assert len(sent) == quiet + 1
+        assert decode_part(sent[-1][1]["data"]).node == "one"
