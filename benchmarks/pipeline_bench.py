@@ -36,6 +36,7 @@ import sqlite3
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,14 @@ def make_inbox(n: int, directory: Path) -> Path:
 
 
 async def one_run(
-    inbox: Path, latency_ms: float, reasoner_concurrency: int, mode: str = "off"
+    inbox: Path,
+    latency_ms: float,
+    reasoner_concurrency: int,
+    mode: str = "off",
+    attach: Callable[[Bus], Awaitable[Any]] | None = None,
 ) -> dict[str, Any]:
+    """One run of the pipeline; ``attach(bus)`` is awaited once the team is attached, before
+    input flows (benchmarks/live_part_bench.py attaches a live feed there)."""
     scenario = load_scenario(ROOT / "scenarios/support_email.yaml")
     provider = SimulatedModel(
         RuleProvider(
@@ -177,6 +184,8 @@ async def one_run(
             nonlocal done
             done += 1
 
+        if attach is not None:
+            await attach(bus)
         bus.on("action.executed", count, name="bench.done")
         bus.on("observation.email.malformed", count, name="bench.malformed")
         started = time.perf_counter()
