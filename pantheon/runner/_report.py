@@ -235,6 +235,9 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "malformed": sum(o.malformed for o in observers),
         "input_errors": [f"{o.name}: {o.error}" for o in observers if o.error is not None],
         "accuracy": _accuracy(bus, team, learners),
+        # A multi-process run's: what this process decided itself, summed with the others'
+        # (each message is one process's); None in one process, or without a declared outcome.
+        "tally": None if team.tally is None else _score_counts(team.tally.score()),
         "decisions": dict(decisions),
         "outbox": dict(team.outbox.counts),
         "alerts": sum(len(m.alerts) for m in team.of_role(Monitor)),
@@ -243,6 +246,35 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "rate_limit": team.rate_limit(),
         "scheduling": _scheduling(stats.scheduling),
     }
+
+
+def _score_counts(score: OutcomeScore) -> dict[str, Any]:
+    """An :class:`agents.OutcomeScore` as plain JSON data: counts, which add up."""
+    return {
+        "decided": score.decided,
+        "scored": score.scored,
+        "correct": score.correct,
+        "unnamed": score.unnamed,
+        "by_field": {f: list(counts) for f, counts in score.by_field.items()},
+    }
+
+
+def _summed_score(tallies: list[Mapping[str, Any]]) -> OutcomeScore:
+    """The processes' tallies added up: each item was decided by the process that published
+    its outcome, so the counts add (an item re-decided by another process would count
+    twice: the record, which the summary prefers, has no such seam)."""
+    by_field: dict[str, tuple[int, int]] = {}
+    for t in tallies:
+        for name, (right, total) in t["by_field"].items():
+            r0, t0 = by_field.get(name, (0, 0))
+            by_field[name] = (r0 + right, t0 + total)
+    return OutcomeScore(
+        decided=sum(t["decided"] for t in tallies),
+        scored=sum(t["scored"] for t in tallies),
+        correct=sum(t["correct"] for t in tallies),
+        by_field=by_field,
+        unnamed=sum(t["unnamed"] for t in tallies),
+    )
 
 
 def _first_wins(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -339,6 +371,14 @@ def summarize(
             reverse=True,  # stable: of equals, the first process's first
         )
     )
+    # A multi-process run with a declared outcome: every process tallied what it decided
+    # itself, so the sum is the team's (a recorded run is scored again from its record).
+    tallies = [r["tally"] for r in reports if r.get("tally") is not None]
+    if tallies and scenario.scored:
+        summed = _summed_score(tallies)
+        if summed.decided:
+            report = summed.as_report()
+            accuracy = report | {k: v for k, v in accuracy.items() if k not in report}
     if messages is None:
         messages = sum(r["published"] for r in reports)
     summary = RunSummary(
@@ -553,8 +593,9 @@ def judge(
             check(name, ok, bound, acc)
             if acc is None and scenario.transport.kind != "inprocess" and s.session_id is None:
                 out[-1]["why"] = (
-                    "a multi-process run is scored from its session record and this one "
-                    "was not recorded (--no-record); no Learner on the driver scored it"
+                    "the team declares no outcome: section, and a multi-process run's "
+                    "default outcome is read from its session record, which --no-record "
+                    "left out"
                 )
     if e.max_breaker_trips is not None:
         check(

@@ -5,7 +5,8 @@ The access desk (not the support desk: no Learner, a declared outcome) placed on
 published on node ``review`` and no agent on the driver subscribes to it, so no process sees
 an item's input and its decision together. Each process alone scored nothing (accuracy
 ``{}``, ``min_accuracy`` failed, exit 1); the summary now reads the session the nodes'
-journals filled, as ``pantheon diff`` and a what-if do, and gives the in-process figures.
+journals filled, as ``pantheon diff`` and a what-if do, and gives the in-process figures;
+an unrecorded one adds what each process decided itself.
 
 Every process is real: ``pantheon run`` (the driver) in a subprocess, which starts the nodes
 (and the ZeroMQ broker); the NATS server is started here on a free port."""
@@ -83,16 +84,30 @@ def test_an_outcome_published_on_a_node_is_scored_as_in_one_process(
     assert stored.summary["accuracy"] == IN_PROCESS
 
 
-def test_an_unrecorded_multi_process_run_says_why_it_has_no_accuracy(tmp_path: Path) -> None:
-    scenario = placed(
-        tmp_path, f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
-    )
+def test_an_unrecorded_run_is_scored_from_what_each_process_decided(tmp_path: Path) -> None:
+    """Without a record, each process tallies the outcomes it published itself; a message
+    is one process's, so the tallies add up to the team's."""
+    section = f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
+    proc = pantheon("run", str(placed(tmp_path, section)), "--json", "--no-record", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["session_id"] is None
+    assert summary["accuracy"] == IN_PROCESS
+
+
+def test_an_unrecorded_run_without_a_declared_outcome_says_why_it_has_no_accuracy(
+    tmp_path: Path,
+) -> None:
+    section = f"transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n{PLACEMENT}"
+    scenario = placed(tmp_path, section)
+    text = scenario.read_text(encoding="utf-8")
+    declared = text[text.index("outcome:") : text.index("expect:")]
+    scenario.write_text(text.replace(declared, ""), encoding="utf-8")
     proc = pantheon("run", str(scenario), "--json", "--no-record", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     summary = json.loads(proc.stdout)
-    assert summary["session_id"] is None
     assert summary["accuracy"] == {}
     check = next(e for e in summary["expectations"] if e["name"] == "accuracy >= 0.8")
     assert check["state"] == "failed"
     assert check["actual"] is None
-    assert "--no-record" in check["why"] and "session record" in check["why"]
+    assert "outcome:" in check["why"] and "--no-record" in check["why"]
