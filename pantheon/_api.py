@@ -130,8 +130,16 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
     from pantheon.rerun import session_outcomes
     from pantheon.runner import score_from_record
 
-    await recorder.flush()
-    read = await asyncio.to_thread(session_outcomes, recorder.store, recorder.session_id)
+    try:
+        await recorder.flush()
+        read = await asyncio.to_thread(session_outcomes, recorder.store, recorder.session_id)
+    except Exception:
+        # The run is over and its session must still be closed with its summary: keep the
+        # processes' own score, and say why the record's is missing.
+        logging.getLogger("pantheon").exception(
+            "session %s: scoring from the record failed", recorder.session_id
+        )
+        return
     score_from_record(scenario, summary, read.score)
 
 

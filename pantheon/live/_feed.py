@@ -521,6 +521,19 @@ class LiveFeed:
         if self.board is not None:
             self.board.watch(bool(self._streams or self._clients))
 
+    def _spread_jumps(self) -> None:
+        """Counters a node brought after a silence count as if they had been there all along
+        (flat), not as one tick's rate: it sent nothing while nobody watched."""
+        jumps = self.board.jumps if self.board is not None else ({}, {})
+        if not any(jumps):
+            return
+        for _, topics, agents in self._samples:
+            for counts, jump in zip((topics, agents), jumps, strict=True):
+                for key, n in jump.items():
+                    counts[key] = counts.get(key, 0) + n
+        for jump in jumps:
+            jump.clear()
+
     def _sample(self) -> None:
         stats = self.bus.stats()
         if self.own_topics is not None:
@@ -532,6 +545,7 @@ class LiveFeed:
             parts = self.board.parts()
             topics = summed(topics, parts, lambda p: p.topics)
             agents = summed(agents, parts, lambda p: p.agents)
+            self._spread_jumps()
         self._samples.append((time.monotonic_ns(), topics, agents))
         self._stats = stats
 
@@ -595,6 +609,7 @@ class LiveFeed:
             origin_wall=self._origin_wall,
             board=self.board,
             max_traces=self.max_traces,
+            max_dead_letters=self._dead.maxlen or 0,
         )
 
     def _totals(self) -> Totals:

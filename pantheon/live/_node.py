@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -68,9 +67,11 @@ class NodeParts:
             self.send()
 
     def send(self) -> None:
+        # Whatever goes wrong (a closed pipe: the driver is gone), the node's work goes on:
+        # this runs in its control reader and at its leaving, which must not fail for it.
         try:
             self.say(LIVE_EVENT, data=encode_part(self.feed.part()))
-        except (OSError, ValueError) as exc:  # the driver is gone: nobody watches
+        except Exception as exc:
             log.warning("node %s: live part not sent: %r", self.node, exc)
 
     def redrive(self, command: Mapping[str, Any]) -> None:
@@ -80,8 +81,10 @@ class NodeParts:
         async def run() -> None:
             entry = command.get("entry")
             result = await self.feed.redrive(entry if isinstance(entry, int) else -1)
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 self.say(REDRIVEN_EVENT, id=command.get("id"), ok=result.ok, detail=result.detail)
+            except Exception as exc:
+                log.warning("node %s: redrive answer not sent: %r", self.node, exc)
 
         task = asyncio.get_running_loop().create_task(run())
         self._redrives.add(task)
@@ -89,9 +92,14 @@ class NodeParts:
 
     async def aclose(self) -> None:
         """Send the last part (the agents are done), then stop the feed."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._ticker
+        await self.cancel()
         self.send()
         await self.feed.aclose()
+
+    async def cancel(self) -> None:
+        """Stop sending (a node leaving without a report: nobody reads any more)."""
+        tasks = [t for t in (self._ticker, *self._redrives) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._ticker = None

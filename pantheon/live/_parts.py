@@ -39,6 +39,7 @@ import base64
 import binascii
 import dataclasses
 import itertools
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -62,7 +63,9 @@ from pantheon.live._snapshot import (
 
 __all__ = ["PartsBoard", "decode_part", "encode_part", "merge_parts", "store_entry_id", "summed"]
 
-_encoder = msgspec.msgpack.Encoder()
+#: A dead letter's payload is the raw one, which msgpack may not encode (the very payload of
+#: an ``encode_error``): it goes as its repr, as on the feed's socket.
+_encoder = msgspec.msgpack.Encoder(enc_hook=repr)
 _decoder = msgspec.msgpack.Decoder(NodePart)
 
 
@@ -81,6 +84,10 @@ def decode_part(data: object) -> NodePart:
         raise ValueError(f"undecodable live part: {exc}") from None
 
 
+#: A node's parts are a tick apart while watched: a longer gap is a silence.
+_SILENCE_S = 1.0
+
+
 def store_entry_id(own: int, index: int, processes: int) -> int:
     """A dead letter's id in the session store, from its process's own id: the recorder's
     numbering (``pantheon.sessions``), so live and recorded views name letters alike."""
@@ -96,8 +103,13 @@ class PartsBoard:
         self.index = {name: i + 1 for i, name in enumerate(nodes)}
         self.processes = len(self.index) + 1
         self._parts: dict[str, NodePart] = {}
+        self._taken_at: dict[str, float] = {}
         #: Parts that could not be decoded, or came from a node the run does not place.
         self.dropped = 0
+        #: Counters a node's part brought at once after a silence (nodes send only while
+        #: someone watches): the driver's feed spreads them over the samples it already
+        #: has instead of showing their whole history as one tick's throughput.
+        self.jumps: tuple[dict[str, int], dict[str, int]] = ({}, {})
         #: ``redrive(node, own entry id)`` -> (taken, what happened): asks a node to redrive
         #: one of its dead letters (the driver of the run sets it; None: nobody to ask).
         self.redrive: Callable[[str, int], Awaitable[tuple[bool, str]]] | None = None
@@ -123,6 +135,18 @@ class PartsBoard:
         if node not in self.index or part.node != node:
             self.dropped += 1
             return
+        now = time.monotonic()
+        if now - self._taken_at.get(node, float("-inf")) > _SILENCE_S:
+            before = self._parts.get(node)
+            for jump, new, old in zip(
+                self.jumps,
+                (part.topics, part.agents),
+                ({}, {}) if before is None else (before.topics, before.agents),
+                strict=True,
+            ):
+                for key, n in new.items():
+                    jump[key] = jump.get(key, 0) + n - old.get(key, 0)
+        self._taken_at[node] = now
         self._parts[node] = part
 
     def parts(self) -> list[NodePart]:
@@ -237,6 +261,7 @@ def merge_parts(
     origin_wall: float,
     board: PartsBoard,
     max_traces: int,
+    max_dead_letters: int,
 ) -> Snapshot:
     """The driver's ``snap`` with every node's part added (see the module docstring).
     ``snap``'s own dead letters carry the driver's own entry ids; its series already count
@@ -280,7 +305,7 @@ def merge_parts(
         hops=tuple(sorted(hops.values(), key=lambda h: (h.kind != "agent", h.name))),
         breakers=tuple(itertools.chain(snap.breakers, *(p.breakers for p in parts))),
         breaker_events=tuple(events),
-        dead_letters=tuple(dead),
+        dead_letters=tuple(dead[-max_dead_letters:]) if max_dead_letters else (),
         traces=_traces(traces, max_traces),
         usage=_usage([snap.usage, *(p.usage for p in parts)]),
         outcomes=_tally([snap.outcomes, *(p.outcomes for p in parts)]),

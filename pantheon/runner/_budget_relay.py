@@ -337,8 +337,17 @@ class BudgetRelay:
         send: Callable[[Mapping[str, Any]], Awaitable[bool]],
     ) -> None:
         entry = await limiter.acquire()
+        # A turn whose call failed, or whose node died, is never settled: once out of the
+        # window its tokens count for nothing, so it is forgotten (the dict is in turn order).
+        horizon = entry[0] - limiter.limit.window
+        turns = self._turns
+        while turns:
+            oldest = next(iter(turns))
+            if turns[oldest][0] > horizon:
+                break
+            del turns[oldest]
         self._next_turn += 1
-        self._turns[self._next_turn] = entry
+        turns[self._next_turn] = entry
         answer["entry"] = self._next_turn
         await send(answer)
 

@@ -742,6 +742,8 @@ async def serve_node(
                 say_control(out, "error", message=f"unknown command {command!r}")
     finally:
         pump.cancel()
+        if part is not None:
+            await part.cancel()  # an orphan or a failed start: nobody reads its parts
         await host.aclose(drain=not orphaned)
 
 
@@ -765,6 +767,8 @@ class NodeLive(Protocol):
     def redrive(self, command: Mapping[str, Any]) -> None: ...
 
     def watch(self, command: Mapping[str, Any]) -> None: ...
+
+    async def cancel(self) -> None: ...
 
     async def aclose(self) -> None: ...
 
@@ -1045,11 +1049,15 @@ class _Driver:
         self.journal = journal
         #: Where the nodes' live parts go (the driver's live feed reads them), if watched.
         self.board = board
-        if board is not None:
+        # Only recording nodes send parts (and take watch and redrive commands).
+        if board is not None and journal is not None:
             board.redrive = self.redrive_on
             board.on_watch = self._tell_watch
+        else:
+            self.board = None
         self._chores: set[asyncio.Task[Any]] = set()
-        self._redrives: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        #: Redrives asked of nodes: id -> (node, the future its answer sets).
+        self._redrives: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._next_redrive = 0
         #: What a killed node left in the stream (pantheon.runner._takeover.inspect), NATS only.
         self.stream: dict[str, Any] = {}
@@ -1094,7 +1102,10 @@ class _Driver:
             child.handlers[BUDGET_EVENT] = self.budgets.on_event(name, child.send)
             child.handlers[LIVE_EVENT] = functools.partial(self._live_part, name)
             child.handlers[REDRIVEN_EVENT] = self._redriven
-            child.handlers["eof"] = _both(self.approvals.on_lost(name), self.budgets.on_lost(name))
+            child.handlers["eof"] = _both(
+                _both(self.approvals.on_lost(name), self.budgets.on_lost(name)),
+                functools.partial(self._node_gone, name),
+            )
             self.nodes[name] = child
             if self.board is not None and self.board.watched:
                 self._tell_watch(True, [child])  # a watcher came before this node
@@ -1113,9 +1124,15 @@ class _Driver:
             self.board.take(node, event.get("data"))
 
     def _redriven(self, event: Mapping[str, Any]) -> None:
-        future = self._redrives.get(event.get("id"))  # type: ignore[arg-type]
-        if future is not None and not future.done():
-            future.set_result(dict(event))
+        asked = self._redrives.get(event.get("id"))  # type: ignore[arg-type]
+        if asked is not None and not asked[1].done():
+            asked[1].set_result(dict(event))
+
+    def _node_gone(self, node: str, _event: Mapping[str, Any]) -> None:
+        """A node's output ended: its redrives will not be answered."""
+        for name, future in self._redrives.values():
+            if name == node and not future.done():
+                future.set_result({"ok": False, "detail": "the node is gone"})
 
     async def redrive_on(self, node: str, entry_id: int) -> tuple[bool, str]:
         """Ask ``node`` to redrive its own dead letter ``entry_id`` (a watcher's redrive in
@@ -1126,7 +1143,7 @@ class _Driver:
         self._next_redrive += 1
         rid = self._next_redrive
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._redrives[rid] = future
+        self._redrives[rid] = (node, future)
         try:
             if not await child.send({"cmd": REDRIVE_COMMAND, "id": rid, "entry": entry_id}):
                 return False, "the node is gone"
@@ -1347,6 +1364,11 @@ class _Driver:
         return summary
 
     async def close(self) -> None:
+        if self.board is not None:  # the feed outlives the run: nobody to ask any more
+            self.board.redrive = self.board.on_watch = None
+        for chore in self._chores:
+            chore.cancel()
+        await asyncio.gather(*self._chores, return_exceptions=True)
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
         await self.approvals.aclose()  # after the nodes: their pending requests cancelled
         await self.budgets.aclose()

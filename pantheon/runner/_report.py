@@ -376,7 +376,9 @@ def summarize(
     tallies = [r["tally"] for r in reports if r.get("tally") is not None]
     if tallies and scenario.scored:
         summed = _summed_score(tallies)
-        if summed.decided:
+        # Only labels read ahead reach every process: with a generator's, the nodes' tallies
+        # score nothing and a Learner beside the Observer scored more.
+        if summed.decided and summed.scored >= (accuracy.get("scored") or 0):
             report = summed.as_report()
             accuracy = report | {k: v for k, v in accuracy.items() if k not in report}
     if messages is None:
@@ -428,9 +430,11 @@ def score_from_record(scenario: Scenario, s: RunSummary, score: OutcomeScore) ->
     a what-if read the same session). What only the processes' Learners report (the support
     desk's intent accuracy and thresholds) is kept beside it. The accuracy checks are judged
     again; the others stand."""
-    if not scenario.scored:
+    # A record without labels to score by (a generator's or stdin's live only in the
+    # Observer's process) leaves the processes' own score as it is.
+    if not scenario.scored or not score.scored:
         return
-    report = score.as_report() if score.decided else {}
+    report = score.as_report()
     merged = report | {k: v for k, v in s.accuracy.items() if k not in report}
     s.accuracy = merged
     # Only the accuracy checks are judged again: the run added its own after summarizing
@@ -591,7 +595,12 @@ def judge(
             acc = s.accuracy.get(field_)
             ok = acc is not None and acc >= bound
             check(name, ok, bound, acc)
-            if acc is None and scenario.transport.kind != "inprocess" and s.session_id is None:
+            if (
+                acc is None
+                and scenario.outcome is None
+                and scenario.transport.kind != "inprocess"
+                and s.session_id is None
+            ):
                 out[-1]["why"] = (
                     "the team declares no outcome: section, and a multi-process run's "
                     "default outcome is read from its session record, which --no-record "

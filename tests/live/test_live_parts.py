@@ -137,3 +137,51 @@ async def test_a_node_sends_parts_only_while_someone_watches_and_once_when_it_le
         await parts.aclose()  # the last part, whoever watches: the final snapshot is whole
         assert len(sent) == quiet + 1
         assert decode_part(sent[-1][1]["data"]).node == "one"
+
+
+async def test_a_dead_letter_msgpack_cannot_encode_goes_in_the_part_as_its_repr() -> None:
+    """The very payload of an encode_error: a node's part must still go (it failed at the
+    node's leaving, and the node looked dead)."""
+    async with Bus() as bus:
+
+        async def refuse(env: Envelope) -> None:
+            raise RuntimeError("no")
+
+        bus.on("odd.thing", refuse, name="refuser")
+        await bus.emit("odd.thing", {"when": object()})
+        await bus.drain()
+        feed = LiveFeed(bus, nodes={"refuser": "one"}, here="one", own_topics=dict)
+        feed._on_dead_letter(bus.dlq.entries()[0])
+        part = decode_part(encode_part(feed.part()))
+    [letter] = part.dead_letters
+    assert "object object at" in str(letter.payload)
+
+
+async def test_counters_a_node_brings_after_a_silence_are_no_spike() -> None:
+    """Nodes send parts only while someone watches: the first part brings the node's whole
+    history, which the driver spreads over its samples rather than one tick's rate."""
+    async with Bus() as driver_bus, Bus() as node_bus:
+        node_bus.on("t.x", lambda env: None, name="worker")
+        for _ in range(500):
+            await node_bus.emit("t.x", {})
+        await node_bus.drain()
+        own = {"t.x": 500}
+        node = LiveFeed(node_bus, nodes={"worker": "one"}, here="one", own_topics=lambda: own)
+        board = PartsBoard(["one"])
+        driver = LiveFeed(driver_bus, nodes={"worker": "one"}, board=board, ticking=False)
+        await driver.start()
+        try:
+            for _ in range(3):
+                driver._sample()
+            board.take("one", encode_part(node.part()))
+            driver._sample()
+            [topic] = [s for s in driver.snapshot(sampled=True).series if s.key == "t.x"]
+            assert topic.total == 500
+            assert set(topic.counts) == {0}  # flat: the silence's history, not a spike
+            own["t.x"] = 520  # then a tick apart: counted as the rate it is
+            board.take("one", encode_part(node.part()))
+            driver._sample()
+            [topic] = [s for s in driver.snapshot(sampled=True).series if s.key == "t.x"]
+            assert topic.counts[-1] == 20 and topic.total == 520
+        finally:
+            await driver.aclose()

@@ -450,3 +450,26 @@ def _outbox() -> Any:
     from agents import Outbox
 
     return Outbox(None)
+
+
+def test_a_record_without_labels_leaves_the_processes_score_as_it_is() -> None:
+    """A generator's labels live only in the Observer's process, so the record has none to
+    score by: the Learner's score stands (it used to be overwritten with no accuracy)."""
+    from agents import OutcomeScore
+    from pantheon.runner import score_from_record
+
+    scenario = parse_scenario(
+        "version: 1\nname: t\ninput: {kind: stdin, topic: a.b, label: expected}\n"
+        "agents: {actor: {}}\nexpect: {min_accuracy: 0.7}\n"
+    )
+    s = summary()
+    s.expectations = judge(scenario, s)
+    before = (dict(s.accuracy), list(s.expectations))
+    score_from_record(scenario, s, OutcomeScore(decided=10, scored=0, correct=0))
+    assert (s.accuracy, s.expectations) == before
+    # With labels the record's score replaces the processes', and the check is judged again.
+    score_from_record(
+        scenario, s, OutcomeScore(decided=10, scored=10, correct=6, by_field={"action": (6, 10)})
+    )
+    assert s.accuracy["accuracy"] == s.accuracy["action_accuracy"] == 0.6
+    assert [(e["name"], e["passed"]) for e in s.expectations] == [("accuracy >= 0.7", False)]

@@ -193,3 +193,18 @@ async def test_a_rate_turn_for_an_agent_the_node_does_not_host_is_an_error() -> 
     with pytest.raises(BudgetUnavailable, match="has no rate limit"):
         await unlimited.acquire()
     assert limiter.admitted == 0
+
+
+async def test_rate_turns_never_settled_are_forgotten_once_out_of_the_window() -> None:
+    """A call that failed, or a node that died, never settles its turn: the driver keeps
+    none of them past the window."""
+    clock = FakeClock()
+    limiter = RateLimiter(RateLimit(requests=100, window=1.0), clock)
+    relay = BudgetRelay({}, {"one": ["a"]}, limiter)
+    a = RemoteRateLimiter(wired(relay, "one"), "a", limiter.limit)
+    for _ in range(5):
+        await a.acquire()  # never settled
+    assert len(relay._turns) == 5
+    await clock.advance(1.5)
+    await a.acquire()
+    assert len(relay._turns) == 1
