@@ -48,7 +48,8 @@ class NodeParts:
         #: Whether anyone watches the driver's feed (its ``watch`` commands say).
         self.watched = False
         self._ticker: asyncio.Task[None] | None = None
-        self._redrives: set[asyncio.Task[None]] = set()
+        #: Redrives and sends under way, cancelled if the node leaves without a report.
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         await self.feed.start()
@@ -58,21 +59,32 @@ class NodeParts:
         while True:
             await asyncio.sleep(self.feed.interval)
             if self.watched:
-                self.send()
+                await self.send()
 
     def watch(self, command: Mapping[str, Any]) -> None:
         """The driver's ``watch`` command: someone watches its feed (``on``), or nobody."""
         was, self.watched = self.watched, bool(command.get("on"))
         if self.watched and not was:
-            self.send()
+            self._spawn(self.send())
 
-    def send(self) -> None:
-        # Whatever goes wrong (a closed pipe: the driver is gone), the node's work goes on:
-        # this runs in its control reader and at its leaving, which must not fail for it.
+    async def send(self) -> None:
+        """Build a part (on the loop: it reads the bus) and send it from a thread: encoding
+        and writing ~134 KB to a pipe the driver may be slow to read must not hold up the
+        node's agents. Whatever goes wrong (a closed pipe: the driver is gone), the node's
+        work goes on."""
         try:
-            self.say(LIVE_EVENT, data=encode_part(self.feed.part()))
+            part = self.feed.part()
+            await asyncio.to_thread(self._say_part, part)
         except Exception as exc:
             log.warning("node %s: live part not sent: %r", self.node, exc)
+
+    def _say_part(self, part: Any) -> None:
+        self.say(LIVE_EVENT, data=encode_part(part))
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def redrive(self, command: Mapping[str, Any]) -> None:
         """The driver's ``redrive`` command (taken as it arrives): redrive this node's own
@@ -86,19 +98,17 @@ class NodeParts:
             except Exception as exc:
                 log.warning("node %s: redrive answer not sent: %r", self.node, exc)
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._redrives.add(task)
-        task.add_done_callback(self._redrives.discard)
+        self._spawn(run())
 
     async def aclose(self) -> None:
         """Send the last part (the agents are done), then stop the feed."""
         await self.cancel()
-        self.send()
+        await self.send()
         await self.feed.aclose()
 
     async def cancel(self) -> None:
         """Stop sending (a node leaving without a report: nobody reads any more)."""
-        tasks = [t for t in (self._ticker, *self._redrives) if t is not None]
+        tasks = [t for t in (self._ticker, *self._tasks) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -8,6 +8,7 @@ tests/live/test_live_nodes.py)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -121,16 +122,23 @@ async def test_a_node_sends_parts_only_while_someone_watches_and_once_when_it_le
         team = SimpleNamespace(usage_by_agent=dict, tally=None)
         host = SimpleNamespace(bus=bus, node="one", placed={"a": "one"}, own_topics={}, team=team)
         sent: list[tuple[str, dict[str, Any]]] = []
-        parts = NodeParts(host, lambda event, **fields: sent.append((event, fields)))
+        first = threading.Event()
+
+        def say(event: str, **fields: Any) -> None:
+            sent.append((event, fields))
+            first.set()
+
+        parts = NodeParts(host, say)
         parts.feed.interval = 0.01
         await parts.start()
         await asyncio.sleep(0.05)
         assert sent == []  # nobody watches the driver's feed
         parts.watch({"cmd": "watch", "on": True})
-        assert [e for e, _ in sent] == ["live"]  # at once, then every tick
+        assert await asyncio.to_thread(first.wait, 5)  # sent from a thread, at once
         await asyncio.sleep(0.05)
-        assert len(sent) >= 3
+        assert len(sent) >= 3 and {e for e, _ in sent} == {"live"}  # then every tick
         parts.watch({"cmd": "watch", "on": False})
+        await asyncio.sleep(0.03)  # a send under way when it was told
         quiet = len(sent)
         await asyncio.sleep(0.05)
         assert len(sent) == quiet
