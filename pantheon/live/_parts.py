@@ -215,13 +215,18 @@ def _usage(usages: Sequence[readmodel.SessionUsage]) -> readmodel.SessionUsage:
 
 def _traces(traces: Iterable[Trace], limit: int) -> tuple[Trace, ...]:
     """Traces of one request from several processes joined: hops together, the earliest
-    part's topic and label (its root's), outcome the worst."""
+    part's topic and label (its root's), outcome the worst; a request whose first hop has
+    not arrived yet is left for the next snapshot."""
     by_request: dict[int, list[Trace]] = {}
     for t in traces:
         by_request.setdefault(t.correlation_id, []).append(t)
     rank = {"ok": 0, "failed": 1, "dead_letter": 2}
     out = []
     for cid, parts in by_request.items():
+        # A request whose first hop is in a part not come yet (each process sends on its own
+        # tick) waits for it: shown now, the newest requests would read as starting midway.
+        if not any(h.depth == 0 for t in parts for h in t.hops or ()):
+            continue
         if len(parts) == 1:
             out.append(parts[0])
             continue

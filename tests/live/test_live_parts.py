@@ -14,7 +14,9 @@ from typing import Any
 
 from bus import Bus, Envelope
 from pantheon.live import LiveFeed, NodeParts, PartsBoard
-from pantheon.live._parts import decode_part, encode_part
+from pantheon.live._parts import _traces, decode_part, encode_part
+from pantheon.live._snapshot import Trace
+from pantheon.readmodel import HopBar
 
 
 async def test_a_nodes_dead_letter_shows_under_its_store_id_and_is_redriven_on_that_node() -> None:
@@ -193,3 +195,27 @@ async def test_counters_a_node_brings_after_a_silence_are_no_spike() -> None:
             assert topic.counts[-1] == 20 and topic.total == 520
         finally:
             await driver.aclose()
+
+
+def _bar(depth: int, agent: str, node: str, start: float) -> HopBar:
+    return HopBar(depth + 1, depth or None, f"t{depth}", agent, depth, start, start, start + 1,
+                  0.0, 1.0, "delivered", None, node)  # fmt: skip
+
+
+def _trace(cid: int, label: str, *bars: HopBar) -> Trace:
+    start = min(b.start_ms for b in bars)
+    end = max(b.end_ms for b in bars)
+    return Trace(cid, bars[0].topic, label, start, end - start, len(bars), "ok", bars)
+
+
+def test_a_requests_hops_from_every_process_join_and_one_without_its_start_waits() -> None:
+    """Each process sends its part on its own tick: the newest requests' later hops may come
+    before their first one, and would read as starting midway."""
+    driver = _trace(7, "t5", _bar(5, "learner", "driver", 50.0))
+    perception = _trace(7, "e0001: refund", _bar(0, "sensor", "perception", 10.0))
+    cognition = _trace(7, "t1", _bar(1, "reasoner", "cognition", 20.0))
+    newest = _trace(8, "t1", _bar(1, "reasoner", "cognition", 90.0))  # its sensor hop not in
+    [joined] = _traces([driver, cognition, perception, newest], limit=50)
+    assert (joined.correlation_id, joined.label, joined.topic) == (7, "e0001: refund", "t0")
+    assert [h.agent for h in joined.hops or ()] == ["sensor", "reasoner", "learner"]
+    assert (joined.start_ms, joined.total_ms, joined.hop_count) == (10.0, 41.0, 3)
