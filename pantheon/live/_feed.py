@@ -588,16 +588,9 @@ class LiveFeed:
             live=self.status == "running",
             seq=self._seq,
             t_s=(now - origin) / 1e9,
-            totals=self._totals(),
             series=self._series(origin),
-            hops=self._hops(),
-            breakers=self._breakers(),
-            breaker_events=self._breaker_timeline(origin),
-            dead_letters=self._dead_letters(),
-            traces=self._traces(origin),
-            usage=SessionUsage() if self.usage is None else self.usage(),
             budget=() if self.budget is None else self.budget(),
-            outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
+            **self._pieces(origin),
             nodes=self._node_lines,
         )
         if self.board is None:
@@ -647,17 +640,23 @@ class LiveFeed:
         return NodePart(
             node=self._here or "",
             origin_wall=self._origin_wall,
-            totals=self._totals(),
             topics=topics,
             agents=agents,
-            hops=self._hops(),
-            breakers=self._breakers(),
-            breaker_events=self._breaker_timeline(origin),
-            dead_letters=self._dead_letters(),
-            traces=self._traces(origin),
-            usage=SessionUsage() if self.usage is None else self.usage(),
-            outcomes=OutcomeTally() if self.outcomes is None else self.outcomes(),
+            **self._pieces(origin),
         )
+
+    def _pieces(self, origin: int) -> dict[str, Any]:
+        """What a snapshot and a node's part both carry, read from the last sample."""
+        return {
+            "totals": self._totals(),
+            "hops": self._hops(),
+            "breakers": self._breakers(),
+            "breaker_events": self._breaker_timeline(origin),
+            "dead_letters": self._dead_letters(),
+            "traces": self._traces(origin),
+            "usage": SessionUsage() if self.usage is None else self.usage(),
+            "outcomes": OutcomeTally() if self.outcomes is None else self.outcomes(),
+        }
 
     def _node(self, subscriber: str) -> str | None:
         """The process a subscription's agent runs on (None in a single-process run)."""
