@@ -29,19 +29,32 @@ __all__ = ["JetStreamShipper", "JournalFollower"]
 
 log = get_logger("pantheon.cluster")
 
+#: Seconds a node goes on sending a shipment the stream has not acknowledged: well inside
+#: the stream's duplicate window (120 s by default), so a part stored by an attempt whose
+#: acknowledgement was lost is not stored again.
+RETRY_FOR = 60.0
+_FIRST_PAUSE = 0.05
+_MAX_PAUSE = 2.0
+
 
 class JetStreamShipper:
     """A node's shipments onto the team's stream, in order, from the recorder's writer
     thread (``__call__``) through one task on the node's loop (the NATS client lives there).
 
     Nothing is dropped: a shipment waits in the queue until the server acknowledged the one
-    before. :meth:`drain` returns once every shipment handed over is stored; ``failed`` holds
-    the error that stopped shipping, if one did (the driver then sees this node's journal
-    end early, as for a node that died)."""
+    before. A shipment the server did not acknowledge (an ack past the client's timeout on a
+    loaded machine, a connection that was being re-established) is sent again, with the same
+    message ids, so the stream stores it once, for up to ``retry_for`` seconds: one slow
+    acknowledgement used to end the node's journal there. :meth:`drain` returns once every
+    shipment handed over is stored; ``failed`` holds the error that stopped shipping, if one
+    did (the driver then sees this node's journal end early, as for a node that died)."""
 
-    def __init__(self, transport: Any, session: str) -> None:
+    def __init__(self, transport: Any, session: str, retry_for: float = RETRY_FOR) -> None:
         self._transport = transport
         self._session = session
+        self.retry_for = retry_for
+        #: Shipments sent more than once before the server acknowledged them.
+        self.retried = 0
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[tuple[int, bytes, bool] | None] = asyncio.Queue()
         self._task = self._loop.create_task(self._run(), name=f"journal:{session}")
@@ -52,13 +65,30 @@ class JetStreamShipper:
 
     async def _run(self) -> None:
         while (item := await self._queue.get()) is not None:
-            seq, data, end = item
             try:
-                await self._transport.journal_append(self._session, seq, data, end)
+                await self._ship(*item)
             except Exception as exc:
                 self.failed = exc
                 log.error("journal shipping stopped", session=self._session, error=repr(exc))
                 return
+
+    async def _ship(self, seq: int, data: bytes, end: bool) -> None:
+        give_up = self._loop.time() + self.retry_for
+        pause = _FIRST_PAUSE
+        while True:
+            try:
+                await self._transport.journal_append(self._session, seq, data, end)
+                return
+            except Exception as exc:
+                if self._loop.time() + pause > give_up:
+                    raise
+                self.retried += 1
+                log.warning(
+                    "journal shipment not acknowledged; sending it again",
+                    session=self._session, seq=seq, error=repr(exc),
+                )  # fmt: skip
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, _MAX_PAUSE)
 
     async def drain(self) -> None:
         """Ship what is queued (the recorder finished: nothing more comes), then stop."""
