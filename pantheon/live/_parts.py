@@ -51,6 +51,7 @@ from pantheon import readmodel
 from pantheon.live._snapshot import (
     MAX_TALLIED,
     BreakerEvent,
+    BreakerState,
     DeadLetterView,
     HopBar,
     HopLatency,
@@ -186,6 +187,25 @@ def _add_hop(into: dict[tuple[str, str], HopLatency], hop: HopLatency) -> None:
     )
 
 
+#: A breaker in several processes shows its worst state.
+_BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
+
+
+def _breakers(breakers: Iterable[BreakerState]) -> tuple[BreakerState, ...]:
+    """One row per breaker: an agent on several nodes (competing consumers) has a breaker in
+    each, shown as one, as its hop is: the worst state (with its reason and next probe),
+    trips added. A viewer keys its rows by name."""
+    by_name: dict[str, BreakerState] = {}
+    for b in breakers:
+        seen = by_name.get(b.name)
+        if seen is None:
+            by_name[b.name] = b
+            continue
+        worst = max(seen, b, key=lambda x: _BREAKER_RANK.get(x.state, 1))
+        by_name[b.name] = msgspec.structs.replace(worst, trips=seen.trips + b.trips)
+    return tuple(by_name[name] for name in sorted(by_name))
+
+
 def _totals(parts: Sequence[Totals]) -> Totals:
     fields = Totals.__struct_fields__
     return Totals(**{f: sum(getattr(t, f) for t in parts) for f in fields})
@@ -308,7 +328,7 @@ def merge_parts(
         snap,
         totals=_totals([snap.totals, *(p.totals for p in parts)]),
         hops=tuple(sorted(hops.values(), key=lambda h: (h.kind != "agent", h.name))),
-        breakers=tuple(itertools.chain(snap.breakers, *(p.breakers for p in parts))),
+        breakers=_breakers(itertools.chain(snap.breakers, *(p.breakers for p in parts))),
         breaker_events=tuple(events),
         dead_letters=tuple(dead[-max_dead_letters:]) if max_dead_letters else (),
         traces=_traces(traces, max_traces),

@@ -14,8 +14,8 @@ from typing import Any
 
 from bus import Bus, Envelope
 from pantheon.live import LiveFeed, NodeParts, PartsBoard
-from pantheon.live._parts import _traces, decode_part, encode_part
-from pantheon.live._snapshot import Trace
+from pantheon.live._parts import _breakers, _traces, decode_part, encode_part
+from pantheon.live._snapshot import BreakerState, Trace
 from pantheon.readmodel import HopBar
 
 
@@ -219,3 +219,19 @@ def test_a_requests_hops_from_every_process_join_and_one_without_its_start_waits
     assert (joined.correlation_id, joined.label, joined.topic) == (7, "e0001: refund", "t0")
     assert [h.agent for h in joined.hops or ()] == ["sensor", "reasoner", "learner"]
     assert (joined.start_ms, joined.total_ms, joined.hop_count) == (10.0, 41.0, 3)
+
+
+def test_a_breaker_in_several_processes_is_one_row_at_its_worst() -> None:
+    """An agent on two nodes has a breaker in each; a viewer keys its rows by name (the
+    terminal monitor's table refuses a key twice)."""
+    merged = _breakers(
+        [
+            BreakerState("reasoner", "closed", 1),
+            BreakerState("actor", "closed", 0),
+            BreakerState("reasoner", "open", 2, 0.5, "failures"),
+        ]
+    )
+    assert merged == (
+        BreakerState("actor", "closed", 0),
+        BreakerState("reasoner", "open", 3, 0.5, "failures"),
+    )
