@@ -595,7 +595,6 @@ class LiveFeed:
         )
         if self.board is None:
             return snap
-        self._origin()
         return merge_parts(
             snap,
             self.board.parts(),

@@ -1047,14 +1047,12 @@ class _Driver:
         self.curve = False
         self.startup_s = 0.0
         self.journal = journal
-        #: Where the nodes' live parts go (the driver's live feed reads them), if watched.
-        self.board = board
-        # Only recording nodes send parts (and take watch and redrive commands).
-        if board is not None and journal is not None:
-            board.redrive = self.redrive_on
-            board.on_watch = self._tell_watch
-        else:
-            self.board = None
+        #: Where the nodes' live parts go (the driver's live feed reads them): only recording
+        #: nodes send parts (and take watch and redrive commands).
+        self.board = board if journal is not None else None
+        if self.board is not None:
+            self.board.redrive = self.redrive_on
+            self.board.on_watch = self._tell_watch
         self._chores: set[asyncio.Task[Any]] = set()
         #: Redrives asked of nodes: id -> (node, the future its answer sets).
         self._redrives: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
