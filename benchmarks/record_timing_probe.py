@@ -1,0 +1,123 @@
+"""Why the record's cost by time will not settle on a shared VM: two probes.
+
+    python benchmarks/record_timing_probe.py writer [--emails 3000] [--triples 8]
+    python benchmarks/record_timing_probe.py pinned [--emails 3000] [--runs 8] [--passes 3]
+
+``writer``: in one process, off / recording / recording with its writer held off until
+``finish`` (commit interval 10,000 s), alternating, ``pipeline_bench.py``'s run at 1 ms model
+latency: the loop thread's CPU per request of each, as ratios to off within a triple. If the
+writer's concurrency made recorded runs slower than their instruction count, the held-off
+writer would do better.
+
+``pinned``: off and recording at the same moment, each process pinned to its own vCPU
+(``taskset``), swapping vCPUs halfway: both see the same host at the same instant, so a
+drift in the machine's speed cancels, if that is what the noise is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pipeline_bench
+import uvloop
+
+
+def _per_request(r: dict[str, Any]) -> float:
+    return float(r["loop_cpu_s"]) / int(r["requests"]) * 1e6
+
+
+def writer(emails: int, triples: int) -> None:
+    real = pipeline_bench.Recorder
+    held = functools.partial(real, commit_interval=10_000.0, commit_rows=10**9, max_pending=10**9)
+    ratios: dict[str, list[float]] = {"recording": [], "held": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = pipeline_bench.make_inbox(emails, Path(tmp))
+        for _ in range(triples):
+            row = {}
+            for mode in ("off", "recording", "held"):
+                pipeline_bench.Recorder = held if mode == "held" else real  # type: ignore[misc]
+                run = "off" if mode == "off" else "recording"
+                row[mode] = _per_request(uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, run)))
+            for mode, out in ratios.items():
+                out.append(row[mode] / row["off"] - 1)
+            print("  ".join(f"{m} {us:.0f} us" for m, us in row.items()), flush=True)
+    pipeline_bench.Recorder = real  # type: ignore[misc]
+    for mode, out in ratios.items():
+        print(f"{mode}: loop CPU per request +{statistics.median(out):.1%} over off "
+              f"(median of {triples}; {', '.join(f'{r:+.0%}' for r in out)})")  # fmt: skip
+
+
+def one_mode(mode: str, runs: int, emails: int) -> None:
+    """A child of ``pinned``: ``runs`` runs of one mode, per request loop CPU as JSON."""
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = pipeline_bench.make_inbox(emails, Path(tmp))
+        uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, mode))  # warm-up
+        out = [
+            _per_request(uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, mode)))
+            for _ in range(runs)
+        ]
+    print(json.dumps(out))
+
+
+def pinned(emails: int, runs: int, passes: int) -> None:
+    for p in range(passes):
+        got: dict[str, list[float]] = {"off": [], "recording": []}
+        for swap in (0, 1):
+            cpus = {"off": str(swap), "recording": str(1 - swap)}
+            procs = {
+                mode: subprocess.Popen(
+                    [
+                        "taskset",
+                        "-c",
+                        cpus[mode],
+                        sys.executable,
+                        __file__,
+                        "_one",
+                        mode,
+                        "--runs",
+                        str(runs),
+                        "--emails",
+                        str(emails),
+                    ],
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                for mode in got
+            }
+            for mode, proc in procs.items():
+                got[mode].extend(json.loads(proc.communicate()[0]))
+        ratios = [r / o - 1 for r, o in zip(got["recording"], got["off"], strict=True)]
+        spread = f"{min(ratios):+.0%}..{max(ratios):+.0%}"
+        median = statistics.median(ratios)
+        print(f"pass {p}: loop CPU per request +{median:.1%} over off (pairs {spread})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("probe", choices=["writer", "pinned", "_one"])
+    parser.add_argument("mode", nargs="?", default="off")
+    parser.add_argument("--emails", type=int, default=3000)
+    parser.add_argument("--triples", type=int, default=8)
+    parser.add_argument("--runs", type=int, default=8)
+    parser.add_argument("--passes", type=int, default=3)
+    args = parser.parse_args()
+    if args.probe == "writer":
+        writer(args.emails, args.triples)
+    elif args.probe == "pinned":
+        pinned(args.emails, args.runs, args.passes)
+    else:
+        one_mode(args.mode, args.runs, args.emails)
+
+
+if __name__ == "__main__":
+    main()
