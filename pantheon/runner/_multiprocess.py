@@ -44,6 +44,7 @@ import contextlib
 import difflib
 import functools
 import json
+import logging
 import os
 import re
 import signal
@@ -81,7 +82,7 @@ from pantheon.sessions import (
     import_envelopes,
     import_shipments,
 )
-from pantheon.telemetry import get_logger
+from pantheon.telemetry import configure_logging, get_logger
 
 if TYPE_CHECKING:
     from pantheon.approvals import StoreDesk
@@ -418,6 +419,11 @@ class NodeHost:
             if self._shipper is not None:
                 await self._shipper.drain()
 
+    @property
+    def journal_failed(self) -> BaseException | None:
+        """The error that stopped this node's journal shipments to the stream, if one did."""
+        return None if self._shipper is None else self._shipper.failed
+
     async def start(self) -> None:
         """Connect, subscribe the agents, wait for the other processes' routes, then start
         the agents (from here on they may emit)."""
@@ -547,6 +553,51 @@ def say_control(out: TextIO, event: str, **fields: Any) -> None:
 #: Seconds an orphaned node (its driver died) has, past one liveness period, to ship its
 #: last records and close before it exits regardless.
 _ORPHAN_GRACE = 30.0
+
+
+def orphan_log_path(session: str | None, node: str) -> Path:
+    """Where an orphaned node writes its log: its stderr was a pipe to the driver that died,
+    so what it said while it left (why its journal ends where it does) would be lost."""
+    name = f"{session or 'unrecorded'}.{node}.log"
+    return Path(tempfile.gettempdir()) / "pantheon-orphans" / name
+
+
+def _log_to_file(path: Path) -> None:
+    """Point this process's log at ``path`` (appended, JSON lines), at the same level."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stream = open(path, "a", encoding="utf-8")  # noqa: SIM115 - kept until the process exits
+    except OSError as exc:
+        log.warning("orphan log not opened", path=str(path), error=repr(exc))
+        return
+    configure_logging(stream=stream, json=True, level=logging.getLogger().level)
+
+
+async def _leave_orphaned(host: NodeHost) -> None:
+    """Leave after the driver died: stop the agents (within one liveness period), then ship
+    the journal's last records and its end mark, whatever stopping did; every step and
+    failure goes to :func:`orphan_log_path`, not to the dead driver's pipe."""
+    _log_to_file(orphan_log_path(host.bus.session_id, host.node))
+    where = {"node": host.node, "session": host.bus.session_id}
+    log.warning("driver gone: leaving", **where)
+    try:
+        await host.stop_agents(timeout=host.lost_after)
+    except TimeoutError:
+        log.warning(
+            "work still outstanding after one liveness period", **where, status=host.status()
+        )
+    except Exception:
+        log.exception("stopping the agents failed", **where)
+    try:
+        await host.finish_journal()
+    except Exception:
+        log.exception("the journal's last records were not shipped", **where)
+        return
+    failed = host.journal_failed
+    if failed is not None:
+        log.error("the journal's shipping had stopped", **where, error=repr(failed))
+    else:
+        log.warning("journal finished: last records and end mark shipped", **where)
 
 
 def _watchdog(seconds: float) -> None:
@@ -706,10 +757,7 @@ async def serve_node(
                 # Whatever hangs on the way out (a handler, a transport that cannot close),
                 # an orphan must not outlive its run: past this it exits as it stands.
                 _watchdog(host.lost_after + _ORPHAN_GRACE)
-                with contextlib.suppress(TimeoutError):
-                    await host.stop_agents(timeout=host.lost_after)
-                with contextlib.suppress(Exception):  # nobody reads the link any more
-                    await host.finish_journal()
+                await _leave_orphaned(host)
                 return
             command = json.loads(line).get("cmd")
             if command == "status":

@@ -87,7 +87,7 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
             [sys.executable, "-m", "pantheon.cli", "run", "scenarios/resumable.yaml",
              "--store", "s.db"],
             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=os.environ | {"COLUMNS": "200"},
+            env=os.environ | {"COLUMNS": "200", "TMPDIR": str(tmp_path)},
         )  # fmt: skip
         # Kill it once the Actor's node has shipped records (decisions are being made) and
         # before the run ends.
@@ -118,9 +118,18 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
         expected_summary["inputs"], expected_summary["malformed"],
     )  # fmt: skip
     assert summary["accounting_ok"] is True
-    # Every node's journal reached its end mark (read from the stream by the resume).
+    # Each orphaned node said in its own log (its stderr was the dead driver's pipe) that it
+    # left and shipped its journal's end; the resume read every end mark from the stream.
+    logs = {
+        node: (tmp_path / "pantheon-orphans" / f"{session}.{node}.log").read_text()
+        for node in ("action", "cognition", "perception")
+    }
+    for node, text in logs.items():
+        events = [json.loads(line)["event"] for line in text.splitlines()]
+        assert events[0] == "driver gone: leaving", (node, text)
+        assert events[-1] == "journal finished: last records and end mark shipped", (node, text)
     journals = _query(db, f"SELECT node, ended FROM session_nodes WHERE session = '{session}'")
-    assert sorted(journals) == [("action", 1), ("cognition", 1), ("perception", 1)]
+    assert sorted(journals) == [("action", 1), ("cognition", 1), ("perception", 1)], logs
 
     # Every tool call of every email, across the dead run's nodes and the resume, made
     # exactly once, and every email the team acts on was acted on.
