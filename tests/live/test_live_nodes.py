@@ -133,7 +133,16 @@ async def _redrive_first(store: Path, child: subprocess.Popen[bytes]) -> tuple[A
     raise AssertionError("the feed ended")
 
 
-def test_a_watcher_redrives_a_nodes_dead_letter_on_that_node(tmp_path: Path) -> None:
+TRANSPORTS = {
+    "zmq": "  kind: zmq\n  broker: tcp://127.0.0.1:0\n",
+    "nats": "  kind: nats\n  server: auto\n",
+}
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_watcher_redrives_a_nodes_dead_letter_on_that_node(
+    tmp_path: Path, transport: str
+) -> None:
     """The redrive goes from the client to the driver's feed, over the control pipe to node
     ``work``, whose bus takes the letter back; the store marks it under the id shown."""
     (tmp_path / "picky_mod.py").write_text(PICKY, encoding="utf-8")
@@ -143,7 +152,7 @@ def test_a_watcher_redrives_a_nodes_dead_letter_on_that_node(tmp_path: Path) -> 
     )
     (tmp_path / "picky.yaml").write_text(
         "version: 1\nname: picky\n"
-        "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n  nodes:\n    work: [picky]\n"
+        f"transport:\n{TRANSPORTS[transport]}  nodes:\n    work: [picky]\n"
         "input: {kind: jsonl, path: tickets.jsonl, topic: ticket.received, rate: 50}\n"
         'agents:\n  picky: {class: "picky_mod:Picky"}\n',
         encoding="utf-8",
