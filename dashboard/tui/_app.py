@@ -227,7 +227,7 @@ class MonitorApp(App[None]):
         self._approvals: dict[str, Approval] = {}
         self._dead: dict[str, DeadLetterView] = {}
         self._traces: dict[str, Trace] = {}
-        self._dlq_nodes = False
+        self._node_cols = False
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -266,13 +266,7 @@ class MonitorApp(App[None]):
         self.query_one("#latency-table", DataTable).add_columns(
             "agent / edge", "n", "wait p50", "p95", "p99", "handle p50", "p95", "p99"
         )
-        self.query_one("#breaker-table", DataTable).add_columns(
-            "breaker", "state", "trips", "next probe", "last reason"
-        )
-        self.query_one("#breaker-events", DataTable).add_columns(
-            "t (s)", "breaker", "from", "to", "reason"
-        )
-        self._dlq_columns(nodes=False)
+        self._node_columns(nodes=False)
         self.query_one("#trace-table", DataTable).add_columns(
             "request", "label", "hops", "start ms", "total ms", "outcome"
         )
@@ -300,15 +294,21 @@ class MonitorApp(App[None]):
     def on_unmount(self) -> None:
         gc.unfreeze()  # a process that goes on past the monitor (a test run) gets it back
 
-    def _dlq_columns(self, *, nodes: bool) -> None:
-        """The dead letter table's columns: with the node that dead-lettered each entry
-        when the session ran on several processes (else as a single-process one's)."""
-        table = self.query_one("#dlq-table", DataTable)
-        table.clear(columns=True)
-        table._signature = None  # type: ignore[attr-defined]
+    def _node_columns(self, *, nodes: bool) -> None:
+        """The breaker and dead letter tables' columns: with the node each breaker is in,
+        each transition happened in and each entry was dead-lettered on when the session
+        ran on several processes (else as a single-process one's)."""
         node = ("node",) if nodes else ()
-        table.add_columns("entry", "subscriber", *node, "reason", "tries", "redriven", "error")
-        self._dlq_nodes = nodes
+        for table_id, columns in (
+            ("#breaker-table", ("breaker", *node, "state", "trips", "next probe", "last reason")),
+            ("#breaker-events", ("t (s)", "breaker", *node, "from", "to", "reason")),
+            ("#dlq-table", ("entry", "subscriber", *node, "reason", "tries", "redriven", "error")),
+        ):
+            table = self.query_one(table_id, DataTable)
+            table.clear(columns=True)
+            table._signature = None  # type: ignore[attr-defined]
+            table.add_columns(*columns)
+        self._node_cols = nodes
 
     @work(exclusive=True, group="source")
     async def _follow(self) -> None:
@@ -406,6 +406,9 @@ class MonitorApp(App[None]):
             panels.query_one("#latency-table", DataTable),
             ((f"{h.kind}:{h.name}", _latency_cells(h)) for h in snap.hops),
         )
+        nodes = bool(snap.nodes) or any(d.node for d in snap.dead_letters)
+        if nodes != self._node_cols:
+            self._node_columns(nodes=nodes)
         _fill(
             panels.query_one("#breaker-table", DataTable),
             (
@@ -413,6 +416,7 @@ class MonitorApp(App[None]):
                     b.name,
                     (
                         b.name,
+                        *((b.node or "",) if nodes else ()),
                         Text(b.state, style=_STATE_STYLE.get(b.state, "")),
                         str(b.trips),
                         "-" if b.next_probe_s is None else f"in {b.next_probe_s:.2f}s",
@@ -425,14 +429,21 @@ class MonitorApp(App[None]):
         _fill(
             panels.query_one("#breaker-events", DataTable),
             (
-                (str(i), (f"{e.t_s:.3f}", e.name, e.old, e.new, e.reason or ""))
+                (
+                    str(i),
+                    (
+                        f"{e.t_s:.3f}",
+                        e.name,
+                        *((e.node or "",) if nodes else ()),
+                        e.old,
+                        e.new,
+                        e.reason or "",
+                    ),
+                )
                 for i, e in enumerate(reversed(snap.breaker_events))
             ),
         )
         self._dead = {str(d.entry_id): d for d in snap.dead_letters}
-        nodes = bool(snap.nodes) or any(d.node for d in snap.dead_letters)
-        if nodes != self._dlq_nodes:
-            self._dlq_columns(nodes=nodes)
         _fill(
             panels.query_one("#dlq-table", DataTable),
             (

@@ -716,6 +716,7 @@ class LiveFeed:
                     breaker.trips,
                     breaker.retry_after() if state == "open" else None,
                     self._breaker_reason.get(name),
+                    self._here,
                 )
             )
         return tuple(out)

@@ -194,15 +194,19 @@ _BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
 def _breakers(breakers: Iterable[BreakerState]) -> tuple[BreakerState, ...]:
     """One row per breaker: an agent on several nodes (competing consumers) has a breaker in
     each, shown as one, as its hop is: the worst state (with its reason and next probe),
-    trips added. A viewer keys its rows by name."""
+    trips added, and the nodes in that state. A viewer keys its rows by name."""
     by_name: dict[str, BreakerState] = {}
     for b in breakers:
         seen = by_name.get(b.name)
         if seen is None:
             by_name[b.name] = b
             continue
-        worst = max(seen, b, key=lambda x: _BREAKER_RANK.get(x.state, 1))
-        by_name[b.name] = msgspec.structs.replace(worst, trips=seen.trips + b.trips)
+        rank_seen, rank = _BREAKER_RANK.get(seen.state, 1), _BREAKER_RANK.get(b.state, 1)
+        worst = b if rank > rank_seen else seen
+        node = worst.node
+        if rank == rank_seen and seen.node and b.node:
+            node = ", ".join(sorted({*seen.node.split(", "), b.node}))
+        by_name[b.name] = msgspec.structs.replace(worst, trips=seen.trips + b.trips, node=node)
     return tuple(by_name[name] for name in sorted(by_name))
 
 

@@ -106,13 +106,16 @@ class HopLatency(msgspec.Struct, frozen=True):
 
 class BreakerState(msgspec.Struct, frozen=True):
     """One circuit breaker now. ``next_probe_s``: seconds until an open breaker lets a
-    probe through (None unless open and live)."""
+    probe through (None unless open and live). ``node``: the process it is in, in a
+    multi-process run; an agent on several nodes has a breaker in each, shown as one row
+    at the worst state, naming the nodes in that state (``"work1, work2"``)."""
 
     name: str
     state: str
     trips: int
     next_probe_s: float | None = None
     reason: str | None = None
+    node: str | None = None
 
 
 class Check(msgspec.Struct, frozen=True):

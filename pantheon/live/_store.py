@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from pantheon import readmodel
 from pantheon.live._snapshot import (
     MAX_TALLIED,
@@ -67,7 +69,10 @@ def snapshot_from_store(
         in_flight=sum(int(s.get("in_flight", 0)) for s in subs.values()),
         dlq_size=len(letters),
     )
+    nodes = readmodel.nodes(store, sid)
     events = readmodel.breaker_timeline(store, sid)
+    if nodes:  # the recording process's own transitions are the driver's
+        events = [msgspec.structs.replace(e, node=e.node or readmodel.DRIVER) for e in events]
     return Snapshot(
         session_id=sid,
         scenario=info.scenario,
@@ -78,7 +83,8 @@ def snapshot_from_store(
         totals=totals,
         series=_series(readmodel.throughput(store, sid, bucket_s=bucket_s), bucket_s),
         hops=tuple(_hop_latency(h) for h in latency),
-        breakers=_breakers(last_stats, events),
+        # The stored metrics are the recording process's: the driver's, if it had nodes.
+        breakers=_breakers(last_stats, events, readmodel.DRIVER if nodes else None),
         breaker_events=tuple(events),
         dead_letters=tuple(letters),
         traces=tuple(
@@ -91,7 +97,7 @@ def snapshot_from_store(
         # reading its outcomes means decoding every envelope it has so far.
         outcomes=OutcomeTally() if info.status == "running" else _tally(store, sid),
         checks=_checks(info.summary.get("expectations")),
-        nodes=tuple(n.text for n in readmodel.nodes(store, sid)),
+        nodes=tuple(n.text for n in nodes),
     )
 
 
@@ -163,15 +169,18 @@ def _series(points: list[readmodel.ThroughputPoint], bucket_s: float) -> tuple[S
 
 
 def _breakers(
-    stats: dict[str, Any], events: list[readmodel.BreakerEvent]
+    stats: dict[str, Any], events: list[readmodel.BreakerEvent], here: str | None
 ) -> tuple[BreakerState, ...]:
     """Every breaker the bus had at its last metrics snapshot, with trips and last reason;
-    breakers only the transitions mention (no snapshot yet) are added from those."""
+    breakers only the transitions mention (no snapshot yet) are added from those. Each is
+    in the process of its last transition, else ``here`` (the recording process's)."""
     states: dict[str, str] = dict(stats.get("breakers") or {})
     subs: dict[str, Any] = stats.get("subscribers") or {}
     trips: dict[str, int] = {}
     reasons: dict[str, str | None] = {}
+    nodes: dict[str, str | None] = {}
     for e in events:
+        nodes[e.name] = e.node
         states.setdefault(e.name, e.new)
         if e.new == "open":
             trips[e.name] = trips.get(e.name, 0) + 1
@@ -182,5 +191,6 @@ def _breakers(
         state = last.get(name, states[name])
         count = int(subs[name].get("breaker_trips", 0)) if name in subs else trips.get(name, 0)
         count = max(count, trips.get(name, 0))
-        out.append(BreakerState(name, state, count, None, reasons.get(name)))
+        node = nodes.get(name) or here
+        out.append(BreakerState(name, state, count, None, reasons.get(name), node))
     return tuple(out)

@@ -226,12 +226,15 @@ def test_a_breaker_in_several_processes_is_one_row_at_its_worst() -> None:
     terminal monitor's table refuses a key twice)."""
     merged = _breakers(
         [
-            BreakerState("reasoner", "closed", 1),
-            BreakerState("actor", "closed", 0),
-            BreakerState("reasoner", "open", 2, 0.5, "failures"),
+            BreakerState("reasoner", "closed", 1, node="work1"),
+            BreakerState("actor", "closed", 0, node="work1"),
+            BreakerState("reasoner", "open", 2, 0.5, "failures", node="work2"),
+            BreakerState("actor", "closed", 0, node="work3"),
+            BreakerState("actor", "closed", 1, node="work2"),
         ]
     )
+    # The row names the nodes in its (worst) state: work2's reasoner is open, work1's not.
     assert merged == (
-        BreakerState("actor", "closed", 0),
-        BreakerState("reasoner", "open", 3, 0.5, "failures"),
+        BreakerState("actor", "closed", 1, node="work1, work2, work3"),
+        BreakerState("reasoner", "open", 3, 0.5, "failures", node="work2"),
     )

@@ -60,6 +60,19 @@ async def test_the_monitor_shows_the_node_of_each_dead_letter_and_hop(
                 assert line.split()[:2] == [b.agent[:16], b.node], line
             await pilot.press("escape", "escape")
 
+            # 3: each breaker and each of its transitions names its process.
+            with SessionStore(s.store, create=False) as store:
+                changes = readmodel.breaker_timeline(store, s.three)
+            assert {(e.name, e.node) for e in changes} == {("actor", "action")}
+            await pilot.press("3")
+            breakers = app.query_one("#breaker-table", DataTable)
+            events = app.query_one("#breaker-events", DataTable)
+            await until(pilot, lambda: events.row_count == len(changes), "the transitions")
+            assert _columns(breakers)[:3] == ["breaker", "node", "state"]
+            assert [str(c) for c in breakers.get_row("actor")[:2]] == ["actor", "action"]
+            assert _columns(events)[:3] == ["t (s)", "breaker", "node"]
+            assert {str(events.get_row_at(i)[2]) for i in range(events.row_count)} == {"action"}
+
             # 8: the processes, a line each, as `pantheon sessions show` prints them.
             await pilot.press("8")
             assert app.query_one("#panels", TabbedContent).active == "checks"
@@ -78,6 +91,8 @@ async def test_a_single_process_session_has_no_node_column(node_sessions: NodeSe
             dlq = app.query_one("#dlq-table", DataTable)
             await until(pilot, lambda: dlq.row_count > 0, "the dead letters")
             assert _columns(dlq) == ["entry", "subscriber", "reason", "tries", "redriven", "error"]
+            breakers = app.query_one("#breaker-table", DataTable)
+            assert _columns(breakers) == ["breaker", "state", "trips", "next probe", "last reason"]
             assert str(app.query_one("#nodes-lines", Static).render()) == ""
     finally:
         await source.aclose()
