@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,45 @@ def test_an_undecodable_message_mid_run_is_counted_and_the_run_finishes(tmp_path
         assert summary["accounting_ok"] is True
     finally:
         server.stop()
+
+
+def _servers_under(root: Path) -> list[int]:
+    """nats-server processes whose configuration lives under ``root``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[0].endswith(b"nats-server") and str(root).encode() in b" ".join(argv):
+                found.append(int(entry.name))
+    return found
+
+
+def test_a_sigkilled_drivers_throwaway_server_stops_with_it(tmp_path: Path) -> None:
+    """``server: auto`` is the run's own server: SIGKILL the driver mid-run and it goes too
+    (it used to run on for good, with its store in the temp directory)."""
+    copy_untimed(tmp_path)
+    text = (tmp_path / "scenarios" / "support_email_nats.yaml").read_text()
+    text = text.replace("  rate: 1000 ", "  count: 600\n  rate: 50 ")  # 12 s: killed well before
+    (tmp_path / "scenarios" / "slow.yaml").write_text(text)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", "scenarios/slow.yaml", "--store", "s.db"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=os.environ | {"TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (tmp_path / "s.db").exists() or not _servers_under(tmp_path):
+            assert driver.poll() is None and time.monotonic() < deadline, "no server came up"
+            time.sleep(0.05)
+        time.sleep(1.0)  # its nodes connected and working
+        assert driver.poll() is None
+    finally:
+        driver.kill()
+        driver.wait()
+    deadline = time.monotonic() + 10
+    while _servers_under(tmp_path):
+        assert time.monotonic() < deadline, f"nats-server {_servers_under(tmp_path)} outlived it"
+        time.sleep(0.05)

@@ -5,11 +5,17 @@ cluster, routes) with a store directory of its own, so it never meets the machin
 on 4222. ``start`` returns once the server's ``/healthz`` says JetStream is ready, not after a
 sleep. :func:`nats_cluster` makes several that route to each other (a JetStream cluster
 needs three for a replicated stream to survive losing one).
+
+A throwaway server dies with the process that started it, however that process ends: it
+runs under a small ``sh`` that holds the read end of a pipe whose write end only its starter
+has, and stops it (SIGTERM) at end of file. A ``pantheon run`` SIGKILLed mid-run used to
+leave its ``server: auto`` server running for good, its store in the temp directory.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -42,6 +48,32 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+#: Runs ``"$@"`` (the server) and stops it once its stdin reaches end of file: when the
+#: starter closes the pipe (:meth:`NatsServer.stop`) or dies. Exits with the server's status.
+#: The pipe is read through fd 3: ``sh`` gives a background job /dev/null for stdin.
+_WITH_ITS_STARTER = (
+    'exec 3<&0; "$@" 3<&- & server=$!; '
+    '{ read -r _ <&3 || :; kill -TERM "$server" 2>/dev/null; } & wait "$server"'
+)
+
+
+def _spawn(binary: str, config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """nats-server (``binary``) on ``config``, writing ``log``, in a session of its own (a
+    Ctrl-C in the terminal is for pantheon, not it), stopped when this process closes its
+    stdin or dies."""
+    out = log.open("ab")
+    try:
+        return subprocess.Popen(
+            ["sh", "-c", _WITH_ITS_STARTER, "nats-server", binary, "-c", str(config)],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    finally:
+        out.close()
 
 
 def find_nats_server() -> str:
@@ -124,16 +156,7 @@ class NatsServer:
             raise
         config = self.store / f"{self.name}.conf"
         config.write_text(self._config())
-        log = self._log.open("ab")
-        try:
-            self.proc = subprocess.Popen(
-                [binary, "-c", str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # a Ctrl-C in the terminal is for pantheon, not it
-            )
-        finally:
-            log.close()
+        self.proc = _spawn(binary, config, self._log)
         self._wait_ready(timeout)
         return self
 
@@ -176,19 +199,28 @@ class NatsServer:
     def kill(self) -> None:
         """SIGKILL: a crash, the store left as it was."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its watcher
             self.proc.wait()
+        self._close_stdin()
         self.proc = None
+
+    def _close_stdin(self) -> None:
+        if self.proc is not None and self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
 
     def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after 5 s) and remove a temporary store."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self._close_stdin()  # its watcher sends the server SIGTERM
             try:
                 self.proc.wait(5.0)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+        self._close_stdin()
         self.proc = None
         if self._own_store:
             shutil.rmtree(self.store, ignore_errors=True)
@@ -224,16 +256,7 @@ def start_cluster(servers: Sequence[NatsServer], timeout: float = 30.0) -> None:
     for server in servers:
         config = server.store / f"{server.name}.conf"
         config.write_text(server._config())
-        log = server._log.open("ab")
-        try:
-            server.proc = subprocess.Popen(
-                [find_nats_server(), "-c", str(config)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        finally:
-            log.close()
+        server.proc = _spawn(find_nats_server(), config, server._log)
     for server in servers:
         server._wait_ready(timeout)
 
