@@ -1132,6 +1132,15 @@ class _Driver:
             full.rate_limiter,
         )
 
+    def _from_stream(self, node: str, data: bytes) -> None:
+        """A node's shipment read from a NATS run's stream: counted as its node's, as one
+        that came on its control link is (``_Child._journal``), then ingested."""
+        child = self.nodes.get(node)
+        if child is not None:
+            child.shipments += 1
+        assert self.journal is not None
+        self.journal(node, data)
+
     async def spawn(self) -> None:
         sid = self.bus.session_id
         for name, agents in self.placement.nodes.items():
@@ -1275,7 +1284,7 @@ class _Driver:
         ):
             from pantheon.runner._node_journal import JournalFollower
 
-            follower = JournalFollower(self.bus.transport, sid, self.journal)
+            follower = JournalFollower(self.bus.transport, sid, self._from_stream)
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)

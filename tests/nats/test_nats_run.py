@@ -75,6 +75,10 @@ def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:
     assert {n: j.ended for n, j in journals.items()} == {
         "perception": True, "cognition": True, "action": True,
     }  # fmt: skip
+    # The summary counts each node's shipments as the store holds them (they came over
+    # the stream, not the node's control link).
+    shipped = {n: nodes[n]["journal"]["shipments"] for n in journals}
+    assert shipped == {n: j.shipments for n, j in journals.items()} and min(shipped.values()) > 0
     proc = subprocess.run(
         [sys.executable, "-m", "pantheon.cli", "replay", over_nats["session_id"], "--store",
          "s.db", "--json"],
