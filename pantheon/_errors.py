@@ -25,6 +25,10 @@ Each keeps the builtin base it had (``ValueError``, ``RuntimeError``, ``KeyError
 call: ``pantheon`` exports the run's (``ScenarioError``, ``AgentSetupError``,
 ``ClusterError``), each sub-package its own.
 
+Beside the tree, :class:`DriverGone` marks the errors a node of a multi-process run raises
+because its driver died (an approval or a budget admission nobody can answer any more):
+they are ``agents``' own errors (``ApprovalUnavailable``, ``BudgetUnavailable``) as well.
+
 One exception is left out on purpose: :class:`pantheon.sessions.RecordedError` stands in,
 during a replay, for an exception the *team's* code raised in the original run. A handler
 that caught ``PantheonError`` around an effect would catch the stand-in on replay but not
@@ -33,8 +37,16 @@ the original live, and the replay would leave the recorded path.
 
 from __future__ import annotations
 
-__all__ = ["PantheonError"]
+__all__ = ["DriverGone", "PantheonError"]
 
 
 class PantheonError(Exception):
     """Something Pantheon refused or could not do, with a message meant for the user."""
+
+
+class DriverGone(Exception):
+    """Mixed into an error a node raised only because its run's driver had died: an
+    artifact of the death, not an answer. A node records it as its effect's outcome and
+    ships it, so ``pantheon resume`` finds it in the record; the resume asks again (the
+    approval still pending in the store, the budget's ledgers now its own) rather than
+    serving the failure."""

@@ -11,7 +11,13 @@ process of a multi-process run to the driver's desk.
 """
 
 from pantheon.approvals._desk import StoreDesk, approval_desk, request_key, who
-from pantheon.approvals._relay import APPROVAL_EVENT, DECIDED_COMMAND, DeskRelay, NodeDesk
+from pantheon.approvals._relay import (
+    APPROVAL_EVENT,
+    DECIDED_COMMAND,
+    ApprovalDriverGone,
+    DeskRelay,
+    NodeDesk,
+)
 from pantheon.sessions import (
     AlreadyDecided,
     Approval,
@@ -26,6 +32,7 @@ __all__ = [
     "AlreadyDecided",
     "Approval",
     "ApprovalBook",
+    "ApprovalDriverGone",
     "ApprovalError",
     "ApprovalNotFound",
     "DeskRelay",

@@ -55,6 +55,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agents import ApprovalUnavailable, Decision, check_approval_request
+from pantheon._errors import DriverGone
 from pantheon.sessions import Approval, SessionError
 
 if TYPE_CHECKING:
@@ -65,11 +66,17 @@ __all__ = [
     "DECIDED_COMMAND",
     "LOST_BY",
     "MAX_REQUEST",
+    "ApprovalDriverGone",
     "DeskRelay",
     "NodeDesk",
 ]
 
 log = logging.getLogger("pantheon.approvals")
+
+
+class ApprovalDriverGone(ApprovalUnavailable, DriverGone):
+    """A node's agent asked for approval after its driver died (or was waiting then)."""
+
 
 #: The node's event carrying a request, and the driver's command carrying its decision.
 APPROVAL_EVENT = "approval"
@@ -106,7 +113,7 @@ class NodeDesk:
     async def ask(self, agent: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
         """Send the request to the driver and wait for its decision (as plain data)."""
         if self._gone is not None:
-            raise ApprovalUnavailable(self._gone_message(agent))
+            raise ApprovalDriverGone(self._gone_message(agent))
         size = len(json.dumps(dict(request), default=repr))
         if size > MAX_REQUEST:
             raise ApprovalUnavailable(
@@ -121,7 +128,7 @@ class NodeDesk:
             try:
                 self._say(APPROVAL_EVENT, id=rid, agent=agent, request=dict(request))
             except (OSError, ValueError) as exc:  # stdout closed under us: the driver is gone
-                raise ApprovalUnavailable(
+                raise ApprovalDriverGone(
                     f"node {self.node!r}: agent {agent!r} cannot reach the driver to ask for "
                     f"approval ({type(exc).__name__}: {exc})"
                 ) from None
@@ -162,7 +169,7 @@ class NodeDesk:
         for rid, future in list(self._waiting.items()):
             if not future.done():
                 log.warning("node %s: approval request %d dropped: %s", self.node, rid, self._gone)
-                future.set_exception(ApprovalUnavailable(self._gone_message(None)))
+                future.set_exception(ApprovalDriverGone(self._gone_message(None)))
 
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"

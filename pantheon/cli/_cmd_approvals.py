@@ -145,6 +145,11 @@ def resume(
             f"{result.inputs_replayed} recorded inputs re-run, effects served "
             f"{result.effects_served}, called {result.effects_called}"
             + (f", {result.mismatched} did not match" if result.mismatched else "")
+            + (
+                f", {result.asked_again} asked again (their node's driver had died)"
+                if result.asked_again
+                else ""
+            )
         )
         print_summary(summary)
     if not summary.passed:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from agents import BUDGET_EFFECT
+from pantheon._errors import DriverGone
 from pantheon.sessions import StoredEffect
-from pantheon.sessions.internals import EFFECT_OK, EFFECT_REPR, encode
+from pantheon.sessions.internals import EFFECT_ERROR, EFFECT_OK, EFFECT_REPR, encode
 
 __all__ = ["EffectCall", "ExactReplay", "Policy", "Resume", "Verdict", "WhatIf"]
 
@@ -190,13 +191,29 @@ class WhatIf(Policy):
 class Resume(Policy):
     """Serve what the dead run recorded at the position; run the rest live. A record of
     another name there means the resumed team took another path: the call runs live and is
-    counted in ``mismatched`` rather than failing a run whose point is to finish."""
+    counted in ``mismatched`` rather than failing a run whose point is to finish. A failure a
+    node recorded only because the driver had died (:class:`~pantheon._errors.DriverGone`:
+    an approval or a budget admission nobody could answer) is asked again, live, and counted
+    in ``asked_again``: serving it would dead-letter work a person is still to decide."""
 
     def __init__(self) -> None:
         self.mismatched = 0
+        self.asked_again = 0
+        self._driver_gone = _driver_gone_types()
 
     def decide(self, call: EffectCall) -> Verdict:
         if call.matches_record():
+            rec = call.record
+            assert rec is not None
+            if rec.flag == EFFECT_ERROR and rec.error_type in self._driver_gone:
+                self.asked_again += 1
+                return LIVE
             return SERVE
         self.mismatched += call.record is not None
         return LIVE
+
+
+def _driver_gone_types() -> set[str]:
+    """The recorded type names of the :class:`~pantheon._errors.DriverGone` errors (the
+    nodes' relays define them; a resume has them loaded, since it runs the team)."""
+    return {f"{cls.__module__}.{cls.__qualname__}" for cls in DriverGone.__subclasses__()}

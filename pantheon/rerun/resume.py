@@ -116,6 +116,9 @@ class ResumeResult:
     effects_called: int
     mismatched: int
     differences: tuple[str, ...]
+    #: Effects a node recorded as failed only because the driver had died (approvals,
+    #: budget admissions): asked again rather than served.
+    asked_again: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -125,6 +128,7 @@ class ResumeResult:
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
             "mismatched": self.mismatched,
+            "asked_again": self.asked_again,
             "differences": list(self.differences),
         }
 
@@ -193,6 +197,7 @@ async def resume(
             run.runner.calls,
             policy.mismatched,
             tuple(run.tracker.differences),
+            policy.asked_again,
         )
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
         await run.finish("completed" if summary.passed else "failed", data)

@@ -8,6 +8,7 @@ with a :class:`RunSummary`, its expectations judged by :func:`judge`. ``pantheon
 user API) and the ``pantheon`` command are built on these.
 """
 
+from pantheon.runner._budget_relay import BudgetDriverGone
 from pantheon.runner._build import AgentSetupError, Team, build_team, check_model, team_setup
 from pantheon.runner._inputs import (
     HttpSource,
@@ -42,6 +43,7 @@ from pantheon.runner._session_run import Recording, recording
 
 __all__ = [
     "AgentSetupError",
+    "BudgetDriverGone",
     "ClusterError",
     "HttpSource",
     "InboxClosed",

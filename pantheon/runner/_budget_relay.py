@@ -70,15 +70,22 @@ from agents import (
     RateLimit,
     RateLimiter,
 )
+from pantheon._errors import DriverGone
 
 __all__ = [
     "BUDGET_COMMAND",
     "BUDGET_EVENT",
+    "BudgetDriverGone",
     "BudgetRelay",
     "NodeBudgetLink",
     "RemoteBudgetGuard",
     "RemoteRateLimiter",
 ]
+
+
+class BudgetDriverGone(BudgetUnavailable, DriverGone):
+    """A node's model call asked for admission after its driver died (or was waiting then)."""
+
 
 log = logging.getLogger("pantheon.budget")
 
@@ -166,7 +173,7 @@ class NodeBudgetLink:
     async def ask(self, agent: str, op: str, **fields: Any) -> dict[str, Any]:
         """Send one question and wait for the driver's answer."""
         if self._gone is not None:
-            raise BudgetUnavailable(self._gone_message(agent))
+            raise BudgetDriverGone(self._gone_message(agent))
         self._next += 1
         rid = self._next
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -175,7 +182,7 @@ class NodeBudgetLink:
             try:
                 self._say(BUDGET_EVENT, op=op, id=rid, agent=agent, **fields)
             except (OSError, ValueError) as exc:  # stdout closed under us: the driver is gone
-                raise BudgetUnavailable(
+                raise BudgetDriverGone(
                     f"node {self.node!r}: agent {agent!r} cannot reach the driver's budget "
                     f"({type(exc).__name__}: {exc})"
                 ) from None
@@ -217,7 +224,7 @@ class NodeBudgetLink:
         self._gone = why
         for future in list(self._waiting.values()):
             if not future.done():
-                future.set_exception(BudgetUnavailable(self._gone_message(None)))
+                future.set_exception(BudgetDriverGone(self._gone_message(None)))
 
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"

@@ -576,8 +576,8 @@ def _log_to_file(path: Path) -> None:
 async def _leave_orphaned(host: NodeHost) -> None:
     """Leave after the driver died: stop the agents (within one liveness period), then ship
     the journal's last records and its end mark, whatever stopping did; every step and
-    failure goes to :func:`orphan_log_path`, not to the dead driver's pipe."""
-    _log_to_file(orphan_log_path(host.bus.session_id, host.node))
+    failure goes to :func:`orphan_log_path` (``serve_node`` pointed the log there as soon
+    as the pipe ended), not to the dead driver's pipe."""
     where = {"node": host.node, "session": host.bus.session_id}
     log.warning("driver gone: leaving", **where)
     try:
@@ -729,8 +729,15 @@ async def serve_node(
     if part is not None:
         answers[REDRIVE_COMMAND] = part.redrive
         answers[WATCH_COMMAND] = part.watch
+
+    def log_to_orphan_file(why: str) -> None:  # first: what the relays say goes there too
+        _log_to_file(orphan_log_path(host.bus.session_id, host.node))
+
     commands, pump = split_control(
-        await _stdin_lines(), host.node, answers, (desk.driver_gone, budget.driver_gone)
+        await _stdin_lines(),
+        host.node,
+        answers,
+        (log_to_orphan_file, desk.driver_gone, budget.driver_gone),
     )
     if journal:
         host.ship_journal(out)

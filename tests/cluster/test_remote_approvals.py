@@ -353,6 +353,6 @@ async def test_a_node_whose_driver_dies_fails_its_waiting_requests(
     transport: NatsTransport = bus.transport  # type: ignore[assignment]
     dead = await transport.dead_letters()
     assert [(d.envelope.payload["email_id"], d.subscriber, d.error_type) for d in dead] == [
-        ("p4", "guardian", "ApprovalUnavailable")
+        ("p4", "guardian", "ApprovalDriverGone")  # an ApprovalUnavailable, marked DriverGone
     ]
     assert "the driver of the run is gone" in dead[0].error

@@ -20,6 +20,7 @@ from pathlib import Path
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
+from pantheon.sessions import ApprovalBook, SessionStore
 
 _WAIT = 120.0
 
@@ -153,3 +154,114 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
     assert dict(mine) == summary["outbox"]
     assert sum(mine.values()) < len(calls)
     assert summary["resume"]["effects_served"] > 0
+
+
+#: Blocked remediations go to a person instead of being paged (the on-call team's own policy
+#: otherwise): the Guardian, on node ``act``, asks for approval.
+ASK_POLICY = """from oncall.policy import OnCallPolicy
+
+
+class AskPolicy(OnCallPolicy):
+    def __call__(self, proposal):
+        decision = super().__call__(proposal)
+        if decision["verdict"] == "blocked" and proposal["steps"]:
+            return dict(proposal) | {
+                "verdict": "ask",
+                "reasons": list(decision["reasons"]),
+                "approval": {
+                    "summary": f"{proposal['action']} for {proposal['alert_id']}",
+                    "alert_id": proposal["alert_id"],
+                },
+            }
+        return decision
+"""
+
+
+def _pending(db: Path, session: str) -> list[int]:
+    with SessionStore(db, create=False) as st:
+        book = ApprovalBook(st)
+        return [a.id for a in book.entries(book.origin(session), status="pending")]
+
+
+def test_a_resumed_nats_run_waits_on_the_approvals_its_remote_node_could_not_get(
+    tmp_path: Path,
+) -> None:
+    """The on-call Guardian on node ``act`` waits for a person; the driver is SIGKILLed. The
+    node's waiting request then fails (nobody can decide it any more) and that failure is in
+    its shipped record. The resume asks again instead of serving it: it waits on the request,
+    still pending in the store, until ``pantheon approve`` decides it, and dead-letters
+    nothing. (It used to finish at once, three requests dead-lettered, #1 pending forever.)"""
+    scenarios = copy_untimed(tmp_path)
+    (scenarios / "oncall" / "askpolicy.py").write_text(ASK_POLICY)
+    server = NatsServer().start()
+    db = tmp_path / "s.db"
+    try:
+        text = (scenarios / "oncall.yaml").read_text()
+        for old, new in (
+            ('policy: "oncall.policy:OnCallPolicy"', 'policy: "oncall.askpolicy:AskPolicy"'),
+            ("          - {action: failover_db, role: primary}\n",
+             "          - {action: failover_db, role: primary}\n"
+             "          - {action: clear_disk}\n"),
+            ("\nexpect:\n", f"\ntransport:\n  kind: nats\n  url: {server.url}\n  nodes:\n"
+             "    triage: [dedup, correlator]\n    act: [decider, guardian, actor]\n"
+             "approvals: {timeout: 300, default: reject, poll: 0.1}\n\nexpect:\n"),
+        ):  # fmt: skip
+            assert old in text, old
+            text = text.replace(old, new)
+        (scenarios / "asking.yaml").write_text(text)
+        driver = subprocess.Popen(
+            [sys.executable, "-m", "pantheon.cli", "run", "scenarios/asking.yaml", "--store",
+             "s.db"],
+            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=os.environ | {"TMPDIR": str(tmp_path)},
+        )  # fmt: skip
+        try:
+            _until("a request pending", lambda: _query(db, "SELECT id FROM approvals"))
+            (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
+            assert isinstance(session, str)
+            asked = _pending(db, session)
+            assert asked, "the run asked nothing"
+        finally:
+            driver.send_signal(signal.SIGKILL)
+            driver.wait(timeout=30)
+        _until("the orphaned nodes to leave", lambda: not _node_pids(session))
+        # The node's own log says its waiting request failed when the driver went.
+        said = (tmp_path / "pantheon-orphans" / f"{session}.act.log").read_text()
+        assert " dropped: " in said and "approval request" in said, said
+
+        resumed = subprocess.Popen(
+            [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db",
+             "--json"],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            decided: list[int] = []
+            deadline = time.monotonic() + _WAIT
+            # A person approves every request as it comes, the dead run's first.
+            while resumed.poll() is None:
+                assert time.monotonic() < deadline, "the resume did not finish"
+                for rid in _pending(db, session):
+                    ok = subprocess.run(
+                        [sys.executable, "-m", "pantheon.cli", "approve", session, str(rid),
+                         "--by", "ann", "--store", "s.db"],
+                        cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                    )  # fmt: skip
+                    assert ok.returncode == 0, ok.stdout + ok.stderr
+                    decided.append(rid)
+                time.sleep(0.1)
+            out, err = resumed.communicate(timeout=60)
+        finally:
+            if resumed.poll() is None:
+                resumed.kill()
+                resumed.communicate()
+    finally:
+        server.stop()
+    summary = json.loads(out)
+    # The dead run's requests were decided by the person, in the resume: none dead-lettered.
+    assert summary["dlq"] == {}, summary["dead_letters"]
+    assert set(asked) <= set(decided), (asked, decided)
+    assert summary["resume"]["asked_again"] >= 1, err
+    with SessionStore(db, create=False) as st:
+        book = ApprovalBook(st)
+        rows = book.entries(book.origin(session))
+    assert {(a.status, a.decided_by) for a in rows} == {("approved", "ann")}

@@ -13,10 +13,11 @@ from cli_run import pantheon as cli
 
 import pantheon
 import pantheon.rerun
+from agents import ApprovalUnavailable
 from pantheon.rerun import EffectCall, ExactReplay, Resume, Verdict, WhatIf
 from pantheon.sessions import StoredEffect
 from pantheon.sessions._codec import encode
-from pantheon.sessions._store import EFFECT_OK, EFFECT_REPR
+from pantheon.sessions._store import EFFECT_ERROR, EFFECT_OK, EFFECT_REPR
 
 
 def test_public_names_are_exactly_the_engine_and_its_policies() -> None:
@@ -105,6 +106,28 @@ def test_resume_serves_what_was_recorded_and_counts_the_calls_that_differ() -> N
     assert policy.decide(call("tool.y", effect("tool.x"))).action == "live"
     assert policy.decide(call("tool.x", effect("tool.x", flag=EFFECT_REPR))).action == "live"
     assert policy.mismatched == 2
+
+
+def test_resume_asks_again_what_a_node_failed_only_because_its_driver_had_died() -> None:
+    """Such a failure is no answer: served, it would dead-letter what a person must still
+    decide (an approval) or a call the budget would now admit. Any other recorded failure
+    of the same effects is served, as every recorded failure is."""
+    from pantheon.approvals import ApprovalDriverGone
+    from pantheon.runner import BudgetDriverGone
+
+    def failed(name: str, cls: type[Exception]) -> StoredEffect:
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        return dataclasses.replace(effect(name), flag=EFFECT_ERROR, error_type=qualified)
+
+    policy = Resume()
+    gone = failed("human.approval", ApprovalDriverGone)
+    assert policy.decide(call("human.approval", gone)).action == "live"
+    assert policy.decide(call("budget.admit", failed("budget.admit", BudgetDriverGone))) == (
+        Verdict("live")
+    )
+    refused = failed("human.approval", ApprovalUnavailable)  # e.g. a request too large
+    assert policy.decide(call("human.approval", refused)).action == "serve"
+    assert (policy.asked_again, policy.mismatched) == (2, 0)
 
 
 MODULE = """
