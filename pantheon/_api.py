@@ -70,7 +70,7 @@ async def run(
 
         tokens = load_tokens(gw_config.tokens_file, gw_config.tokens_env)
     # A multi-process run's live feed is whole: every node's part joins the driver's.
-    nodes = tuple(getattr(scenario.transport, "nodes", None) or ())
+    nodes = scenario.nodes()
     board = PartsBoard(nodes) if nodes and record else None
     async with (
         cluster_transport(scenario) as transport,  # None unless transport.kind is zmq

@@ -145,13 +145,9 @@ class Placement:
 
     @classmethod
     def of(cls, scenario: Scenario) -> Placement:
-        """The scenario's placement; enabled agents no node hosts go to the driver."""
-        nodes = dict(getattr(scenario.transport, "nodes", {}) or {})
-        enabled = [n for n, cfg in scenario.agents.items() if cfg.enabled]
-        placed = {a for agents in nodes.values() for a in agents}
-        hosts = {DRIVER_NODE: tuple(a for a in enabled if a not in placed), **nodes}
-        for host, agents in _takeover.standby_hosts(scenario).items():
-            hosts[host] = (*hosts.get(host, ()), *agents)
+        """The scenario's placement (:meth:`Scenario.hosts`); enabled agents no node hosts
+        go to the driver."""
+        hosts = scenario.hosts()
         subscriptions = {host: _subscriptions(scenario, agents) for host, agents in hosts.items()}
         return cls(hosts, subscriptions)
 
@@ -1493,7 +1489,7 @@ async def cluster_transport(scenario: Scenario) -> AsyncIterator[Transport | Non
             command.append("--insecure")
         if cfg.curve:
             keys = Path(cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pantheon-")))
-            allowed = _make_keys(keys, [DRIVER_NODE, *cfg.nodes])
+            allowed = _make_keys(keys, scenario.hosts())
             command += ["--curve-secret", str(keys / "broker.key_secret"), "--allow", str(allowed)]
             curve = {
                 "curve": zmq.CurveKeys.load(keys / f"{DRIVER_NODE}.key_secret"),
@@ -1666,7 +1662,7 @@ async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: S
         # (its inputs above all) is on the stream: without them, the nodes' work on those
         # inputs would have no root in the record and be done again.
         sent = await transport.published(DRIVER_NODE, info.id)
-    nodes = tuple(getattr(scenario.transport, "nodes", None) or ())
+    nodes = scenario.nodes()
     applied = await asyncio.to_thread(import_shipments, store, info.id, nodes, shipments)
     await asyncio.to_thread(import_envelopes, store, info.id, sent)
     return applied

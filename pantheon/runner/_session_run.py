@@ -68,7 +68,7 @@ async def recording(
             scenario_dir=None if scenario.base_dir is None else str(scenario.base_dir),
             seed=scenario.seed if seed is None else seed,
             # A multi-process run's nodes, each of which ships its part of the record.
-            nodes=tuple(getattr(scenario.transport, "nodes", None) or ()),
+            nodes=scenario.nodes(),
         )
         bus = Bus(session_id=recorder.session_id, transport=transport)
         rec = Recording(bus, recorder, session_store.path.parent / "outbox")

@@ -50,7 +50,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from bus import Bus, Envelope, Receipt
-from pantheon.scenario import NatsTransportConfig, Scenario
+from pantheon.scenario import Scenario
 
 __all__ = [
     "MAX_INPUT_KEYS",
@@ -60,7 +60,6 @@ __all__ = [
     "input_keys",
     "inspect",
     "settle",
-    "standby_hosts",
 ]
 
 #: Root messages whose item key the driver remembers, to name what waits in the stream.
@@ -70,12 +69,6 @@ MAX_INPUT_KEYS = 262_144
 _POLL = 0.1
 
 Group = tuple[str, str]
-
-
-def standby_hosts(scenario: Scenario) -> dict[str, tuple[str, ...]]:
-    """The scenario's standby members, process -> agents (none unless NATS)."""
-    cfg = scenario.transport
-    return cfg.standby_hosts() if isinstance(cfg, NatsTransportConfig) else {}
 
 
 def fed_groups(subscriptions: Mapping[str, Mapping[str, str]]) -> frozenset[str]:

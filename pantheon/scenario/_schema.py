@@ -1378,6 +1378,31 @@ class Scenario(_Model):
         except KeyError:
             raise KeyError(f"no agent {name!r} in scenario {self.name!r}") from None
 
+    def hosts(self) -> dict[str, tuple[str, ...]]:
+        """The run's processes, each with the agents it runs: the driver
+        (:data:`DRIVER_NODE`) first, with every enabled agent no node places, then the nodes
+        of ``transport.nodes`` in order, then the processes ``transport.standby`` adds; a
+        standby is appended to its process's agents.
+
+        The one answer to "which processes does this run have": the placement starts them,
+        the recorder accepts their journals and the live feed their parts, both numbering
+        their dead letters by position here. A process another list left out would run
+        with its record dropped."""
+        cfg = self.transport
+        nodes = {} if isinstance(cfg, InProcessTransportConfig) else dict(cfg.nodes)
+        placed = {a for agents in nodes.values() for a in agents}
+        enabled = (n for n, a in self.agents.items() if a.enabled and n not in placed)
+        hosts = {DRIVER_NODE: tuple(enabled), **nodes}
+        if isinstance(cfg, NatsTransportConfig):
+            for host, agents in cfg.standby_hosts().items():
+                hosts[host] = (*hosts.get(host, ()), *agents)
+        return hosts
+
+    def nodes(self) -> tuple[str, ...]:
+        """The run's processes other than the driver, in :meth:`hosts` order: every one
+        that ships its journal (none for an in-process run)."""
+        return tuple(h for h in self.hosts() if h != DRIVER_NODE)
+
 
 def _observes(name: str, cfg: AgentConfig) -> bool:
     """Whether agent ``name`` reads the scenario's input (its class is an Observer)."""

@@ -146,6 +146,9 @@ def test_standby_members_join_the_placement_and_their_groups_go_through_the_stre
         "spare": ("memory",),
     }
     assert placement.hosts["driver"] == ("observer",)
+    # The processes whose journals the recorder takes, in the order that numbers their
+    # dead letters: the same as the ones the placement starts.
+    assert s.nodes() == ("a", "b", "spare") == tuple(placement.nodes)
     assert fed_groups(placement.subscriptions) == {
         "reasoner",
         "reasoner:learner.threshold.updated",
@@ -153,9 +156,11 @@ def test_standby_members_join_the_placement_and_their_groups_go_through_the_stre
         "memory:action.executed",
     }
 
-    every = Placement.of(load_scenario(write(NODES + "  standby: driver\n" + TEAM)))
+    driver = load_scenario(write(NODES + "  standby: driver\n" + TEAM))
+    every = Placement.of(driver)
     assert every.hosts["driver"] == ("observer", "reasoner", "memory", "planner")
     assert every.nodes == {"a": ("reasoner", "memory"), "b": ("planner",)}
+    assert driver.nodes() == ("a", "b")
     assert "observer" not in fed_groups(every.subscriptions)
     assert "planner" in fed_groups(every.subscriptions)
 

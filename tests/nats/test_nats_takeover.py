@@ -15,9 +15,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from cli_run import pantheon
 from rich.console import Console
 from untimed import copy_untimed
 
+from pantheon import readmodel
 from pantheon.cli._summary_text import print_stream
 from pantheon.sessions import SessionStore
 
@@ -158,6 +160,25 @@ def test_a_standby_takes_over_a_killed_node_and_every_email_is_decided_once(
     assert actions == Counter(inputs)
     assert summary["dlq"] == {}
 
+    # The record, as for a killed ZeroMQ node (tests/cluster/test_cluster_run.py): every
+    # process that lived, a standby's own included, stored its journal to its end, the
+    # killed one's stops short, and the session replays in one process up to there.
+    with SessionStore(tmp_path / "s.db") as s:
+        journals = s.node_journals(summary["session_id"])
+    assert {n: j.ended for n, j in journals.items() if n != killed} == dict.fromkeys(
+        set(nodes) - {"driver", killed}, True
+    )
+    assert killed not in journals or journals[killed].ended is False
+    if host == "driver":
+        # The driver records itself, standbys and all; a replay of these runs would wait
+        # out the slow agent's latency again (10 s more for the Actor's).
+        return
+    proc = pantheon("replay", summary["session_id"], "--store", "s.db", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay = json.loads(proc.stdout)
+    assert replay["matched"] is True and replay["effects_called"] == 0
+    assert list(replay["cut"]) == [killed]
+
 
 def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
     tmp_path: Path,
@@ -206,3 +227,63 @@ def test_without_a_standby_the_summary_names_the_emails_waiting_in_the_stream(
         in text
     )
     assert f"  reasoner: {', '.join(never)}" in text
+
+
+ONCALL_STANDBY = """
+transport:
+  kind: nats
+  server: auto
+  nodes:
+    triage: [dedup, correlator, decider]
+    act: [guardian, actor]
+  standby:
+    spare: [guardian, actor]
+faults:
+  agents:
+    guardian: {failure_rate: 0.1}
+"""
+
+
+def test_a_standby_process_records_its_part_and_the_session_replays(tmp_path: Path) -> None:
+    """The on-call team with a standby Guardian and Actor in a process of their own
+    (``spare``, which ``transport.nodes`` does not name). That process ships its journal
+    like any node, and the driver stores it: every process's journal ends, every record
+    and dead letter names its process (each letter under an id of its own), and the
+    session replays exactly in one process with every effect served. The driver used to
+    drop ``spare``'s shipments as from a node the run does not place, and the replay then
+    found the deliveries it had made missing.
+
+    The standbys are of agents that keep nothing between messages: a stateful one
+    (``dedup``) split between two members decides from two states, which one process
+    replaying the session cannot reproduce."""
+    copy_untimed(tmp_path)
+    text = (tmp_path / "scenarios" / "oncall.yaml").read_text()
+    assert "  rate: 2000 " in text and "\ntransport:" not in text
+    path = tmp_path / "scenarios" / "oncall_standby.yaml"
+    path.write_text(text.replace("  rate: 2000 ", "  count: 200\n  rate: 5000 ") + ONCALL_STANDBY)
+    _, summary = run_json(tmp_path, "scenarios/oncall_standby.yaml")
+    sid = summary["session_id"]
+
+    assert {n: d["status"] for n, d in summary["nodes"].items()} == dict.fromkeys(
+        ("driver", "triage", "act", "spare"), "ok"
+    )
+    with SessionStore(tmp_path / "s.db") as s:
+        journals = {n: j.ended for n, j in s.node_journals(sid).items()}
+        nodes = {v.name: (v.agents, v.ended) for v in readmodel.nodes(s, sid)}
+        envelopes = s.envelopes(sid)
+        handled = {(d.subscriber, d.node) for d in s.deliveries(sid)}
+        dead = s.dead_letters(sid)
+    assert journals == {"triage": True, "act": True, "spare": True}
+    assert nodes["spare"] == (("guardian", "actor"), True)
+    assert len(envelopes) == sum(summary["topics"].values())
+    # Both members of each group worked, and their records say which did what.
+    assert {("guardian", "act"), ("guardian", "spare"), ("actor", "spare")} <= handled
+    assert {d.node for d in dead} == {"act", "spare"}
+    assert len({d.entry_id for d in dead}) == len(dead) == sum(summary["dlq"].values())
+
+    proc = pantheon("replay", sid, "--store", "s.db", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    replay = json.loads(proc.stdout)
+    assert replay["matched"] is True and replay["effects_called"] == 0
+    assert replay["cut"] is None
+    assert len(replay["failures"]) == len(dead)
