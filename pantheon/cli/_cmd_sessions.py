@@ -29,7 +29,7 @@ from rich.table import Table
 from pantheon import readmodel
 from pantheon.cli._common import JsonOpt, SessionArg, SetupOpt, StoreOpt, fail, load_setup
 from pantheon.cli._console import report_console
-from pantheon.cli._summary_text import STATE_MARKS, usage_lines
+from pantheon.cli._summary_text import STATE_MARKS, cut_lines, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
@@ -531,12 +531,8 @@ def _print_replay(con: Console, report: Any) -> None:
             f"{report.reproduced_messages} of {report.recorded_messages} recorded "
             "messages reproduced[/yellow]"
         )
-    for node, reach in (report.cut or {}).items():
-        con.print(
-            f"[yellow]node {node}'s journal stops before its end ({escape(reach)}): "
-            f"the {report.cut_inputs} inputs it was in the middle of are not replayed "
-            "(counted as skipped)[/yellow]"
-        )
+    for line in cut_lines(report.cut, report.cut_inputs):
+        con.print(line)
     if report.divergence is None:
         con.print("[green]matched[/green]")
     else:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pantheon.cli._summary_text import (
+    cut_lines,
     dead_letter_lines,
     dead_letters_text,
     expectation_lines,
@@ -94,10 +95,11 @@ def whatif_command(
         return report
     with con.status(f"what-if replay of {info.id} with {escape(source)} ..."):
         report = replay()
+    skipped = f" ({report.inputs_skipped} skipped)" if report.inputs_skipped else ""
     con.print(
         f"what-if replay of {report.original_session_id} with {escape(source)} "
-        f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs, effects "
-        f"served {report.effects_served}, called live {report.effects_called}"
+        f"recorded as {report.new_session_id}: {report.inputs_replayed} inputs{skipped}, "
+        f"effects served {report.effects_served}, called live {report.effects_called}"
     )
     con.print(
         escape(
@@ -105,6 +107,8 @@ def whatif_command(
             f"{counts_line('called live', report.called_by_name)}"
         )
     )
+    for line in cut_lines(report.cut, report.cut_inputs):
+        con.print(line)
     for line in decision_lines(report.decisions):
         con.print(line)
     for line in verdict_lines(report):

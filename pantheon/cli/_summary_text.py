@@ -23,6 +23,7 @@ __all__ = [
     "MAX_DEAD_LETTER_LINES",
     "STATE_MARKS",
     "budget_lines",
+    "cut_lines",
     "dead_letter_lines",
     "dead_letters_text",
     "expectation_lines",
@@ -146,6 +147,17 @@ def budget_lines(budget: dict[str, dict[str, Any]]) -> list[str]:
         )
         lines.append(f"budget    {escape(scope)}: {', '.join(spent)}, {verdict}")
     return lines
+
+
+def cut_lines(cut: dict[str, str] | None, inputs: int) -> list[str]:
+    """Why a replay or a what-if left inputs out: one line per node whose journal stops
+    before its end (killed, or dead), with how far it reached, worded the same by both."""
+    return [
+        f"[yellow]node {escape(node)}'s journal stops before its end ({escape(reach)}): "
+        f"the {inputs} inputs it was in the middle of are not replayed (counted as "
+        "skipped)[/yellow]"
+        for node, reach in (cut or {}).items()
+    ]
 
 
 def _inputs_line(s: Any) -> str:

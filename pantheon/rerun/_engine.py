@@ -73,6 +73,7 @@ __all__ = [
     "by_name",
     "counts_line",
     "credit_inputs",
+    "cut_inputs",
     "incomplete_reason",
     "past_the_record",
     "progress_or_quiet",
@@ -136,6 +137,22 @@ def node_cuts(store: SessionStore, info: SessionInfo) -> dict[str, str]:
     return cuts
 
 
+def cut_inputs(
+    store: SessionStore,
+    info: SessionInfo,
+    cuts: Mapping[str, str],
+    lineage: Lineage,
+    effects: list[StoredEffect],
+) -> set[int]:
+    """The inputs (by id) of session ``info`` whose trees a node of ``cuts`` (its
+    :func:`node_cuts`, ``lineage`` and ``effects`` its record) was in the middle of when it
+    died: what replay and what-if leave out, and a diff of the two runs too (see
+    :func:`_touched`). Empty when no node was cut."""
+    if not cuts:
+        return set()
+    return _touched(lineage, cuts, store.deliveries(info.id), store.dead_letters(info.id), effects)
+
+
 def past_the_record(div: ReplayDivergence) -> bool:
     """A difference an incomplete record explains: the re-run has something (a message, an
     effect call, a delivery) where the record simply stops."""
@@ -180,7 +197,7 @@ def _effect_index(
 
 def _touched(
     lineage: Lineage,
-    cuts: dict[str, str],
+    cuts: Mapping[str, str],
     deliveries: list[StoredDelivery],
     dead_letters: list[StoredDeadLetter],
     effects: list[StoredEffect],
@@ -486,20 +503,10 @@ class Rerun:
         self.lineage = Lineage(self.envelopes, self.effects)
         #: Nodes whose journal stops before its end, and the original inputs whose trees
         #: it was in the middle of: what differs in them is not a difference, and with
-        #: ``skip_cut`` (an exact replay) they are not replayed at all: one process cannot
-        #: do again what a death cut short (see ``ReplayReport.cut``).
+        #: ``skip_cut`` (exact replay, what-if) they are not replayed at all: one process
+        #: cannot do again what a death cut short (see ``ReplayReport.cut``).
         self.cuts = node_cuts(store, original)
-        self.tolerated = (
-            _touched(
-                self.lineage,
-                self.cuts,
-                store.deliveries(original.id),
-                store.dead_letters(original.id),
-                self.effects,
-            )
-            if self.cuts
-            else set()
-        )
+        self.tolerated = cut_inputs(store, original, self.cuts, self.lineage, self.effects)
         inputs = self.lineage.inputs
         if skip_cut:
             inputs = [e for e in inputs if e.id not in self.tolerated]

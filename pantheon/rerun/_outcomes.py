@@ -11,7 +11,8 @@ again from its file (a replay that served the Learner's effects is scored all th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,9 @@ from agents import (
     label_decision,
     score_decisions,
 )
+from pantheon.rerun._engine import cut_inputs, node_cuts
 from pantheon.sessions import SessionInfo, SessionStore
+from pantheon.sessions.internals import Lineage
 
 __all__ = [
     "OutcomeChange",
@@ -65,6 +68,11 @@ class SessionOutcomes:
         if len(self.spec.fields) == 1:
             return score.field_accuracy(self.spec.fields[0])
         return score.accuracy
+
+    def without(self, items: Collection[str]) -> SessionOutcomes:
+        """The same reading with ``items`` left out: what a diff leaves out of both sides."""
+        kept = {k: v for k, v in self.decisions.items() if k not in items}
+        return dataclasses.replace(self, decisions=kept)
 
     def expected(self, item: str) -> dict[str, str] | None:
         """The item's label as a decision (only the fields it scores), or None."""
@@ -249,10 +257,44 @@ def session_outcomes(
     return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels, outcomes.unnamed)
 
 
+def _not_rerun(store: SessionStore, a: SessionInfo, b: SessionInfo, spec: OutcomeSpec) -> set[str]:
+    """The items of ``a``'s inputs that ``b``, an exact replay or a what-if of ``a``, did
+    not re-run: the ones a node of ``a`` cut mid-run was in the middle of
+    (:func:`~pantheon.rerun._engine.cut_inputs`). Their trees in ``a`` are unfinished and
+    ``b`` has none, so telling them apart says nothing of either team: named by their
+    inputs' keys and by the outcomes those trees reached."""
+    if b.kind not in ("replay", "whatif") or a.id not in (b.replay_of, b.forked_from):
+        return set()
+    cuts = node_cuts(store, a)
+    if not cuts:
+        return set()
+    effects = store.effects(a.id)
+    lineage = Lineage(store.envelopes(a.id), effects)
+    roots = cut_inputs(store, a, cuts, lineage, effects)
+    reached = Outcomes(spec)
+    items: set[str] = set()
+    for env in lineage.envelopes:
+        if lineage.root.get(env.id) not in roots:
+            continue
+        reached.see(env.topic, env.payload, env.id, env.causation_id, env.correlation_id)
+        if env.id in roots and isinstance(env.payload, Mapping):
+            key = env.payload.get(spec.input_key)
+            if key is not None:
+                items.add(str(key))
+    return items | set(reached.decisions())
+
+
 def diff_outcomes(store: SessionStore, a: str, b: str) -> OutcomeDiff:
-    """Session ``b``'s decisions against ``a``'s (ids or unique prefixes), in A's terms."""
+    """Session ``b``'s decisions against ``a``'s (ids or unique prefixes), in A's terms.
+
+    When ``b`` re-ran ``a`` (an exact replay or a what-if of it) and a node of ``a`` died
+    mid-run, the items it left unfinished are left out of both sides, as the re-run left
+    them out (see :func:`_not_rerun`)."""
     da = session_outcomes(store, a)
     db = session_outcomes(store, b, like=da)
+    left_out = _not_rerun(store, store.session(da.session), store.session(db.session), da.spec)
+    if left_out:
+        da, db = da.without(left_out), db.without(left_out)
     scorer = da
     changes = [
         OutcomeChange(

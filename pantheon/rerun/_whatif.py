@@ -35,6 +35,11 @@ about dead letters (no ``max_dlq``, no ``dlq``) is held to none, so a change tha
 the team drop work fails. It also holds the overlay and the headline of the decision diff
 against the original (``pantheon diff`` recomputes the full diff).
 
+A session whose node died mid-run (killed by the scenario, or lost) is re-run as an exact
+replay re-runs it: the inputs the node was in the middle of are left out, neither re-run
+(their effects would otherwise all run live, with nothing recorded to serve) nor counted
+as decisions that changed (see :class:`WhatIfReport`).
+
 What is not carried over: state an agent built from *served* effects it would have run
 (a Learner whose ``learner.observe`` was served has not counted those outcomes). Its
 live calls then see only what ran live, and what it publishes from them (a threshold
@@ -84,7 +89,14 @@ class WhatIfReport:
 
     ``passed`` is whether every expectation held; ``not_judged`` names the timing bounds
     left out (see the module docstring). ``served_by_name`` and ``called_by_name`` split
-    the effects served and called by effect name, the most first."""
+    the effects served and called by effect name, the most first.
+
+    ``cut`` names the nodes of a multi-process original whose journal stops before its end
+    (killed, or dead) and how far it reached; the ``cut_inputs`` inputs they were in the
+    middle of are left out as an exact replay leaves them out (counted in
+    ``inputs_skipped``): not re-run, their effects not called, their items not in
+    ``decisions``. Their record is unfinished, so what the changed team would do with them
+    cannot be told from what the original did."""
 
     new_session_id: str
     original_session_id: str
@@ -99,6 +111,9 @@ class WhatIfReport:
     not_judged: tuple[str, ...] = ()
     served_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
     called_by_name: dict[str, int] = dataclasses.field(default_factory=dict)
+    inputs_skipped: int = 0
+    cut: dict[str, str] | None = None
+    cut_inputs: int = 0
 
     @property
     def passed(self) -> bool:
@@ -127,6 +142,9 @@ class WhatIfReport:
             "original_session_id": self.original_session_id,
             "overlay_source": self.overlay_source,
             "inputs_replayed": self.inputs_replayed,
+            "inputs_skipped": self.inputs_skipped,
+            "cut": self.cut,
+            "cut_inputs": self.cut_inputs,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
             "served_by_name": self.served_by_name,
@@ -229,6 +247,7 @@ async def whatif_replay(
             scenario=scenario.name,
             scenario_text=overlay.merged_text,
             approvals=scenario.approvals,
+            skip_cut=True,
         )
         run.serve_desk(team.agents.values())
         try:
@@ -265,6 +284,9 @@ async def whatif_replay(
         not_judged=left_out,
         served_by_name=by_name(run.runner.served_by_name),
         called_by_name=by_name(run.runner.called_by_name),
+        inputs_skipped=run.skipped,
+        cut=run.cuts or None,
+        cut_inputs=len(run.tolerated),
     )
     await run.finish("completed" if report.passed else "failed", _summary(report, overlay))
     return report
