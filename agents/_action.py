@@ -236,12 +236,17 @@ class Outbox:
 
     Writes are idempotent per (key, step), the key being what the steps act on (an email's
     id for the support desk): a retried handler does not send a reply twice.
+
+    ``counts`` (the run summary's ``outbox``) are counted from each tool call's answer
+    (:meth:`tally`), not by :meth:`write`: a re-run (what-if, resume) serves a recorded
+    tool call without writing anything, and its summary must still count what the team did.
     """
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
         self._seen: set[tuple[str, int]] = set()
         self._lock = threading.Lock()
+        #: Tool calls that did their work, by tool: answers :meth:`tally` saw as ``done``.
         self.counts: Counter[str] = Counter()
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,11 +266,17 @@ class Outbox:
             if key in self._seen:
                 return {"tool": step["tool"], "status": "duplicate"}
             self._seen.add(key)
-            self.counts[step["tool"]] += 1
             if self.path is not None:
                 with self.path.open("a", encoding="utf-8") as f:
                     f.write(json.dumps({field: email_id, "step": index, **step}) + "\n")
         return {"tool": step["tool"], "status": "done"}
+
+    def tally(self, answer: Mapping[str, Any]) -> None:
+        """Count one tool call's answer, live or served from a record: a call that did its
+        work (``done``) counts, a duplicate of one already done does not."""
+        if answer.get("status") == "done":
+            with self._lock:
+                self.counts[answer["tool"]] += 1
 
 
 class Actor(Agent):
@@ -310,7 +321,10 @@ class Actor(Agent):
             tool = step["tool"]
             if tool not in self.tools and tool not in self.TOOLS:
                 raise ValueError(f"unknown tool {tool!r} in step {i}")
-            results.append(await self.effect(f"tool.{tool}", self._call, key, i, step))
+            result = await self.effect(f"tool.{tool}", self._call, key, i, step)
+            # Counted from the answer, outside the effect, so a served call counts too.
+            self.outbox.tally(result)
+            results.append(result)
         outcome = {f: decision[f] for f in self.settings.outcome_fields}
         outcome["results"] = results
         await self.emit("action.executed", outcome)
@@ -359,7 +373,10 @@ class Learner(Agent):
 
     To learn something of your own, subclass it and override :meth:`learn`, which sees each
     scored outcome and returns the updates to publish on ``learner.threshold.updated`` (the
-    scoring stays as it is); override :meth:`observe` only to score differently.
+    scoring stays as it is); override :meth:`observe` only to score differently. Both run
+    in a replay, a what-if and a resume too (the effect ``learner.observe`` records only the
+    updates, so what the Learner reports counts every outcome, served or not): they must
+    only score and learn, never call anything outside.
 
     What the built-in one learns is the support desk's: when outcomes carry the Reasoner's
     predicted ``intent`` and labels the true one, ``window`` (setting, default 5)
@@ -422,9 +439,12 @@ class Learner(Agent):
         self._needless: dict[str, deque[bool]] = {}
 
     async def handle(self, env: Envelope) -> None:
-        # Learning state depends on arrival order; running it as an effect records each
-        # decision so a replay makes the same updates even if messages interleave differently.
-        updates = await self.effect("learner.observe", self.observe, env.topic, env.payload)
+        # Scored here, outside the effect: a re-run serves a recorded effect without calling
+        # it, and a Learner whose scoring was served would report (and learn from) only the
+        # outcomes that ran live. The effect records what it made of the outcome: that
+        # depends on arrival order, and a replay publishes the recorded updates even if
+        # messages interleave differently (as the Reasoner's threshold read does).
+        updates = await self.effect("learner.observe", list, self.observe(env.topic, env.payload))
         for update in updates:
             await self.emit("learner.threshold.updated", update)
 

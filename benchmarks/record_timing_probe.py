@@ -2,6 +2,7 @@
 
     python benchmarks/record_timing_probe.py writer [--emails 3000] [--triples 8]
     python benchmarks/record_timing_probe.py pinned [--emails 3000] [--runs 8] [--passes 3]
+    python benchmarks/record_timing_probe.py gc [--emails 3000] [--runs 5]
 
 ``writer``: in one process, off / recording / recording with its writer held off until
 ``finish`` (commit interval 10,000 s), alternating, ``pipeline_bench.py``'s run at 1 ms model
@@ -12,17 +13,24 @@ writer would do better.
 ``pinned``: off and recording at the same moment, each process pinned to its own vCPU
 (``taskset``), swapping vCPUs halfway: both see the same host at the same instant, so a
 drift in the machine's speed cancels, if that is what the noise is.
+
+``gc``: off and recording alternating in one process; for each run, the cycle collector's
+collections per generation inside the run and the loop thread's CPU they took
+(``gc.callbacks``), beside the run's loop CPU: time the recorder costs that no count of its
+own instructions shows, since a collection's cost grows with the whole heap.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -100,11 +108,39 @@ def pinned(emails: int, runs: int, passes: int) -> None:
         print(f"pass {p}: loop CPU per request +{median:.1%} over off (pairs {spread})")
 
 
+def collections_(emails: int, runs: int) -> None:
+    state: dict[int, list[float]] = {}
+    started = [0.0]
+
+    def hook(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            got = state.setdefault(info["generation"], [0, 0.0])
+            got[0] += 1
+            got[1] += time.thread_time() - started[0]
+
+    gc.callbacks.append(hook)
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = pipeline_bench.make_inbox(emails, Path(tmp))
+        uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, "off"))  # warm-up
+        for _ in range(runs):
+            for mode in ("off", "recording"):
+                state.clear()
+                r = uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, mode))
+                seen = {g: state.get(g, [0, 0.0]) for g in (0, 1, 2)}
+                gens = "  ".join(
+                    f"gen{g} {int(n)} ({cpu * 1e3:.0f} ms)" for g, (n, cpu) in seen.items()
+                )
+                print(f"{mode:9s} loop CPU {r['loop_cpu_s']:.3f} s  {gens}", flush=True)
+    gc.callbacks.remove(hook)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("probe", choices=["writer", "pinned", "_one"])
+    parser.add_argument("probe", choices=["writer", "pinned", "gc", "_one"])
     parser.add_argument("mode", nargs="?", default="off")
     parser.add_argument("--emails", type=int, default=3000)
     parser.add_argument("--triples", type=int, default=8)
@@ -115,6 +151,8 @@ def main() -> None:
         writer(args.emails, args.triples)
     elif args.probe == "pinned":
         pinned(args.emails, args.runs, args.passes)
+    elif args.probe == "gc":
+        collections_(args.emails, args.runs)
     else:
         one_mode(args.mode, args.runs, args.emails)
 

@@ -40,12 +40,18 @@ replay re-runs it: the inputs the node was in the middle of are left out, neithe
 (their effects would otherwise all run live, with nothing recorded to serve) nor counted
 as decisions that changed (see :class:`WhatIfReport`).
 
-What is not carried over: state an agent built from *served* effects it would have run
-(a Learner whose ``learner.observe`` was served has not counted those outcomes). Its
-live calls then see only what ran live, and what it publishes from them (a threshold
-update) moves what later calls ask (the Reasoner's threshold read then runs live, its
-request changed); the decision diff scores both runs from the record instead, so accuracy
-is measured the same way for both.
+The summary is built as a run's is (:func:`pantheon.runner.local_report`), from the changed
+team, which is why the built-in agents build what it reports outside their effects: the
+Learner scores every outcome before its ``learner.observe`` effect (served or not), and the
+Actor counts the outbox from each tool call's answer. A team's custom checks then read the
+same figures as in a run (the on-call scorer's pages, the outbox). The decision fields'
+accuracy alone is replaced by the decision diff's score of the what-if's record, read by
+the original's outcome and labels, so both runs are measured the same way; what else the
+Learners report is kept beside it, as for a multi-process run
+(:func:`pantheon.runner.score_from_record`).
+
+What is not carried over: state a team's own agent builds *inside* an effect it would have
+run, since a served effect runs nothing.
 """
 
 from __future__ import annotations
@@ -261,7 +267,9 @@ async def whatif_replay(
     decisions = diff_outcomes(store, original.id, run.session_id)
     judged, left_out = _judged_scenario(scenario)
     # Summarized with no expectation (custom checks run once, below), then scored as the
-    # decision diff scores both runs: from the record, not the Learner's served counters.
+    # decision diff scores both runs: from the record, by the original's outcome. What
+    # else the team's Learners report stays beside it, as in a run: a team's custom checks
+    # read it (the on-call scorer's pages).
     summary = summarize(
         judged.model_copy(update={"expect": ExpectConfig()}),
         reports,
@@ -269,7 +277,8 @@ async def whatif_replay(
         elapsed=elapsed,
         session_id=run.session_id,
     )
-    summary.accuracy = decisions.b.score.as_report()
+    scored = decisions.b.score.as_report()
+    summary.accuracy = scored | {k: v for k, v in summary.accuracy.items() if k not in scored}
     summary.expectations = judge(judged, summary, fields=decisions.a.spec.fields)
     report = WhatIfReport(
         new_session_id=run.session_id,

@@ -25,7 +25,8 @@ What resuming does, exactly:
 5. The inputs the original never published follow, live: the Observer skips as many
    items of its source as the recording holds inputs and goes on at the scenario's rate.
 6. The run ends like ``pantheon run``: drained, summarized over the whole story (every
-   input), expectations judged; the summary says how many effects were served and called.
+   input; the outbox and the Learners' scores count what was served too), expectations
+   judged; the summary says how many effects were served and called.
 
 Agent state is rebuilt by re-handling the recorded inputs (with served effects), which is
 why the team need not persist anything of its own. Tool calls the original made in its last

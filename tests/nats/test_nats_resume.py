@@ -151,8 +151,10 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
     # The same calls as the run that never died.
     assert set(calls) == reference_calls and len(reference_calls) > 100
     # The resume made only the calls the dead run had not: what its nodes did was served.
-    assert dict(mine) == summary["outbox"]
-    assert sum(mine.values()) < len(calls)
+    assert 0 < sum(mine.values()) < len(calls)
+    # Its summary counts the whole story's calls, served or made, as the run that never died.
+    assert summary["outbox"] == expected_summary["outbox"]
+    assert sum(summary["outbox"].values()) == len(calls)
     assert summary["resume"]["effects_served"] > 0
 
 

@@ -111,14 +111,15 @@ def test_a_higher_refund_limit_moves_exactly_the_refunds_between_the_limits(
             report.effects_served + report.effects_called
         )
     # The calls that ran live were made for the emails whose decision message changed:
-    # the moved ones (a reply instead of an escalation, and its outcome scored), and the
-    # refunds over 500, still escalated but with a reason that now names the new limit.
+    # the moved ones (a reply instead of an escalation), and the refunds over 500, still
+    # escalated but with a reason that now names the new limit. The Learner scored the
+    # moved outcomes outside its effect; what it made of them (no threshold moved, as in
+    # the original) is the recorded answer, served.
     by_call: dict[str, set[str]] = {}
     for e in live:
         by_call.setdefault(e.name, set()).add(payloads[e.envelope_id]["email_id"])
     assert by_call == {
         "tool.reply": expected,
-        "learner.observe": expected,
         "tool.escalate": _refunds_over(store, original, 500.0),
     }
     assert len(live) == report.effects_called
