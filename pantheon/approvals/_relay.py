@@ -104,6 +104,9 @@ class NodeDesk:
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._next = 0
         self._gone: str | None = None
+        #: What a request fails with once ``_gone``: the driver died, or this node stopped
+        #: listening to it (cancelled on its way out: no artifact of a death to ask again).
+        self._gone_error: type[ApprovalUnavailable] = ApprovalDriverGone
 
     def serve(self, agents: Iterable[Any]) -> None:
         """Give every agent of ``agents`` (this node's) this desk."""
@@ -113,7 +116,7 @@ class NodeDesk:
     async def ask(self, agent: str, request: Mapping[str, Any]) -> Mapping[str, Any]:
         """Send the request to the driver and wait for its decision (as plain data)."""
         if self._gone is not None:
-            raise ApprovalDriverGone(self._gone_message(agent))
+            raise self._gone_error(self._gone_message(agent))
         size = len(json.dumps(dict(request), default=repr))
         if size > MAX_REQUEST:
             raise ApprovalUnavailable(
@@ -162,14 +165,16 @@ class NodeDesk:
             return
         future.set_result(decision)
 
-    def driver_gone(self, why: str) -> None:
+    def driver_gone(self, why: str, dead: bool = True) -> None:
         """Nothing more comes from the driver: fail every waiting request, and every later
-        one, saying ``why``."""
+        one, saying ``why``; with :class:`ApprovalDriverGone` if the driver died (``dead``),
+        else (the node stopped listening) the plain :class:`~agents.ApprovalUnavailable`."""
         self._gone = why
+        self._gone_error = ApprovalDriverGone if dead else ApprovalUnavailable
         for rid, future in list(self._waiting.items()):
             if not future.done():
                 log.warning("node %s: approval request %d dropped: %s", self.node, rid, self._gone)
-                future.set_exception(ApprovalDriverGone(self._gone_message(None)))
+                future.set_exception(self._gone_error(self._gone_message(None)))
 
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"

@@ -160,6 +160,8 @@ class NodeBudgetLink:
         self._abandoned: dict[int, tuple[str, str]] = {}
         self._next = 0
         self._gone: str | None = None
+        #: What a question fails with once ``_gone`` (see ``driver_gone``).
+        self._gone_error: type[BudgetUnavailable] = BudgetDriverGone
 
     def serve(self, agents: Iterable[Any]) -> None:
         """Charge every agent of ``agents`` that is under a budget to the driver's ledgers,
@@ -173,7 +175,7 @@ class NodeBudgetLink:
     async def ask(self, agent: str, op: str, **fields: Any) -> dict[str, Any]:
         """Send one question and wait for the driver's answer."""
         if self._gone is not None:
-            raise BudgetDriverGone(self._gone_message(agent))
+            raise self._gone_error(self._gone_message(agent))
         self._next += 1
         rid = self._next
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
@@ -218,13 +220,15 @@ class NodeBudgetLink:
             return
         future.set_result(dict(command))
 
-    def driver_gone(self, why: str) -> None:
+    def driver_gone(self, why: str, dead: bool = True) -> None:
         """Nothing more comes from the driver: fail every waiting question, and every
-        later one, saying ``why``."""
+        later one, saying ``why``; with :class:`BudgetDriverGone` if the driver died
+        (``dead``), else (the node stopped listening) the plain ``BudgetUnavailable``."""
         self._gone = why
+        self._gone_error = BudgetDriverGone if dead else BudgetUnavailable
         for future in list(self._waiting.values()):
             if not future.done():
-                future.set_exception(BudgetDriverGone(self._gone_message(None)))
+                future.set_exception(self._gone_error(self._gone_message(None)))
 
     def _gone_message(self, agent: str | None) -> str:
         who = f"agent {agent!r} on node {self.node!r}" if agent else f"node {self.node!r}"

@@ -632,22 +632,23 @@ def split_control(
     reader: asyncio.StreamReader,
     node: str,
     answers: Mapping[str, Callable[[dict[str, Any]], None]],
-    gone: Iterable[Callable[[str], None]],
+    gone: Iterable[Callable[[str, bool], None]],
 ) -> tuple[asyncio.Queue[bytes], asyncio.Task[None]]:
     """Read the driver's lines in a task, whatever the node's control loop is doing: a
     command named in ``answers`` (a decided approval, a budget answer: what a handler waits
     for) goes to its taker at once, every other line to the returned queue, then ``b""`` at
     the end of input. When the pipe ends or cannot be read, each of ``gone`` is told why
-    (so what waits fails instead of hanging); cancelling the task tells them the node no
-    longer listens. One reader for the pipe: the control loop may itself be waiting (a
+    and that the driver is dead (``gone(why, True)``: so what waits fails instead of
+    hanging); cancelling the task tells them the node no longer listens (``gone(why,
+    False)``). One reader for the pipe: the control loop may itself be waiting (a
     ``stop`` draining handlers that wait for an answer), so answers must not queue behind
     it."""
     queue: asyncio.Queue[bytes] = asyncio.Queue(_COMMANDS)
     takers = tuple(gone)
 
-    def tell(why: str) -> None:
+    def tell(why: str, dead: bool) -> None:
         for taker in takers:
-            taker(why)
+            taker(why, dead)
 
     async def read() -> None:
         why = DRIVER_GONE
@@ -664,12 +665,12 @@ def split_control(
                 else:
                     await queue.put(line)
         except asyncio.CancelledError:
-            tell("the node no longer listens to its driver")
+            tell("the node no longer listens to its driver", False)
             raise
         except (ValueError, OSError) as exc:  # a line past the reader's limit, a bad pipe
             why = f"the driver's control pipe cannot be read ({type(exc).__name__}: {exc})"
             log.error("driver control pipe unreadable; leaving", node=node, why=why)
-        tell(why)
+        tell(why, True)
         await queue.put(b"")  # the control loop leaves as when the driver is gone
 
     return queue, asyncio.get_running_loop().create_task(read())
@@ -726,8 +727,10 @@ async def serve_node(
         answers[REDRIVE_COMMAND] = part.redrive
         answers[WATCH_COMMAND] = part.watch
 
-    def log_to_orphan_file(why: str) -> None:  # first: what the relays say goes there too
-        _log_to_file(orphan_log_path(host.bus.session_id, host.node))
+    def log_to_orphan_file(why: str, dead: bool) -> None:
+        # First of the takers, so what the relays then say goes there too.
+        if dead:
+            _log_to_file(orphan_log_path(host.bus.session_id, host.node))
 
     commands, pump = split_control(
         await _stdin_lines(),

@@ -28,7 +28,7 @@ def run_json(workdir: Path, scenario: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         timeout=180,
-        env=os.environ | {"COLUMNS": "250"},
+        env=os.environ | {"COLUMNS": "250", "TMPDIR": str(workdir)},
     )
     summary: dict[str, Any] = json.loads(proc.stdout)
     assert proc.returncode == (0 if summary["passed"] else 1), proc.stderr
@@ -79,6 +79,8 @@ def test_nats_nodes_decide_every_email_as_in_process(tmp_path: Path) -> None:
     # the stream, not the node's control link).
     shipped = {n: nodes[n]["journal"]["shipments"] for n in journals}
     assert shipped == {n: j.shipments for n, j in journals.items()} and min(shipped.values()) > 0
+    # No node was orphaned: none wrote an orphan's log.
+    assert not (tmp_path / "pantheon-orphans").exists()
     proc = subprocess.run(
         [sys.executable, "-m", "pantheon.cli", "replay", over_nats["session_id"], "--store",
          "s.db", "--json"],
