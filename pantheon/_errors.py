@@ -18,6 +18,8 @@
     ├── InboxClosed              the gateway's inbox has ended (the gateway answers 503)
     ├── TelemetryConfigError     OTEL_* settings that cannot be honoured
     ├── TeamNameError            ``pantheon new`` was given a name a team cannot have
+    ├── DriverGone               a node's approval or budget admission after its driver died
+    │                            → ApprovalDriverGone, BudgetDriverGone (agents' errors too)
     └── AgentFailed              pantheon.testing: the agent under test dead-lettered a message
 
 Each keeps the builtin base it had (``ValueError``, ``RuntimeError``, ``KeyError``,
@@ -25,9 +27,8 @@ Each keeps the builtin base it had (``ValueError``, ``RuntimeError``, ``KeyError
 call: ``pantheon`` exports the run's (``ScenarioError``, ``AgentSetupError``,
 ``ClusterError``), each sub-package its own.
 
-Beside the tree, :class:`DriverGone` marks the errors a node of a multi-process run raises
-because its driver died (an approval or a budget admission nobody can answer any more):
-they are ``agents``' own errors (``ApprovalUnavailable``, ``BudgetUnavailable``) as well.
+:class:`DriverGone`'s two errors are also ``agents``' own (``ApprovalUnavailable``,
+``BudgetUnavailable``), which is what an agent's code catches around ``approve()``.
 
 One exception is left out on purpose: :class:`pantheon.sessions.RecordedError` stands in,
 during a replay, for an exception the *team's* code raised in the original run. A handler
@@ -44,7 +45,7 @@ class PantheonError(Exception):
     """Something Pantheon refused or could not do, with a message meant for the user."""
 
 
-class DriverGone(Exception):
+class DriverGone(PantheonError, RuntimeError):
     """Mixed into an error a node raised only because its run's driver had died: an
     artifact of the death, not an answer. A node records it as its effect's outcome and
     ships it, so ``pantheon resume`` finds it in the record; the resume asks again (the
