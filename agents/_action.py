@@ -271,12 +271,18 @@ class Outbox:
                     f.write(json.dumps({field: email_id, "step": index, **step}) + "\n")
         return {"tool": step["tool"], "status": "done"}
 
-    def tally(self, answer: Mapping[str, Any]) -> None:
-        """Count one tool call's answer, live or served from a record: a call that did its
-        work (``done``) counts, a duplicate of one already done does not."""
-        if answer.get("status") == "done":
+    def tally(self, key: str, index: int, answer: Mapping[str, Any]) -> None:
+        """Count the answer of step ``index`` of ``key``, live or served from a record: a
+        call that did its work (``done``) counts, a duplicate of one already done does not.
+        Either way the step is done from here on: a resume serves a dead run's answer and
+        then retries the handling live, and the retry must find it done (``duplicate``),
+        not call the tool and count it again."""
+        status = answer.get("status")
+        if status in ("done", "duplicate"):
             with self._lock:
-                self.counts[answer["tool"]] += 1
+                self._seen.add((key, index))
+                if status == "done":
+                    self.counts[answer["tool"]] += 1
 
 
 class Actor(Agent):
@@ -323,7 +329,7 @@ class Actor(Agent):
                 raise ValueError(f"unknown tool {tool!r} in step {i}")
             result = await self.effect(f"tool.{tool}", self._call, key, i, step)
             # Counted from the answer, outside the effect, so a served call counts too.
-            self.outbox.tally(result)
+            self.outbox.tally(key, i, result)
             results.append(result)
         outcome = {f: decision[f] for f in self.settings.outcome_fields}
         outcome["results"] = results

@@ -258,6 +258,21 @@ async def test_actor_calls_registered_tools_as_effects_and_reports_the_outcome(
     assert outbox.counts == {"restart": 1, "page": 1}
 
 
+async def test_a_served_tool_answer_marks_its_step_done_so_a_live_retry_does_not_redo_it(
+    mod: Any, tmp_path: Path
+) -> None:
+    """A resume serves the dead run's answer to step 0, then the handling's retry runs live:
+    the retry must find step 0 done, not call the tool (or count it) a second time."""
+    outbox = Outbox(tmp_path / "outbox.jsonl")
+    actor = Actor(outbox=outbox, settings={"tools": TOOLS, "key": "alert_id"})
+    outbox.tally("a-1", 0, {"tool": "restart", "status": "done", "result": {"restarted": "x"}})
+    assert outbox.done("a-1", 0)
+    again = await actor._call("a-1", 0, {"tool": "restart", "host": "api-2"})
+    assert again == {"tool": "restart", "status": "duplicate"}
+    outbox.tally("a-1", 0, again)
+    assert mod.CALLS == [] and outbox.counts == {"restart": 1}
+
+
 async def test_a_retried_decision_does_not_redo_a_tool_that_already_worked(mod: Any) -> None:
     actor = Actor(
         settings={
