@@ -3,6 +3,7 @@
     python benchmarks/record_timing_probe.py writer [--emails 3000] [--triples 8]
     python benchmarks/record_timing_probe.py pinned [--emails 3000] [--runs 8] [--passes 3]
     python benchmarks/record_timing_probe.py gc [--emails 3000] [--runs 5]
+    python benchmarks/record_timing_probe.py chunks [--emails 3000] [--triples 12]
 
 ``writer``: in one process, off / recording / recording with its writer held off until
 ``finish`` (commit interval 10,000 s), alternating, ``pipeline_bench.py``'s run at 1 ms model
@@ -18,6 +19,10 @@ drift in the machine's speed cancels, if that is what the noise is.
 collections per generation inside the run and the loop thread's CPU they took
 (``gc.callbacks``), beside the run's loop CPU: time the recorder costs that no count of its
 own instructions shows, since a collection's cost grows with the whole heap.
+
+``chunks``: off, then recording with journal chunks of 2,048 rows (the default) and of 128,
+alternating: whether writing ~3 MB chunks, more than a core's L2, slows the loop beyond its
+instruction count (a smaller chunk stays in cache).
 """
 
 from __future__ import annotations
@@ -136,11 +141,33 @@ def collections_(emails: int, runs: int) -> None:
     gc.callbacks.remove(hook)
 
 
+def chunks(emails: int, triples: int) -> None:
+    from pantheon.sessions import _journal
+
+    sizes = (_journal.CHUNK_ROWS, 128)
+    ratios: dict[int, list[float]] = {size: [] for size in sizes}
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = pipeline_bench.make_inbox(emails, Path(tmp))
+        uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, "off"))  # warm-up
+        try:
+            for _ in range(triples):
+                off = _per_request(uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, "off")))
+                for size in sizes:
+                    _journal.CHUNK_ROWS = size
+                    run = uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, "recording"))
+                    ratios[size].append(_per_request(run) / off - 1)
+        finally:
+            _journal.CHUNK_ROWS = sizes[0]
+    for size, out in ratios.items():
+        print(f"chunks of {size} rows: loop CPU per request +{statistics.median(out):.1%} "
+              f"over off (median of {triples})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("probe", choices=["writer", "pinned", "gc", "_one"])
+    parser.add_argument("probe", choices=["writer", "pinned", "gc", "chunks", "_one"])
     parser.add_argument("mode", nargs="?", default="off")
     parser.add_argument("--emails", type=int, default=3000)
     parser.add_argument("--triples", type=int, default=8)
@@ -153,6 +180,8 @@ def main() -> None:
         pinned(args.emails, args.runs, args.passes)
     elif args.probe == "gc":
         collections_(args.emails, args.runs)
+    elif args.probe == "chunks":
+        chunks(args.emails, args.triples)
     else:
         one_mode(args.mode, args.runs, args.emails)
 

@@ -171,7 +171,9 @@ class Bus:
         self._running = True
         self.transport.on_change = self._routes.changed
         try:
-            await self.transport.start(BusPort(self._inbound, self._remote_dead_letter))
+            await self.transport.start(
+                BusPort(self._inbound, self._remote_dead_letter, self.session_id)
+            )
         except BaseException:
             self._running = False  # e.g. no broker: the bus did not start, and says why
             raise

@@ -28,7 +28,9 @@ own mailboxes, breakers and metrics; a transport answers one question and does t
 What the bus offers back is a :class:`BusPort`, given to ``start``: ``deliver(env, names)``
 puts an inbound envelope into the local mailboxes (only those named, when ``names`` is not
 ``None``) and returns ``None``, or an awaitable when a ``block`` mailbox is full;
-``dead_letter`` lists an envelope a transport could not deliver in the bus's own DLQ.
+``dead_letter`` lists an envelope a transport could not deliver in the bus's own DLQ;
+``session_id`` is the bus's session when it started, for a transport whose peers outlive
+one run (a durable log) to keep each session's traffic apart.
 
 A transport that needs to know when a receiving bus has finished with an inbound envelope
 puts a :class:`Receipt` in ``envelope.reply`` before ``deliver``: the bus settles it once per
@@ -74,10 +76,13 @@ class BusPort:
     messages; the transport must then leave the envelope to its other receivers.
     ``dead_letter(env, subscriber, reason, error)`` records a message the transport could not
     deliver to a remote subscriber (e.g. reason ``node_lost``) in the publishing bus's DLQ.
+    ``session_id`` is the bus's session (None without one): a transport whose stream outlives
+    a run (NATS) serves each session only its own messages, never an earlier run's leftovers.
     """
 
     deliver: Deliver
     dead_letter: DeadLetter
+    session_id: str | None = None
 
 
 def wake(waiters: list[asyncio.Future[None]]) -> None:

@@ -257,7 +257,11 @@ def node(
     ] = None,
     seed: SeedOpt = None,
     session: Annotated[
-        str | None, typer.Option(help="Session id stamped on messages this node originates.")
+        str | None,
+        typer.Option(
+            help="Session id stamped on messages this node originates; on NATS also the run "
+            "whose consumer groups it joins (without one, the team-wide ones)."
+        ),
     ] = None,
     outbox: Annotated[
         Path | None, typer.Option(help="JSONL file for the Actor's tool calls.")

@@ -312,8 +312,16 @@ def print_nodes(out: Console, summary: Any) -> None:
 
 
 def print_stream(out: Console, summary: Any) -> None:
-    """What a killed node left on NATS: who took its agents over, and what waits in the
-    stream for those nobody could (nothing for any other run)."""
+    """On NATS: what other sessions had left in the team's stream (not handled here), and
+    what a killed node left: who took its agents over, and what waits in the stream for
+    those nobody could (nothing for any other run)."""
+    for session, messages in (getattr(summary, "leftovers", None) or {}).items():
+        out.print(
+            f"[yellow]left alone[/yellow]: {messages:,} unacknowledged messages of session "
+            f"{escape(session)} in the team's stream (not this run's; `pantheon resume "
+            f"{escape(session)}` finishes that run)",
+            soft_wrap=True,
+        )
     stream = getattr(summary, "stream", None) or {}
     if not stream:
         return

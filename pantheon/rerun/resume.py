@@ -27,6 +27,10 @@ What resuming does, exactly:
 6. The run ends like ``pantheon run``: drained, summarized over the whole story (every
    input; the outbox and the Learners' scores count what was served too), expectations
    judged; the summary says how many effects were served and called.
+7. A NATS run's consumer groups, which still hold what the dead run left unacknowledged
+   (later runs of the team never see it: each session's groups are its own, and their
+   summaries list it as ``leftovers``), are deleted from the server: that work is done now.
+   The stream keeps the messages.
 
 Agent state is rebuilt by re-handling the recorded inputs (with served effects), which is
 why the team need not persist anything of its own. Tool calls the original made in its last
@@ -47,7 +51,7 @@ from bus import Bus
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
-from pantheon.scenario import Scenario, parse_scenario
+from pantheon.scenario import NatsTransportConfig, Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions.internals import origin_of
 
@@ -202,6 +206,13 @@ async def resume(
         )
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
         await run.finish("completed" if summary.passed else "failed", data)
+        cfg = scenario.transport
+        if isinstance(cfg, NatsTransportConfig):
+            # What the dead run left unacknowledged in its consumer groups is done now:
+            # later runs of the team no longer list the session as having left work.
+            from pantheon.runner import discard_consumers
+
+            await discard_consumers(scenario, cfg.url, original.id)
         return result
 
 

@@ -96,6 +96,7 @@ __all__ = [
     "NodeHost",
     "Placement",
     "cluster_transport",
+    "discard_consumers",
     "import_from_stream",
     "install_stop_signals",
     "run_cluster",
@@ -1113,6 +1114,8 @@ class _Driver:
         self._next_redrive = 0
         #: What a killed node left in the stream (pantheon.runner._takeover.inspect), NATS only.
         self.stream: dict[str, Any] = {}
+        #: What other sessions of the team had left in the stream (RunSummary.leftovers).
+        self.leftovers: dict[str, int] = {}
         sid = bus.session_id or "run"
         full = build_team(
             scenario,
@@ -1281,6 +1284,7 @@ class _Driver:
         spawned = time.perf_counter()
         await self.spawn()
         await _connect(self.bus, self.endpoint, DEFAULT_CONNECT_TIMEOUT)
+        self.leftovers = await self._leftovers()
         follower = None
         sid = self.bus.session_id
         if (
@@ -1342,6 +1346,26 @@ class _Driver:
                 log.error("journal end marks not read", nodes=sorted(missing))
         return self._summary(reports, elapsed, started)
 
+    async def _leftovers(self) -> dict[str, int]:
+        """What other sessions of the team left unacknowledged in a NATS stream (a run whose
+        processes died), each said in the log: this run's consumers never see it, since
+        each session's filter its own subjects, and it stays there for ``pantheon resume``.
+        Nothing for a ZeroMQ run (its broker is the run's own)."""
+        if self.scenario.transport.kind != "nats":
+            return {}
+        transport: Any = self.bus.transport
+        found: dict[str, int] = await transport.leftovers()
+        for session, messages in found.items():
+            log.warning(
+                "another session's messages wait in the team's stream: left for it, not "
+                "handled by this run",
+                other_session=session,
+                messages=messages,
+                stream=transport.stream,
+                finish_it=f"pantheon resume {session}",
+            )
+        return found
+
     async def _after_kill(self, keys: _takeover.InputKeys, started: float) -> dict[str, Any]:
         """A NATS run that killed a node: wait until its standbys finished what it left,
         then say what waits in the stream for its agents with no live member (see
@@ -1391,6 +1415,7 @@ class _Driver:
             unverified={name: _settled_by(reports, name) for name in silent},
             stream=self.stream,
         )
+        summary.leftovers = self.leftovers
         driver_t = reports[0].get("transport", {})
         summary.nodes = {
             DRIVER_NODE: {
@@ -1628,6 +1653,11 @@ async def run_cluster(
     finally:
         await driver.close()
         await bus.aclose(drain=False)
+        cfg = scenario.transport
+        if isinstance(cfg, NatsTransportConfig) and cfg.server != "auto" and bus.session_id:
+            # The run is over (a driver that dies never gets here, and its session is the
+            # one ``pantheon resume`` takes): its consumer groups hold nothing anyone needs.
+            await discard_consumers(scenario, endpoint, bus.session_id)
 
 
 def install_stop_signals(stop: asyncio.Event) -> None:
@@ -1669,3 +1699,24 @@ async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: S
     applied = await asyncio.to_thread(import_shipments, store, info.id, nodes, shipments)
     await asyncio.to_thread(import_envelopes, store, info.id, sent)
     return applied
+
+
+async def discard_consumers(scenario: Scenario, url: str, session: str) -> None:
+    """Delete ``session``'s consumer groups from the NATS server at ``url`` (a run that is
+    over: it ended, or was resumed), so no later run lists it as having left work; the
+    stream keeps every message. A failure is logged, not raised: the run's outcome stands,
+    and the server deletes idle consumers of a session itself after a day."""
+    transport = _nats_transport(scenario, url, f"cleanup-{os.getpid()}", DEFAULT_CONNECT_TIMEOUT)
+    try:
+        async with Bus(transport=transport):
+            gone = await transport.discard(session)
+    except BusError as exc:  # not connected, or the server refused (TransportError)
+        log.warning(
+            "could not delete the session's consumer groups from the NATS server: the "
+            "server deletes them after a day idle",
+            other_session=session,
+            url=url,
+            error=f"{type(exc).__name__}: {exc}",
+        )
+        return
+    log.info("session's consumer groups deleted", other_session=session, consumers=gone)

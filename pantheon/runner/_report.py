@@ -109,6 +109,12 @@ class RunSummary:
     (``handed_over``, a lower bound: see ``pantheon.runner._takeover``) and when the run went quiet
     (``quiet_at_s``).
     Empty otherwise."""
+    leftovers: dict[str, int] = field(default_factory=dict)
+    """Of a NATS run: other sessions of the team whose consumer groups held unacknowledged
+    messages, with nobody pulling, when this run started (session -> messages; an earlier
+    run whose processes died). This run never saw them: each session's consumers filter its
+    own subjects (``bus.backends.nats._subjects``); they stay for ``pantheon resume``.
+    Empty when there were none."""
     scheduling: dict[str, Any] = field(default_factory=dict)
     """How long the event loop's thread waited for a CPU while it had work (``source``,
     ``wall_s``, ``cpu_s``, ``wait_s``, ``share``; see ``bus._sched``): of a multi-process

@@ -181,8 +181,10 @@ class TransportContract:
         assert b.transport.has_remote("only.this") is False
 
     async def test_priority_and_lineage_are_preserved(self, network: Network) -> None:
+        # Buses of one run share its session (on NATS it is also the scope of their
+        # consumer groups: another session's never reach them).
         a = await network.bus(session_id="sess-a")
-        b = await network.bus()
+        b = await network.bus(session_id="sess-a")
         back_at_a: list[Envelope] = []
         at_b: list[Envelope] = []
         a.on("answer", back_at_a.append, name="a-answers")

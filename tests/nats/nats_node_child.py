@@ -1,7 +1,7 @@
 """A NATS node in its own process, for the fault tests.
 
     python tests/nats/nats_node_child.py URL TEAM NODE SUBSCRIPTION PATTERN OUTFILE
-        [--delay SECONDS] [--ack-wait SECONDS] [--credit N]
+        [--delay SECONDS] [--ack-wait SECONDS] [--credit N] [--session ID]
 
 Subscribes ``SUBSCRIPTION`` to ``PATTERN``, waits on the subscription barrier, prints
 ``ready`` on stdout, then appends ``<payload>`` to OUTFILE for every message it handles
@@ -33,6 +33,7 @@ async def main() -> None:
     parser.add_argument("--delay", type=float, default=0.0)
     parser.add_argument("--ack-wait", type=float, default=30.0)
     parser.add_argument("--credit", type=int, default=256)
+    parser.add_argument("--session", default=None)
     args = parser.parse_args()
     out = open(args.outfile, "a", buffering=1)  # noqa: ASYNC230, SIM115 - line-buffered log
     stop = asyncio.Event()
@@ -41,7 +42,7 @@ async def main() -> None:
     transport = NatsTransport(
         args.url, team=args.team, node=args.node, ack_wait=args.ack_wait, credit=args.credit
     )
-    async with Bus(transport=transport) as bus:
+    async with Bus(transport=transport, session_id=args.session) as bus:
 
         @bus.on(args.pattern, name=args.subscription, concurrency=4)
         async def handle(env: Envelope) -> None:

@@ -5,6 +5,7 @@ all delivered or in the dead letter queue (delivered + DLQ covers published)."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import signal
@@ -30,9 +31,9 @@ CHILD = Path(__file__).with_name("nats_node_child.py")
 
 
 async def _spawn(
-    url: str, node: str, outfile: Path, **options: object
+    url: str, node: str, outfile: Path, team: str = "faults", **options: object
 ) -> asyncio.subprocess.Process:
-    args = [str(CHILD), url, "faults", node, "workers", "jobs", str(outfile)]
+    args = [str(CHILD), url, team, node, "workers", "jobs", str(outfile)]
     for key, value in options.items():
         args += [f"--{key.replace('_', '-')}", str(value)]
     proc = await asyncio.create_subprocess_exec(
@@ -42,6 +43,67 @@ async def _spawn(
     line = await asyncio.wait_for(proc.stdout.readline(), 30)
     assert line.strip() == b"ready", f"node {node} did not start: {line!r}"
     return proc
+
+
+async def test_a_session_never_handles_another_s_and_what_a_dead_one_left_is_counted(
+    server: NatsServer, tmp_path: Path
+) -> None:
+    """Two runs of one team on one server, with the same node and group names: each
+    session's consumer groups are its own, so neither handles the other's messages. A run
+    whose member was SIGKILLed holding its messages left them in its groups: listed by
+    session (once nobody pulls there), never given to the other run, and gone from the list
+    once its groups are discarded."""
+    out = tmp_path / "run-1.txt"
+    dead = await _spawn(
+        server.url, "work", out, team="two", delay=600, ack_wait=600, session="run-1"
+    )
+    got: list[object] = []
+    try:
+
+        def node(session: str, name: str) -> Bus:
+            transport = NatsTransport(server.url, team="two", node=name)
+            return Bus(transport=transport, session_id=session)
+
+        pub1 = node("run-1", "pub")
+        await pub1.start()
+        try:
+            async with node("run-2", "pub") as pub2, node("run-2", "work") as work2:
+                work2.on("jobs", lambda env: got.append(env.payload), name="workers")
+                await work2.transport.sync()
+                for pub in (pub1, pub2):
+                    await eventually(functools.partial(pub.transport.has_remote, "jobs"))
+                for i in range(3):
+                    await pub1.emit("jobs", f"one-{i}")
+                    await pub2.emit("jobs", f"two-{i}")
+                await pub2.drain(timeout=10)
+                stats = pub1.transport.stats  # type: ignore[attr-defined]
+                await eventually(lambda: stats()["awaiting_stream_ack"] == 0)
+                dead.kill()  # SIGKILL, holding (or never pulled) what run-1 sent it
+                await dead.wait()
+                looker = NatsTransport(server.url, team="two", node="looker")
+                async with Bus(transport=looker):
+                    # Listed once the dead member's pull requests expired on the server;
+                    # run-2, still pulling, is not a leftover.
+                    left: dict[str, int] = {}
+
+                    async def listed() -> bool:
+                        left.update(await looker.leftovers())
+                        return bool(left)
+
+                    async with asyncio.timeout(20):
+                        while not await listed():  # noqa: ASYNC110 - the server's state
+                            await asyncio.sleep(0.2)
+                    assert left == {"run-1": 3}
+                    assert await looker.discard("run-1") == 3  # one consumer per lane
+                    assert await looker.leftovers() == {}
+        finally:
+            await pub1.aclose(drain=False)
+    finally:
+        if dead.returncode is None:
+            dead.kill()
+            await dead.wait()
+    assert got == ["two-0", "two-1", "two-2"]
+    assert not out.exists() or out.read_text() == ""  # the dead one handled nothing
 
 
 async def _two_members_talk(url: str, login: dict[str, str], payload: str) -> None:
@@ -347,7 +409,7 @@ async def test_undecodable_messages_in_the_stream_are_counted_dead_lettered_and_
             for i in range(10):
                 await pub.emit("mail.in", i)
                 if i < len(junk):
-                    await js.publish("pantheon.junk.normal.mail.in", junk[i])
+                    await js.publish("pantheon.junk.normal._.mail.in", junk[i])
         finally:
             await client.close()
         transport = sub.transport
@@ -379,7 +441,7 @@ async def test_undecodable_directory_entries_and_dlq_messages_are_skipped(
         try:
             js = client.jetstream()
             kv = await js.key_value("pantheon_nodes_junk2")
-            await kv.put("intruder", deep)
+            await kv.put("_.intruder", deep)  # among the session-less nodes
             await js.publish("pantheon.dlq.junk2.pub", deep)
         finally:
             await client.close()

@@ -171,16 +171,20 @@ def test_an_undecodable_message_mid_run_is_counted_and_the_run_finishes(tmp_path
             try:
                 js = client.jetstream()
                 # Once a consumer of that subject exists (they start at new messages), the
-                # message is its to read.
-                subject = "pantheon.junk_run.normal.observation.email.received"
+                # message is its to read: on the run's session's subject, which it filters.
+                head = "pantheon.junk_run.normal."
+                tail = ".observation.email.received"
                 async with asyncio.timeout(120):
-                    while True:
+                    subject = ""
+                    while not subject:
                         try:
                             infos = await js.consumers_info("PANTHEON_junk_run")
                         except Exception:  # the stream does not exist yet
                             infos = []
-                        if any(c.config.filter_subject == subject for c in infos):
-                            break
+                        for c in infos:
+                            found = c.config.filter_subject or ""
+                            if found.startswith(head) and found.endswith(tail):
+                                subject = found
                         await asyncio.sleep(0.05)
                 await js.publish(subject, b"\x91" * 100_000 + b"\xc0")
                 injected.set()

@@ -38,8 +38,8 @@ async def test_request_reply_over_an_inbox(server: NatsServer) -> None:
 
 
 async def test_the_directory_is_a_key_value_bucket(server: NatsServer) -> None:
-    """Each node's subscriptions are its entry in ``pantheon_nodes_<team>``; a closing node
-    deletes it and the others stop routing to it."""
+    """Each node's subscriptions are its entry in ``pantheon_nodes_<team>``, under its bus's
+    session (``_`` for none); a closing node deletes it and the others stop routing to it."""
     a = NatsTransport(server.url, team="dir", node="alpha")
     b = NatsTransport(server.url, team="dir", node="beta")
     async with Bus(transport=a) as bus_a, Bus(transport=b) as bus_b:
@@ -48,14 +48,14 @@ async def test_the_directory_is_a_key_value_bucket(server: NatsServer) -> None:
         nc = await nats.connect(server.url)
         try:
             kv = await nc.jetstream().key_value("pantheon_nodes_dir")
-            assert sorted(await kv.keys()) == ["alpha", "beta"]
-            entry = await kv.get("beta")
+            assert sorted(await kv.keys()) == ["_.alpha", "_.beta"]
+            entry = await kv.get("_.beta")
             assert b"orders.*" in (entry.value or b"")
             assert a.stats()["peers"] == ["beta"] and a.has_remote("orders.new")
             await bus_b.aclose()
             await eventually(lambda: not a.has_remote("orders.new"))
             assert a.stats()["peers"] == []
-            assert await kv.keys() == ["alpha"]
+            assert await kv.keys() == ["_.alpha"]
         finally:
             await nc.close()
         assert bus_a.transport is a

@@ -8,6 +8,11 @@ them, without acknowledging anything: the held ones are pulled once they expire 
 server redelivers before it hands out new ones) and left unacknowledged, so they come back
 after ``ack_wait`` again; the rest are read by sequence from the stream, not from the
 consumer, so they stay undelivered.
+
+Across sessions (:func:`leftovers`, :func:`discard`): every session has its own consumers
+(``_subjects``), described with the session's name, so what a run whose processes all died
+left is counted per session, and deleted once that session is over, from the consumer list
+alone; the stream's messages themselves are never touched here.
 """
 
 from __future__ import annotations
@@ -16,12 +21,15 @@ import asyncio
 import contextlib
 from typing import Any, NamedTuple
 
+import nats.errors
 import nats.js.errors
 from nats.aio.msg import Msg
 
 from bus._envelope import Envelope
+from bus._errors import TransportError
+from bus.backends.nats._subjects import session_of
 
-__all__ = ["Waiting", "count_waiting", "read_waiting"]
+__all__ = ["Waiting", "count_waiting", "discard", "leftovers", "read_waiting"]
 
 #: Seconds one pull request waits on the server while reading a dead group's messages.
 _PULL = 0.5
@@ -111,3 +119,53 @@ async def read_waiting(
         seq = raw.seq + 1
     waiting = held | rest
     return [waiting[s] for s in sorted(waiting)], complete
+
+
+async def _consumers(js: Any, stream: str) -> list[Any]:
+    """Every consumer of ``stream`` (the server lists them a page at a time)."""
+    out: list[Any] = []
+    try:
+        while page := await js.consumers_info(stream, offset=len(out)):
+            out += page
+    except nats.errors.Error as exc:
+        raise TransportError(f"NATS stream {stream}: listing its consumers failed: {exc}") from exc
+    return out
+
+
+async def leftovers(js: Any, stream: str, scope: str) -> dict[str, int]:
+    """Per session other than ``scope`` whose consumers hold unacknowledged messages (held
+    by a member, or not handed out) and that no member pulls from: how many. A session
+    whose members are pulling is a run going on now, not leftovers. The server's count, an
+    upper bound of the work left: a consumer also counts copies its publisher served in
+    memory (a member would pass them over), and a message a leaving member gave back may
+    count twice while it waits to be handed out again."""
+    held: dict[str, int] = {}
+    pulled: set[str] = set()
+    for info in await _consumers(js, stream):
+        session = session_of(info.config.description)
+        if session is None or session == scope:
+            continue
+        if info.num_waiting:
+            pulled.add(session)
+        held[session] = held.get(session, 0) + int(info.num_pending) + int(info.num_ack_pending)
+    return {s: n for s, n in sorted(held.items()) if n and s not in pulled}
+
+
+async def discard(js: Any, stream: str, scope: str) -> int:
+    """Delete session ``scope``'s consumers from ``stream``; returns how many went. The
+    stream keeps every message (a resume reads them there)."""
+    gone = 0
+    for info in await _consumers(js, stream):
+        if session_of(info.config.description) != scope:
+            continue
+        try:
+            await js.delete_consumer(stream, info.name)
+        except nats.js.errors.NotFoundError:
+            continue  # gone meanwhile (the server's idle limit)
+        except nats.errors.Error as exc:
+            raise TransportError(
+                f"NATS stream {stream}: deleting consumer {info.name} of session {scope} "
+                f"failed: {exc}"
+            ) from exc
+        gone += 1
+    return gone

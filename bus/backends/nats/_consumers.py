@@ -34,9 +34,11 @@ from bus._transport import BusPort, Receipt
 from bus.backends.nats._publisher import Outbox
 from bus.backends.nats._subjects import (
     LANES,
+    NO_SESSION,
     consumer_name,
     dlq_subject,
     filter_subject,
+    session_description,
     subject_of,
 )
 from bus.backends.nats._wire import (
@@ -56,6 +58,10 @@ _log = logging.getLogger("bus.nats")
 
 #: Seconds a pull request waits on the server for messages (a long poll).
 _PULL_EXPIRES = 5.0
+#: Seconds after which the server deletes a session's consumer nobody pulls from: what a
+#: run whose every process died leaves goes a day later (a finished run deletes its own at
+#: once, a resume those of the run it finished). The team-wide ones (no session) are kept.
+_SESSION_IDLE = 86_400.0
 #: Handled message ids remembered per group (at least this many) to drop redeliveries.
 _DEDUP_IDS = 65_536
 #: Ids of the latest messages this node received, so that one delivered to several of its
@@ -241,6 +247,7 @@ class Consumers:
         "replicas",
         "req_ids",
         "schedule_write",
+        "scope",
         "seen",
         "send",
         "stream",
@@ -290,6 +297,7 @@ class Consumers:
         self.local_names = local_names
         self.local_names_of = local_names_of
         self.loop: asyncio.AbstractEventLoop | None = None  # set by the transport's start
+        self.scope = NO_SESSION  # the bus's session, set by the transport's start
         self.nc: Any = None
         self.js: Any = None
         self.port: BusPort | None = None
@@ -304,13 +312,17 @@ class Consumers:
         self.seen: OrderedDict[int, None] = OrderedDict()
 
     async def open_group(self, name: str, pattern: str) -> Group:
-        """Create (or keep) the group's consumer on each lane, then start pulling."""
+        """Create (or keep: another process of the session made it) the group's consumer on
+        each lane, then start pulling."""
+        scope = self.scope
+        scoped = scope != NO_SESSION
         lanes = []
         for lane in range(len(LANES)):
-            durable = consumer_name(name, pattern, lane)
+            durable = consumer_name(scope, name, pattern, lane)
             config = ConsumerConfig(
                 durable_name=durable,
-                filter_subject=filter_subject(self.team, lane, pattern),
+                description=session_description(scope),
+                filter_subject=filter_subject(self.team, scope, lane, pattern),
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.NEW,
                 ack_wait=self.ack_wait,
@@ -318,6 +330,7 @@ class Consumers:
                 max_ack_pending=self.credit,
                 max_waiting=512,
                 num_replicas=self.replicas,
+                inactive_threshold=_SESSION_IDLE if scoped else None,
             )
             try:
                 await self.js.add_consumer(self.stream, config)
@@ -551,7 +564,7 @@ class Consumers:
             "Pantheon-Error-Type": type(error).__name__,
             "Pantheon-Error": text,
             "Pantheon-Node": self.node,
-            "Pantheon-Subject": subject_of(self.team, wire.priority, wire.topic),
+            "Pantheon-Subject": subject_of(self.team, self.scope, wire.priority, wire.topic),
         }
         while not self.closed:
             try:

@@ -1,8 +1,10 @@
 """Who hosts which subscriptions, and where a topic's messages go from this node.
 
 Every node keeps its entry (its ``(name, pattern)`` pairs and a version) in the team's
-key-value bucket, refreshed each heartbeat, and watches the bucket's subject for the
-others'. A node not heard from for ``heartbeat * liveness`` seconds leaves this node's view.
+key-value bucket under ``<scope>.<node>``, refreshed each heartbeat, and watches its scope's
+keys for the others': the nodes of one session see each other only, so a run never routes
+to (or waits for) the groups of another run of the team, and node names repeat freely
+across runs. A node not heard from for ``heartbeat * liveness`` seconds leaves this node's view.
 On every new version it sees, a node tells its owner so on the owner's sync subject: that is
 how ``sync`` knows everyone routes by this node's latest subscriptions. Routes are resolved
 once per topic against this node's subscriptions and the others', and cached until either
@@ -24,7 +26,13 @@ from nats.aio.msg import Msg
 from bus._errors import DecodeError
 from bus._topics import GlobIndex
 from bus._transport import wake
-from bus.backends.nats._subjects import LANES, consumer_name, subject_of, sync_subject
+from bus.backends.nats._subjects import (
+    LANES,
+    NO_SESSION,
+    consumer_name,
+    subject_of,
+    sync_subject,
+)
 from bus.backends.nats._wire import NodeEntry, SyncAck, decode_node, decode_sync, encode
 
 __all__ = ["Directory", "Route"]
@@ -61,6 +69,7 @@ class Directory:
     """
 
     __slots__ = (
+        "bucket",
         "counts",
         "fed",
         "fed_index",
@@ -74,6 +83,7 @@ class Directory:
         "others",
         "remote_index",
         "routes",
+        "scope",
         "seen_at",
         "send",
         "sync_waiters",
@@ -87,7 +97,7 @@ class Directory:
         *,
         node: str,
         team: str,
-        kv_prefix: str,
+        bucket: str,
         counts: dict[str, int],
         groups: dict[tuple[str, str], Any],
         send: Callable[[str, bytes], None],
@@ -97,7 +107,9 @@ class Directory:
         self.node = node
         self.fed = fed
         self.team = team
-        self.kv_prefix = kv_prefix
+        self.bucket = bucket
+        self.scope = NO_SESSION
+        self.kv_prefix = f"$KV.{bucket}.{NO_SESSION}."
         self.counts = counts
         self.groups = groups
         self.send = send
@@ -114,6 +126,16 @@ class Directory:
         self.synced: dict[str, int] = {}
         self.sync_waiters: list[asyncio.Future[None]] = []
         self.version = 0  # published in the directory
+
+    def set_scope(self, scope: str) -> None:
+        """The bus's session (before the node starts): which entries are its peers'."""
+        self.scope = scope
+        self.kv_prefix = f"$KV.{self.bucket}.{scope}."
+
+    @property
+    def key(self) -> str:
+        """This node's key in the bucket."""
+        return f"{self.scope}.{self.node}"
 
     def set_local(self, subscriptions: list[tuple[str, str]]) -> None:
         """This node's subscriptions changed: local names and routes are resolved anew."""
@@ -140,7 +162,7 @@ class Directory:
             socket.gethostname(),
             os.getpid(),
         )
-        await self.kv.put(self.node, encode(entry))
+        await self.kv.put(self.key, encode(entry))
 
     async def load(self) -> None:
         try:
@@ -148,11 +170,13 @@ class Directory:
         except nats.js.errors.NoKeysError:
             return
         now = time.monotonic()
-        for key in keys:
-            if key == self.node:
-                continue
+        mine = f"{self.scope}."
+        for full in keys:
+            key = full.removeprefix(mine)
+            if key == full or key == self.node:
+                continue  # another session's node, or this one
             try:
-                entry = await self.kv.get(key)
+                entry = await self.kv.get(full)
             except nats.js.errors.KeyNotFoundError:
                 continue
             if entry.value:
@@ -163,7 +187,10 @@ class Directory:
                     continue
                 self.others[key] = node
                 self.seen_at[key] = now
-                self.send(sync_subject(self.team, key), encode(SyncAck(self.node, node.version)))
+                self.send(
+                    sync_subject(self.team, self.scope, key),
+                    encode(SyncAck(self.node, node.version)),
+                )
         self._changed()
 
     async def on_entry(self, msg: Msg) -> None:
@@ -186,7 +213,9 @@ class Directory:
         self.others[key] = entry
         if old is None or old.version != entry.version or old.subs != entry.subs:
             self._changed()
-            self.send(sync_subject(self.team, key), encode(SyncAck(self.node, entry.version)))
+            self.send(
+                sync_subject(self.team, self.scope, key), encode(SyncAck(self.node, entry.version))
+            )
 
     def expire(self, now: float, silence: float) -> None:
         """Forget the nodes not heard from for ``silence`` seconds."""
@@ -234,7 +263,7 @@ class Directory:
         hosted = [p for e in self.others.values() for p in e.subs]
         hosted += [p for p in self.groups if p[0] in self.fed]
         return {
-            consumer_name(name, pattern, lane)
+            consumer_name(self.scope, name, pattern, lane)
             for name, pattern in hosted
             for lane in range(len(LANES))
         }
@@ -247,8 +276,13 @@ class Directory:
         remote = {g for g in self.remote_index.resolve(topic) if g[0] not in local}
         groups = sorted(remote | fed)
         if groups:
-            subjects = tuple(subject_of(self.team, lane, topic) for lane in range(len(LANES)))
-            tracked = [[consumer_name(n, p, lane) for n, p in groups] for lane in range(len(LANES))]
+            scope = self.scope
+            subjects = tuple(
+                subject_of(self.team, scope, lane, topic) for lane in range(len(LANES))
+            )
+            tracked = [
+                [consumer_name(scope, n, p, lane) for n, p in groups] for lane in range(len(LANES))
+            ]
         else:
             subjects = ("", "", "")
             tracked = [[], [], []]

@@ -2,15 +2,26 @@
 
 Mapping (see ``_subjects.py``): team ``T`` has one stream ``PANTHEON_T`` capturing
 ``pantheon.T.>`` (file storage by default, a ``dedup_window`` for ``Nats-Msg-Id``). A message
-on topic ``a.b`` with priority HIGH is published on ``pantheon.T.high.a.b`` with
-``Nats-Msg-Id`` = the envelope id, so a publish repeated after a lost ack is stored once; a
-message a handler emitted is named by what caused it instead (see :meth:`_msg_id`), so a
-member that handles a message again after another died mid-way publishes nothing twice.
-Each subscription name is a consumer group: one durable pull consumer per priority lane
-(``critical``, ``high``, ``normal``), shared by every process hosting that name, with
-``max_ack_pending`` = ``credit``. The directory of nodes (who hosts which ``(name,
-pattern)``) is a JetStream key-value bucket, ``pantheon_nodes_T``; dead letters of every team
-go to the ``PANTHEON_DLQ`` stream (subjects ``pantheon.dlq.T.<publishing node>``).
+on topic ``a.b`` with priority HIGH, from a bus of session ``S``, is published on
+``pantheon.T.high.S.a.b`` with ``Nats-Msg-Id`` = the envelope id, so a publish repeated after
+a lost ack is stored once; a message a handler emitted is named by what caused it instead
+(see :meth:`_msg_id`), so a member that handles a message again after another died mid-way
+publishes nothing twice. Each subscription name is a consumer group of the session: one
+durable pull consumer per priority lane (``critical``, ``high``, ``normal``), shared by every
+process of the session hosting that name, with ``max_ack_pending`` = ``credit``. The
+directory of nodes (who hosts which ``(name, pattern)``) is a JetStream key-value bucket,
+``pantheon_nodes_T``, keyed by session and node; dead letters of every team go to the
+``PANTHEON_DLQ`` stream (subjects ``pantheon.dlq.T.<publishing node>``).
+
+*One session never handles another's messages.* The stream outlives runs: a run whose
+processes died (its driver SIGKILLed) leaves its unacknowledged messages in its consumers,
+and an earlier version that named consumers by team alone handed them to the team's next
+run, which handled them as its own. Subjects, consumers and directory entries are therefore
+the bus's session's (:class:`~bus.BusPort` ``session_id``; a bus without one shares the
+team-wide scope): another session's messages never reach this node, and what a dead one
+left stays in the stream untouched, for ``pantheon resume`` (which reads the stream itself,
+not the consumers). :meth:`NatsTransport.leftovers` counts it per session;
+:meth:`NatsTransport.discard` deletes a finished session's consumers (the messages stay).
 
 Publishing (``_publisher``): ``try_send`` encodes the envelope and queues a PUB asking for
 its stream ack; at most ``window`` wait for one, past that the bus awaits ``send``; an
@@ -69,10 +80,12 @@ from bus.backends.nats._publisher import Outbox, Publisher
 from bus.backends.nats._replies import Replies
 from bus.backends.nats._subjects import (
     LANES,
+    NO_SESSION,
     check_token,
     consumer_name,
     directory_bucket,
     dlq_subject,
+    scope_of,
     stream_name,
     sync_subject,
 )
@@ -120,6 +133,10 @@ class NatsTransport(Transport):
     stream ack. A failed message is naked with delay ``backoff[0] * 2**(n-1)`` (at most
     ``backoff[1]``) and dead-lettered after ``max_deliver`` deliveries. A node silent for
     ``heartbeat * liveness`` seconds leaves the others' directory view.
+
+    Subjects, consumer groups and directory entries are those of the bus's session (see the
+    module docstring): processes of one session share them, other sessions of the team (an
+    earlier run that died, a concurrent one) have their own.
 
     ``fed_remotely`` names groups this node's bus never serves in memory: its own publishes
     reach them through the stream like anyone's, so what one of their members held is
@@ -190,6 +207,8 @@ class NatsTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._connected = False
+        #: The bus's session as a subject token (``_subjects.scope_of``), set by ``start``.
+        self.scope = NO_SESSION
         self._tasks: list[asyncio.Task[None]] = []
         prefix = f"_INBOX.pantheon.{self.node}.{secrets.token_hex(4)}"
         self._ack_prefix = f"{prefix}.ack"
@@ -208,7 +227,7 @@ class NatsTransport(Transport):
         self._directory = directory = Directory(
             node=self.node,
             team=self.team,
-            kv_prefix=f"$KV.{directory_bucket(self.team)}.",
+            bucket=directory_bucket(self.team),
             counts=counts,
             groups=groups,
             send=outbox.send,
@@ -271,6 +290,8 @@ class NatsTransport(Transport):
         if self._nc is not None:
             raise TransportError(f"NatsTransport {self.node!r} is already started")
         self._port = self._publisher.port = self._consumers.port = port
+        self.scope = self._consumers.scope = scope_of(port.session_id)
+        self._directory.set_scope(self.scope)
         self._loop = self._outbox.loop = self._consumers.loop = asyncio.get_running_loop()
         self._publisher.track_wake = asyncio.Event()
         self._applied = asyncio.Event()
@@ -300,7 +321,7 @@ class NatsTransport(Transport):
             directory = self._directory
             await nc.subscribe(f"{self._ack_prefix}.*", cb=self._publisher.on_ack)
             await nc.subscribe(f"{self._reply_prefix}.*", cb=self._replies.on_answer)
-            await nc.subscribe(sync_subject(self.team, self.node), cb=directory.on_sync)
+            await nc.subscribe(sync_subject(self.team, self.scope, self.node), cb=directory.on_sync)
             await nc.subscribe(dlq_subject(self.team, self.node), cb=self._replies.on_dead)
             await nc.subscribe(f"{directory.kv_prefix}>", cb=directory.on_entry)
             await directory.load()
@@ -351,7 +372,7 @@ class NatsTransport(Transport):
         with contextlib.suppress(Exception):
             if self._kv is not None and self._connected:
                 async with asyncio.timeout(self.heartbeat):
-                    await self._kv.delete(self.node)
+                    await self._kv.delete(self._directory.key)
         await self._outbox.write_out()
         tasks = [t for t in [*self._tasks, self._outbox.writer, self._applier] if t is not None]
         for task in tasks:
@@ -574,7 +595,7 @@ class NatsTransport(Transport):
             out[(name, pattern)] = sum(
                 [
                     await _backlog.count_waiting(
-                        self._js, self.stream, consumer_name(name, pattern, lane)
+                        self._js, self.stream, consumer_name(self.scope, name, pattern, lane)
                     )
                     for lane in range(len(LANES))
                 ]
@@ -595,7 +616,7 @@ class NatsTransport(Transport):
             mine = waiting[(name, pattern)] = []
             served = handed[(name, pattern)] = []
             for lane in range(len(LANES)):
-                consumer = consumer_name(name, pattern, lane)
+                consumer = consumer_name(self.scope, name, pattern, lane)
                 bodies, whole = await _backlog.read_waiting(
                     self._nc, self._js, self.stream, consumer, self.batch, deadline
                 )
@@ -612,6 +633,24 @@ class NatsTransport(Transport):
                     env = envelope_of(wire, self._mono_to_wall)
                     (served if wire.skip is not None and name in wire.skip else mine).append(env)
         return Waiting(waiting, handed, complete)
+
+    async def leftovers(self) -> dict[str, int]:
+        """What other sessions of this team left in the stream: per session whose consumer
+        groups hold unacknowledged messages and have no member pulling (a run whose
+        processes died), how many. This bus's consumers never see them (they filter its own
+        session's subjects); ``pantheon resume`` finishes such a run from the stream."""
+        if self._js is None:
+            raise TransportError(f"NatsTransport {self.node!r} is not started")
+        return await _backlog.leftovers(self._js, self.stream, self.scope)
+
+    async def discard(self, session: str) -> int:
+        """Delete the consumer groups of ``session``, a session no process runs any more
+        (finished, or resumed), from the server; returns how many consumers went. Its
+        messages stay in the stream until ``max_age``: only the record of who had taken
+        them goes, so no later listing counts them as left."""
+        if self._js is None:
+            raise TransportError(f"NatsTransport {self.node!r} is not started")
+        return await _backlog.discard(self._js, self.stream, scope_of(session))
 
     # -- what crosses the parts ----------------------------------------------------------------
 
