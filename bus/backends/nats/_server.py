@@ -15,9 +15,7 @@ leave its ``server: auto`` server running for good, its store in the temp direct
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -50,12 +48,16 @@ def free_port() -> int:
         return port
 
 
-#: Runs ``"$@"`` (the server) and stops it once its stdin reaches end of file: when the
-#: starter closes the pipe (:meth:`NatsServer.stop`) or dies. Exits with the server's status.
-#: The pipe is read through fd 3: ``sh`` gives a background job /dev/null for stdin.
+#: Becomes ``"$@"`` (the server: same pid, so its starter waits for and reaps it directly)
+#: after forking a watcher that sends it SIGTERM once stdin reaches end of file: when the
+#: starter closes the pipe (:meth:`NatsServer.stop`) or dies. The pipe is read through fd 3
+#: (``sh`` gives a background job /dev/null for stdin). A server that exited by itself may
+#: have its pid reused by then: the watcher kills it only if that pid still runs our config
+#: (``/proc``; where there is none, as on macOS, the pid is trusted).
 _WITH_ITS_STARTER = (
-    'exec 3<&0; "$@" 3<&- & server=$!; '
-    '{ read -r _ <&3 || :; kill -TERM "$server" 2>/dev/null; } & wait "$server"'
+    "exec 3<&0; config=$3; { read -r _ <&3 || :; "
+    'if [ ! -d /proc/$$ ] || grep -qaF -- "$config" /proc/$$/cmdline 2>/dev/null; then '
+    'kill -TERM $$ 2>/dev/null; fi; } & exec "$@" 3<&-'
 )
 
 
@@ -72,6 +74,8 @@ def _spawn(binary: str, config: Path, log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    except OSError as exc:  # no sh, or the binary cannot be run
+        raise NatsServerError(f"cannot start {binary}: {exc}") from None
     finally:
         out.close()
 
@@ -154,9 +158,14 @@ class NatsServer:
         except NatsServerError:
             self.stop()
             raise
+        self._close_stdin()  # a crashed one's watcher: nothing left for it to stop
         config = self.store / f"{self.name}.conf"
         config.write_text(self._config())
-        self.proc = _spawn(binary, config, self._log)
+        try:
+            self.proc = _spawn(binary, config, self._log)
+        except NatsServerError:
+            self.stop()  # a temporary store goes too
+            raise
         self._wait_ready(timeout)
         return self
 
@@ -199,10 +208,9 @@ class NatsServer:
     def kill(self) -> None:
         """SIGKILL: a crash, the store left as it was."""
         if self.proc is not None and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the server and its watcher
+            self.proc.kill()
             self.proc.wait()
-        self._close_stdin()
+        self._close_stdin()  # its watcher finds it gone and leaves
         self.proc = None
 
     def _close_stdin(self) -> None:
@@ -217,8 +225,7 @@ class NatsServer:
             try:
                 self.proc.wait(5.0)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.kill()
                 self.proc.wait()
         self._close_stdin()
         self.proc = None
