@@ -16,9 +16,10 @@ writer would do better.
 drift in the machine's speed cancels, if that is what the noise is.
 
 ``gc``: off and recording alternating in one process; for each run, the cycle collector's
-collections per generation inside the run and the loop thread's CPU they took
-(``gc.callbacks``), beside the run's loop CPU: time the recorder costs that no count of its
-own instructions shows, since a collection's cost grows with the whole heap.
+collections per generation inside the run and the CPU of the thread that ran each (the
+loop's, but for a rare one the writer's allocations set off; ``gc.callbacks``), beside
+the run's loop CPU: time the recorder costs that no count of its own instructions shows,
+since a collection's cost grows with the whole heap.
 
 ``chunks``: off, then recording with journal chunks of 2,048 rows (the default) and of 128,
 alternating: whether writing ~3 MB chunks, more than a core's L2, slows the loop beyond its

@@ -6,7 +6,7 @@ from the record through the team's own outcome (:meth:`Scenario.outcome_spec`: i
 ``outcome:`` section, see :mod:`agents._outcomes`), the same reading a run makes live, so a
 run's summary, ``pantheon diff``, a what-if and both dashboards agree on every count.
 Accuracy is measured against the labels of the input the recorded scenario names, read
-again from its file (a replay that served the Learner's effects is scored all the same).
+again from its file, so a re-run is scored by the same reading whatever it served.
 """
 
 from __future__ import annotations

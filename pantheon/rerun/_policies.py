@@ -18,7 +18,13 @@ from typing import Any, Literal
 from agents import BUDGET_EFFECT
 from pantheon._errors import DriverGone
 from pantheon.sessions import StoredEffect
-from pantheon.sessions.internals import EFFECT_ERROR, EFFECT_OK, EFFECT_REPR, encode
+from pantheon.sessions.internals import (
+    EFFECT_ERROR,
+    EFFECT_OK,
+    EFFECT_REPR,
+    encode,
+    rebuild_error,
+)
 
 __all__ = ["EffectCall", "ExactReplay", "Policy", "Resume", "Verdict", "WhatIf"]
 
@@ -199,13 +205,12 @@ class Resume(Policy):
     def __init__(self) -> None:
         self.mismatched = 0
         self.asked_again = 0
-        self._driver_gone = _driver_gone_types()
 
     def decide(self, call: EffectCall) -> Verdict:
         if call.matches_record():
             rec = call.record
             assert rec is not None
-            if rec.flag == EFFECT_ERROR and rec.error_type in self._driver_gone:
+            if rec.flag == EFFECT_ERROR and _driver_gone(rec):
                 self.asked_again += 1
                 return LIVE
             return SERVE
@@ -213,7 +218,9 @@ class Resume(Policy):
         return LIVE
 
 
-def _driver_gone_types() -> set[str]:
-    """The recorded type names of the :class:`~pantheon._errors.DriverGone` errors (the
-    nodes' relays define them; a resume has them loaded, since it runs the team)."""
-    return {f"{cls.__module__}.{cls.__qualname__}" for cls in DriverGone.__subclasses__()}
+def _driver_gone(rec: StoredEffect) -> bool:
+    """Whether ``rec`` failed with a :class:`~pantheon._errors.DriverGone` error, rebuilt as
+    a replay rebuilds a recorded error (the nodes' relays that define them are loaded: a
+    resume runs the team). A session recorded before these existed has the plain
+    ``ApprovalUnavailable`` there: it is served, as it was then."""
+    return isinstance(rebuild_error(rec.error_type or "", rec.error or ""), DriverGone)
