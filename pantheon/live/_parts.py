@@ -62,7 +62,15 @@ from pantheon.live._snapshot import (
     Trace,
 )
 
-__all__ = ["PartsBoard", "decode_part", "encode_part", "merge_parts", "store_entry_id", "summed"]
+__all__ = [
+    "PartsBoard",
+    "decode_part",
+    "encode_part",
+    "merge_breakers",
+    "merge_parts",
+    "store_entry_id",
+    "summed",
+]
 
 #: A dead letter's payload is the raw one, which msgpack may not encode (the very payload of
 #: an ``encode_error``): it goes as its repr, as on the feed's socket.
@@ -191,7 +199,7 @@ def _add_hop(into: dict[tuple[str, str], HopLatency], hop: HopLatency) -> None:
 _BREAKER_RANK = {"closed": 0, "half_open": 1, "open": 2}
 
 
-def _breakers(breakers: Iterable[BreakerState]) -> tuple[BreakerState, ...]:
+def merge_breakers(breakers: Iterable[BreakerState]) -> tuple[BreakerState, ...]:
     """One row per breaker: an agent on several nodes (competing consumers) has a breaker in
     each, shown as one, as its hop is: the worst state (with its reason and next probe),
     trips added, and the nodes in that state. A viewer keys its rows by name."""
@@ -332,7 +340,7 @@ def merge_parts(
         snap,
         totals=_totals([snap.totals, *(p.totals for p in parts)]),
         hops=tuple(sorted(hops.values(), key=lambda h: (h.kind != "agent", h.name))),
-        breakers=_breakers(itertools.chain(snap.breakers, *(p.breakers for p in parts))),
+        breakers=merge_breakers(itertools.chain(snap.breakers, *(p.breakers for p in parts))),
         breaker_events=tuple(events),
         dead_letters=tuple(dead[-max_dead_letters:]) if max_dead_letters else (),
         traces=_traces(traces, max_traces),

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from pantheon import readmodel
+from pantheon.live._parts import merge_breakers
 from pantheon.live._snapshot import (
     MAX_TALLIED,
     BreakerState,
@@ -171,26 +172,23 @@ def _series(points: list[readmodel.ThroughputPoint], bucket_s: float) -> tuple[S
 def _breakers(
     stats: dict[str, Any], events: list[readmodel.BreakerEvent], here: str | None
 ) -> tuple[BreakerState, ...]:
-    """Every breaker the bus had at its last metrics snapshot, with trips and last reason;
-    breakers only the transitions mention (no snapshot yet) are added from those. Each is
-    in the process of its last transition, else ``here`` (the recording process's)."""
-    states: dict[str, str] = dict(stats.get("breakers") or {})
+    """Every breaker the recording process (``here``) had at its last metrics snapshot,
+    with trips and last reason, and every breaker of any process its transitions mention:
+    one per (name, process), its state its last transition's, then merged by name as the
+    live feed merges its nodes' (the worst state, trips added, the nodes in that state)."""
     subs: dict[str, Any] = stats.get("subscribers") or {}
-    trips: dict[str, int] = {}
-    reasons: dict[str, str | None] = {}
-    nodes: dict[str, str | None] = {}
+    rows: dict[tuple[str, str | None], list[Any]] = {}  # -> [state, trips, reason]
+    for name, state in (stats.get("breakers") or {}).items():
+        trips = int(subs[name].get("breaker_trips", 0)) if name in subs else 0
+        rows[(name, here)] = [state, trips, None]
+    opened: dict[tuple[str, str | None], int] = {}
     for e in events:
-        nodes[e.name] = e.node
-        states.setdefault(e.name, e.new)
+        key = (e.name, e.node or here)
+        row = rows.setdefault(key, [e.new, 0, None])
+        row[0], row[2] = e.new, e.reason
         if e.new == "open":
-            trips[e.name] = trips.get(e.name, 0) + 1
-        reasons[e.name] = e.reason
-    last = {e.name: e.new for e in events}
-    out = []
-    for name in sorted(states):
-        state = last.get(name, states[name])
-        count = int(subs[name].get("breaker_trips", 0)) if name in subs else trips.get(name, 0)
-        count = max(count, trips.get(name, 0))
-        node = nodes.get(name) or here
-        out.append(BreakerState(name, state, count, None, reasons.get(name), node))
-    return tuple(out)
+            opened[key] = opened.get(key, 0) + 1
+    return merge_breakers(
+        BreakerState(name, state, max(trips, opened.get((name, node), 0)), None, reason, node)
+        for (name, node), (state, trips, reason) in rows.items()
+    )

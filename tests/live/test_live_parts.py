@@ -14,9 +14,9 @@ from typing import Any
 
 from bus import Bus, Envelope
 from pantheon.live import LiveFeed, NodeParts, PartsBoard
-from pantheon.live._parts import _breakers, _traces, decode_part, encode_part
+from pantheon.live._parts import _traces, decode_part, encode_part, merge_breakers
 from pantheon.live._snapshot import BreakerState, Trace
-from pantheon.readmodel import HopBar
+from pantheon.readmodel import BreakerEvent, HopBar
 
 
 async def test_a_nodes_dead_letter_shows_under_its_store_id_and_is_redriven_on_that_node() -> None:
@@ -224,7 +224,7 @@ def test_a_requests_hops_from_every_process_join_and_one_without_its_start_waits
 def test_a_breaker_in_several_processes_is_one_row_at_its_worst() -> None:
     """An agent on two nodes has a breaker in each; a viewer keys its rows by name (the
     terminal monitor's table refuses a key twice)."""
-    merged = _breakers(
+    merged = merge_breakers(
         [
             BreakerState("reasoner", "closed", 1, node="work1"),
             BreakerState("actor", "closed", 0, node="work1"),
@@ -237,4 +237,25 @@ def test_a_breaker_in_several_processes_is_one_row_at_its_worst() -> None:
     assert merged == (
         BreakerState("actor", "closed", 1, node="work1, work2, work3"),
         BreakerState("reasoner", "open", 3, 0.5, "failures", node="work2"),
+    )
+
+
+def test_a_stored_sessions_breakers_are_merged_as_the_live_feeds_are() -> None:
+    """The monitor on a finished session: a breaker that opened on work1 and whose other
+    copy later closed on work2 is open (on work1), not closed because work2 spoke last."""
+    from pantheon.live._store import _breakers as stored
+
+    def change(t: float, old: str, new: str, node: str | None) -> BreakerEvent:
+        return BreakerEvent(t, "reasoner", old, new, "5 consecutive failures", t_s=t, node=node)
+
+    events = [
+        change(1.0, "closed", "open", "work1"),
+        change(2.0, "closed", "open", "work2"),
+        change(3.0, "open", "half_open", "work2"),
+        change(4.0, "half_open", "closed", "work2"),
+    ]
+    driver = {"breakers": {"learner": "closed"}, "subscribers": {"learner": {}}}
+    assert stored(driver, events, "driver") == (
+        BreakerState("learner", "closed", 0, node="driver"),
+        BreakerState("reasoner", "open", 2, None, "5 consecutive failures", node="work1"),
     )
