@@ -87,7 +87,7 @@ from pantheon.telemetry import configure_logging, get_logger
 if TYPE_CHECKING:
     from pantheon.approvals import StoreDesk
     from pantheon.live import PartsBoard
-    from pantheon.runner._node_journal import JetStreamShipper
+    from pantheon.runner._node_journal import JetStreamShipper, JournalFollower
     from pantheon.sessions import ShippingRecorder
     from pantheon.telemetry import Telemetry
 
@@ -1109,6 +1109,7 @@ class _Driver:
             self.board.redrive = self.redrive_on
             self.board.on_watch = self._tell_watch
         self._chores: set[asyncio.Task[Any]] = set()
+        self._follower: JournalFollower | None = None
         #: Redrives asked of nodes: id -> (node, the future its answer sets).
         self._redrives: dict[int, tuple[str, asyncio.Future[dict[str, Any]]]] = {}
         self._next_redrive = 0
@@ -1294,7 +1295,7 @@ class _Driver:
         ):
             from pantheon.runner._node_journal import JournalFollower
 
-            follower = JournalFollower(self.bus.transport, sid, self._from_stream)
+            follower = self._follower = JournalFollower(self.bus.transport, sid, self._from_stream)
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)
@@ -1455,6 +1456,8 @@ class _Driver:
         for chore in self._chores:
             chore.cancel()
         await asyncio.gather(*self._chores, return_exceptions=True)
+        if self._follower is not None:  # a run that failed before reading every journal
+            await self._follower.abandon()
         await asyncio.gather(*(n.close() for n in self.nodes.values()))
         await self.approvals.aclose()  # after the nodes: their pending requests cancelled
         await self.budgets.aclose()

@@ -120,7 +120,13 @@ class JournalFollower:
                     waiter = asyncio.ensure_future(reader.progress.wait())
                     await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
                     waiter.cancel()
-        reader.stop()
+        await self.abandon()
+        return ended - reader.ended
+
+    async def abandon(self) -> None:
+        """Stop reading now (also once finished: then a no-op). On a failed run, what the
+        reader ended with (a closed connection above all) is the failure's consequence,
+        not news: it is not raised, nor left to asyncio's "never retrieved" log."""
+        self.reader.stop()
         with contextlib.suppress(Exception):
             await self._task
-        return ended - reader.ended

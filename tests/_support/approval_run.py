@@ -6,6 +6,7 @@ On ``sys.path`` through pytest's ``pythonpath`` (see ``model_session.py`` beside
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -93,3 +94,40 @@ def waiting_run(tmp_path: Path) -> tuple[subprocess.Popen[str], Path, str, list[
         stop(run)
         raise
     return run, store, sid, rows
+
+
+def resume_approving(
+    cwd: Path, session: str, store: str = "s.db"
+) -> tuple[dict[str, Any], list[int]]:
+    """``pantheon resume SESSION --json`` while a person approves each of the session's
+    requests as it comes: (its summary, the request numbers approved). Its exit code must
+    be its verdict."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", store, "--json"],
+        cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    approved: list[int] = []
+    try:
+        deadline = time.monotonic() + 2 * WAIT
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the resume did not finish"
+            with SessionStore(cwd / store, create=False) as st:
+                book = ApprovalBook(st)
+                pending = [a.id for a in book.entries(book.origin(session), status="pending")]
+            for rid in pending:
+                ok = subprocess.run(
+                    [sys.executable, "-m", "pantheon.cli", "approve", session, str(rid),
+                     "--by", "ann", "--store", store],
+                    cwd=cwd, capture_output=True, text=True, timeout=WAIT,
+                )  # fmt: skip
+                assert ok.returncode == 0, ok.stdout + ok.stderr
+                approved.append(rid)
+            time.sleep(0.1)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    summary: dict[str, Any] = json.loads(out)
+    assert proc.returncode == (0 if summary["passed"] else 1), err
+    return summary, approved

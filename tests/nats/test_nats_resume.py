@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from approval_run import resume_approving
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
@@ -231,38 +232,14 @@ def test_a_resumed_nats_run_waits_on_the_approvals_its_remote_node_could_not_get
         said = (tmp_path / "pantheon-orphans" / f"{session}.act.log").read_text()
         assert " dropped: " in said and "approval request" in said, said
 
-        resumed = subprocess.Popen(
-            [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db",
-             "--json"],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        try:
-            decided: list[int] = []
-            deadline = time.monotonic() + _WAIT
-            # A person approves every request as it comes, the dead run's first.
-            while resumed.poll() is None:
-                assert time.monotonic() < deadline, "the resume did not finish"
-                for rid in _pending(db, session):
-                    ok = subprocess.run(
-                        [sys.executable, "-m", "pantheon.cli", "approve", session, str(rid),
-                         "--by", "ann", "--store", "s.db"],
-                        cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                    )  # fmt: skip
-                    assert ok.returncode == 0, ok.stdout + ok.stderr
-                    decided.append(rid)
-                time.sleep(0.1)
-            out, err = resumed.communicate(timeout=60)
-        finally:
-            if resumed.poll() is None:
-                resumed.kill()
-                resumed.communicate()
+        # A person approves every request as it comes, the dead run's first.
+        summary, decided = resume_approving(tmp_path, session)
     finally:
         server.stop()
-    summary = json.loads(out)
     # The dead run's requests were decided by the person, in the resume: none dead-lettered.
     assert summary["dlq"] == {}, summary["dead_letters"]
     assert set(asked) <= set(decided), (asked, decided)
-    assert summary["resume"]["asked_again"] >= 1, err
+    assert summary["resume"]["asked_again"] >= 1
     with SessionStore(db, create=False) as st:
         book = ApprovalBook(st)
         rows = book.entries(book.origin(session))

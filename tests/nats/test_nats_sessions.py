@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from approval_run import resume_approving
 from untimed import copy_untimed
 
 from bus import Bus
@@ -179,12 +180,9 @@ def test_a_run_leaves_alone_what_an_aborted_run_of_its_team_left_in_the_stream(
             assert again[key] == clean[key], key
         assert clean["leftovers"] == {}
 
-        # Resuming the dead run finishes it from the stream; its groups go then.
-        subprocess.run(
-            [sys.executable, "-m", "pantheon.cli", "approve", aborted, "1", "--store", "s.db"],
-            cwd=tmp_path, capture_output=True, check=True, timeout=60,
-        )  # fmt: skip
-        resumed = _pantheon(tmp_path, "resume", aborted)
+        # Resuming the dead run finishes it from the stream; its groups go then. A person
+        # approves its requests as they come (the dead node's are asked again).
+        resumed, _ = resume_approving(tmp_path, aborted)
         assert resumed["resume"]["original_session_id"] == aborted
         assert resumed["resume"]["effects_served"] > 0
         finished, _ = asyncio.run(_stream(server.url, aborted))
