@@ -18,27 +18,13 @@ import time
 from pathlib import Path
 
 from approval_run import resume_approving
+from oncall_asking import ASK_POLICY, node_pids
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
 from pantheon.sessions import ApprovalBook, SessionStore
 
 _WAIT = 120.0
-
-
-def _node_pids(session: str) -> list[int]:
-    """The live node processes of ``session`` (they outlive their driver briefly)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"node" in cmdline and session.encode() in cmdline:
-            pids.append(int(entry.name))
-    return pids
 
 
 def _until(what: str, check: object, timeout: float = _WAIT) -> None:
@@ -102,7 +88,7 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
         (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
         assert isinstance(session, str)
         # Its nodes notice the closed control link, ship their last records, and leave.
-        _until("the orphaned nodes to leave", lambda: not _node_pids(session))
+        _until("the orphaned nodes to leave", lambda: not node_pids(session))
 
         resumed = subprocess.run(
             [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db",
@@ -159,27 +145,6 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
     assert summary["resume"]["effects_served"] > 0
 
 
-#: Blocked remediations go to a person instead of being paged (the on-call team's own policy
-#: otherwise): the Guardian, on node ``act``, asks for approval.
-ASK_POLICY = """from oncall.policy import OnCallPolicy
-
-
-class AskPolicy(OnCallPolicy):
-    def __call__(self, proposal):
-        decision = super().__call__(proposal)
-        if decision["verdict"] == "blocked" and proposal["steps"]:
-            return dict(proposal) | {
-                "verdict": "ask",
-                "reasons": list(decision["reasons"]),
-                "approval": {
-                    "summary": f"{proposal['action']} for {proposal['alert_id']}",
-                    "alert_id": proposal["alert_id"],
-                },
-            }
-        return decision
-"""
-
-
 def _pending(db: Path, session: str) -> list[int]:
     with SessionStore(db, create=False) as st:
         book = ApprovalBook(st)
@@ -227,7 +192,7 @@ def test_a_resumed_nats_run_waits_on_the_approvals_its_remote_node_could_not_get
         finally:
             driver.send_signal(signal.SIGKILL)
             driver.wait(timeout=30)
-        _until("the orphaned nodes to leave", lambda: not _node_pids(session))
+        _until("the orphaned nodes to leave", lambda: not node_pids(session))
         # The node's own log says its waiting request failed when the driver went.
         said = (tmp_path / "pantheon-orphans" / f"{session}.act.log").read_text()
         assert " dropped: " in said and "approval request" in said, said

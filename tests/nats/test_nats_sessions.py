@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from approval_run import resume_approving
+from oncall_asking import ASK_POLICY, node_pids
 from untimed import copy_untimed
 
 from bus import Bus
@@ -33,23 +34,6 @@ from bus.backends.nats import NatsServer, NatsTransport
 from pantheon.sessions import ApprovalBook, SessionStore
 
 _WAIT = 120.0
-
-#: A Guardian policy that asks a person where the desk's own would block a remediation.
-ASK_POLICY = """
-from oncall.policy import OnCallPolicy
-
-
-class AskPolicy(OnCallPolicy):
-    def __call__(self, proposal):
-        decision = super().__call__(proposal)
-        if decision["verdict"] == "blocked" and proposal["steps"]:
-            return dict(proposal) | {
-                "verdict": "ask",
-                "reasons": list(decision["reasons"]),
-                "approval": {"summary": decision["reasons"][0], "alert_id": proposal["alert_id"]},
-            }
-        return decision
-"""
 
 
 def _scenarios(tmp_path: Path, url: str) -> None:
@@ -112,21 +96,6 @@ def _pending_approval(tmp_path: Path) -> str | None:
     return None
 
 
-def _node_pids(session: str) -> list[int]:
-    """The live node processes of ``session`` (they outlive their driver briefly)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"node" in cmdline and session.encode() in cmdline:
-            pids.append(int(entry.name))
-    return pids
-
-
 async def _stream(url: str, session: str) -> tuple[dict[str, int], set[int]]:
     """What the ``oncall`` stream says, to a process of no session: the sessions that left
     unacknowledged messages, and the ids of every message ``session``'s processes published."""
@@ -160,7 +129,7 @@ def test_a_run_leaves_alone_what_an_aborted_run_of_its_team_left_in_the_stream(
         time.sleep(1.0)  # the act node goes on publishing what the driver's scorer takes
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-        _until("the orphaned nodes to leave", lambda: not _node_pids(aborted))
+        _until("the orphaned nodes to leave", lambda: not node_pids(aborted))
         left, published = asyncio.run(_stream(server.url, aborted))
         assert set(left) == {aborted} and left[aborted] > 0, left
 
