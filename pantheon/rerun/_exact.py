@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +16,12 @@ from pantheon.rerun._engine import (
     rerun,
 )
 from pantheon.rerun._policies import ExactReplay
+from pantheon.scenario import DRIVER_NODE
 from pantheon.sessions import (
     FailureMatch,
     ReplayDivergence,
     SessionStore,
+    StoredDelivery,
 )
 from pantheon.sessions.internals import Mapper, compare_runs, same_payload
 
@@ -185,7 +188,7 @@ async def replay_session(
             None,
         )
     if divergence is not None and not live_effects:
-        divergence = nondeterminism_hint(run, divergence)
+        divergence = nondeterminism_hint(run, divergence, original_deliveries)
     report = ReplayReport(
         new_session_id=run.session_id,
         original_session_id=original.id,
@@ -224,30 +227,32 @@ def _root(
     return None if new_root is None else mapper.to_original.get(new_root)
 
 
-def nondeterminism_hint(run: Rerun, div: ReplayDivergence) -> ReplayDivergence:
-    """``div`` with a hint when it can only come from the handler itself: a message that
-    differs (or is extra) although the handling that published it got the message the
-    original got and every one of its effects was served from the record. Such a handler
-    read something outside an effect (randomness, the clock) that changed between runs."""
+def nondeterminism_hint(
+    run: Rerun, div: ReplayDivergence, original_deliveries: Sequence[StoredDelivery] = ()
+) -> ReplayDivergence:
+    """``div`` with a hint when it can only come from the handlers themselves.
+
+    When the original ran a subscription in several processes (an agent placed on two
+    nodes, or given a standby, which shares the work from the start), every difference
+    gets the hint that says so: each instance kept its own state from its share of the
+    messages, and their messages reached the next agent in an order no one process gives,
+    which a one-process replay cannot be. Otherwise, a message that differs (or is extra)
+    although the handling that published it got the message the original got and every one
+    of its effects was served from the record: that handler read something outside an
+    effect (randomness, the clock) that changed between runs."""
     if div.field not in ("extra", "payload", "topic") or div.replay_id is None or not div.agent:
         return div
-    new = {e.id: e for e in run.store.envelopes(run.session_id)}
-    env = new.get(div.replay_id)
-    if env is None or env.causation_id is None:
-        return div
-    parent_new = new.get(env.causation_id)
-    parent_id = run.tracker.mapper.to_original.get(env.causation_id)
-    parent = None if parent_id is None else run.lineage.by_id.get(parent_id)
-    if parent_new is None or parent is None or not same_payload(parent, parent_new):
-        return div
-    if (env.causation_id, div.agent) in run.runner.unserved:
-        return div
     agent = div.agent.partition(":")[0]
-    hint = (
-        f"agent {agent!r} published a different message from the same input and the same "
-        "effect answers: it reads randomness or the clock outside an effect; draw them with "
-        "`await self.random()` / `await self.now()`, or wrap the call in `self.effect(...)`"
-    )
+    hint = _split_hint(agent, div.agent, original_deliveries)
+    if hint is None and _same_input_and_answers(run, div):
+        hint = (
+            f"agent {agent!r} published a different message from the same input and the "
+            "same effect answers: it reads randomness or the clock outside an effect; draw "
+            "them with `await self.random()` / `await self.now()`, or wrap the call in "
+            "`self.effect(...)`"
+        )
+    if hint is None:
+        return div
     return ReplayDivergence(
         div.field,
         original_id=div.original_id,
@@ -259,4 +264,47 @@ def nondeterminism_hint(run: Rerun, div: ReplayDivergence) -> ReplayDivergence:
         diff=div.diff,
         detail=div.detail,
         hint=hint,
+    )
+
+
+def _same_input_and_answers(run: Rerun, div: ReplayDivergence) -> bool:
+    """Whether the handling that published ``div``'s message got the message its original
+    got, with every one of its effects served from the record."""
+    new = {e.id: e for e in run.store.envelopes(run.session_id)}
+    env = new.get(div.replay_id or 0)
+    if env is None or env.causation_id is None:
+        return False
+    parent_new = new.get(env.causation_id)
+    parent_id = run.tracker.mapper.to_original.get(env.causation_id)
+    parent = None if parent_id is None else run.lineage.by_id.get(parent_id)
+    if parent_new is None or parent is None or not same_payload(parent, parent_new):
+        return False
+    return (env.causation_id, div.agent) not in run.runner.unserved
+
+
+def _split_hint(agent: str, subscriber: str, deliveries: Sequence[StoredDelivery]) -> str | None:
+    """Why a handler given the same input and answers may still differ, when the original
+    ran some subscription in several processes: each instance kept its own state from its
+    share of the messages, and what they sent on reached the next agent in an order no one
+    process gives. None when nothing ran split (a one-process run, or one each)."""
+    ran_in: dict[str, set[str]] = {}
+    for d in deliveries:
+        ran_in.setdefault(d.subscriber, set()).add(d.node or DRIVER_NODE)
+    split = {sub: sorted(nodes) for sub, nodes in sorted(ran_in.items()) if len(nodes) > 1}
+    if not split:
+        return None
+    where = "; ".join(
+        f"{sub!r} in {len(nodes)} processes ({', '.join(nodes)})" for sub, nodes in split.items()
+    )
+    why = (
+        f"in the original run {where}: each instance kept its own state from its share of "
+        "the messages"
+    )
+    if subscriber not in split:
+        why += f", and what they sent reached {agent!r} in an order one process does not give"
+    return (
+        f"agent {agent!r} published a different message than in the original run, and "
+        f"{why}, which this one-process replay cannot reproduce. Place "
+        "an agent that keeps state in one process (a standby shares the work too), or keep "
+        "that state in effects"
     )
