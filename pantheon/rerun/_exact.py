@@ -294,7 +294,8 @@ def _split_hint(agent: str, subscriber: str, deliveries: Sequence[StoredDelivery
     if not split:
         return None
     where = "; ".join(
-        f"{sub!r} in {len(nodes)} processes ({', '.join(nodes)})" for sub, nodes in split.items()
+        f"{sub!r} ran in {len(nodes)} processes ({', '.join(nodes)})"
+        for sub, nodes in split.items()
     )
     why = (
         f"in the original run {where}: each instance kept its own state from its share of "

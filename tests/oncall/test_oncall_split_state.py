@@ -37,5 +37,5 @@ def test_a_replay_of_an_agent_split_across_processes_says_so(tmp_path: Path) -> 
     # the split, not the clock.
     assert divergence["agent"] in ("dedup", "correlator"), divergence
     hint = divergence["hint"]
-    assert "in the original run 'dedup' in 2 processes (a, b): each instance kept its own" in hint
+    assert "in the original run 'dedup' ran in 2 processes (a, b): each instance kept its" in hint
     assert "reads randomness or the clock" not in hint
