@@ -18,6 +18,7 @@ from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
+from pantheon.rerun import left_out_inputs
 from pantheon.runner import expectation_state
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
@@ -314,7 +315,7 @@ class _Comparison:
 @st.cache_data(max_entries=16, show_spinner="Comparing the replay with the original …")
 def _compare(path: str, original: str, replay: str) -> _Comparison:
     with store(Path(path)) as s:
-        diff = diff_sessions(s, original, replay)
+        diff = diff_sessions(s, original, replay, left_out=left_out_inputs(s, original, replay))
         env_a, env_b = s.envelopes(original), s.envelopes(replay)
         summary = s.session(replay).summary.get("replay") or {}
     div = diff.divergence

@@ -347,10 +347,10 @@ def diff(
     (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
     answered differently (timing: what other messages had got there first)."""
     from pantheon.cli._cmd_whatif import decision_lines
-    from pantheon.rerun import diff_outcomes
+    from pantheon.rerun import diff_outcomes, left_out_inputs
 
     with _open(store) as st:
-        result = diff_sessions(st, a, b)
+        result = diff_sessions(st, a, b, left_out=left_out_inputs(st, a, b))
         decisions = diff_outcomes(st, a, b)
     if as_json:
         _dump(result.to_dict() | {"decisions": decisions.to_dict()})
@@ -360,6 +360,11 @@ def diff(
             f"{result.a} -> {result.b}: {result.hops_compared} hops compared "
             f"({result.messages_a} vs {result.messages_b} messages)"
         )
+        if result.left_out:
+            con.print(
+                f"[yellow]{result.left_out} inputs not compared:[/yellow] a node of A died in "
+                "the middle of them, and B (its re-run) left them out"
+            )
         if result.divergence is None:
             con.print("[green]no difference[/green]")
         elif result.timing_only:

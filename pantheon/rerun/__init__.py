@@ -39,6 +39,7 @@ from pantheon.rerun._outcomes import (
     OutcomeDiff,
     SessionOutcomes,
     diff_outcomes,
+    left_out_inputs,
     outcome_spec,
     session_outcomes,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "credit_inputs",
     "diff_outcomes",
     "incomplete_reason",
+    "left_out_inputs",
     "node_cuts",
     "nondeterminism_hint",
     "outcome_spec",

@@ -257,20 +257,38 @@ def session_outcomes(
     return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels, outcomes.unnamed)
 
 
-def _not_rerun(store: SessionStore, a: SessionInfo, b: SessionInfo, spec: OutcomeSpec) -> set[str]:
-    """The items of ``a``'s inputs that ``b``, an exact replay or a what-if of ``a``, did
-    not re-run: the ones a node of ``a`` cut mid-run was in the middle of
-    (:func:`~pantheon.rerun._engine.cut_inputs`). Their trees in ``a`` are unfinished and
-    ``b`` has none, so telling them apart says nothing of either team: named by their
-    inputs' keys and by the outcomes those trees reached."""
+def left_out_inputs(store: SessionStore, a: str, b: str) -> frozenset[int]:
+    """The input ids of session ``a`` whose trees ``b``, an exact replay or a what-if of
+    ``a``, did not re-run: the ones a node of ``a`` died in the middle of
+    (:func:`~pantheon.rerun._engine.cut_inputs`). ``pantheon diff`` and the dashboard leave
+    them out of the hop comparison (``diff_sessions(left_out=...)``) as the replay did."""
+    found = _cut_trees(store, store.session(a), store.session(b))
+    return frozenset() if found is None else frozenset(found[1])
+
+
+def _cut_trees(
+    store: SessionStore, a: SessionInfo, b: SessionInfo
+) -> tuple[Lineage, set[int]] | None:
+    """``a``'s lineage and the inputs its cut left unfinished, when ``b`` re-ran ``a``
+    without them (None otherwise: nothing to leave out)."""
     if b.kind not in ("replay", "whatif") or a.id not in (b.replay_of, b.forked_from):
-        return set()
+        return None
     cuts = node_cuts(store, a)
     if not cuts:
-        return set()
+        return None
     effects = store.effects(a.id)
     lineage = Lineage(store.envelopes(a.id), effects)
-    roots = cut_inputs(store, a, cuts, lineage, effects)
+    return lineage, cut_inputs(store, a, cuts, lineage, effects)
+
+
+def _not_rerun(store: SessionStore, a: SessionInfo, b: SessionInfo, spec: OutcomeSpec) -> set[str]:
+    """The items of ``a``'s inputs that ``b`` did not re-run (:func:`_cut_trees`). Their
+    trees in ``a`` are unfinished and ``b`` has none, so telling them apart says nothing of
+    either team: named by their inputs' keys and by the outcomes those trees reached."""
+    found = _cut_trees(store, a, b)
+    if found is None:
+        return set()
+    lineage, roots = found
     reached = Outcomes(spec)
     items: set[str] = set()
     for env in lineage.envelopes:

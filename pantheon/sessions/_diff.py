@@ -4,7 +4,7 @@ moved."""
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +107,9 @@ class SessionDiff:
     the process that ran its scenario; None for a single-process session (or no hop)."""
     node_b: str | None = None
     """The same in ``b``."""
+    left_out: int = 0
+    """Inputs of ``a`` whose trees were not compared: ``b`` (a replay or what-if of ``a``)
+    did not re-run them, since a node of ``a`` died in the middle of them."""
 
     @property
     def identical(self) -> bool:
@@ -128,6 +131,7 @@ class SessionDiff:
             "hops_compared": self.hops_compared,
             "messages_a": self.messages_a,
             "messages_b": self.messages_b,
+            "left_out": self.left_out,
             "divergence": None if self.divergence is None else self._divergence(),
             "latency": [d.to_dict() for d in self.latency],
         }
@@ -297,8 +301,12 @@ def _hop_node(
     return None
 
 
-def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
-    """Compare session ``b`` with session ``a`` (ids or unique prefixes)."""
+def diff_sessions(
+    store: SessionStore, a: str, b: str, *, left_out: Collection[int] = frozenset()
+) -> SessionDiff:
+    """Compare session ``b`` with session ``a`` (ids or unique prefixes). ``left_out``: input
+    ids of ``a`` whose trees ``b`` did not re-run (``pantheon.rerun.left_out_inputs``): their
+    messages are not differences."""
     sa, sb = store.session(a), store.session(b)
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
@@ -324,17 +332,22 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
         for key in sorted(set(lat_a) | set(lat_b))
         for scope, name, metric in (key,)
     ]
+    divergences = [
+        div
+        for div in comparison.divergences
+        if div.original_id is None or lineage.root.get(div.original_id) not in left_out
+    ]
     explainer = _Explainer(
         env_a, env_b, eff_a, eff_b, comparison.mapper.to_new, comparison.mapper.to_original
     )
     causes: set[str] = set()
-    for div in comparison.divergences:
+    for div in divergences:
         names = explainer.explain(div)
         if not names:
             causes.clear()
             break
         causes.update(names)
-    first = comparison.divergence
+    first = divergences[0] if divergences else None
     nodes: tuple[str | None, str | None] = (None, None)
     if first is not None:
         nodes = (
@@ -347,10 +360,11 @@ def diff_sessions(store: SessionStore, a: str, b: str) -> SessionDiff:
         hops_compared=len(comparison.pairs),
         messages_a=len(lineage.envelopes),
         messages_b=len(Lineage(env_b, eff_b).envelopes),
-        divergence=comparison.divergence,
+        divergence=first,
         latency=latency,
-        differences=len(comparison.divergences),
+        differences=len(divergences),
         timing_effects=tuple(sorted(causes)),
         node_a=nodes[0],
         node_b=nodes[1],
+        left_out=len(left_out),
     )

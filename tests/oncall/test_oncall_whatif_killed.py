@@ -55,6 +55,16 @@ def test_a_whatif_leaves_out_what_the_killed_node_cut_as_a_replay_does(tmp_path:
     skipped = replay["inputs_skipped"]
     assert 0 < skipped == replay["cut_inputs"] < COUNT
 
+    # pantheon diff of the session and its replay leaves out the same inputs, and says so:
+    # their unfinished trees are not differences of the team.
+    diff = _json(cli("diff", session, replay["new_session_id"], "--store", "s.db", "--json",
+                     cwd=tmp_path))  # fmt: skip
+    assert (diff["identical"], diff["differences"], diff["left_out"]) == (True, 0, skipped)
+    text = cli("diff", session, replay["new_session_id"], "--store", "s.db", cwd=tmp_path)
+    assert text.returncode == 0, text.stdout
+    assert f"{skipped} inputs not compared: a node of A died in the middle of them" in text.stdout
+    assert "no difference\n" in text.stdout
+
     whatif = _json(
         cli("replay", session, "--store", "s.db", "--with", "same.yaml", "--json", cwd=tmp_path)
     )
