@@ -342,10 +342,15 @@ def _compare(path: str, original: str, replay: str) -> _Comparison:
 def _comparison(path: Path, original: str, replay: str) -> None:
     c = _compare(str(path), original, replay)
     diff, summary, div = c.diff, c.summary, c.diff.divergence
+    left_out = (
+        f" {diff.left_out} inputs a dead node left unfinished were not re-run, nor compared."
+        if diff.left_out
+        else ""
+    )
     if div is None:
         st.success(
             f"Replay {replay} matched the original hop by hop: {diff.hops_compared} hops "
-            f"compared ({diff.messages_a} vs {diff.messages_b} messages)."
+            f"compared ({diff.messages_a} vs {diff.messages_b} messages).{left_out}"
         )
     else:
         st.error(
