@@ -302,7 +302,8 @@ def _divergent_style(row: pd.Series[Any]) -> list[str]:
 @dataclass(frozen=True, slots=True)
 class _Comparison:
     """What the side-by-side view needs, computed once per (original, replay) pair: both
-    are finished sessions, so it never changes (diffing costs a full read of both)."""
+    are finished sessions, so it never changes (diffing costs a full read of both, and
+    another of the original when a dead node's unfinished inputs are left out)."""
 
     diff: SessionDiff
     summary: dict[str, Any]
@@ -354,7 +355,8 @@ def _comparison(path: Path, original: str, replay: str) -> None:
         )
     else:
         st.error(
-            f"Replay {replay} diverged from the original after {diff.hops_compared} matching hops."
+            f"Replay {replay} diverged from the original after {diff.hops_compared} matching "
+            f"hops.{left_out}"
         )
         st.markdown(
             f"**First divergence**: agent `{div.agent}`, topic `{div.topic}`, field "

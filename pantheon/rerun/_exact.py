@@ -18,6 +18,7 @@ from pantheon.rerun._engine import (
 from pantheon.rerun._policies import ExactReplay
 from pantheon.scenario import DRIVER_NODE
 from pantheon.sessions import (
+    WATCHER_PREFIX,
     FailureMatch,
     ReplayDivergence,
     SessionStore,
@@ -130,7 +131,8 @@ async def replay_session(
     at the same hop, for the same subscriber, with the same error type). At the first
     divergence noticed while running, no further input is fed; the run drains and the
     comparison reports the earliest divergence in the original's order. A message that
-    differs although its handler got the same message and the same effect answers says so
+    differs although its handler got the same message and the same effect answers says so,
+    as does one from an agent that (or one upstream of which) ran in several processes
     (:func:`nondeterminism_hint`).
 
     ``from_ts`` (seconds since the original started) starts the replay at the first input
@@ -232,9 +234,9 @@ def nondeterminism_hint(
 ) -> ReplayDivergence:
     """``div`` with a hint when it can only come from the handlers themselves.
 
-    When the original ran a subscription in several processes (an agent placed on two
-    nodes, or given a standby, which shares the work from the start), every difference
-    gets the hint that says so: each instance kept its own state from its share of the
+    When the original ran the differing agent, or one whose messages led to it, in several
+    processes (placed on two nodes, or given a standby, which shares the work from the
+    start), the hint says so: each instance kept its own state from its share of the
     messages, and their messages reached the next agent in an order no one process gives,
     which a one-process replay cannot be. Otherwise, a message that differs (or is extra)
     although the handling that published it got the message the original got and every one
@@ -243,7 +245,7 @@ def nondeterminism_hint(
     if div.field not in ("extra", "payload", "topic") or div.replay_id is None or not div.agent:
         return div
     agent = div.agent.partition(":")[0]
-    hint = _split_hint(agent, div.agent, original_deliveries)
+    hint = _split_hint(agent, _upstream(run, div), original_deliveries)
     if hint is None and _same_input_and_answers(run, div):
         hint = (
             f"agent {agent!r} published a different message from the same input and the "
@@ -282,26 +284,40 @@ def _same_input_and_answers(run: Rerun, div: ReplayDivergence) -> bool:
     return (env.causation_id, div.agent) not in run.runner.unserved
 
 
-def _split_hint(agent: str, subscriber: str, deliveries: Sequence[StoredDelivery]) -> str | None:
+def _upstream(run: Rerun, div: ReplayDivergence) -> set[str]:
+    """The agent of ``div`` and the agents whose messages led to it in the original (the
+    sources along its causation chain): whose state could have made it differ."""
+    agents = {(div.agent or "").partition(":")[0]}
+    env = run.lineage.by_id.get(div.original_id) if div.original_id is not None else None
+    while env is not None:
+        if env.source:
+            agents.add(env.source.partition(":")[0])
+        env = run.lineage.by_id.get(env.causation_id) if env.causation_id is not None else None
+    return agents
+
+
+def _split_hint(agent: str, upstream: set[str], deliveries: Sequence[StoredDelivery]) -> str | None:
     """Why a handler given the same input and answers may still differ, when the original
-    ran some subscription in several processes: each instance kept its own state from its
-    share of the messages, and what they sent on reached the next agent in an order no one
-    process gives. None when nothing ran split (a one-process run, or one each)."""
+    ran ``agent`` or one upstream of it in several processes: each instance kept its own
+    state from its share of the messages, and what they sent on reached the next agent in
+    an order no one process gives. None when none of ``upstream`` ran split."""
     ran_in: dict[str, set[str]] = {}
     for d in deliveries:
-        ran_in.setdefault(d.subscriber, set()).add(d.node or DRIVER_NODE)
-    split = {sub: sorted(nodes) for sub, nodes in sorted(ran_in.items()) if len(nodes) > 1}
+        name = d.subscriber.partition(":")[0]
+        if name in upstream and not d.subscriber.startswith(WATCHER_PREFIX):
+            ran_in.setdefault(name, set()).add(d.node or DRIVER_NODE)
+    split = {name: sorted(nodes) for name, nodes in sorted(ran_in.items()) if len(nodes) > 1}
     if not split:
         return None
     where = "; ".join(
-        f"{sub!r} ran in {len(nodes)} processes ({', '.join(nodes)})"
-        for sub, nodes in split.items()
+        f"{name!r} ran in {len(nodes)} processes ({', '.join(nodes)})"
+        for name, nodes in split.items()
     )
     why = (
         f"in the original run {where}: each instance kept its own state from its share of "
         "the messages"
     )
-    if subscriber not in split:
+    if agent not in split:
         why += f", and what they sent reached {agent!r} in an order one process does not give"
     return (
         f"agent {agent!r} published a different message than in the original run, and "

@@ -305,8 +305,9 @@ def diff_sessions(
     store: SessionStore, a: str, b: str, *, left_out: Collection[int] = frozenset()
 ) -> SessionDiff:
     """Compare session ``b`` with session ``a`` (ids or unique prefixes). ``left_out``: input
-    ids of ``a`` whose trees ``b`` did not re-run (``pantheon.rerun.left_out_inputs``): their
-    messages are not differences."""
+    ids of ``a`` whose trees ``b`` did not re-run (``pantheon.rerun.left_out_inputs``): ``b``'s
+    inputs are aligned with the rest of ``a``'s, and the trees left out are not missing.
+    Only this way round: ``b`` the re-run of ``a``."""
     sa, sb = store.session(a), store.session(b)
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
@@ -319,6 +320,8 @@ def diff_sessions(
         new_deliveries=del_b,
         original_effects=eff_a,
         new_effects=eff_b,
+        # B re-published A's inputs but those: align its k-th input to the k-th of the rest.
+        inputs=[e for e in lineage.inputs if e.id not in left_out] if left_out else None,
     )
     lat_a, lat_b = _series(env_a, del_a), _series(env_b, del_b)
     latency = [
@@ -332,11 +335,7 @@ def diff_sessions(
         for key in sorted(set(lat_a) | set(lat_b))
         for scope, name, metric in (key,)
     ]
-    divergences = [
-        div
-        for div in comparison.divergences
-        if div.original_id is None or lineage.root.get(div.original_id) not in left_out
-    ]
+    divergences = comparison.divergences
     explainer = _Explainer(
         env_a, env_b, eff_a, eff_b, comparison.mapper.to_new, comparison.mapper.to_original
     )

@@ -6,10 +6,11 @@ on 4222. ``start`` returns once the server's ``/healthz`` says JetStream is read
 sleep. :func:`nats_cluster` makes several that route to each other (a JetStream cluster
 needs three for a replicated stream to survive losing one).
 
-A throwaway server dies with the process that started it, however that process ends: it
-runs under a small ``sh`` that holds the read end of a pipe whose write end only its starter
-has, and stops it (SIGTERM) at end of file. A ``pantheon run`` SIGKILLed mid-run used to
-leave its ``server: auto`` server running for good, its store in the temp directory.
+A throwaway server dies with the process that started it, however that process ends: a
+small ``sh`` forks a watcher holding the read end of a pipe whose write end only the
+starter has, then becomes the server; at end of file the watcher stops it (SIGTERM). A
+``pantheon run`` SIGKILLed mid-run used to leave its ``server: auto`` server running for
+good, its store in the temp directory.
 """
 
 from __future__ import annotations
@@ -52,11 +53,12 @@ def free_port() -> int:
 #: after forking a watcher that sends it SIGTERM once stdin reaches end of file: when the
 #: starter closes the pipe (:meth:`NatsServer.stop`) or dies. The pipe is read through fd 3
 #: (``sh`` gives a background job /dev/null for stdin). A server that exited by itself may
-#: have its pid reused by then: the watcher kills it only if that pid still runs our config
-#: (``/proc``; where there is none, as on macOS, the pid is trusted).
+#: have its pid reused by then: where there is a ``/proc``, the watcher kills the pid only
+#: while it runs our config (a dead one has none: left alone); without one (macOS), it is
+#: trusted.
 _WITH_ITS_STARTER = (
     "exec 3<&0; config=$3; { read -r _ <&3 || :; "
-    'if [ ! -d /proc/$$ ] || grep -qaF -- "$config" /proc/$$/cmdline 2>/dev/null; then '
+    'if [ ! -r /proc/self/cmdline ] || grep -qaF -- "$config" /proc/$$/cmdline 2>/dev/null; then '
     'kill -TERM $$ 2>/dev/null; fi; } & exec "$@" 3<&-'
 )
 
@@ -210,7 +212,7 @@ class NatsServer:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
-        self._close_stdin()  # its watcher finds it gone and leaves
+        self._close_stdin()  # its watcher finds no process running this config, and leaves
         self.proc = None
 
     def _close_stdin(self) -> None:
