@@ -6,22 +6,15 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dashboard_store import Recorded
 
 from pantheon.sessions import SessionStore
 
 FAILING = Path(__file__).with_name("flaky_strict.yaml")
 PASSING = Path(__file__).with_name("calm.yaml")
-
-
-@dataclass(frozen=True)
-class Recorded:
-    path: Path
-    failed: str
-    passed: str
 
 
 def _run(scenario: Path, store: Path) -> subprocess.CompletedProcess[str]:

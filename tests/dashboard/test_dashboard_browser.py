@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Recorded
+from dashboard_store import Recorded
 
 from pantheon import readmodel as rm
 from pantheon.sessions import SessionStore

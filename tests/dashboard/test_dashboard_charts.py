@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import Recorded
+from dashboard_store import Recorded
 
 from dashboard.web import _charts
 from pantheon import readmodel as rm

@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from conftest import Recorded
+from dashboard_store import Recorded
 from streamlit.testing.v1 import AppTest
 
 from dashboard.web import APP
