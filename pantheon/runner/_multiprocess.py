@@ -728,16 +728,22 @@ async def serve_node(
         answers[REDRIVE_COMMAND] = part.redrive
         answers[WATCH_COMMAND] = part.watch
 
-    def log_to_orphan_file(why: str, dead: bool) -> None:
-        # First of the takers, so what the relays then say goes there too.
+    def orphaned(why: str, dead: bool) -> None:
+        # First of the takers, so what the relays then say goes to the orphan's log too.
         if dead:
             _log_to_file(orphan_log_path(host.bus.session_id, host.node))
+            # Whatever hangs on the way out (a handler, a transport that cannot close, a
+            # start-up still waiting for a server that died with the driver), an orphan
+            # must not outlive its run: past this it exits as it stands. Armed here, where
+            # the pipe's end is seen, not in the command loop a starting node has not
+            # reached (such nodes were found alive 30 minutes after their driver).
+            _watchdog(host.lost_after + _ORPHAN_GRACE)
 
     commands, pump = split_control(
         await _stdin_lines(),
         host.node,
         answers,
-        (log_to_orphan_file, desk.driver_gone, budget.driver_gone),
+        (orphaned, desk.driver_gone, budget.driver_gone),
     )
     if journal:
         host.ship_journal(out)
@@ -752,7 +758,7 @@ async def serve_node(
             await host.aclose()
         raise
     say_control(out, "ready", node=host.node, pid=os.getpid(), agents=list(host.team.agents))
-    orphaned = False
+    left_orphaned = False
     try:
         while True:
             line = await commands.get()
@@ -760,10 +766,7 @@ async def serve_node(
                 # The driver is gone, and likely its broker with it: nobody will read a
                 # report, and work in flight may never settle. Leave within one liveness
                 # period rather than waiting out the drain timeout.
-                orphaned = True
-                # Whatever hangs on the way out (a handler, a transport that cannot close),
-                # an orphan must not outlive its run: past this it exits as it stands.
-                _watchdog(host.lost_after + _ORPHAN_GRACE)
+                left_orphaned = True  # the watchdog is armed (``orphaned`` above)
                 await _leave_orphaned(host)
                 return
             command = json.loads(line).get("cmd")
@@ -799,7 +802,7 @@ async def serve_node(
         pump.cancel()
         if part is not None:
             await part.cancel()  # an orphan or a failed start: nobody reads its parts
-        await host.aclose(drain=not orphaned)
+        await host.aclose(drain=not left_orphaned)
 
 
 #: A node's live part (event) and the driver's request to redrive one of its dead letters
