@@ -6,9 +6,12 @@ On ``sys.path`` through pytest's ``pythonpath`` (see ``model_session.py`` beside
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
-__all__ = ["ASK_POLICY", "node_pids"]
+__all__ = ["ASK_POLICY", "node_pids", "spawn_asking_run"]
 
 #: A Guardian policy that asks a person where the desk's own would block a remediation
 #: (``scenarios/oncall/policy.py`` pages instead); written beside a copied scenario.
@@ -44,3 +47,14 @@ def node_pids(session: str) -> list[int]:
         if b"node" in cmdline and session.encode() in cmdline:
             pids.append(int(entry.name))
     return pids
+
+
+def spawn_asking_run(cwd: Path) -> subprocess.Popen[bytes]:
+    """``pantheon run scenarios/asking.yaml --store s.db`` in ``cwd``, in the background, its
+    temporary directory ``cwd`` (so its nodes' orphan logs land there), its output dropped:
+    a driver the test will SIGKILL while it waits on a person."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", "scenarios/asking.yaml", "--store", "s.db"],
+        cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=os.environ | {"TMPDIR": str(cwd)},
+    )  # fmt: skip

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from approval_run import resume_approving
-from oncall_asking import ASK_POLICY, node_pids
+from oncall_asking import ASK_POLICY, node_pids, spawn_asking_run
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
@@ -177,12 +177,7 @@ def test_a_resumed_nats_run_waits_on_the_approvals_its_remote_node_could_not_get
             assert old in text, old
             text = text.replace(old, new)
         (scenarios / "asking.yaml").write_text(text)
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "pantheon.cli", "run", "scenarios/asking.yaml", "--store",
-             "s.db"],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=os.environ | {"TMPDIR": str(tmp_path)},
-        )  # fmt: skip
+        driver = spawn_asking_run(tmp_path)
         try:
             _until("a request pending", lambda: _query(db, "SELECT id FROM approvals"))
             (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from approval_run import resume_approving
-from oncall_asking import ASK_POLICY, node_pids
+from oncall_asking import ASK_POLICY, node_pids, spawn_asking_run
 from untimed import copy_untimed
 
 from bus import Bus
@@ -119,12 +119,7 @@ def test_a_run_leaves_alone_what_an_aborted_run_of_its_team_left_in_the_stream(
         clean = _pantheon(tmp_path, "run", "scenarios/clean.yaml")
 
         # The first run waits on a person; its driver dies then, its nodes leave.
-        driver = subprocess.Popen(
-            [sys.executable, "-m", "pantheon.cli", "run", "scenarios/asking.yaml", "--store",
-             "s.db"],
-            cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env=os.environ | {"TMPDIR": str(tmp_path)},
-        )  # fmt: skip
+        driver = spawn_asking_run(tmp_path)
         aborted = _until("a pending approval", lambda: _pending_approval(tmp_path))
         time.sleep(1.0)  # the act node goes on publishing what the driver's scorer takes
         driver.send_signal(signal.SIGKILL)
