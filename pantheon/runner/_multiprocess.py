@@ -428,7 +428,7 @@ class NodeHost:
         if self.recorder is not None:
             self.recorder.attach(self.bus)
         await self.team.attach(self.bus)
-        await _subscribed(self.bus)
+        await _subscribed(self.bus, self.connect_timeout)
         await _await_routes(self.bus, self.probes, self.connect_timeout, self.endpoint)
         await self.team.start()
 
@@ -503,11 +503,21 @@ async def _connect(bus: Bus, endpoint: str, timeout: float) -> None:
         raise ClusterError(str(exc)) from None
 
 
-async def _subscribed(bus: Bus) -> None:
-    """Wait until the broker routes by this bus's subscriptions (if the transport says)."""
+async def _subscribed(bus: Bus, timeout: float) -> None:
+    """Wait until the broker routes by this bus's subscriptions (if the transport says).
+    Bounded: a confirmation that never comes is a start-up failure to name, not a run that
+    hangs silently (one did, once, in CI)."""
     sync = getattr(bus.transport, "sync", None)
-    if sync is not None:
-        await sync()
+    if sync is None:
+        return
+    try:
+        async with asyncio.timeout(timeout):
+            await sync()
+    except TimeoutError:
+        raise ClusterError(
+            f"the run's other processes did not confirm this process's subscriptions "
+            f"within {timeout:g} s"
+        ) from None
 
 
 async def _await_routes(bus: Bus, probes: Sequence[str], timeout: float, endpoint: str) -> None:
@@ -1302,7 +1312,7 @@ class _Driver:
         await self.team.attach(self.bus)
         if attach is not None:
             await attach(self.bus)
-        await _subscribed(self.bus)
+        await _subscribed(self.bus, self.start_timeout)
         await asyncio.gather(*(n.wait_ready(self.start_timeout) for n in self.nodes.values()))
         await _await_routes(
             self.bus, self.placement.probes(DRIVER_NODE), self.start_timeout, self.endpoint

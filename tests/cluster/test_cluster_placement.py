@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
 from cli_run import pantheon
 
 from agents import Learner
-from pantheon.runner._multiprocess import Placement
+from bus import Bus
+from pantheon.runner._multiprocess import ClusterError, Placement, _subscribed
 from pantheon.scenario import DRIVER_NODE, ScenarioError, load_scenario, parse_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -157,3 +161,17 @@ def test_node_needs_agents_or_a_placed_node_name(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert "node 'nowhere' is not placed" in proc.stderr
     assert "perception, cognition, action" in proc.stderr
+
+
+async def test_a_start_up_confirmation_that_never_comes_fails_the_run_naming_it() -> None:
+    """The driver waits for the other processes to route by its subscriptions before any
+    input goes out; a confirmation lost for good once hung a run with no word at all."""
+
+    class Unconfirmed:
+        async def sync(self) -> None:
+            await asyncio.Event().wait()
+
+    with pytest.raises(
+        ClusterError, match=r"did not confirm this process's subscriptions within 0\.2 s"
+    ):
+        await _subscribed(cast("Bus", SimpleNamespace(transport=Unconfirmed())), 0.2)

@@ -3,6 +3,9 @@ directory in a key-value bucket, publish dedup by Nats-Msg-Id, topics NATS canno
 
 from __future__ import annotations
 
+import asyncio
+import time
+
 import nats
 import pytest
 from nats_helpers import eventually
@@ -59,6 +62,28 @@ async def test_the_directory_is_a_key_value_bucket(server: NatsServer) -> None:
         finally:
             await nc.close()
         assert bus_a.transport is a
+
+
+async def test_sync_ends_after_a_starved_node_forgot_a_peer_it_hears_again(
+    server: NatsServer,
+) -> None:
+    """A loop starved past ``heartbeat * liveness`` forgets its peers while their refreshes
+    wait in its queue; it hears them again a beat later. The peer never forgot it and has
+    no new version to confirm, so ``sync`` must still count its earlier confirmation (it
+    once waited for good: a run hung at start-up on a loaded machine)."""
+    a = NatsTransport(server.url, team="lapse", node="alpha", heartbeat=0.2)
+    b = NatsTransport(server.url, team="lapse", node="beta", heartbeat=0.2)
+    async with Bus(transport=a) as bus_a, Bus(transport=b):
+        bus_a.on("orders.*", lambda env: None, name="orders")
+        async with asyncio.timeout(10):
+            await a.sync()
+        assert a.stats()["peers"] == ["beta"]
+        # What the first tick after the stall does: every peer looks silent.
+        a._directory.expire(time.monotonic() + 60, 0.6)
+        assert a.stats()["peers"] == []
+        await eventually(lambda: a.stats()["peers"] == ["beta"])
+        async with asyncio.timeout(10):
+            await a.sync()
 
 
 async def test_a_publish_repeated_with_the_same_id_is_stored_once(server: NatsServer) -> None:

@@ -231,9 +231,14 @@ class Directory:
             self.seen_at[node] = now  # heard again from the next heartbeat on
 
     def _forget(self, node: str) -> None:
+        # ``synced`` stays: a node forgotten only in this node's view (this loop was starved
+        # past ``heartbeat * liveness`` while the other's refreshes queued) still routes by
+        # what it confirmed, and acks again only on a new version, so dropping its
+        # confirmation left ``sync`` waiting for good once it was heard again (a run hung at
+        # start-up under load). A process that starts again under the same name acks on its
+        # own ``load``, before its entry is seen here.
         self.others.pop(node, None)
         self.seen_at.pop(node, None)
-        self.synced.pop(node, None)
 
     def _changed(self) -> None:
         index: GlobIndex[tuple[str, str]] = GlobIndex()
