@@ -372,11 +372,13 @@ class LiveFeed:
         if self._handlers:
             await asyncio.wait(self._handlers, timeout=_CLOSE_GRACE)
         if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+            # The path goes first: a watcher that finds it while the session is still
+            # "running" in the store must find someone listening, not a refusing socket.
             if self.path is not None:
                 with contextlib.suppress(FileNotFoundError):
                     self.path.unlink()
+            self._server.close()
+            await self._server.wait_closed()
 
     # -- watching ------------------------------------------------------------------------------
 

@@ -322,6 +322,7 @@ def _split_hint(agent: str, upstream: set[str], deliveries: Sequence[StoredDeliv
     return (
         f"agent {agent!r} published a different message than in the original run, and "
         f"{why}, which this one-process replay cannot reproduce. Place "
-        "an agent that keeps state in one process (a standby shares the work too), or keep "
+        "an agent that keeps state in one process (a hot standby shares its work: "
+        "transport.standby_mode: warm takes over only once its node is gone), or keep "
         "that state in effects"
     )

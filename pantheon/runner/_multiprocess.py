@@ -207,6 +207,7 @@ def _nats_transport(scenario: Scenario, url: str, node: str, connect_timeout: fl
 
     cfg = _nats_config(scenario)
     creds = cfg.credentials or _NO_CREDENTIALS
+    placement = Placement.of(scenario)
     return NatsTransport(
         url.split(","),
         team=cfg.team or re.sub(r"[^A-Za-z0-9_-]", "_", scenario.name),
@@ -225,7 +226,8 @@ def _nats_transport(scenario: Scenario, url: str, node: str, connect_timeout: fl
         heartbeat=cfg.heartbeat,
         liveness=cfg.liveness,
         connect_timeout=connect_timeout,
-        fed_remotely=_takeover.fed_groups(Placement.of(scenario).subscriptions),
+        fed_remotely=_takeover.fed_groups(placement.subscriptions),
+        warm=_takeover.warm_groups(placement.subscriptions.get(node, {}), cfg.warm_ahead(node)),
     )
 
 

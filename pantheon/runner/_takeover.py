@@ -12,6 +12,12 @@ node dead and have two members race, or miss a death and have none), a standby i
 to work before it is needed, and nothing is asked of the driver, which may be the process
 that died. The cost is that the primary does not have its agent's work to itself.
 
+*Or a standby waits* (``standby_mode: warm``): its groups pull nothing while a process
+ahead of it (the agent's node, then the standbys listed before it) is in the directory
+hosting them, and start once none is (:func:`warm_groups`, ``NatsTransport(warm=...)``):
+the directory's liveness (``heartbeat * liveness``) is then the detector, and a stateful
+agent is one instance at a time.
+
 *A group with members in several processes is fed from the stream alone*
 (``NatsTransport(fed_remotely=...)``): a message published in a process that hosts a
 member is not handed to that member in memory, which would leave no copy anywhere once
@@ -60,6 +66,7 @@ __all__ = [
     "input_keys",
     "inspect",
     "settle",
+    "warm_groups",
 ]
 
 #: Root messages whose item key the driver remembers, to name what waits in the stream.
@@ -78,6 +85,16 @@ def fed_groups(subscriptions: Mapping[str, Mapping[str, str]]) -> frozenset[str]
         for name in subs:
             seen[name] = seen.get(name, 0) + 1
     return frozenset(name for name, n in seen.items() if n > 1)
+
+
+def warm_groups(
+    subscriptions: Mapping[str, str], ahead: Mapping[str, tuple[str, ...]]
+) -> dict[str, tuple[str, ...]]:
+    """A warm standby's groups (of its ``subscriptions``, name -> pattern), each with the
+    processes ahead of it (``ahead``: by agent, ``NatsTransportConfig.warm_ahead``)."""
+    return {
+        name: ahead[_agent((name, ""))] for name in subscriptions if _agent((name, "")) in ahead
+    }
 
 
 def groups_of(subscriptions: Mapping[str, Mapping[str, str]], hosts: Iterable[str]) -> set[Group]:

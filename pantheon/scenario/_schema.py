@@ -303,6 +303,11 @@ class NatsTransportConfig(_Model):
     standbys alone; ``driver`` is the process running the scenario). ``driver`` alone: the
     driver hosts a standby of every agent placed on a node. A standby is a full member of
     its agent's consumer group from the start (docs/scenarios.md says why)."""
+    standby_mode: Literal["hot", "warm"] = "hot"
+    """``hot``: a standby shares its agent's work from the start. ``warm``: it pulls nothing
+    while its agent's node (or a standby listed before it) is alive, and takes over once
+    that process is gone, so an agent that keeps state across messages is one instance at
+    a time, as in one process (docs/scenarios.md)."""
 
     def standby_hosts(self) -> dict[str, tuple[str, ...]]:
         """``standby`` as process -> agents (``driver`` spelled out)."""
@@ -310,6 +315,24 @@ class NatsTransportConfig(_Model):
             placed = dict.fromkeys(a for agents in self.nodes.values() for a in agents)
             return {DRIVER_NODE: tuple(placed)} if placed else {}
         return dict(self.standby)
+
+    def warm_ahead(self, host: str) -> dict[str, tuple[str, ...]]:
+        """With ``standby_mode: warm``, the agents ``host`` is a standby of, each with the
+        processes ahead of it: the node that places the agent, then the standbys of it
+        listed before ``host``. Nothing for a hot standby, or a process that is none."""
+        if self.standby_mode != "warm":
+            return {}
+        ahead: dict[str, list[str]] = {}
+        for node, agents in self.nodes.items():
+            for agent in agents:
+                ahead.setdefault(agent, []).append(node)
+        out: dict[str, tuple[str, ...]] = {}
+        for process, agents in self.standby_hosts().items():
+            for agent in agents:
+                if process == host:
+                    out[agent] = tuple(ahead.get(agent, ()))
+                ahead.setdefault(agent, []).append(process)
+        return out
 
     @model_validator(mode="after")
     def _auto_server_credentials(self) -> NatsTransportConfig:
@@ -1588,6 +1611,14 @@ def _cross_field_problems(
         )
 
     standby = transport.get("standby")
+    if kind == "nats" and transport.get("standby_mode") == "warm" and not standby:
+        out.append(
+            (
+                ("transport", "standby_mode"),
+                "standby_mode: warm applies to standbys: add transport.standby (a process -> "
+                "the agents it stands by for, or 'driver')",
+            )
+        )
     if kind == "nats" and isinstance(nodes, Mapping | None):
         out.extend(_standby_problems(standby, nodes or {}, names, agents))
         if isinstance(standby, Mapping):

@@ -66,10 +66,16 @@ def test_a_3_node_runs_feed_shows_the_whole_team_each_hop_on_its_node(
     try:
         seen = asyncio.run(_watch(store, child))
         out, err = child.communicate(timeout=DEADLINE)
-    finally:
+    except Exception as exc:
+        # What the run said is the first thing to read when watching it failed (CI once
+        # found its feed's socket refusing, and the run's own words were lost).
         if child.poll() is None:
             child.kill()
-            child.communicate()
+        _, err = child.communicate()
+        raise AssertionError(
+            f"watching the run failed ({exc!r}); the run exited {child.returncode}, "
+            f"its stderr ends:\n{err.decode(errors='replace')[-4000:]}"
+        ) from exc
     summary = json.loads(out)
     assert summary["session_id"], err
     live = [s for s in seen if s.live]

@@ -86,3 +86,43 @@ async def test_what_a_handler_emits_again_for_the_same_message_is_stored_once(
     assert got == ["first outcome", "a second outcome"]
     assert two.stats()["duplicates"] == 1
     assert one.stats()["duplicates"] == 0
+
+
+async def test_a_warm_standby_pulls_nothing_until_the_node_ahead_of_it_is_gone(
+    server: NatsServer,
+) -> None:
+    """``worker`` on ``primary`` and, warm, on ``standby``: while the primary is in the
+    directory the standby takes no share (one instance keeps the state, as in one process);
+    once it closes (its entry gone; a silent one leaves after ``heartbeat * liveness``), the
+    standby pulls what is published next. Its other, ordinary group pulls throughout."""
+    pub = NatsTransport(server.url, team="warm", node="pub")
+    primary = NatsTransport(server.url, team="warm", node="primary", fed_remotely=["worker"])
+    standby = NatsTransport(
+        server.url, team="warm", node="standby", fed_remotely=["worker"],
+        warm={"worker": ["primary"]},
+    )  # fmt: skip
+    handled: dict[str, list[int]] = {"primary": [], "standby": [], "audit": []}
+    async with Bus(transport=pub) as bus_pub, Bus(transport=standby) as bus_standby:
+        bus_standby.on("jobs.*", lambda env: handled["standby"].append(env.payload), name="worker")
+        bus_standby.on("jobs.*", lambda env: handled["audit"].append(env.payload), name="audit")
+        await standby.sync()
+        # Alone so far: nobody is ahead of it, so it pulls.
+        assert standby.stats()["standing_by"] == []
+        async with Bus(transport=primary) as bus_primary:
+            bus_primary.on(
+                "jobs.*", lambda env: handled["primary"].append(env.payload), name="worker"
+            )
+            await primary.sync()
+            await eventually(lambda: standby.stats()["standing_by"] == ["worker"])
+            await eventually(lambda: pub.has_remote("jobs.new"))
+            for n in range(40):
+                await bus_pub.emit("jobs.new", n)
+            await eventually(lambda: len(handled["primary"]) == 40 and len(handled["audit"]) == 40)
+            await bus_pub.drain(timeout=20)
+        assert (handled["primary"], handled["standby"]) == (list(range(40)), [])
+        await eventually(lambda: standby.stats()["standing_by"] == [])
+        for n in range(40, 60):
+            await bus_pub.emit("jobs.new", n)
+        await eventually(lambda: len(handled["standby"]) == 20)
+        await bus_pub.drain(timeout=20)
+    assert handled["standby"] == list(range(40, 60)) and handled["audit"] == list(range(60))

@@ -11,7 +11,7 @@ import pytest
 from bus import Bus
 from bus.backends.nats import AuthorizationError, ConnectError, NatsTransport
 from pantheon.runner._multiprocess import Placement, cluster_transport
-from pantheon.runner._takeover import fed_groups
+from pantheon.runner._takeover import fed_groups, warm_groups
 from pantheon.scenario import NatsTransportConfig, ScenarioError, load_scenario
 
 BASE = """\
@@ -183,3 +183,47 @@ def test_a_bad_standby_is_one_located_line(write, standby: str, field: str, mess
     assert (problem.file, problem.line, problem.field) == (str(path), 11, field)
     assert message in problem.message
     assert "\n" not in str(problem)
+
+
+def test_a_warm_standby_waits_behind_its_agent_s_node_then_the_standbys_listed_before_it(
+    write,
+) -> None:
+    """``standby_mode: warm``: each standby's groups pull only once every process ahead of
+    it is gone, so two standbys of one agent take over one after the other, not together."""
+    s = load_scenario(
+        write(
+            NODES
+            + "  standby:\n    b: [reasoner]\n    spare: [memory, reasoner]\n"
+            + "  standby_mode: warm\n"
+            + TEAM
+        )
+    )
+    cfg = s.transport
+    assert isinstance(cfg, NatsTransportConfig)
+    assert cfg.warm_ahead("b") == {"reasoner": ("a",)}
+    assert cfg.warm_ahead("spare") == {"memory": ("a",), "reasoner": ("a", "b")}
+    assert cfg.warm_ahead("a") == {}
+    subs = Placement.of(s).subscriptions
+    assert warm_groups(subs["spare"], cfg.warm_ahead("spare")) == {
+        "memory": ("a",),
+        "memory:action.executed": ("a",),
+        "reasoner": ("a", "b"),
+        "reasoner:learner.threshold.updated": ("a", "b"),
+    }
+    # The default shares from the start: nobody is ahead of anyone.
+    hot = load_scenario(write(NODES + "  standby:\n    b: [reasoner]\n" + TEAM))
+    assert isinstance(hot.transport, NatsTransportConfig)
+    assert hot.transport.warm_ahead("b") == {}
+
+
+def test_warm_without_a_standby_is_one_located_line(write) -> None:
+    path = write(NODES + "  standby_mode: warm\n" + TEAM)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (
+        str(path),
+        10,
+        "transport.standby_mode",
+    )
+    assert "standby_mode: warm applies to standbys: add transport.standby" in problem.message

@@ -95,8 +95,10 @@ class Group:
         "lanes",
         "name",
         "parked",
+        "passive",
         "pattern",
         "sub",
+        "switching",
         "waiting",
     )
 
@@ -109,6 +111,10 @@ class Group:
         self.parked: deque[Msg] = deque()
         self.waiting: asyncio.Task[None] | None = None
         self.active = True
+        # A warm standby's group while a process ahead of it hosts the group: no pull inbox,
+        # so no requests on the server (see Consumers.set_passive).
+        self.passive = False
+        self.switching: asyncio.Task[None] | None = None
         self.sub: Any = None  # its own pull inbox, so leaving ends its requests on the server
         self.closing: asyncio.Task[None] | None = None
         self.deferred: list[str] = []  # acks to give back once the inbox is gone
@@ -311,9 +317,9 @@ class Consumers:
         # every deleted slot at its front (see bus/_routing.py).
         self.seen: OrderedDict[int, None] = OrderedDict()
 
-    async def open_group(self, name: str, pattern: str) -> Group:
+    async def open_group(self, name: str, pattern: str, passive: bool = False) -> Group:
         """Create (or keep: another process of the session made it) the group's consumer on
-        each lane, then start pulling."""
+        each lane, then start pulling, unless ``passive`` (:meth:`set_passive`)."""
         scope = self.scope
         scoped = scope != NO_SESSION
         lanes = []
@@ -339,17 +345,49 @@ class Consumers:
             lanes.append(Lane(self.stream, durable, lane))
         gid = next(self.gids)
         group = Group(gid, name, pattern, lanes)
-        group.sub = await self.nc.subscribe(f"{self.pull_prefix}.{gid}.>", cb=self.on_pull)
+        group.passive = passive
+        if not passive:
+            group.sub = await self.nc.subscribe(f"{self.pull_prefix}.{gid}.>", cb=self.on_pull)
         self.by_gid[gid] = group
         for lane_ in lanes:
             self.by_consumer[lane_.consumer] = (group, lane_)
         self.arm(group)
         return group
 
+    def set_passive(self, group: Group, passive: bool) -> None:
+        """A warm standby's group stops pulling while a process ahead of it hosts the group,
+        and starts once none does. Stopping ends its pull requests on the server (the inbox
+        unsubscribed, as a group leaving does): requests left to expire would keep taking a
+        share of the work for up to their long poll, and naking that share back could hand
+        it straight to the next of them. What it holds it finishes."""
+        if group.passive == passive or self.loop is None:
+            return
+        group.passive = passive
+        if group.switching is None or group.switching.done():
+            group.switching = self.loop.create_task(self._switch(group))
+
+    async def _switch(self, group: Group) -> None:
+        """Bring the group's pull inbox to what :meth:`set_passive` last asked (it may flip
+        again while an (un)subscribe is on its way)."""
+        while group.active and not self.closed:
+            if group.passive and group.sub is not None:
+                sub, group.sub = group.sub, None
+                for lane in group.lanes:
+                    lane.requests.clear()
+                    lane.outstanding = 0
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+            elif not group.passive and group.sub is None:
+                subject = f"{self.pull_prefix}.{group.gid}.>"
+                group.sub = await self.nc.subscribe(subject, cb=self.on_pull)
+                self.arm(group)
+            else:
+                return
+
     def arm(self, group: Group) -> None:
         """Ask for more messages while this group holds fewer than ``credit``, CRITICAL's
         lane first. Nothing while a full mailbox makes it wait."""
-        if not group.active or group.waiting is not None or self.closed or self.nc is None:
+        if group.sub is None or not group.active or group.waiting is not None or self.closed:
             return
         lanes = group.lanes
         room = self.credit - len(group.held) - len(group.parked)
@@ -599,8 +637,12 @@ class Consumers:
         """End the group's pull requests on the server (its inbox unsubscribed: the server
         drops a request nobody listens to), then nak what it held and what was parked, with
         no delay: the server gives them to another member at once."""
+        if group.switching is not None:  # ends after its step: the group is not active
+            with contextlib.suppress(Exception):
+                await group.switching
         with contextlib.suppress(Exception):
-            await group.sub.unsubscribe()
+            if group.sub is not None:
+                await group.sub.unsubscribe()
             await self.nc.flush(timeout=2)
         self.by_gid.pop(group.gid, None)
         for lane in group.lanes:

@@ -58,7 +58,7 @@ import secrets
 import socket
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -142,6 +142,13 @@ class NatsTransport(Transport):
     reach them through the stream like anyone's, so what one of their members held is
     still in the stream when it dies (a standby member elsewhere takes it after
     ``ack_wait``), at the cost of a round trip to the server per hop.
+
+    ``warm`` makes this node a warm standby of some groups: subscription name -> the nodes
+    ahead of it. Such a group pulls nothing while one of those nodes is in the directory
+    hosting it, and starts once none is (a node that closed, or silent for ``heartbeat *
+    liveness`` seconds): one instance of a stateful agent at a time, where a hot standby
+    (the default) shares the work from the start. What the dead member held comes back
+    after ``ack_wait``, as for a hot standby.
     """
 
     def __init__(
@@ -170,8 +177,10 @@ class NatsTransport(Transport):
         liveness: int = 3,
         connect_timeout: float = 10.0,
         fed_remotely: Iterable[str] = (),
+        warm: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.fed_remotely = frozenset(fed_remotely)
+        self.warm = {name: tuple(ahead) for name, ahead in (warm or {}).items() if ahead}
         self.urls = [url] if isinstance(url, str) else list(url)
         if not self.urls:
             raise ValueError("NatsTransport: url needs at least one server")
@@ -411,7 +420,8 @@ class NatsTransport(Transport):
                 for key in [k for k in groups if k not in wanted]:
                     consumers.leave(groups.pop(key))
                 for name, pattern in sorted(wanted - set(groups)):
-                    groups[(name, pattern)] = await consumers.open_group(name, pattern)
+                    passive = self._ahead(name, pattern)
+                    groups[(name, pattern)] = await consumers.open_group(name, pattern, passive)
                 directory.version += 1
                 await directory.put_entry()
             except Exception:
@@ -546,6 +556,8 @@ class NatsTransport(Transport):
             "held": self._consumers.held(),
             "awaiting_stream_ack": len(self._pending),
             "peers": sorted(self._directory.others),
+            # A warm standby's groups that wait for the nodes ahead of them to go.
+            "standing_by": sorted(g.name for g in self._groups.values() if g.passive),
             **self._counts,
         }
 
@@ -675,7 +687,22 @@ class NatsTransport(Transport):
                     async with asyncio.timeout(beat_every):
                         await self._directory.put_entry()
 
+    def _ahead(self, name: str, pattern: str) -> bool:
+        """Whether a node ahead of this warm standby hosts the group (see ``warm``)."""
+        ahead = self.warm.get(name)
+        if not ahead:
+            return False
+        others = self._directory.others
+        return any(
+            (entry := others.get(node)) is not None and (name, pattern) in entry.subs
+            for node in ahead
+        )
+
     def _directory_changed(self) -> None:
+        if self.warm:
+            for (name, pattern), group in list(self._groups.items()):
+                if name in self.warm:
+                    self._consumers.set_passive(group, self._ahead(name, pattern))
         if self.on_change is not None:
             self.on_change()
 
