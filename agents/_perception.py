@@ -12,7 +12,7 @@ from pydantic import Field, ImportString
 
 from agents._base import Agent, AgentSettings
 from agents._ordinals import InputOrdinals
-from bus import Envelope, Priority
+from bus import BusClosedError, Envelope, Priority
 
 __all__ = [
     "DEFAULT_MAX_LABELS",
@@ -142,6 +142,8 @@ class Observer(Agent):
         self.ordinals = InputOrdinals()
         self.done = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._ending = False
+        self._publishing = False
 
     async def start(self) -> None:
         if self.source is not None:
@@ -155,6 +157,20 @@ class Observer(Agent):
             await asyncio.gather(self._task, return_exceptions=True)
         self.done.set()
 
+    def end_input(self) -> None:
+        """Stop taking input now, between two items (a run's Ctrl-C): the Observer publishes
+        nothing more and :attr:`done` is set once its input task has ended, so the run goes
+        on to finish what is already in flight. The items left unread are not an error.
+
+        An item being published is published whole first (cancelled halfway, it could reach
+        some of its subscribers and not others); a wait for the next item or for the rate's
+        next slot is cut short."""
+        self._ending = True
+        if self._task is None or self._task.done():
+            self.done.set()
+        elif not self._publishing:
+            self._task.cancel()
+
     async def ingest(self) -> None:
         """Publish the source to its end (or ``count``, or ``duration``); a source that
         fails ends the input with its error in :attr:`error`, not in a lost task."""
@@ -162,6 +178,11 @@ class Observer(Agent):
             await self._ingest()
         except asyncio.CancelledError:
             raise
+        except BusClosedError:
+            # The run is being torn down under it (a second Ctrl-C): not the input's fault,
+            # and no traceback to read.
+            self.error = "the bus closed before the input ended"
+            self.log.warning("input stopped: the bus closed", emitted=self.emitted)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             self.log.error("input failed", error=self.error, exc_info=True)
@@ -179,7 +200,7 @@ class Observer(Agent):
             n = 0
             # Limits are checked before asking for the next item, never after: a source such
             # as standard input may wait indefinitely for an item the run no longer wants.
-            while count is None or n < count:
+            while (count is None or n < count) and not self._ending:
                 if duration is None:
                     item = await anext(items, None)
                 else:
@@ -197,7 +218,11 @@ class Observer(Agent):
                     delay = started + n / rate - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                await self.observe(item)
+                self._publishing = True
+                try:
+                    await self.observe(item)
+                finally:
+                    self._publishing = False
                 n += 1
         finally:
             close = getattr(items, "aclose", None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agents import Observer
 from bus import Bus
 from pantheon.runner import RunSummary, check_model
 from pantheon.scenario import GatewayConfig, Scenario, load_scenario
@@ -45,7 +46,10 @@ async def run(
     while it runs, and ``on_gateway`` sees it once it listens. ``serve`` keeps the team
     running after its input has ended, until SIGINT or SIGTERM; the first such signal (in
     any run with a gateway) ends an ``http`` input and lets the run finish and be
-    recorded, a second one interrupts.
+    recorded, a second one interrupts. In a run that does not ``serve``, the first SIGINT
+    or SIGTERM (Ctrl-C) stops the input where it is: the run finishes what is in flight,
+    its summary says ``interrupted``, and its session is recorded ``aborted``, which
+    ``pantheon resume`` finishes; a second signal interrupts at once (still ``aborted``).
 
     Recorded in ``store`` (default ``.pantheon/sessions.db`` or ``$PANTHEON_STORE``) unless
     ``record`` is false, with the live feed ``pantheon monitor`` attaches to. ``on_bus`` sees
@@ -91,6 +95,7 @@ async def run(
         def on_team(team: Any) -> None:
             live.watch(team)
             served.watch(team)
+            served.observers = team.of_role(Observer)
 
         async def attach(bus: Bus) -> None:
             await live.attach(bus)
@@ -111,12 +116,14 @@ async def run(
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
             desk=desk,  # every agent's, on whichever process it runs
         )
+        if not serve and served.interrupted is not None:
+            summary.interrupted = served.interrupted
         if summary.nodes and rec.recorder is not None:
             await _score_from_record(scenario, summary, rec.recorder)
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)
         await rec.finish(summary, source=source)
-        await live.close("completed" if summary.passed else "failed")
+        await live.close(rec.status(summary))
         # Last: a monitor attached through the gateway gets the feed's final snapshot.
         await served.aclose()
     return summary
@@ -145,7 +152,9 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
 
 class _Served:
     """The gateway of one run: started once the team is wired, stopped after the run;
-    SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run."""
+    SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run. In a
+    run without a gateway the same first signal ends every Observer's input (``pantheon
+    run``'s Ctrl-C: what is in flight finishes and is recorded)."""
 
     def __init__(
         self,
@@ -161,6 +170,9 @@ class _Served:
         self.gateway: Gateway | None = None
         self.inboxes: dict[str, Any] = {}
         self.stop = asyncio.Event()
+        self.observers: list[Any] = []
+        #: The signal that ended the input early (its name), if one did.
+        self.interrupted: str | None = None
         self._signals: list[int] = []
 
     def watch(self, team: Any) -> None:
@@ -172,6 +184,13 @@ class _Served:
                 self.inboxes[agent.name] = agent.source
 
     async def attach(self, bus: Bus) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            # Not on Windows, nor off the main thread (a test's loop): Ctrl-C then interrupts
+            # as usual instead of finishing the run, which is all this handler adds.
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, self._stopping, sig)
+                self._signals.append(sig)
         if self.config is None:
             return
         from pantheon.gateway import Gateway
@@ -180,24 +199,27 @@ class _Served:
             bus, self.config, inboxes=self.inboxes, tokens=self.tokens, live=self.live
         )
         await self.gateway.start()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            # Not on Windows, nor off the main thread (a test's loop): Ctrl-C then interrupts
-            # as usual instead of finishing the run, which is all this handler adds.
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, self._stopping, sig)
-                self._signals.append(sig)
         if self.on_gateway is not None:
             self.on_gateway(self.gateway)
 
     def _stopping(self, sig: int) -> None:
-        logging.getLogger("pantheon.gateway").info(
-            "%s: finishing the run (again to interrupt)", signal.Signals(sig).name
-        )
+        name = signal.Signals(sig).name
         self._restore()
         self.stop.set()
         for source in self.inboxes.values():
             source.close()
+        unread = [o for o in self.observers if not o.done.is_set()]
+        if self.gateway is not None or not unread:
+            logging.getLogger("pantheon").info("%s: finishing the run (again to interrupt)", name)
+            return
+        logging.getLogger("pantheon").warning(
+            "%s: input stopped, finishing what is in flight (again to interrupt at once); "
+            "the session is recorded as aborted: pantheon resume finishes it",
+            name,
+        )
+        self.interrupted = name
+        for observer in unread:
+            observer.end_input()
 
     def _restore(self) -> None:
         loop = asyncio.get_running_loop()

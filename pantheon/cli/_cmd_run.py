@@ -248,10 +248,25 @@ def register(app: typer.Typer) -> None:
 
 def _report(summary: RunSummary, as_json: bool) -> None:
     """A finished run's summary (JSON for scripts), and exit 1 when an expectation failed:
-    ``run`` and ``serve`` end alike."""
+    ``run`` and ``serve`` end alike. A run whose input a signal stopped exits 130 (as a
+    shell reports Ctrl-C), whatever its checks said of the part that ran."""
     if as_json:
         typer.echo(json.dumps(asdict(summary) | {"passed": summary.passed}, indent=2))
     else:
         print_summary(summary)
+    if summary.interrupted is not None:
+        sid = summary.session_id
+        console.print(
+            f"[yellow]interrupted ({summary.interrupted})[/yellow] after "
+            f"{summary.inputs + summary.malformed} inputs: what was in flight finished"
+            + (
+                f"; session {sid} is recorded as aborted: pantheon resume {sid} finishes it"
+                if sid is not None
+                else " (not recorded)"
+            ),
+            soft_wrap=True,
+            highlight=False,
+        )
+        raise typer.Exit(130)
     if not summary.passed:
         raise typer.Exit(1)

@@ -100,10 +100,12 @@ def counts_line(label: str, counts: Mapping[str, int]) -> str:
 def incomplete_reason(info: SessionInfo) -> str | None:
     """Why a session's record stops short of the end of its run, or None when it does not.
 
-    A record is complete once the run closed it (``completed`` or ``failed``); ``aborted``
-    means the recording process died (the store marks it so when it finds the process
-    gone) and ``running`` that it is still being written."""
-    if info.status == "aborted":
+    A record is complete once the run closed it (``completed`` or ``failed``, or
+    ``aborted`` with a summary saying which signal stopped its input: that run finished
+    what was in flight and recorded it all); otherwise ``aborted`` means the recording
+    process died (the store marks it so when it finds the process gone) and ``running``
+    that it is still being written."""
+    if info.status == "aborted" and not info.summary.get("interrupted"):
         return "aborted: its recording process died"
     if info.status == "running":
         return f"still being recorded (pid {info.pid} on {info.host})"

@@ -2,11 +2,14 @@
 
 What resuming does, exactly:
 
-1. Only a session whose recording process died (``aborted``; the store marks a ``running``
-   session so once its pid is gone) can be resumed, once: a running, finished or replay
-   session, a ZeroMQ run (its nodes' records reach the store only through the driver, so
-   what they did after its last commit is nowhere), or one resumed before (by a resume
-   that did not itself die), is refused with the reason. A resume that died is resumed in
+1. Only an ``aborted`` session can be resumed, once: one whose recording process died
+   (the store marks a ``running`` session so once its pid is gone), or one whose input a
+   signal stopped (``pantheon run``'s Ctrl-C: it finished what was in flight and recorded
+   everything, every node's journal included, whatever its transport). A running,
+   finished or replay session, a ZeroMQ run whose driver died (its nodes' records reach
+   the store only through the driver, so what they did after its last commit is nowhere),
+   or one resumed before (by a resume that did not itself die), is refused with the
+   reason. A resume that died is resumed in
    turn. A NATS run resumes in this one process: first, the shipments its nodes left on
    the stream that the dead driver had not stored are added to its record
    (``pantheon.runner._multiprocess.import_from_stream``), so what they did is served, not redone.
@@ -164,14 +167,17 @@ async def resume(
             f"<scenario of session {original.id}>",
             base_dir=base,
         )
-        if scenario.transport.kind == "zmq":
+        # A run whose input a signal stopped finished what was in flight and stored every
+        # node's journal to its end mark: its record is whole, whatever the transport.
+        interrupted = bool(original.summary.get("interrupted"))
+        if scenario.transport.kind == "zmq" and not interrupted:
             # Its nodes' records reach the store only through the driver, so what they did
             # after its last commit is nowhere: resuming would do it again.
             raise SessionError(
                 f"session {original.id} is a ZeroMQ run: its nodes' records died with its "
                 "driver, so resuming would do again what they did (a NATS run's survive)"
             )
-        if scenario.transport.kind == "nats":
+        if scenario.transport.kind == "nats" and not interrupted:
             # Whatever its nodes shipped and the dead driver had not stored is still on the
             # stream: take it in first, so none of it is done twice.
             from pantheon.runner import import_from_stream
@@ -207,7 +213,7 @@ async def resume(
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
         await run.finish("completed" if summary.passed else "failed", data)
         cfg = scenario.transport
-        if isinstance(cfg, NatsTransportConfig):
+        if isinstance(cfg, NatsTransportConfig) and cfg.server != "auto":
             # What the dead run left unacknowledged in its consumer groups is done now:
             # later runs of the team no longer list the session as having left work.
             from pantheon.runner import discard_consumers

@@ -119,6 +119,10 @@ class RunSummary:
     """How long the event loop's thread waited for a CPU while it had work (``source``,
     ``wall_s``, ``cpu_s``, ``wait_s``, ``share``; see ``bus._sched``): of a multi-process
     run, the process that waited the largest share. Empty when nothing measured it."""
+    interrupted: str | None = None
+    """The signal (``SIGINT``, ``SIGTERM``) that stopped the input before its end: the
+    run finished what was in flight, and its session is recorded ``aborted``, so
+    ``pantheon resume`` finishes it. None for a run that read its input to the end."""
 
     @property
     def passed(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -36,11 +37,19 @@ class Recording:
         if self.recorder is not None:
             self.recorder.attach(bus)
 
+    @staticmethod
+    def status(summary: Any) -> str:
+        """How the session of a run that ended with ``summary`` ends: ``aborted`` (its input
+        stopped by a signal: resumable), else ``completed`` or ``failed`` by its checks."""
+        if summary.interrupted is not None:
+            return "aborted"
+        return "completed" if summary.passed else "failed"
+
     async def finish(self, summary: Any, *, source: str | None = None) -> None:
         if self.recorder is None:
             return
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "scenario_path": source}
-        await self.recorder.finish("completed" if summary.passed else "failed", data)
+        await self.recorder.finish(self.status(summary), data)
 
 
 @asynccontextmanager
@@ -74,6 +83,11 @@ async def recording(
         rec = Recording(bus, recorder, session_store.path.parent / "outbox")
         try:
             yield rec
+        except (asyncio.CancelledError, KeyboardInterrupt) as exc:
+            # Interrupted (a second Ctrl-C): what was recorded stays, and the session is
+            # one `pantheon resume` finishes, as after SIGKILL, not a failure of the team.
+            await recorder.finish("aborted", {"error": f"interrupted ({type(exc).__name__})"})
+            raise
         except BaseException as exc:
             await recorder.finish("failed", {"error": f"{type(exc).__name__}: {exc}"})
             raise

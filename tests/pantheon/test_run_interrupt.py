@@ -1,0 +1,141 @@
+"""Ctrl-C of ``pantheon run``, on the on-call team, in one process and on three ZeroMQ
+processes: the first SIGINT stops the input and lets the run finish what is in flight; the
+session is recorded ``aborted`` with the signal in its summary, replays whole, and
+``pantheon resume`` finishes the input. A second SIGINT interrupts at once, still
+``aborted``, without an error about the input. Real ``pantheon`` processes and a real
+SQLite store; the signal goes to the driver alone, as a terminal's Ctrl-C does (a
+multi-process run's other processes have sessions of their own)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_run import pantheon as cli
+from oncall_asking import node_pids
+from untimed import copy_untimed
+
+COUNT = 400
+ZMQ = (
+    "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n  nodes:\n"
+    "    triage: [dedup, correlator, decider]\n    action: [guardian, actor]\n"
+)
+
+
+def scenario(tmp_path: Path, transport: str = "") -> str:
+    """The on-call team's first 400 alerts at 50 a second (8 s of input)."""
+    scenarios = copy_untimed(tmp_path)
+    text = (scenarios / "oncall.yaml").read_text(encoding="utf-8")
+    assert "  rate: 2000 " in text
+    text = text.replace("  rate: 2000 ", f"  count: {COUNT}\n  rate: 50 ", 1)
+    text = text.replace("\nagents:\n", f"\n{transport}\nagents:\n", 1)
+    (scenarios / "paced.yaml").write_text(text, encoding="utf-8")
+    return "scenarios/paced.yaml"
+
+
+def acted(workdir: Path) -> int:
+    """Tool calls the team's Actor made so far (its outbox files, whichever process it runs
+    in): the run is under way. The store is no gauge: its rows reach their tables only
+    when the run's loop is idle."""
+    return sum(
+        len(path.read_text(encoding="utf-8").splitlines())
+        for path in (workdir / "outbox").glob("*.jsonl")
+    )
+
+
+def interrupt(
+    tmp_path: Path, path: str, *, times: int
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run ``path`` and SIGINT it ``times`` times once its Actor has acted 5 times;
+    returns the finished process and its session."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", path, "--store", "s.db", "--json"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=os.environ | {"COLUMNS": "250"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while acted(tmp_path) < 5:
+            assert proc.poll() is None and time.monotonic() < deadline, "the team never acted"
+            time.sleep(0.05)
+        for _ in range(times):
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+        out, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        (session,) = conn.execute("SELECT id FROM sessions WHERE kind = 'run'").fetchone()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), str(session)
+
+
+def status(tmp_path: Path, session: str) -> tuple[str, dict[str, Any]]:
+    with sqlite3.connect(tmp_path / "s.db") as conn:
+        state, summary = conn.execute(
+            "SELECT status, summary FROM sessions WHERE id = ?", (session,)
+        ).fetchone()
+    return str(state), json.loads(summary or "{}")
+
+
+@pytest.mark.parametrize("transport", ["", ZMQ], ids=["inprocess", "zmq"])
+def test_ctrl_c_finishes_what_is_in_flight_and_leaves_a_session_resume_finishes(
+    tmp_path: Path, transport: str
+) -> None:
+    proc, session = interrupt(tmp_path, scenario(tmp_path, transport), times=1)
+    assert proc.returncode == 130, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["interrupted"] == "SIGINT" and summary["session_id"] == session
+    assert f"pantheon resume {session} finishes it" in proc.stderr
+    assert "input failed" not in proc.stderr
+    # Stopped early, and every alert that went in was decided: nothing left in flight.
+    inputs = summary["inputs"] + summary["malformed"]
+    assert 5 <= inputs < COUNT
+    assert summary["accuracy"]["scored"] + summary["accuracy"]["unlabelled"] == inputs
+    assert summary["accounting_ok"] is True
+    state, stored = status(tmp_path, session)
+    assert (state, stored["interrupted"]) == ("aborted", "SIGINT")
+    assert node_pids(session) == []
+
+    # Its record is whole: the replay matches without calling anything, and does not call
+    # it incomplete.
+    replay = cli("replay", session, "--store", "s.db", cwd=tmp_path)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "matched" in replay.stdout and "incomplete" not in replay.stdout
+
+    resumed = cli("resume", session, "--store", "s.db", "--json", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = json.loads(resumed.stdout)
+    assert whole["inputs"] + whole["malformed"] == COUNT
+    assert whole["resume"]["effects_served"] > 0
+
+
+def test_a_second_ctrl_c_interrupts_at_once_and_the_session_is_still_resumable(
+    tmp_path: Path,
+) -> None:
+    # An Actor slow enough at first that the first Ctrl-C's finishing is still under way.
+    path = scenario(tmp_path)
+    slow = "\nfaults:\n  agents:\n    actor: {latency_ms: 400, until: {messages: 60}}\n"
+    (tmp_path / path).write_text((tmp_path / path).read_text() + slow)
+    proc, session = interrupt(tmp_path, path, times=2)
+    assert proc.returncode == 130 and proc.stdout == ""
+    # The Observer's input ended because the bus closed under it: no error, no traceback.
+    assert '"level": "error"' not in proc.stderr and "Traceback" not in proc.stderr
+    state, stored = status(tmp_path, session)
+    assert state == "aborted" and stored["error"].startswith("interrupted ("), stored
+    resumed = cli("resume", session, "--store", "s.db", "--json", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = json.loads(resumed.stdout)
+    assert whole["inputs"] + whole["malformed"] == COUNT
