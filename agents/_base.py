@@ -58,6 +58,7 @@ __all__ = [
     "InjectedFault",
     "Prices",
     "UsageMeter",
+    "attach_desk",
     "fault_timeline",
     "handler_arity",
     "total_usage",
@@ -138,6 +139,12 @@ class FaultTimeline:
 #: The timeline agents attaching now join; unset, each agent starts a fresh one at attach.
 #: :func:`pantheon.sessions.redrive` sets the original run's around its ``setup(bus)``.
 fault_timeline: ContextVar[FaultTimeline | None] = ContextVar("fault_timeline", default=None)
+
+#: The approval desk agents attaching now get when they have none. ``pantheon run`` hands
+#: its desk to the team it builds; a caller that attaches a team it does not build (a
+#: ``setup(bus)`` it is given) sets this around the call instead:
+#: :func:`pantheon.sessions.redrive` gives the team its session's desk this way.
+attach_desk: ContextVar[ApprovalDesk | None] = ContextVar("attach_desk", default=None)
 
 #: Whether the fault window was open for the delivery being handled (a tool fault asks).
 _window_open: ContextVar[bool] = ContextVar("pantheon_fault_window_open", default=True)
@@ -383,6 +390,8 @@ class Agent:
             )
         self.bus = bus
         self._timeline = fault_timeline.get() or FaultTimeline(time.time())
+        if self.desk is None:
+            self.desk = attach_desk.get()
         opts = self.options
         for i, pattern in enumerate(self.subscriptions):
             bus.on(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 import re
@@ -33,6 +34,9 @@ from pantheon.cli._summary_text import STATE_MARKS, cut_lines, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
+    DEFAULT_REPLAY_TIMEOUT,
+    DeskFactory,
+    RedriveReport,
     SessionError,
     SessionInfo,
     SessionStore,
@@ -291,12 +295,25 @@ def dlq_redrive(
     as_json: JsonOpt = False,
 ) -> None:
     """Re-deliver a finished session's dead letters to the team as it is now, in a new
-    session; entries delivered this time are marked redriven. Exits 0 when every entry
-    was delivered (or there was none), 1 when any failed again or was skipped."""
+    session; entries delivered this time are marked redriven. The team asks for approval
+    as under ``pantheon run``: on the new session (``pantheon approve NEW ID``), decided as
+    the scenario's ``approvals`` says. Exits 0 when every entry was delivered and nothing
+    it caused was dead-lettered (or there was none), 1 when any failed again, itself or
+    downstream, or was skipped."""
     with _open(store) as st:
         info = st.session(session)
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
-        report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
+        desk, waits = _redrive_desk(info, Path(st.path))
+        report = asyncio.run(
+            redrive(
+                st,
+                info.id,
+                team,
+                None if entry is None else [entry],
+                timeout=DEFAULT_REPLAY_TIMEOUT + waits,
+                desk=desk,
+            )
+        )
     if as_json:
         _dump(report.to_dict())
     else:
@@ -304,14 +321,50 @@ def dlq_redrive(
         con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
         for entry_id, outcome in report.outcomes.items():
             colour = "green" if outcome == "delivered" else "red"
-            con.print(f"  entry {entry_id}: [{colour}]{outcome}[/{colour}]")
+            con.print(f"  entry {entry_id}: [{colour}]{escape(outcome)}[/{colour}]")
         if not report.outcomes:
             con.print("  nothing to redrive")
         else:
             colour = "green" if report.ok else "red"
             con.print(f"[{colour}]{report.outcome}[/{colour}]")
+        for line in _new_dead_letters(report):
+            con.print(line, markup=False, emoji=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _redrive_desk(info: SessionInfo, store: Path) -> tuple[DeskFactory | None, float]:
+    """The approval desk a redrive's team asks, as ``pantheon run`` gives its team one: the
+    recorded scenario's ``approvals``, on the redrive's own session; and how long a request
+    may wait for its decision. None (nobody to ask) when the session has no scenario that
+    can be read back."""
+    from pantheon.approvals import approval_desk
+    from pantheon.scenario import ScenarioError, parse_scenario
+
+    if not info.scenario_text:
+        return None, 0.0
+    base = None if info.scenario_dir is None else Path(info.scenario_dir)
+    try:
+        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
+    except ScenarioError:  # a --setup team on a scenario that no longer parses
+        return None, 0.0
+    return functools.partial(approval_desk, scenario, store), scenario.approvals.timeout
+
+
+def _new_dead_letters(report: RedriveReport) -> list[str]:
+    """The dead letters the redrive left in its own session, by number there."""
+    letters = report.new_dead_letters
+    if not letters:
+        return []
+    sid = report.new_session_id
+    n = len(letters)
+    numbers = ", ".join(f"#{d.entry_id}" for d in letters)
+    lines = [f"{n} new dead letter{'s' if n != 1 else ''} in {sid}: {numbers}"]
+    loose = sum(d.caused_by is None for d in letters)
+    if loose:
+        lines.append(f"  {loose} of them caused by no redriven entry")
+    lines.append(f"  see pantheon dlq list {sid}")
+    return lines
 
 
 def export(

@@ -49,7 +49,14 @@ from pantheon.sessions._recorder import (
     import_envelopes,
     import_shipments,
 )
-from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
+from pantheon.sessions._redrive import (
+    DEFAULT_REPLAY_TIMEOUT,
+    DeskFactory,
+    RedriveDeadLetter,
+    RedriveReport,
+    Setup,
+    redrive,
+)
 from pantheon.sessions._store import (
     DEFAULT_STORE_PATH,
     SCHEMA_VERSION,
@@ -83,6 +90,7 @@ __all__ = [
     "ApprovalError",
     "ApprovalNotFound",
     "BreakerTransition",
+    "DeskFactory",
     "EffectsContext",
     "FailureMatch",
     "LatencyDelta",
@@ -93,6 +101,7 @@ __all__ = [
     "Recorder",
     "RecordingEffects",
     "RecordingError",
+    "RedriveDeadLetter",
     "RedriveReport",
     "ReplayDivergence",
     "SchemaVersionError",

@@ -1,0 +1,283 @@
+"""``pantheon dlq redrive`` through a team that asks for approval, in a domain of its own: an
+invoice team written into the test's folder (a Checker that an incident makes flaky, an
+Approver that asks a person above a limit, a Payer whose bank refuses large sums when told
+to). The redrive's team gets the approval desk of the redrive's own session, as under
+``pantheon run``, and an entry counts as redriven only when nothing it caused in the
+redrive was dead-lettered: the exit code, the text and ``--json`` say which did."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from approval_run import WAIT, stop
+from cli_run import pantheon
+
+from pantheon.sessions import ApprovalBook, SessionStore, StoredDeadLetter
+
+#: Invoices: even ones small, odd ones over the Approver's limit (1,000).
+AMOUNTS = [400.0 + 10 * i if i % 2 == 0 else 5_000.0 + 100 * i for i in range(40)]
+
+AGENTS = '''
+"""An invoice team: checked, approved (a person above the limit), paid."""
+
+from __future__ import annotations
+
+from agents import Agent, AgentSettings
+
+
+class Checker(Agent):
+    async def handle(self, env):
+        await self.emit("invoice.checked", dict(env.payload))
+
+
+class Approver(Agent):
+    class Settings(AgentSettings):
+        limit: float = 1_000.0
+
+    async def handle(self, env):
+        inv = env.payload
+        approved = True
+        if inv["amount"] > self.settings.limit:
+            summary = f"pay {inv['amount']:.2f} EUR ({inv['id']})"
+            answer = await self.approve({"summary": summary, "invoice_id": inv["id"]})
+            approved = answer.approved
+        await self.emit("invoice.decided", {**inv, "approved": approved})
+
+
+class Payer(Agent):
+    class Settings(AgentSettings):
+        bank_limit: float = 1e12
+
+    async def handle(self, env):
+        inv = env.payload
+        if inv["approved"] and inv["amount"] > self.settings.bank_limit:
+            raise RuntimeError(f"the bank refuses {inv['amount']:.2f} EUR for {inv['id']}")
+        await self.emit("invoice.paid", {"invoice_id": inv["id"]})
+'''
+
+SCENARIO = """\
+version: 1
+name: invoices
+seed: 3
+approvals: {approvals}
+input: {{kind: jsonl, path: invoices.jsonl, topic: invoice.received}}
+agents:
+  checker:
+    class: "redrive_invoices:Checker"
+    subscribe: [invoice.received]
+    retry: {{attempts: 1}}
+  approver:
+    class: "redrive_invoices:Approver"
+    subscribe: [invoice.checked]
+    concurrency: 8
+  payer:
+    class: "redrive_invoices:Payer"
+    subscribe: [invoice.decided]
+    retry: {{attempts: 1}}
+    breaker: {{consecutive_failures: 1000, min_calls: 1000, window: 1000}}
+    settings: {{bank_limit: {bank_limit}}}
+faults:
+  agents:
+    checker: {{failure_rate: 0.3, until: {{messages: 30}}}}
+"""
+
+#: The scripted person approves every request a fifth of a second after it is asked.
+SCRIPTED = "{timeout: 60, default: reject, poll: 0.05, auto: {approve_after: 0.2, note: scripted}}"
+
+
+def write_team(folder: Path, *, approvals: str = SCRIPTED, bank_limit: float = 1e12) -> Path:
+    """The team's folder (agents module, invoices, scenario); returns the scenario's path."""
+    (folder / "redrive_invoices.py").write_text(textwrap.dedent(AGENTS).lstrip())
+    lines = [json.dumps({"id": f"INV-{i:02d}", "amount": a}) for i, a in enumerate(AMOUNTS)]
+    (folder / "invoices.jsonl").write_text("\n".join(lines) + "\n")
+    path = folder / "invoices.yaml"
+    path.write_text(SCENARIO.format(approvals=approvals, bank_limit=bank_limit))
+    return path
+
+
+def recorded_run(tmp_path: Path, **team: object) -> tuple[Path, str, list[StoredDeadLetter]]:
+    """A recorded run of the team: the store, the session and its dead letters."""
+    scenario = write_team(tmp_path, **team)  # type: ignore[arg-type]
+    store = tmp_path / "s.db"
+    done = pantheon("run", str(scenario), "--store", str(store), "--json", cwd=tmp_path)
+    assert done.returncode in (0, 1), done.stderr
+    with SessionStore(store, create=False) as st:
+        sid = st.sessions()[0].id
+        return store, sid, st.dead_letters(sid)
+
+
+def invoice_of(store: Path, sid: str, letter: StoredDeadLetter) -> dict[str, Any]:
+    """The invoice a dead letter carries."""
+    with SessionStore(store, create=False) as st:
+        env = next(e for e in st.envelopes(sid) if e.id == letter.envelope_id)
+    return dict(env.payload)
+
+
+def amount_of(store: Path, sid: str, letter: StoredDeadLetter) -> float:
+    return float(invoice_of(store, sid, letter)["amount"])
+
+
+def the_redrive(store: Path) -> str:
+    with SessionStore(store, create=False) as st:
+        return next(s.id for s in st.sessions() if s.kind == "redrive")
+
+
+def test_a_redrive_asks_its_own_desk_and_the_scripted_person_decides(tmp_path: Path) -> None:
+    store, sid, letters = recorded_run(tmp_path)
+    assert letters and {d.subscriber for d in letters} == {"checker"}
+    asking = [d for d in letters if amount_of(store, sid, d) > 1_000]
+    assert asking, "some invoices the incident dead-lettered need a person's approval"
+
+    done = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    n = len(letters)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{n} of {n} redriven, 0 failed again" in done.stdout
+    assert "new dead letter" not in done.stdout
+    redrive = the_redrive(store)
+    with SessionStore(store, create=False) as st:
+        assert st.dead_letters(redrive) == []
+        assert all(d.redriven_by == redrive for d in st.dead_letters(sid))
+        assert st.session(redrive).summary["redrive"]["ok"] is True
+        paid = [e.payload["invoice_id"] for e in st.envelopes(redrive) if e.topic == "invoice.paid"]
+        book = ApprovalBook(st)
+        asked = book.entries(book.origin(redrive))
+    assert len(paid) == n
+    # Asked on the redrive's session, and decided there by the scenario's scripted person.
+    assert sorted(a.request["invoice_id"] for a in asked) == sorted(
+        invoice_of(store, sid, d)["id"] for d in asking
+    )
+    assert {(a.session, a.status, a.decided_by, a.note) for a in asked} == {
+        (redrive, "approved", "auto", "scripted")
+    }
+
+
+def test_a_redrive_whose_messages_die_downstream_counts_them_failed(tmp_path: Path) -> None:
+    # The bank refuses 6,000 and more: the Payer dead-letters those in the run, and again
+    # after a redriven Checker entry's invoice is approved in the redrive.
+    store, sid, letters = recorded_run(tmp_path, bank_limit=6_000)
+    refused = {d.entry_id for d in letters if amount_of(store, sid, d) >= 6_000}
+    downstream = {d.entry_id for d in letters if d.subscriber == "checker"} & refused
+    assert downstream, "some Checker entries are invoices the bank refuses"
+    assert {d.entry_id for d in letters if d.subscriber == "payer"} <= refused
+
+    done = pantheon("dlq", "redrive", sid, "--store", str(store), "--json", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    n, failed = len(letters), len(refused)
+    assert report["ok"] is False
+    assert set(report["failed"]) == refused and set(report["downstream"]) == downstream
+    assert set(report["redriven"]) == {d.entry_id for d in letters} - refused
+    assert report["outcome"] == (
+        f"{n - failed} of {n} redriven, {failed} failed again ({len(downstream)} downstream)"
+    )
+    for entry in downstream:
+        assert report["outcomes"][str(entry)].startswith("failed downstream: #")
+        assert (
+            "payer on invoice.decided: failed: RuntimeError: the bank refuses"
+            in (report["outcomes"][str(entry)])
+        )
+    # Every new dead letter is the redrive session's, named by its number there and by the
+    # entry whose redelivery led to it (the Payer's own entries, or the Checker's above).
+    redrive = report["new_session_id"]
+    with SessionStore(store, create=False) as st:
+        recorded = {d.entry_id: d for d in st.dead_letters(redrive)}
+        assert not any(d.redriven for d in st.dead_letters(sid) if d.entry_id in refused)
+        invoices = {e.id: e.payload for e in st.envelopes(redrive)}
+        originals = {e.id: e.payload for e in st.envelopes(sid)}
+    new = report["new_dead_letters"]
+    assert {d["entry_id"] for d in new} == set(recorded) and len(new) == failed
+    by_entry = {d.entry_id: d for d in letters}
+    for d in new:
+        assert d["subscriber"] == "payer" and d["caused_by"] in refused
+        paid_for = invoices[recorded[d["entry_id"]].envelope_id]["id"]
+        assert paid_for == originals[by_entry[d["caused_by"]].envelope_id]["id"]
+
+    # Redriven again, the same entries fail the same way, and the text says so.
+    done = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert f"0 of {failed} redriven, {failed} failed again ({len(downstream)} downstream)" in out
+    assert f"{failed} new dead letters in " in out and "see pantheon dlq list" in out
+    for entry in downstream:
+        assert f"entry {entry}: failed downstream: #" in out
+
+
+def decide_while(
+    proc: subprocess.Popen[str], store: Path, kind: str, decide: Callable[[str, int], None]
+) -> tuple[list[int], str, str]:
+    """Until ``proc`` ends: ``decide(session, request id)`` every pending request of the
+    newest session of ``kind``; returns the ids decided and ``proc``'s output."""
+    decided: list[int] = []
+    deadline = time.monotonic() + 2 * WAIT
+    try:
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, f"pantheon ({kind}) did not finish"
+            if not store.exists():
+                time.sleep(0.05)
+                continue
+            with SessionStore(store, create=False) as st:
+                sessions = [s for s in st.sessions() if s.kind == kind]
+                book = ApprovalBook(st)
+                rows = (
+                    book.entries(book.origin(sessions[0].id), status="pending") if sessions else []
+                )
+            for row in rows:
+                decide(row.session, row.id)
+                decided.append(row.id)
+            time.sleep(0.05)
+        out, err = proc.communicate(timeout=WAIT)
+    finally:
+        if proc.poll() is None:
+            stop(proc)
+    return decided, out, err
+
+
+def test_a_person_approves_a_redrive_s_requests_with_pantheon_approve(tmp_path: Path) -> None:
+    # Nobody scripted: a request waits two minutes for a person, then is rejected.
+    scenario = write_team(tmp_path, approvals="{timeout: 120, default: reject, poll: 0.05}")
+    store = tmp_path / "s.db"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", str(scenario), "--store", str(store)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def in_process(session: str, rid: int) -> None:
+        with SessionStore(store, create=False) as st:
+            book = ApprovalBook(st)
+            book.decide(book.origin(session), rid, approved=True, note="ok", by="clerk")
+
+    _, out, err = decide_while(run, store, "run", in_process)
+    assert run.returncode == 0, out + err
+    with SessionStore(store, create=False) as st:
+        sid = st.sessions()[0].id
+        letters = st.dead_letters(sid)
+    asking = [d for d in letters if amount_of(store, sid, d) > 1_000]
+    assert asking
+
+    redrive = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "dlq", "redrive", sid, "--store", str(store)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+    def by_cli(session: str, rid: int) -> None:
+        done = pantheon(
+            "approve", session, str(rid), "--by", "ann", "--store", str(store), cwd=tmp_path
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    approved, out, err = decide_while(redrive, store, "redrive", by_cli)
+    assert redrive.returncode == 0, out + err
+    n = len(letters)
+    assert f"{n} of {n} redriven, 0 failed again" in out
+    assert len(approved) == len(asking)
+    with SessionStore(store, create=False) as st:
+        book = ApprovalBook(st)
+        rows = book.entries(book.origin(the_redrive(store)))
+    assert {(r.status, r.decided_by) for r in rows} == {("approved", "ann")}
