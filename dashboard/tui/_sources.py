@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Protocol
 
+from pantheon.approvals import redrive_desk
 from pantheon.live import (
     FeedClosed,
     HopBar,
@@ -24,7 +25,7 @@ from pantheon.live import (
     snapshot_from_store,
     trace_from_store,
 )
-from pantheon.sessions import SessionStore, Setup, redrive
+from pantheon.sessions import DEFAULT_REPLAY_TIMEOUT, SessionStore, Setup, redrive
 
 __all__ = ["LiveSource", "Source", "StoreSource"]
 
@@ -99,7 +100,16 @@ class StoreSource:
             raise RuntimeError("no team to redrive to: start the monitor with --setup")
         info = await asyncio.to_thread(self._store.session, self.session_id)
         setup = self._setup(info.scenario_text)
-        report = await redrive(self._store, self.session_id, setup, [entry_id])
+        # The team asks for approval as under ``pantheon run`` and ``pantheon dlq redrive``.
+        desk, waits = redrive_desk(info, Path(self._store.path))
+        report = await redrive(
+            self._store,
+            self.session_id,
+            setup,
+            [entry_id],
+            timeout=DEFAULT_REPLAY_TIMEOUT + waits,
+            desk=desk,
+        )
         self._changed.set()
         outcome = report.outcomes.get(entry_id, "not redriven")
         return f"entry {entry_id}: {outcome} (redrive session {report.new_session_id})"

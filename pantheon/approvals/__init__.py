@@ -10,7 +10,7 @@ the row's decision; :class:`NodeDesk` and :class:`DeskRelay` carry a request fro
 process of a multi-process run to the driver's desk.
 """
 
-from pantheon.approvals._desk import StoreDesk, approval_desk, request_key, who
+from pantheon.approvals._desk import StoreDesk, approval_desk, redrive_desk, request_key, who
 from pantheon.approvals._relay import (
     APPROVAL_EVENT,
     DECIDED_COMMAND,
@@ -39,6 +39,7 @@ __all__ = [
     "NodeDesk",
     "StoreDesk",
     "approval_desk",
+    "redrive_desk",
     "request_key",
     "who",
 ]

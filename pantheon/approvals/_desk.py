@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import getpass
 import hashlib
 import json
@@ -28,8 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pantheon.scenario import ApprovalsConfig, Scenario
-from pantheon.sessions import AlreadyDecided, Approval, ApprovalBook, ApprovalError, SessionStore
+from pantheon.scenario import ApprovalsConfig, Scenario, ScenarioError, parse_scenario
+from pantheon.sessions import (
+    AlreadyDecided,
+    Approval,
+    ApprovalBook,
+    ApprovalError,
+    DeskFactory,
+    SessionInfo,
+    SessionStore,
+)
 
 if TYPE_CHECKING:
     from pantheon.runner import Team
@@ -270,3 +279,19 @@ async def approval_desk(
             yield desk
         finally:
             await desk.aclose()
+
+
+def redrive_desk(info: SessionInfo, store: Path) -> tuple[DeskFactory | None, float]:
+    """The approval desk a redrive of session ``info`` gives its team, as ``pantheon run``
+    gives its own (the recorded scenario's ``approvals``, on the redrive's new session),
+    and how long a request may wait for its decision. None (nobody to ask) when the
+    session's scenario cannot be read back (a ``--setup`` team on one that no longer
+    parses): an agent that asks then fails its message, which the redrive reports."""
+    if not info.scenario_text:
+        return None, 0.0
+    base = None if info.scenario_dir is None else Path(info.scenario_dir)
+    try:
+        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
+    except ScenarioError:
+        return None, 0.0
+    return functools.partial(approval_desk, scenario, store), scenario.approvals.timeout

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import datetime as _dt
-import functools
 import json
 import math
 import re
@@ -35,7 +34,6 @@ from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
     DEFAULT_REPLAY_TIMEOUT,
-    DeskFactory,
     RedriveReport,
     SessionError,
     SessionInfo,
@@ -303,7 +301,9 @@ def dlq_redrive(
     with _open(store) as st:
         info = st.session(session)
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
-        desk, waits = _redrive_desk(info, Path(st.path))
+        from pantheon.approvals import redrive_desk
+
+        desk, waits = redrive_desk(info, Path(st.path))
         report = asyncio.run(
             redrive(
                 st,
@@ -331,24 +331,6 @@ def dlq_redrive(
             con.print(line, markup=False, emoji=False)
     if not report.ok:
         raise typer.Exit(1)
-
-
-def _redrive_desk(info: SessionInfo, store: Path) -> tuple[DeskFactory | None, float]:
-    """The approval desk a redrive's team asks, as ``pantheon run`` gives its team one: the
-    recorded scenario's ``approvals``, on the redrive's own session; and how long a request
-    may wait for its decision. None (nobody to ask) when the session has no scenario that
-    can be read back."""
-    from pantheon.approvals import approval_desk
-    from pantheon.scenario import ScenarioError, parse_scenario
-
-    if not info.scenario_text:
-        return None, 0.0
-    base = None if info.scenario_dir is None else Path(info.scenario_dir)
-    try:
-        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
-    except ScenarioError:  # a --setup team on a scenario that no longer parses
-        return None, 0.0
-    return functools.partial(approval_desk, scenario, store), scenario.approvals.timeout
 
 
 def _new_dead_letters(report: RedriveReport) -> list[str]:

@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from invoice_team import recorded_run
 from pilot_wait import until
 from textual.widgets import DataTable, Static, TabbedContent
 
@@ -21,7 +22,8 @@ from dashboard.tui._format import count, ms, usage_cells, usage_line
 from pantheon import readmodel
 from pantheon.readmodel import usd
 from pantheon.rerun import session_outcomes
-from pantheon.sessions import SessionStore
+from pantheon.runner import team_setup
+from pantheon.sessions import ApprovalBook, SessionStore
 
 
 def _text(widget: Static) -> str:
@@ -269,3 +271,26 @@ async def test_usage_panel_shows_the_read_models_numbers_in_80x24(model_session:
             ]
     finally:
         await source.aclose()
+
+
+async def test_the_monitor_s_redrive_asks_for_approval_as_the_run_did(tmp_path: Path) -> None:
+    """``r`` on a dead letter whose handling asks a person: the redrive's team gets the
+    approval desk of its own session (the recorded scenario's scripted person decides), so
+    the entry is delivered rather than failing for want of anyone to ask."""
+    store, sid, letters = recorded_run(tmp_path)
+    with SessionStore(store, create=False) as st:
+        inputs = {e.id: e.payload for e in st.envelopes(sid)}
+    asking = [d for d in letters if inputs[d.envelope_id]["amount"] > 1_000]
+    assert asking, "an invoice the incident dead-lettered needs a person's approval"
+    source = StoreSource(store, sid, setup=lambda text: team_setup(text, base_dir=tmp_path))
+    try:
+        said = await source.redrive(asking[0].entry_id)
+    finally:
+        await source.aclose()
+    assert said.startswith(f"entry {asking[0].entry_id}: delivered (redrive session "), said
+    with SessionStore(store, create=False) as st:
+        (redrive,) = [s.id for s in st.sessions() if s.kind == "redrive"]
+        book = ApprovalBook(st)
+        asked = book.entries(book.origin(redrive))
+        assert [(a.status, a.decided_by) for a in asked] == [("approved", "auto")]
+        assert st.dead_letters(redrive) == []
