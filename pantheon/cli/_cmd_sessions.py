@@ -61,10 +61,13 @@ def _telemetry() -> Any:
 
 
 @contextmanager
-def _open(path: Path | None) -> Iterator[SessionStore]:
+def _open(path: Path | None, *, write: bool = False) -> Iterator[SessionStore]:
+    """The store, opened to read (read-only when it cannot be written: an archived or
+    mounted store lists, shows, exports and diffs as any other) or, with ``write``, for a
+    command that records in it (a store that cannot be written is refused, saying so)."""
     resolved = resolve_store_path(path)
     try:
-        store = SessionStore(resolved, create=False)
+        store = SessionStore(resolved, create=False, access="write" if write else "read")
     except SessionError as exc:
         raise fail(str(exc)) from None
     try:
@@ -293,7 +296,7 @@ def dlq_redrive(
     """Re-deliver a finished session's dead letters to the team as it is now, in a new
     session; entries delivered this time are marked redriven. Exits 0 when every entry
     was delivered (or there was none), 1 when any failed again or was skipped."""
-    with _open(store) as st:
+    with _open(store, write=True) as st:
         info = st.session(session)
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
         report = asyncio.run(redrive(st, info.id, team, None if entry is None else [entry]))
@@ -441,7 +444,7 @@ def replay(
     fails, 2 for an invalid overlay (nothing runs)."""
     if from_ts is not None and not (math.isfinite(from_ts) and from_ts >= 0):
         raise fail(f"--from {from_ts}: give the seconds into the run to start at, 0 or more")
-    with _open(store) as st:
+    with _open(store, write=True) as st:
         info = st.session(session)
         if changes is not None:
             from pantheon.cli._cmd_whatif import whatif_command

@@ -11,6 +11,7 @@ Errors::
     SessionError
     ├── StoreError
     │   ├── SchemaVersionError
+    │   ├── StoreReadOnly
     │   └── SessionNotFound
     ├── RecordingError
     ├── ReplayDivergence
@@ -37,6 +38,7 @@ from pantheon.sessions._errors import (
     SessionError,
     SessionNotFound,
     StoreError,
+    StoreReadOnly,
 )
 from pantheon.sessions._export import export_jsonl
 from pantheon.sessions._recorder import (
@@ -104,6 +106,7 @@ __all__ = [
     "Setup",
     "ShippingRecorder",
     "StoreError",
+    "StoreReadOnly",
     "StoredDeadLetter",
     "StoredDelivery",
     "StoredEffect",
