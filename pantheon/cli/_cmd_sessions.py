@@ -360,8 +360,7 @@ def diff(
     else:
         con = _console()
         con.print(
-            f"{result.a} -> {result.b}: {result.hops_compared} hops compared "
-            f"({result.messages_a} vs {result.messages_b} messages)"
+            f"{result.a} -> {result.b}: {result.hops_compared} hops compared ({result.counts()})"
         )
         if result.left_out:
             con.print(
