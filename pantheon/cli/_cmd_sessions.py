@@ -193,12 +193,13 @@ def sessions_show(
         usage = readmodel.usage(st, info.id, calls=as_json)
         nodes = readmodel.nodes(st, info.id)
         if as_json:
+            node = st.node_names(info.id)
             _dump(
                 {
                     **info.to_dict(),
                     "scenario_text": info.scenario_text,
                     "counts": counts,
-                    "dead_letters": [d.to_dict() for d in letters],
+                    "dead_letters": [d.to_dict() | {"node": node(d.node)} for d in letters],
                     "usage": usage.as_dict(),
                     "model_calls": [dataclasses.asdict(c) for c in usage.calls],
                     # A multi-process session's processes (the key only when it has
@@ -252,11 +253,16 @@ def dlq_list(
         sid = st.resolve(session)
         letters = st.dead_letters(sid)
         envs = {e.id: e for e in st.envelopes(sid)}
+        # A multi-process session's entries say whose queue dead-lettered them (``driver``
+        # for the recording process): its nodes shipped journals (read without the
+        # summary, which may be damaged). A single-process session's name none.
+        node = st.node_names(sid)
         if as_json:
             out = []
             for d in letters:
                 env = envs.get(d.envelope_id)
-                out.append({**d.to_dict(), "payload": None if env is None else env.payload})
+                payload = None if env is None else env.payload
+                out.append({**d.to_dict(), "node": node(d.node), "payload": payload})
             _dump(out)
             return
         con = _console()
@@ -265,14 +271,11 @@ def dlq_list(
         # payload, which is what a reader needs to see. Only the excerpt is cut, to the
         # width (120 at most: an excerpt, not the payload; --json has it all).
         room = max(40, min(con.width, 120)) - len("    payload ")
-        # A multi-process session's entries say whose queue dead-lettered them: its nodes
-        # shipped journals (read without the summary, which may be damaged).
-        several = bool(st.node_journals(sid))
         for d in letters:
             env = envs.get(d.envelope_id)
             redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
             redriven = redriven or (", redriven" if d.redriven else "")
-            where = f" (node {d.node or readmodel.DRIVER})" if several else ""
+            where = f" (node {node(d.node)})" if node(d.node) else ""
             lines = [
                 f"#{d.entry_id} {d.subscriber}{where} on {d.topic}: {d.reason} after "
                 f"{d.attempts} attempt{'s' if d.attempts != 1 else ''}{redriven}",

@@ -54,6 +54,7 @@ from pantheon.sessions._recorder import (
 from pantheon.sessions._redrive import DEFAULT_REPLAY_TIMEOUT, RedriveReport, Setup, redrive
 from pantheon.sessions._store import (
     DEFAULT_STORE_PATH,
+    DRIVER_NODE,
     SCHEMA_VERSION,
     STORE_ENV,
     BreakerTransition,
@@ -76,6 +77,7 @@ __all__ = [
     "DEFAULT_METRICS_INTERVAL",
     "DEFAULT_REPLAY_TIMEOUT",
     "DEFAULT_STORE_PATH",
+    "DRIVER_NODE",
     "SCHEMA_VERSION",
     "STORE_ENV",
     "WATCHER_PREFIX",

@@ -11,6 +11,7 @@ from typing import Any
 from pantheon.sessions._align import LEFT_OUT, Lineage, compare_runs
 from pantheon.sessions._errors import ReplayDivergence
 from pantheon.sessions._store import (
+    DRIVER_NODE,
     SessionInfo,
     SessionStore,
     StoredDelivery,
@@ -297,10 +298,6 @@ def _series(
     return out
 
 
-#: The process that ran a multi-process session's scenario (its records carry no node).
-_DRIVER = "driver"
-
-
 def _hop_node(
     store: SessionStore,
     info: SessionInfo,
@@ -324,7 +321,7 @@ def _hop_node(
         handled = env.causation_id
     for d in deliveries:
         if d.envelope_id == handled and _agent(d.subscriber) == agent:
-            return d.node or _DRIVER
+            return d.node or DRIVER_NODE
     hosts = [
         str(name)
         for name, node in (placed.items() if isinstance(placed, dict) else ())

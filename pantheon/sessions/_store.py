@@ -36,7 +36,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -59,6 +59,7 @@ from pantheon.sessions._journal import (
 
 __all__ = [
     "DEFAULT_STORE_PATH",
+    "DRIVER_NODE",
     "SCHEMA_VERSION",
     "STORE_ENV",
     "BreakerTransition",
@@ -88,6 +89,10 @@ SCHEMA_VERSION = 4
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
 STORE_ENV = "PANTHEON_STORE"
+#: What a multi-process session's records call the process that recorded them, the run's
+#: driver (the store keeps ``None`` for it): ``pantheon.scenario.DRIVER_NODE``, which this
+#: package does not import (the scenario schema is no reader's business).
+DRIVER_NODE = "driver"
 #: How long a connection waits for another writer's lock before failing.
 BUSY_TIMEOUT = 30.0
 
@@ -1282,6 +1287,17 @@ class SessionStore:
             session=session_id,
         )
         return {r[0]: NodeJournal(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows}
+
+    def node_names(self, session_id: str) -> Callable[[str | None], str | None]:
+        """What the ``node`` of the session's records reads as, for whatever shows it (an
+        export, a dead letter): :data:`DRIVER_NODE` for the process that recorded a
+        multi-process session, whose own records the store keeps with ``None``; ``None``
+        throughout a single-process session. Multi-process here means its nodes shipped
+        their journals (as ``dlq list`` decides): in a session recorded before they did,
+        every message is one the driver's bus saw, from whichever process published it."""
+        if not self.node_journals(session_id):
+            return lambda node: node
+        return lambda node: node or DRIVER_NODE
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:
         rows = self._query(
