@@ -271,7 +271,7 @@ class Session:
     def open(cls, ref: str, store: str | Path | None = None) -> Session:
         from pantheon.sessions import SessionStore
 
-        with SessionStore(None if store is None else Path(store)) as st:
+        with SessionStore(None if store is None else Path(store), access="read") as st:
             info = st.session(ref)
             return cls(info.id, info.status, info.scenario, info.summary, st.path)
 
@@ -290,7 +290,7 @@ class Session:
     def _read(self, what: Callable[[Any], list[Any]]) -> list[Any]:
         from pantheon.sessions import SessionStore
 
-        with SessionStore(self.store) as st:
+        with SessionStore(self.store, access="read") as st:
             return what(st)
 
 

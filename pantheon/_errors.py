@@ -8,7 +8,7 @@
     ├── AgentSetupError          an agent's class raised while the team was built
     ├── ClusterError             a multi-process run's processes (ZeroMQ or NATS)
     ├── SessionError             the session store, recording and replay (pantheon.sessions)
-    │   ├── StoreError → SchemaVersionError, SessionNotFound
+    │   ├── StoreError → SchemaVersionError, StoreReadOnly, SessionNotFound
     │   ├── RecordingError
     │   ├── ReplayDivergence
     │   └── ApprovalError → ApprovalNotFound, AlreadyDecided

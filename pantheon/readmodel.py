@@ -54,6 +54,7 @@ from agents import (
 )
 from bus import BreakerChange, DeadLetterRecord, matches, validate_pattern
 from pantheon.sessions import (
+    DRIVER_NODE,
     NodeJournal,
     SessionInfo,
     SessionStore,
@@ -100,7 +101,7 @@ MODEL_CALLS = "model.*.chat"
 RequestOutcome = Literal["ok", "dead_letter", "failed", "pending"]
 #: The process that ran the scenario in a multi-process session (its records carry no node:
 #: the store keeps ``None`` for the recording process).
-DRIVER = "driver"
+DRIVER = DRIVER_NODE
 
 
 # -- values ------------------------------------------------------------------------------------

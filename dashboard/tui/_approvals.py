@@ -30,7 +30,7 @@ APPROVALS_POLL = 0.5
 
 def read_approvals(store: Path, session_id: str) -> list[Approval]:
     """The approvals of ``session_id`` (shared with the run it resumed, if any)."""
-    with SessionStore(store, create=False) as st:
+    with SessionStore(store, create=False, access="read") as st:
         book = ApprovalBook(st)
         return book.entries(book.origin(session_id))
 

@@ -70,7 +70,7 @@ class StoreSource:
         setup: Callable[[str | None], Setup] | None = None,
     ) -> None:
         self.store_path = Path(store)
-        self._store = SessionStore(self.store_path, create=False)
+        self._store = SessionStore(self.store_path, create=False, access="read")
         self.session_id = self._store.resolve(session_id)
         self._setup = setup
         self._changed = asyncio.Event()

@@ -27,6 +27,7 @@ from pantheon.sessions import (
     SessionError,
     SessionNotFound,
     SessionStore,
+    StoreReadOnly,
 )
 
 __all__ = [
@@ -51,9 +52,11 @@ SESSION_PARAM = "session"
 @contextmanager
 def store(path: Path) -> Iterator[SessionStore]:
     """The store, open for one render. A missing, corrupt or foreign store, or an unknown
-    session, ends the render with a page that says what is wrong and where."""
+    session, ends the render with a page that says what is wrong and where. Opened to read:
+    a store that cannot be written (mounted read-only, an archive) is shown as any other,
+    and what would write to it (an approval's decision) says it cannot."""
     try:
-        opened = SessionStore(path, create=False)
+        opened = SessionStore(path, create=False, access="read")
     except SessionError as exc:
         _error_page(path, exc)
     try:
@@ -84,6 +87,8 @@ def _error_page(path: Path, exc: SessionError) -> NoReturn:
             )
         elif isinstance(exc, SchemaVersionError):
             hint = "The store was written by another version of Pantheon."
+        elif isinstance(exc, StoreReadOnly):
+            hint = "The store is read-only: the message says what it would need to write."
         else:
             hint = (
                 "The file exists but is not a Pantheon session store, or it is damaged. "

@@ -16,7 +16,7 @@ import streamlit as st
 
 from dashboard.web._app import store, when
 from pantheon.approvals import Approval, ApprovalBook, ApprovalError, who
-from pantheon.sessions import SessionInfo
+from pantheon.sessions import SessionInfo, StoreReadOnly
 
 __all__ = ["approvals_panel"]
 
@@ -86,7 +86,8 @@ def _decide(path: Path, a: Approval, *, approved: bool, note: str) -> None:
     with store(path) as s:
         try:
             done = ApprovalBook(s).decide(a.origin, a.id, approved=approved, note=note, by=who())
-        except ApprovalError as exc:  # decided first, gone, or corrupt: said, not raised
+        # Decided first, gone, corrupt, or a store that cannot be written: said, not raised.
+        except (ApprovalError, StoreReadOnly) as exc:
             st.session_state[_SAID] = (a.origin, False, str(exc))
         else:
             text = f"#{done.id} {done.status}" + (f": {done.note}" if done.note else "")

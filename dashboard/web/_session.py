@@ -351,7 +351,7 @@ def _comparison(path: Path, original: str, replay: str) -> None:
     if div is None:
         st.success(
             f"Replay {replay} matched the original hop by hop: {diff.hops_compared} hops "
-            f"compared ({diff.messages_a} vs {diff.messages_b} messages).{left_out}"
+            f"compared ({diff.counts()}).{left_out}"
         )
     else:
         st.error(

@@ -100,7 +100,7 @@ def approvals(
     A corrupt row in the store is one line on stderr, left out of the list; the command
     then exits 1."""
     try:
-        with SessionStore(resolve_store_path(store), create=False) as st:
+        with SessionStore(resolve_store_path(store), create=False, access="read") as st:
             book = ApprovalBook(st)
             origin = book.origin(session)
             rows = book.entries(origin, status="pending" if pending else None)

@@ -87,7 +87,7 @@ def register(app: typer.Typer) -> None:
             # A store named but missing, a directory, unreadable, not SQLite: say so here,
             # not in a page behind a server. Only the default store may be missing.
             try:
-                SessionStore(path, create=False).close()
+                SessionStore(path, create=False, access="read").close()
             except SessionError as exc:
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(2) from None

@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
             return
         path = resolve_store_path(store)
         try:
-            st = SessionStore(path, create=False)
+            st = SessionStore(path, create=False, access="read")
         except SessionError as exc:
             raise fail(str(exc)) from None
         try:
@@ -219,7 +219,7 @@ def _child_session(
     sid = None
     while child.poll() is None:
         if store.exists():
-            with SessionStore(store, create=False) as st:
+            with SessionStore(store, create=False, access="read") as st:
                 mine = [s for s in st.sessions(limit=20) if s.pid == child.pid]
                 if mine:
                     info = mine[0]
@@ -230,5 +230,5 @@ def _child_session(
         time.sleep(_POLL)
     if sid is None:
         return None
-    with SessionStore(store, create=False) as st:
+    with SessionStore(store, create=False, access="read") as st:
         return sid, None, st.session(sid)

@@ -63,10 +63,13 @@ def _telemetry() -> Any:
 
 
 @contextmanager
-def _open(path: Path | None) -> Iterator[SessionStore]:
+def _open(path: Path | None, *, write: bool = False) -> Iterator[SessionStore]:
+    """The store, opened to read (read-only when it cannot be written: an archived or
+    mounted store lists, shows, exports and diffs as any other) or, with ``write``, for a
+    command that records in it (a store that cannot be written is refused, saying so)."""
     resolved = resolve_store_path(path)
     try:
-        store = SessionStore(resolved, create=False)
+        store = SessionStore(resolved, create=False, access="write" if write else "read")
     except SessionError as exc:
         raise fail(str(exc)) from None
     try:
@@ -192,12 +195,13 @@ def sessions_show(
         usage = readmodel.usage(st, info.id, calls=as_json)
         nodes = readmodel.nodes(st, info.id)
         if as_json:
+            node = st.node_names(info.id)
             _dump(
                 {
                     **info.to_dict(),
                     "scenario_text": info.scenario_text,
                     "counts": counts,
-                    "dead_letters": [d.to_dict() for d in letters],
+                    "dead_letters": [d.to_dict() | {"node": node(d.node)} for d in letters],
                     "usage": usage.as_dict(),
                     "model_calls": [dataclasses.asdict(c) for c in usage.calls],
                     # A multi-process session's processes (the key only when it has
@@ -251,11 +255,16 @@ def dlq_list(
         sid = st.resolve(session)
         letters = st.dead_letters(sid)
         envs = {e.id: e for e in st.envelopes(sid)}
+        # A multi-process session's entries say whose queue dead-lettered them (``driver``
+        # for the recording process): its nodes shipped journals (read without the
+        # summary, which may be damaged). A single-process session's name none.
+        node = st.node_names(sid)
         if as_json:
             out = []
             for d in letters:
                 env = envs.get(d.envelope_id)
-                out.append({**d.to_dict(), "payload": None if env is None else env.payload})
+                payload = None if env is None else env.payload
+                out.append({**d.to_dict(), "node": node(d.node), "payload": payload})
             _dump(out)
             return
         con = _console()
@@ -264,14 +273,11 @@ def dlq_list(
         # payload, which is what a reader needs to see. Only the excerpt is cut, to the
         # width (120 at most: an excerpt, not the payload; --json has it all).
         room = max(40, min(con.width, 120)) - len("    payload ")
-        # A multi-process session's entries say whose queue dead-lettered them: its nodes
-        # shipped journals (read without the summary, which may be damaged).
-        several = bool(st.node_journals(sid))
         for d in letters:
             env = envs.get(d.envelope_id)
             redriven = f", redriven by {d.redriven_by}" if d.redriven_by else ""
             redriven = redriven or (", redriven" if d.redriven else "")
-            where = f" (node {d.node or readmodel.DRIVER})" if several else ""
+            where = f" (node {node(d.node)})" if node(d.node) else ""
             lines = [
                 f"#{d.entry_id} {d.subscriber}{where} on {d.topic}: {d.reason} after "
                 f"{d.attempts} attempt{'s' if d.attempts != 1 else ''}{redriven}",
@@ -298,7 +304,7 @@ def dlq_redrive(
     the scenario's ``approvals`` says. Exits 0 when every entry was delivered and nothing
     it caused was dead-lettered (or there was none), 1 when any failed again, itself or
     downstream, or was skipped."""
-    with _open(store) as st:
+    with _open(store, write=True) as st:
         info = st.session(session)
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
         from pantheon.approvals import redrive_desk
@@ -392,8 +398,7 @@ def diff(
     else:
         con = _console()
         con.print(
-            f"{result.a} -> {result.b}: {result.hops_compared} hops compared "
-            f"({result.messages_a} vs {result.messages_b} messages)"
+            f"{result.a} -> {result.b}: {result.hops_compared} hops compared ({result.counts()})"
         )
         if result.left_out:
             con.print(
@@ -476,7 +481,7 @@ def replay(
     fails, 2 for an invalid overlay (nothing runs)."""
     if from_ts is not None and not (math.isfinite(from_ts) and from_ts >= 0):
         raise fail(f"--from {from_ts}: give the seconds into the run to start at, 0 or more")
-    with _open(store) as st:
+    with _open(store, write=True) as st:
         info = st.session(session)
         if changes is not None:
             from pantheon.cli._cmd_whatif import whatif_command

@@ -11,6 +11,7 @@ Errors::
     SessionError
     ├── StoreError
     │   ├── SchemaVersionError
+    │   ├── StoreReadOnly
     │   └── SessionNotFound
     ├── RecordingError
     ├── ReplayDivergence
@@ -37,6 +38,7 @@ from pantheon.sessions._errors import (
     SessionError,
     SessionNotFound,
     StoreError,
+    StoreReadOnly,
 )
 from pantheon.sessions._export import export_jsonl
 from pantheon.sessions._recorder import (
@@ -59,6 +61,7 @@ from pantheon.sessions._redrive import (
 )
 from pantheon.sessions._store import (
     DEFAULT_STORE_PATH,
+    DRIVER_NODE,
     SCHEMA_VERSION,
     STORE_ENV,
     BreakerTransition,
@@ -81,6 +84,7 @@ __all__ = [
     "DEFAULT_METRICS_INTERVAL",
     "DEFAULT_REPLAY_TIMEOUT",
     "DEFAULT_STORE_PATH",
+    "DRIVER_NODE",
     "SCHEMA_VERSION",
     "STORE_ENV",
     "WATCHER_PREFIX",
@@ -113,6 +117,7 @@ __all__ = [
     "Setup",
     "ShippingRecorder",
     "StoreError",
+    "StoreReadOnly",
     "StoredDeadLetter",
     "StoredDelivery",
     "StoredEffect",

@@ -27,7 +27,7 @@ cause, the extra message the consequence).
 from __future__ import annotations
 
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +36,7 @@ from pantheon.sessions._errors import ReplayDivergence
 from pantheon.sessions._store import StoredDelivery, StoredEffect, StoredEnvelope
 
 __all__ = [
+    "LEFT_OUT",
     "WATCHER_PREFIX",
     "Comparison",
     "FailureMatch",
@@ -104,10 +105,24 @@ def effect_internal(envelopes: Iterable[Any], effects: Iterable[StoredEffect]) -
     return out
 
 
+#: Why :class:`Lineage` leaves a recorded message out of an alignment, in words.
+LEFT_OUT = {
+    # The bus's own messages (a breaker opening: ``system.breaker.<agent>``) and what they
+    # caused: they say how a run went, not what the team decided.
+    "system": "system.* and what they caused",
+    # Messages an effect published (a Memory lookup's request): a replay serves the
+    # effect's answer and does not publish them again.
+    "effect": "published by effects",
+    # The same message (same id) published again: only its first publish is aligned.
+    "repeated": "repeats",
+}
+
+
 class Lineage:
     """One run's envelopes indexed for alignment: first publishes only, nothing a
     ``system.*`` message is or caused, no messages an effect published (see
-    :func:`effect_internal`)."""
+    :func:`effect_internal`). ``left_out`` counts the rest by why (:data:`LEFT_OUT`), so
+    a reader that says how many messages were compared can say why the others were not."""
 
     def __init__(
         self, envelopes: Iterable[StoredEnvelope], effects: Iterable[StoredEffect] = ()
@@ -120,9 +135,18 @@ class Lineage:
         self.children: dict[tuple[int, str | None], list[StoredEnvelope]] = defaultdict(list)
         #: Each message's outside input (None when its chain leaves the session).
         self.root: dict[int, int | None] = {}
+        #: Messages not aligned, by why: ``repeated``, ``effect``, ``system`` (LEFT_OUT).
+        self.left_out: Counter[str] = Counter()
         system: set[int] = set()
         for env in envelopes:
-            if env.id in self.by_id or env.id in self.internal or in_system_tree(env, system):
+            if env.id in self.by_id:
+                self.left_out["repeated"] += 1
+                continue
+            if env.id in self.internal:
+                self.left_out["effect"] += 1
+                continue
+            if in_system_tree(env, system):
+                self.left_out["system"] += 1
                 continue
             self.by_id[env.id] = env
             self.envelopes.append(env)

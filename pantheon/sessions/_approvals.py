@@ -239,11 +239,18 @@ class ApprovalBook:
 
     def __init__(self, store: SessionStore) -> None:
         self.store = store
+        #: The store has no approvals table and cannot be given one (it is read-only):
+        #: nobody ever asked for one there, so every read finds none.
+        self._absent = False
         try:
             # Created on first use, so stores made before approvals existed keep working;
             # looked for first, so a reader does not take the write lock for nothing.
             columns = {r[1] for r in store._query("PRAGMA table_info(approvals)")}
-            if not columns:
+            if store.read_only:
+                self._absent = not columns
+                if columns and "node" not in columns:
+                    raise store._unmigrated("(its approvals table has no node column)")
+            elif not columns:
                 with store._tx() as conn:
                     conn.execute(_SCHEMA)
             elif "node" not in columns:  # a table made before multi-process approvals
@@ -327,6 +334,8 @@ class ApprovalBook:
 
     def get(self, origin: str, approval_id: int) -> Approval:
         _check_id(origin, approval_id)
+        if self._absent:
+            raise ApprovalNotFound(f"session {origin} has no approval {approval_id}")
         rows = self.store._query(
             f"SELECT {_COLS} FROM approvals WHERE origin = ? AND id = ?", (origin, approval_id)
         )
@@ -336,6 +345,8 @@ class ApprovalBook:
 
     def entries(self, origin: str, *, status: str | None = None) -> list[Approval]:
         """The approvals of ``origin`` in the order they were asked."""
+        if self._absent:
+            return []
         sql = f"SELECT {_COLS} FROM approvals WHERE origin = ?"
         params: tuple[Any, ...] = (origin,)
         if status is not None:
@@ -346,7 +357,7 @@ class ApprovalBook:
     def among(self, origin: str, ids: Iterable[int]) -> list[Approval]:
         """The approvals numbered ``ids`` (what a waiting run looks at each poll)."""
         wanted = sorted(i for i in set(ids) if 1 <= i <= MAX_ID)
-        if not wanted:
+        if not wanted or self._absent:
             return []
         marks = ",".join("?" * len(wanted))
         return [

@@ -8,9 +8,10 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pantheon.sessions._align import Lineage, compare_runs
+from pantheon.sessions._align import LEFT_OUT, Lineage, compare_runs
 from pantheon.sessions._errors import ReplayDivergence
 from pantheon.sessions._store import (
+    DRIVER_NODE,
     SessionInfo,
     SessionStore,
     StoredDelivery,
@@ -85,6 +86,12 @@ class SessionDiff:
     ``original_id`` is in ``a`` and ``replay_id`` in ``b``; ``diff`` has a readable payload
     diff), ``hops_compared`` the aligned message pairs, ``latency`` per-hop p50/p99 of both.
 
+    ``messages_a``/``messages_b`` count every recorded message of each session: the figure
+    the run's summary, ``sessions show`` and ``export`` give. Not all are compared:
+    ``not_compared_a``/``_b`` count those left out, by why (:data:`LEFT_OUT`: the bus's
+    ``system.*`` messages and what they caused, messages an effect published, repeats), so
+    ``compared_a`` is ``messages_a`` less those; :meth:`counts` says it in words.
+
     ``timing_effects`` names the effects that answered differently wherever the runs differ,
     when *every* difference is explained by one (``timing_only``): the difference came in
     through what an effect answered (a Memory lookup while an earlier email of the sender
@@ -110,6 +117,30 @@ class SessionDiff:
     left_out: int = 0
     """Inputs of ``a`` whose trees were not compared: ``b`` (a replay or what-if of ``a``)
     did not re-run them, since a node of ``a`` died in the middle of them."""
+    not_compared_a: dict[str, int] = field(default_factory=dict)
+    """Messages of ``a`` left out of the alignment, by why (keys of :data:`LEFT_OUT`)."""
+    not_compared_b: dict[str, int] = field(default_factory=dict)
+    """The same for ``b``."""
+
+    @property
+    def compared_a(self) -> int:
+        """The messages of ``a`` the alignment walked (``hops_compared`` of them paired)."""
+        return self.messages_a - sum(self.not_compared_a.values())
+
+    @property
+    def compared_b(self) -> int:
+        return self.messages_b - sum(self.not_compared_b.values())
+
+    def counts(self) -> str:
+        """The messages of both runs in words, and those not compared and why:
+        ``42 vs 46 messages; not compared: 2 vs 0 system.* and what they caused``."""
+        text = f"{self.messages_a} vs {self.messages_b} messages"
+        why = [
+            f"{self.not_compared_a.get(key, 0)} vs {self.not_compared_b.get(key, 0)} {words}"
+            for key, words in LEFT_OUT.items()
+            if self.not_compared_a.get(key) or self.not_compared_b.get(key)
+        ]
+        return text + (f"; not compared: {', '.join(why)}" if why else "")
 
     @property
     def identical(self) -> bool:
@@ -131,6 +162,10 @@ class SessionDiff:
             "hops_compared": self.hops_compared,
             "messages_a": self.messages_a,
             "messages_b": self.messages_b,
+            "compared_a": self.compared_a,
+            "compared_b": self.compared_b,
+            "not_compared_a": dict(self.not_compared_a),
+            "not_compared_b": dict(self.not_compared_b),
             "left_out": self.left_out,
             "divergence": None if self.divergence is None else self._divergence(),
             "latency": [d.to_dict() for d in self.latency],
@@ -263,10 +298,6 @@ def _series(
     return out
 
 
-#: The process that ran a multi-process session's scenario (its records carry no node).
-_DRIVER = "driver"
-
-
 def _hop_node(
     store: SessionStore,
     info: SessionInfo,
@@ -290,7 +321,7 @@ def _hop_node(
         handled = env.causation_id
     for d in deliveries:
         if d.envelope_id == handled and _agent(d.subscriber) == agent:
-            return d.node or _DRIVER
+            return d.node or DRIVER_NODE
     hosts = [
         str(name)
         for name, node in (placed.items() if isinstance(placed, dict) else ())
@@ -312,7 +343,7 @@ def diff_sessions(
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
     eff_a, eff_b = store.effects(sa.id), store.effects(sb.id)
-    lineage = Lineage(env_a, eff_a)
+    lineage, lineage_b = Lineage(env_a, eff_a), Lineage(env_b, eff_b)
     comparison = compare_runs(
         lineage,
         env_b,
@@ -357,8 +388,10 @@ def diff_sessions(
         a=sa.id,
         b=sb.id,
         hops_compared=len(comparison.pairs),
-        messages_a=len(lineage.envelopes),
-        messages_b=len(Lineage(env_b, eff_b).envelopes),
+        # Every recorded message, as the summary and export count them; those the
+        # alignment leaves out are counted apart, by why.
+        messages_a=len(env_a),
+        messages_b=len(env_b),
         divergence=first,
         latency=latency,
         differences=len(divergences),
@@ -366,4 +399,6 @@ def diff_sessions(
         node_a=nodes[0],
         node_b=nodes[1],
         left_out=len(left_out),
+        not_compared_a=dict(lineage.left_out),
+        not_compared_b=dict(lineage_b.left_out),
     )

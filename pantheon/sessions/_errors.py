@@ -5,6 +5,7 @@
     SessionError
     ├── StoreError                    the session store cannot be opened or used
     │   ├── SchemaVersionError        the file was written by another schema version
+    │   ├── StoreReadOnly             the store cannot be written, and this needs to write it
     │   └── SessionNotFound           no session (or no unique one) matches an id prefix
     ├── RecordingError                the recorder's writer failed; the record is incomplete
     ├── ReplayDivergence              a replay (or a diff) left the recorded path
@@ -32,6 +33,7 @@ __all__ = [
     "SessionError",
     "SessionNotFound",
     "StoreError",
+    "StoreReadOnly",
 ]
 
 
@@ -62,6 +64,13 @@ class SchemaVersionError(StoreError):
             f"session store {self.path} has schema version {found}, but this Pantheon "
             f"reads schema version {expected}; {hint}"
         )
+
+
+class StoreReadOnly(StoreError):
+    """The store cannot be written (a read-only file, directory or file system) and what was
+    asked needs to write it: record a session, decide an approval, mark a dead letter
+    redriven, or migrate an older store. Reading such a store works
+    (``SessionStore(..., access="read")``)."""
 
 
 class SessionNotFound(StoreError, KeyError):

@@ -23,11 +23,14 @@ def export_jsonl(store: SessionStore, session_id: str, out: IO[str]) -> int:
     """Write every envelope of a session to ``out`` as JSON lines, in publish order; returns
     how many. Each object has the envelope's stored fields plus ``session``; ``payload`` is
     the stored payload (bytes as base64; a payload stored as its repr, with
-    ``payload_repr: true``, is that string)."""
+    ``payload_repr: true``, is that string). ``node`` is the process that published it in a
+    multi-process session (``driver`` for the one that ran the scenario, as ``sessions
+    show`` names it), ``null`` in a single-process one."""
     sid = store.resolve(session_id)
+    node = store.node_names(sid)
     n = 0
     for env in store.envelopes(sid):
-        record = {"session": sid, **env.to_dict()}
+        record = {"session": sid, **env.to_dict(), "node": node(env.node)}
         try:
             line = _json.encode(record)
         except (TypeError, msgspec.EncodeError):

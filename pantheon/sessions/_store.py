@@ -18,6 +18,10 @@ Durability, exactly:
   block the writer nor wait for it).
 * Opening a store marks sessions left ``running`` by a process that no longer exists on
   this host as ``aborted`` (their ``ended`` is the time of their last recorded message).
+* A store that cannot be written (a read-only file, directory or file system: an archive,
+  a CI artifact mounted read-only) can still be read: ``SessionStore(path, access="read")``
+  opens it read-only when it cannot be written (see :func:`connect`). Nothing is reaped or
+  migrated then, and whatever would write raises :class:`StoreReadOnly`.
 """
 
 from __future__ import annotations
@@ -32,14 +36,19 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
 
 from bus import BreakerChange, DeadLetterRecord, DecodeError
 from pantheon.sessions._codec import decode
-from pantheon.sessions._errors import SchemaVersionError, SessionNotFound, StoreError
+from pantheon.sessions._errors import (
+    SchemaVersionError,
+    SessionNotFound,
+    StoreError,
+    StoreReadOnly,
+)
 from pantheon.sessions._journal import (
     ErrorPairing,
     Materializer,
@@ -50,6 +59,7 @@ from pantheon.sessions._journal import (
 
 __all__ = [
     "DEFAULT_STORE_PATH",
+    "DRIVER_NODE",
     "SCHEMA_VERSION",
     "STORE_ENV",
     "BreakerTransition",
@@ -79,6 +89,10 @@ SCHEMA_VERSION = 4
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
 STORE_ENV = "PANTHEON_STORE"
+#: What a multi-process session's records call the process that recorded them, the run's
+#: driver (the store keeps ``None`` for it): ``pantheon.scenario.DRIVER_NODE``, which this
+#: package does not import (the scenario schema is no reader's business).
+DRIVER_NODE = "driver"
 #: How long a connection waits for another writer's lock before failing.
 BUSY_TIMEOUT = 30.0
 
@@ -327,8 +341,13 @@ def new_session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(2).hex()
 
 
-def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
-    """A connection in autocommit mode (transactions are explicit), WAL, our pragmas."""
+def connect(
+    path: Path, synchronous: str = "NORMAL", *, readonly: bool = False
+) -> sqlite3.Connection:
+    """A connection in autocommit mode (transactions are explicit), WAL, our pragmas; with
+    ``readonly`` one that only reads (:func:`_connect_readonly`) and sets nothing."""
+    if readonly:
+        return _connect_readonly(path)
     try:
         conn = sqlite3.connect(
             path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False
@@ -347,6 +366,75 @@ def connect(path: Path, synchronous: str = "NORMAL") -> sqlite3.Connection:
         conn.close()
         raise StoreError(f"{path} is not a usable session store: {exc}") from exc
     return conn
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """A read-only connection to a store this process cannot write.
+
+    ``mode=ro`` first: it reads the WAL too, but SQLite must then open the ``-shm`` index
+    beside the file (creating it if missing). On a read-only directory or file system with
+    no ``-shm`` there (the last writer closed cleanly and removed both), it cannot, and says
+    "unable to open database file". Then, and only if there is no ``-wal`` with frames in it
+    either, the file is opened ``immutable``: nothing can be in a WAL that does not exist,
+    and a writer could not begin one through a directory nobody can write. A ``-wal`` left
+    without its ``-shm`` (a writer killed, then the folder made read-only) holds commits an
+    immutable open would silently miss: that is refused, saying why."""
+    uri = path.resolve().as_uri()
+
+    def attempt(query: str) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            f"{uri}?{query}",
+            uri=True,
+            timeout=BUSY_TIMEOUT,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # opens it all
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    try:
+        try:
+            return attempt("mode=ro")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_CANTOPEN:
+                raise
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            raise StoreReadOnly(
+                f"cannot read the session store {path}: its last commits are in {wal.name}, "
+                f"and SQLite reads that log only through a {path.name}-shm file, which is "
+                "missing and cannot be made in a read-only directory; open the store once "
+                "where it can be written (any pantheon command folds the log into the file), "
+                "or read a writable copy of the folder"
+            )
+        return attempt("mode=ro&immutable=1")
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path} is not a usable session store: {exc}") from exc
+
+
+def _unwritable(path: Path) -> str | None:
+    """Why this process cannot write the store at ``path`` (an existing file), or None if
+    it can. Asked with access(), as :func:`_readable` (never by opening the file). SQLite
+    writes through the ``-wal`` and ``-shm`` files beside the store, made on opening and
+    removed by the last connection to close, so the directory must be writable too, unless
+    both are there already and writable (a store another process has open)."""
+    try:
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError:
+        pass
+    if not os.access(path, os.W_OK):
+        return "the file is not writable"
+    folder = path.parent
+    if not os.access(folder, os.W_OK | os.X_OK) and not all(
+        os.access(f"{path}{suffix}", os.W_OK) for suffix in ("-wal", "-shm")
+    ):
+        return f"its directory {folder} is not writable"
+    return None
 
 
 def _to_wal(conn: sqlite3.Connection) -> str:
@@ -627,6 +715,15 @@ class SessionStore:
     recording process died as ``aborted``. One store object may be used from several threads
     (calls are serialized); each recorder writes through its own connection. Use as a context
     manager or call :meth:`close`.
+
+    ``access`` says what the caller means to do. ``"write"`` (record, decide, redrive): a
+    store this process cannot write raises :class:`StoreReadOnly` at once, saying why.
+    ``"read"`` (list, show, export, diff, the dashboards): a store that cannot be written is
+    opened read-only (``read_only`` is then True): no session is reaped (one whose process
+    died still reads ``running``), an older schema is not migrated (that raises
+    :class:`StoreReadOnly`: it cannot be read as it is) and anything that would write
+    raises :class:`StoreReadOnly`. A store that can be written is opened as with
+    ``"write"``, so a reader still reaps and migrates it.
     """
 
     def __init__(
@@ -635,9 +732,12 @@ class SessionStore:
         *,
         create: bool = True,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
+        access: Literal["write", "read"] = "write",
     ) -> None:
         self.path = resolve_store_path(path)
         self.synchronous = synchronous
+        #: Why the store cannot be written (it was then opened read-only), or None.
+        self.read_only_because: str | None = None
         if self.path.is_dir():
             raise StoreError(f"{self.path} is a directory, not a session store file")
         if not self.path.exists():
@@ -654,6 +754,12 @@ class SessionStore:
                 raise StoreError(
                     f"cannot create the session store {self.path}: {exc.strerror or exc}"
                 ) from None
+            folder = self.path.parent
+            if not os.access(folder, os.W_OK | os.X_OK):
+                raise StoreReadOnly(
+                    f"cannot create the session store {self.path}: its directory {folder} "
+                    "is read-only"
+                )
         else:
             # SQLite says only "unable to open database file"; the OS says why. Asked with
             # access(), never by opening the file: closing any descriptor of it drops every
@@ -664,11 +770,20 @@ class SessionStore:
                 raise StoreError(
                     f"cannot read the session store {self.path}: {os.strerror(errno.EACCES)}"
                 )
+            why = _unwritable(self.path)
+            if why is not None and access == "write":
+                raise StoreReadOnly(
+                    f"the session store {self.path} is read-only ({why}), and this needs to "
+                    "write to it (reading it works: sessions list and show, export, diff, dlq "
+                    f"list, approvals); to write, use a writable copy (--store or ${STORE_ENV})"
+                )
+            self.read_only_because = why
         self._lock = threading.RLock()
-        self._conn = connect(self.path, synchronous)
+        self._conn = connect(self.path, synchronous, readonly=self.read_only)
         try:
             self._init_schema()
-            self.reap()
+            if not self.read_only:
+                self.reap()
         except BaseException:
             self._conn.close()
             raise
@@ -686,8 +801,28 @@ class SessionStore:
     def __repr__(self) -> str:
         return f"SessionStore({str(self.path)!r})"
 
+    @property
+    def read_only(self) -> bool:
+        """Opened read-only: the store cannot be written (``read_only_because`` says why)."""
+        return self.read_only_because is not None
+
+    def _refuse_write(self, what: str) -> StoreReadOnly:
+        return StoreReadOnly(
+            f"the session store {self.path} is read-only ({self.read_only_because}): cannot {what}"
+        )
+
+    def _unmigrated(self, what: str) -> StoreReadOnly:
+        return StoreReadOnly(
+            f"the session store {self.path} needs migrating {what} before this Pantheon "
+            f"can read it, and it is read-only ({self.read_only_because}), so it cannot be "
+            "migrated here: open it once where it can be written (any pantheon command "
+            "migrates it), or read a writable copy"
+        )
+
     @contextlib.contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise self._refuse_write("write to it")
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -716,6 +851,10 @@ class SessionStore:
     def _init_schema(self) -> None:
         try:
             found = self._read_version()
+            if found is None and self.read_only:
+                raise StoreError(
+                    f"{self.path} is not a Pantheon session store (it has no meta.schema_version)"
+                )
             if found is None:
                 with self._tx() as conn:
                     # Another process may have created it between our read and our lock.
@@ -735,6 +874,8 @@ class SessionStore:
                             "INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
                         )
                 found = self._read_version()
+            if found in _MIGRATIONS and self.read_only:
+                raise self._unmigrated(f"from schema version {found} to {SCHEMA_VERSION}")
             if found in _MIGRATIONS:
                 found = self._migrate()
         except sqlite3.DatabaseError as exc:
@@ -785,6 +926,8 @@ class SessionStore:
             for column in ("scenario_dir", "forked_from"):
                 if column in have:
                     continue
+                if self.read_only:
+                    raise self._unmigrated(f"(its sessions table has no {column} column)")
                 with self._tx() as conn:
                     have = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
                     if column not in have:
@@ -980,6 +1123,8 @@ class SessionStore:
     def materialize(self, session_id: str) -> int:
         """Move the session's journal chunks into the row tables now; returns how many.
         The recorder does this itself; call it only for a session no process is recording."""
+        if self.read_only:
+            raise self._refuse_write("move journal chunks into the row tables")
         with self._lock:
             return Materializer(self._conn, session_id).run()
 
@@ -1142,6 +1287,17 @@ class SessionStore:
             session=session_id,
         )
         return {r[0]: NodeJournal(r[0], r[1], r[2], bool(r[3]), r[4]) for r in rows}
+
+    def node_names(self, session_id: str) -> Callable[[str | None], str | None]:
+        """What the ``node`` of the session's records reads as, for whatever shows it (an
+        export, a dead letter): :data:`DRIVER_NODE` for the process that recorded a
+        multi-process session, whose own records the store keeps with ``None``; ``None``
+        throughout a single-process session. Multi-process here means its nodes shipped
+        their journals (as ``dlq list`` decides): in a session recorded before they did,
+        every message is one the driver's bus saw, from whichever process published it."""
+        if not self.node_journals(session_id):
+            return lambda node: node
+        return lambda node: node or DRIVER_NODE
 
     def breaker_transitions(self, session_id: str) -> list[BreakerTransition]:
         rows = self._query(

@@ -47,7 +47,7 @@ def moved_by_timing(workdir: Path, store: str, alone: str, other: str) -> set[st
     diff = json.loads(proc.stdout)
     # Every hop aligned: the merged record walks as one tree, whichever node's shipment
     # came first.
-    assert diff["hops_compared"] == diff["messages_a"] == diff["messages_b"]
+    assert diff["hops_compared"] == diff["compared_a"] == diff["compared_b"]
     acted = {item for item in moved if got[item][1] != expected[item][1]}
     assert {c["item"] for c in diff["decisions"]["changes"]} == acted  # the team's field: action
     assert diff["identical"] or diff["timing_only"], diff["divergence"]

@@ -1,6 +1,6 @@
 """The node of each hop of a multi-process session, on sessions really recorded by
-``pantheon run`` on ZeroMQ nodes: the read model, ``sessions show`` (and ``--json``) and
-``pantheon diff``."""
+``pantheon run`` on ZeroMQ nodes: the read model, ``sessions show`` (and ``--json``),
+``pantheon diff``, ``dlq list`` and ``export``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from cli_run import pantheon
 from node_session import NodeSessions
 
 from pantheon import readmodel
-from pantheon.sessions import SessionStore
+from pantheon.scenario import DRIVER_NODE as SCENARIO_DRIVER
+from pantheon.sessions import DRIVER_NODE, SessionStore
 
 
 def _placed(summary: dict[str, Any]) -> dict[str, str]:
@@ -153,3 +154,37 @@ def test_dlq_list_says_which_node_dead_lettered_each_entry(node_sessions: NodeSe
     assert out.returncode == 0, out.stderr
     heads = [line for line in out.stdout.splitlines() if line.startswith("#")]
     assert heads and not [h for h in heads if "(node " in h], heads
+
+
+def test_export_names_each_message_s_process_as_sessions_show_does(
+    node_sessions: NodeSessions,
+) -> None:
+    """``pantheon export`` of a multi-process session gives every message the process that
+    published it, the driver's as ``driver`` (the name ``sessions show`` and ``dlq list``
+    give it; the store keeps ``None`` for the recording process); a single-process
+    session's messages have none."""
+    s = node_sessions
+    placed = _placed(s.summaries["nodes3"])
+    out = pantheon("export", s.three, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(records) == s.summaries["nodes3"]["messages"]
+    # The inputs: published by the Observer, on the driver.
+    inputs = [r for r in records if r["source"] is None]
+    assert inputs and {r["node"] for r in inputs} == {"driver"}
+    for r in records:
+        if r["source"] is not None:
+            assert r["node"] == placed[r["source"].partition(":")[0]], r
+    assert {r["node"] for r in records} == set(s.summaries["nodes3"]["nodes"])  # type: ignore[arg-type]
+    shown = pantheon("sessions", "show", s.three, "--store", str(s.store), cwd=s.store.parent)
+    assert "node driver: observer, learner; " in shown.stdout
+    assert readmodel.DRIVER == DRIVER_NODE == SCENARIO_DRIVER == "driver"
+
+    out = pantheon("export", s.alone, "--store", str(s.store), cwd=s.store.parent)
+    assert out.returncode == 0, out.stderr
+    assert {json.loads(line)["node"] for line in out.stdout.splitlines()} == {None}
+
+    # dlq list --json names the node as its text does (node action: every ticket failed).
+    out = pantheon("dlq", "list", s.three, "--json", "--store", str(s.store), cwd=s.store.parent)
+    letters = json.loads(out.stdout)
+    assert letters and {d["node"] for d in letters} == {"action"}
