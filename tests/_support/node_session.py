@@ -5,12 +5,10 @@ both dashboards. Recorded once per test session (per xdist worker) by the fixtur
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tripping import ACTOR_BREAKER, TICKETS_FAIL, run_json
 from untimed import copy_untimed
 
 __all__ = ["NodeSessions", "record_node_sessions"]
@@ -21,13 +19,6 @@ THREE = """  nodes:
     cognition: [reasoner, memory, planner]
     action: [guardian, actor]
 """
-#: Every ticket the Actor opens fails: its dead letters are the ``action`` node's.
-TICKETS_FAIL = "\nfaults:\n  agents:\n    actor: {failure_rate: 1.0, tool: ticket}\n"
-#: The Actor's breaker line in the reference scenario (the bus's defaults).
-ACTOR_BREAKER = (
-    "    # breaker: the bus defaults (5 failures in a row, or half of the last 20 calls, "
-    ">= 10 calls)\n"
-)
 #: Two Reasoners, one on a node the scenario kills mid-run (as tests/cluster kill one).
 KILL = """  heartbeat: 0.2
   liveness: 10
@@ -58,20 +49,6 @@ class NodeSessions:
     summaries: dict[str, dict[str, object]]
 
 
-def _run(workdir: Path, scenario: str) -> dict[str, object]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", "run", scenario, "--json", "--store", "s.db"],
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert proc.stdout, proc.stderr
-    summary: dict[str, object] = json.loads(proc.stdout)
-    return summary
-
-
 def record_node_sessions(workdir: Path) -> NodeSessions:
     """Record the three sessions in ``workdir/s.db`` (scenarios copied untimed there)."""
     scenarios = copy_untimed(workdir)
@@ -97,7 +74,7 @@ def record_node_sessions(workdir: Path) -> NodeSessions:
     killed = killed.replace("  rate: 1000 ", "  count: 300\n  rate: 1000 ") + KILL_FAULTS
     (scenarios / "killed.yaml").write_text(killed)
     summaries = {
-        name: _run(workdir, f"scenarios/{name}.yaml") for name in ("nodes3", "alone", "killed")
+        name: run_json(workdir, f"scenarios/{name}.yaml") for name in ("nodes3", "alone", "killed")
     }
     return NodeSessions(
         workdir / "s.db",

@@ -12,28 +12,13 @@ import json
 from pathlib import Path
 
 from cli_run import pantheon
+from tripping import run_json, tripping
 from untimed import copy_untimed
-
-ACTOR_BREAKER = (
-    "    # breaker: the bus defaults (5 failures in a row, or half of the last 20 calls, "
-    ">= 10 calls)\n"
-)
-TICKETS_FAIL = "\nfaults:\n  agents:\n    actor: {failure_rate: 1.0, tool: ticket}\n"
 
 
 def test_diff_counts_every_message_and_says_which_were_not_compared(tmp_path: Path) -> None:
-    scenarios = copy_untimed(tmp_path)
-    text = (scenarios / "support_email.yaml").read_text(encoding="utf-8")
-    assert "  rate: 1000 " in text and ACTOR_BREAKER in text
-    text = text.replace("  rate: 1000 ", "  count: 20\n  rate: 1000 ")
-    # Every ticket fails and the first failure opens the Actor's breaker.
-    text = text.replace(ACTOR_BREAKER, "    breaker: {consecutive_failures: 1}\n") + TICKETS_FAIL
-    (scenarios / "trip.yaml").write_text(text, encoding="utf-8")
-    summaries = []
-    for _ in range(2):
-        out = pantheon("run", "scenarios/trip.yaml", "--json", "--store", "s.db", cwd=tmp_path)
-        assert out.stdout, out.stderr
-        summaries.append(json.loads(out.stdout))
+    scenario = tripping(copy_untimed(tmp_path), "trip")
+    summaries = [run_json(tmp_path, scenario) for _ in range(2)]
     a, b = (str(s["session_id"]) for s in summaries)
     exported = []
     for sid in (a, b):

@@ -29,15 +29,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tripping import run_json, tripping
 from untimed import copy_untimed
 
-#: A small support run whose tickets all fail on the Actor: dead letters to list, and a
-#: breaker that opens (a ``system.breaker.actor`` message).
-ACTOR_BREAKER = (
-    "    # breaker: the bus defaults (5 failures in a row, or half of the last 20 calls, "
-    ">= 10 calls)\n"
-)
-TICKETS_FAIL = "\nfaults:\n  agents:\n    actor: {failure_rate: 1.0, tool: ticket}\n"
 #: Run in a private user and mount namespace: the folder $1 bound read-only onto $2, then
 #: the command.
 _MOUNT = 'mount --bind -o ro "$1" "$2" && shift 2 && exec "$@"'
@@ -114,26 +108,11 @@ def _fingerprint(folder: Path) -> dict[str, str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict[str, object]]]:
     """Two runs of the same small scenario in ``store/sessions.db``, and their summaries."""
     work = tmp_path_factory.mktemp("ro")
-    scenarios = copy_untimed(work)
-    text = (scenarios / "support_email.yaml").read_text(encoding="utf-8")
-    assert "  rate: 1000 " in text and ACTOR_BREAKER in text
-    text = text.replace("  rate: 1000 ", "  count: 20\n  rate: 1000 ")
-    text = text.replace(ACTOR_BREAKER, "    breaker: {consecutive_failures: 1}\n") + TICKETS_FAIL
-    (scenarios / "small.yaml").write_text(text, encoding="utf-8")
+    # A small support run whose tickets all fail on the Actor: dead letters to list, and
+    # a breaker that opens (a ``system.breaker.actor`` message).
+    scenario = tripping(copy_untimed(work), "small")
     (work / "store").mkdir()
-    summaries = []
-    run = ["run", "scenarios/small.yaml", "--json", "--store", "store/sessions.db"]
-    for _ in range(2):
-        proc = subprocess.run(
-            [sys.executable, "-m", "pantheon.cli", *run],
-            cwd=work,
-            capture_output=True,
-            text=True,
-            timeout=180,
-            check=False,
-        )
-        assert proc.stdout, proc.stderr
-        summaries.append(json.loads(proc.stdout))
+    summaries = [run_json(work, scenario, "store/sessions.db") for _ in range(2)]
     # The last writer closed cleanly: no -wal, no -shm, as a store is archived or mounted.
     assert sorted(p.name for p in (work / "store").iterdir()) == ["live", "outbox", "sessions.db"]
     return work / "store", summaries
