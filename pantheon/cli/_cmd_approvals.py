@@ -125,12 +125,15 @@ def resume(
     effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
     "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
     from pantheon.rerun.resume import resume as resume_run
+    from pantheon.runner import RunStuck
 
     path = resolve_store_path(store)
     try:
         result = run_async(resume_run(session, store=path))
     except SessionError as exc:
         raise fail(str(exc)) from None
+    except RunStuck as exc:
+        raise fail(f"the resumed run did not finish: {exc}") from None
     except FileNotFoundError as exc:  # the scenario's input file went away
         raise fail(f"cannot resume {session}: {exc}") from None
     summary = result.summary

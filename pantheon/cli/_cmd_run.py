@@ -86,7 +86,7 @@ def run(
             raise typer.Exit(2) from None
         gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
-    from pantheon.runner import ClusterError
+    from pantheon.runner import ClusterError, RunStuck
 
     try:
         summary = run_async(
@@ -97,6 +97,9 @@ def run(
         raise typer.Exit(2) from None
     except ClusterError as exc:
         console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+    except RunStuck as exc:
+        console.print(f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     except (ProviderUnavailable, AgentSetupError) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)

@@ -53,7 +53,14 @@ from agents import InputItem, Observer, input_ordinal
 from bus import Bus
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
-from pantheon.runner import Recording, RunSummary, build_team, local_report, summarize
+from pantheon.runner import (
+    Recording,
+    RunSummary,
+    build_team,
+    drain_progressing,
+    local_report,
+    summarize,
+)
 from pantheon.scenario import NatsTransportConfig, Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions.internals import origin_of
@@ -278,9 +285,9 @@ async def _run(
                     await observer.start()
                 for o in observers:
                     await o.done.wait()
-                await bus.drain(timeout=drain_timeout)
+                await drain_progressing(bus, drain_timeout)
                 await team.stop()
-                await bus.drain(timeout=drain_timeout)
+                await drain_progressing(bus, drain_timeout)
                 summary = summarize(
                     scenario,
                     [local_report(bus, team)],

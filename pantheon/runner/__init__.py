@@ -39,7 +39,7 @@ from pantheon.runner._report import (
     score_from_record,
     summarize,
 )
-from pantheon.runner._runtime import run_scenario
+from pantheon.runner._runtime import RunStuck, drain_progressing, run_scenario
 from pantheon.runner._session_run import Recording, recording
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "JsonlLine",
     "NodeHost",
     "Recording",
+    "RunStuck",
     "RunSummary",
     "Team",
     "accuracy_bounds",
@@ -60,6 +61,7 @@ __all__ = [
     "cluster_transport",
     "count_own_topics",
     "discard_consumers",
+    "drain_progressing",
     "expectation_state",
     "import_from_stream",
     "install_stop_signals",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from agents import LiveEffects, Observer
 from bus import Bus, Priority
+from pantheon._errors import PantheonError
 from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, local_report, summarize
@@ -21,7 +22,49 @@ if TYPE_CHECKING:
     from pantheon.approvals import StoreDesk
     from pantheon.live import PartsBoard
 
-__all__ = ["run_scenario"]
+__all__ = ["RunStuck", "drain_progressing", "run_scenario"]
+
+
+class RunStuck(PantheonError, TimeoutError):
+    """The team stopped finishing messages before its bus went quiet: nothing was handled,
+    dead-lettered or published anywhere on it for the drain timeout. The message names the
+    subscriptions that still held work."""
+
+
+async def drain_progressing(bus: Bus, idle: float) -> None:
+    """Wait until ``bus`` is quiet for as long as its team keeps finishing messages: a team
+    whose agents are slow (model calls of seconds, a backlog behind them) is working, not
+    stuck. :class:`RunStuck` once nothing moved for ``idle`` seconds (a fixed deadline
+    used to end such runs with a bare ``TimeoutError`` and a traceback)."""
+    last = _progress(bus)
+    while True:
+        try:
+            await bus.drain(timeout=idle)
+            return
+        except TimeoutError:
+            now = _progress(bus)
+            if now != last:
+                last = now
+                continue
+        stats = bus.stats().subscribers
+        busy = ", ".join(
+            f"{name} ({s.in_flight} in flight, {s.queued} queued)"
+            for name, s in sorted(stats.items())
+            if s.in_flight or s.queued
+        )
+        raise RunStuck(
+            f"the team finished nothing for {idle:g} s and still holds work: "
+            f"{busy or f'{bus.outstanding} messages outstanding'}"
+        )
+
+
+def _progress(bus: Bus) -> tuple[int, ...]:
+    """What moves while a team works: messages published, and each subscription's settled."""
+    stats = bus.stats()
+    settled = sum(
+        s.delivered + s.dead_lettered + s.shed + s.released for s in stats.subscribers.values()
+    )
+    return (stats.published, settled)
 
 
 async def run_scenario(
@@ -118,9 +161,9 @@ async def run_scenario(
             await hold()
         if flood_task is not None:
             await flood_task
-        await bus.drain(timeout=drain_timeout)
+        await drain_progressing(bus, drain_timeout)
         await team.stop()
-        await bus.drain(timeout=drain_timeout)
+        await drain_progressing(bus, drain_timeout)
         elapsed = time.perf_counter() - started
         if on_progress is not None:
             on_progress(sum(o.emitted + o.malformed for o in observers), total)
