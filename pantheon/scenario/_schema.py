@@ -204,6 +204,14 @@ class ZmqTransportConfig(_Model):
     """Allow a ``broker`` address reachable from the network without ``curve``: anyone who
     reaches it may then join the run, read its messages and inject others."""
 
+    @field_validator("broker")
+    @classmethod
+    def _broker_address(cls, value: str) -> str:
+        problem = broker_address_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _network_needs_curve(self) -> ZmqTransportConfig:
         if not (self.curve or self.insecure or bind_is_local(self.broker)):
@@ -212,6 +220,52 @@ class ZmqTransportConfig(_Model):
                 "curve: true, or insecure: true to accept anyone who reaches it"
             )
         return self
+
+
+#: A host name or a network interface name (``eth0``), as libzmq takes either.
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+#: Bytes of a Unix socket path (``sun_path`` less its terminating NUL).
+_MAX_IPC_PATH = 107
+_BROKER_FORMS = "tcp://HOST:PORT (port 0 to 65535, 0 for any free port) or ipc://PATH"
+
+
+def broker_address_problem(address: str) -> str | None:
+    """Why ``address`` cannot be a ZeroMQ broker's address, or None: it must be
+    ``tcp://HOST:PORT`` (an IPv4 address, ``[IPv6]``, a host or interface name, or ``*``
+    for every interface; a port of 0 to 65535, 0 for any free one) or ``ipc://PATH`` (a
+    Unix socket file). libzmq takes a port over 65535 and wraps it (70000 binds 4464), and
+    an address it cannot parse fails only when the broker starts: both are refused here."""
+    if address.startswith("ipc://"):
+        path = address[len("ipc://") :]
+        if not path or not path.isprintable():
+            return f"{address!r:.80} names no socket file: give ipc://PATH"
+        if len(path.encode("utf-8", "surrogatepass")) > _MAX_IPC_PATH:
+            return f"ipc path is over {_MAX_IPC_PATH} bytes, the limit of a Unix socket path"
+        return None
+    if address.startswith("inproc://"):
+        return (
+            "inproc:// reaches only the process that binds it, and the broker is a process of "
+            f"its own: give {_BROKER_FORMS}"
+        )
+    if not address.startswith("tcp://"):
+        return f"{address!r:.80} is no ZeroMQ broker address: give {_BROKER_FORMS}"
+    rest = address[len("tcp://") :]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or rest.endswith("]"):
+        return f"{address!r:.80} has no port: give {_BROKER_FORMS}"
+    if not (port.isascii() and port.isdigit()):
+        return f"port {port!r:.20} is not a number: give {_BROKER_FORMS}"
+    if int(port) > 65_535:
+        return f"port {int(port)} is over 65535: give {_BROKER_FORMS}"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host!r:.80} is no IPv6 address: give {_BROKER_FORMS}"
+        return None
+    if host != "*" and (len(host) > 253 or not _HOSTNAME.fullmatch(host)):
+        return f"{host!r:.80} is no IP address, host or interface name: give {_BROKER_FORMS}"
+    return None
 
 
 def bind_is_local(bind: str) -> bool:

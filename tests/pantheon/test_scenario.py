@@ -604,6 +604,47 @@ def test_a_network_broker_without_curve_needs_insecure(write, extra: str, refuse
     assert "insecure: true" in p.message
 
 
+@pytest.mark.parametrize(
+    ("broker", "message"),
+    [
+        # libzmq would take this and bind 4464 (70000 - 65536) without a word.
+        ("tcp://127.0.0.1:70000", "port 70000 is over 65535"),
+        ("banana", "'banana' is no ZeroMQ broker address"),
+        ("tcp://127.0.0.1", "'tcp://127.0.0.1' has no port"),
+        ("tcp://127.0.0.1:abc", "port 'abc' is not a number"),
+        ("tcp://[::1]", "'tcp://[::1]' has no port"),
+        ("tcp://no spaces:5555", "'no spaces' is no IP address, host or interface name"),
+        ("inproc://broker", "inproc:// reaches only the process that binds it"),
+        ("ipc://", "'ipc://' names no socket file"),
+    ],
+)
+@pytest.mark.parametrize("insecure", [False, True])
+def test_a_malformed_broker_address_is_located_at_the_broker(
+    write, broker: str, message: str, insecure: bool
+) -> None:
+    # Not "reachable from the network" at `transport:`, and not accepted with insecure: true
+    # only to fail when the broker starts: what is wrong, and what a good address looks like.
+    text = GOOD + f"transport:\n  kind: zmq\n  broker: '{broker}'\n"
+    text += "  insecure: true\n" if insecure else ""
+    path = write(text)
+    (p,) = problems_of(path)
+    assert (p.file, p.line, p.field) == (str(path), line_of(text, "broker:"), "transport.broker")
+    assert message in p.message
+    assert p.message.endswith("ipc://PATH")
+    if "ipc://" not in broker:
+        assert "tcp://HOST:PORT (port 0 to 65535, 0 for any free port)" in p.message
+
+
+@pytest.mark.parametrize(
+    "broker",
+    ["tcp://127.0.0.1:0", "tcp://127.0.0.1:65535", "tcp://[::1]:5555", "ipc:///tmp/b.sock"],
+)
+def test_a_well_formed_broker_address_loads(write, broker: str) -> None:
+    text = GOOD + f"transport:\n  kind: zmq\n  broker: '{broker}'\n"
+    transport = load_scenario(write(text, "good.yaml")).transport
+    assert transport.kind == "zmq" and transport.broker == broker
+
+
 def test_openai_provider(write, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
     text = GOOD + "provider:\n  kind: openai\n  model: llama3\n"
