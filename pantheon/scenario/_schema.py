@@ -1612,7 +1612,17 @@ def _cross_field_problems(
             for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
             if isinstance(cfg, Mapping) and cfg.get("enabled") is False
         }
+        standbys = transport.get("standby") if kind == "nats" else None
         for node, placed in nodes.items():
+            covered = isinstance(standbys, Mapping) and bool(standbys.get(node))
+            if isinstance(placed, list | tuple) and not placed and not covered:
+                # Its process would start with nothing to run and end the run at once.
+                out.append(
+                    (
+                        ("transport", "nodes", node),
+                        f"node {node!r} hosts no agents: list the agents it runs, or remove it",
+                    )
+                )
             if node == DRIVER_NODE:
                 out.append(
                     (
@@ -1721,6 +1731,14 @@ def _standby_problems(
             placed.setdefault(agent, []).append(node)
     out: list[tuple[tuple[Any, ...], str]] = []
     for node, listed in standby.items():
+        if isinstance(listed, list | tuple) and not listed:
+            out.append(
+                (
+                    ("transport", "standby", node),
+                    f"standby on {node!r} lists no agents: list the agents of transport.nodes "
+                    "it stands by for, or remove it",
+                )
+            )
         for i, agent in enumerate(listed if isinstance(listed, list | tuple) else ()):
             if agent not in names:
                 why = f"standby on {node!r} names unknown agent {agent!r}"

@@ -327,6 +327,12 @@ BAD = {
         "transport.broker",
         "unknown key 'broker'",
     ),
+    "zmq node with no agents": (
+        GOOD + "transport:\n  kind: zmq\n  nodes:\n    check: []\n    approve: [actor]\n",
+        "check:",
+        "transport.nodes.check",
+        "node 'check' hosts no agents: list the agents it runs, or remove it",
+    ),
     "generator without end": (
         GOOD.replace("  path: emails.jsonl", "  kind: generator\n  topic: a.b"),
         "input:",
