@@ -1134,8 +1134,10 @@ class AgentFaultConfig(_Model):
     failure_rate: _Fraction = 0.0
     latency_ms: Annotated[float, Field(ge=0, le=_HOUR * 1000)] = 0.0
     """Milliseconds added to each handling: 0 to an hour's worth."""
-    tool: Literal["reply", "ticket", "escalate"] | None = None
-    """Only calls of this tool fail (Actor); ``None``: every call may fail."""
+    tool: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """Only calls of this tool fail: a tool of the Actor the fault names (``reply``,
+    ``ticket``, ``escalate`` or one of its ``settings.tools``), checked at load; ``None``:
+    the agent's handling of each message may fail."""
     from_: FaultMarkConfig | None = Field(default=None, alias="from")
     """Where the fault starts (``None``: from the start of the run)."""
     until: FaultMarkConfig | None = None
@@ -1544,6 +1546,69 @@ def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], st
     return out
 
 
+def _fault_problems(
+    faults: Any, agents: Any, names: list[str]
+) -> list[tuple[tuple[Any, ...], str]]:
+    """``faults.agents`` against the team: a fault names an enabled agent (a disabled one
+    never runs, so nothing would be injected), and a ``tool`` fault names a tool of an
+    Actor (only an Actor's tool calls take one; any other agent would ignore it)."""
+    if not isinstance(faults, Mapping):
+        return []
+    team = agents if isinstance(agents, Mapping) else {}
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for name, fault in faults.items():
+        if name not in names:
+            continue  # an unknown agent, reported by the name check
+        cfg = team.get(name)
+        cfg = cfg if isinstance(cfg, Mapping) else {}
+        here = ("faults", "agents", name)
+        if cfg.get("enabled") is False:
+            out.append(
+                (
+                    here,
+                    f"agent {name!r} is disabled (agents.{name}.enabled: false), so a fault "
+                    "on it injects nothing: enable the agent or remove the fault",
+                )
+            )
+            continue
+        tool = fault.get("tool") if isinstance(fault, Mapping) else None
+        if not isinstance(tool, str):
+            continue  # no tool, or a shape the field's own validation reports
+        try:
+            cls = agent_class(str(name), cfg)
+        except (ImportError, ValueError, KeyError):
+            continue  # reported by the agent checks
+        if not issubclass(cls, Actor):
+            out.append(
+                (
+                    (*here, "tool"),
+                    f"{name!r} is a {cls.__name__}, not an Actor: only an Actor's tool calls "
+                    "can be failed by tool; drop tool to fail its handling of each message",
+                )
+            )
+            continue
+        tools = actor_tools(cls, cfg.get("settings"))
+        if tool not in tools:
+            out.append(
+                (
+                    (*here, "tool"),
+                    f"actor {name!r} has no tool {tool!r}{suggest(tool, tools)}; its tools: "
+                    f"{', '.join(tools)}",
+                )
+            )
+    return out
+
+
+def actor_tools(cls: type[Actor], settings: Any) -> list[str]:
+    """The tools an Actor of class ``cls`` runs with ``settings`` (raw): its built-in
+    ``TOOLS``, then the ``tools`` its settings add."""
+    tools = dict.fromkeys(cls.TOOLS)
+    extra = settings.get("tools") if isinstance(settings, Mapping) else None
+    if isinstance(extra, Mapping):
+        tools.update(dict.fromkeys(str(t) for t in extra))
+    return list(tools)
+
+
 def _cross_field_problems(
     data: Any, *, check_model: bool = True
 ) -> list[tuple[tuple[Any, ...], str]]:
@@ -1592,6 +1657,8 @@ def _cross_field_problems(
     faults = data.get("faults")
     faults = faults if isinstance(faults, Mapping) else {}
     check_names(("faults", "agents"), faults.get("agents"), "a fault")
+    if check_model:  # a recorded scenario rebuilt for a replay is taken as it ran
+        out.extend(_fault_problems(faults.get("agents"), agents, names))
     budget = data.get("budget")
     if isinstance(budget, Mapping):
         check_names(("budget", "agents"), budget.get("agents"), "a budget")

@@ -315,6 +315,29 @@ BAD = {
         "faults.agents.actor.failure_rate",
         "less than or equal to 1",
     ),
+    "tool fault on an agent that is no Actor": (
+        GOOD
+        + "  approver: {role: guardian}\n"
+        + "faults:\n  agents:\n    approver: {failure_rate: 0.5, tool: reply}\n",
+        "approver: {failure_rate",
+        "faults.agents.approver.tool",
+        "'approver' is a Guardian, not an Actor: only an Actor's tool calls can be failed by "
+        "tool; drop tool to fail its handling of each message",
+    ),
+    "fault on a disabled agent": (
+        GOOD + "  learner: {enabled: false}\nfaults:\n  agents:\n    learner: {failure_rate: 1}\n",
+        "learner: {failure_rate",
+        "faults.agents.learner",
+        "agent 'learner' is disabled (agents.learner.enabled: false), so a fault on it injects "
+        "nothing: enable the agent or remove the fault",
+    ),
+    "fault on a tool the actor does not have": (
+        GOOD + "faults:\n  agents:\n    actor: {failure_rate: 0.5, tool: replay}\n",
+        "tool: replay",
+        "faults.agents.actor.tool",
+        "actor 'actor' has no tool 'replay' (did you mean 'reply'?); its tools: reply, ticket, "
+        "escalate",
+    ),
     "unknown transport kind": (
         GOOD + "transport:\n  kind: carrier-pigeon\n",
         "carrier-pigeon",
@@ -402,6 +425,13 @@ def test_bad_scenario_names_line_and_field(write, case: str) -> None:
     assert p.field == field
     assert message in p.message
     assert f"{path}:{p.line}:{p.column}: {field}: " in str(p)
+
+
+def test_a_fault_without_tool_fails_the_handling_of_any_agent(write) -> None:
+    # A Guardian's handler takes a failure_rate (only `tool` needs an Actor).
+    text = GOOD + "  guardian: {}\nfaults:\n  agents:\n    guardian: {failure_rate: 0.5}\n"
+    fault = load_scenario(write(text, "good.yaml")).faults.agents["guardian"]
+    assert (fault.failure_rate, fault.tool) == (0.5, None)
 
 
 def test_rules_may_name_only_the_intents_the_provider_lists(write) -> None:
