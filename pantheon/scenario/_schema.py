@@ -45,7 +45,7 @@ from pantheon._imports import (
     load_object,
 )
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
-from pantheon.scenario._locate import dotted, suggest
+from pantheon.scenario._locate import Expects, dotted, suggest
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -349,9 +349,10 @@ class NatsTransportConfig(_Model):
     heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
     liveness: Annotated[int, Field(ge=1, le=100)] = 3
     credentials: NatsCredentials | None = None
-    standby: dict[_AgentName, tuple[_AgentName, ...]] | Literal["driver"] = Field(
-        default_factory=dict
-    )
+    standby: Annotated[
+        dict[_AgentName, tuple[_AgentName, ...]] | Literal["driver"],
+        Expects("'driver' or a mapping of process -> agents"),
+    ] = Field(default_factory=dict)
     """Standby members: process -> agents of ``nodes`` it also hosts, so that SIGKILL of
     their node leaves their work to it (a process not in ``nodes`` is started for its
     standbys alone; ``driver`` is the process running the scenario). ``driver`` alone: the

@@ -434,6 +434,31 @@ def test_a_fault_without_tool_fails_the_handling_of_any_agent(write) -> None:
     assert (fault.failure_rate, fault.tool) == (0.5, None)
 
 
+def test_a_union_setting_of_a_team_s_agent_is_one_line_without_pydantic_s_types(
+    write, tmp_path: Path
+) -> None:
+    # Any union, not only the schema's own: a team's Settings are checked the same way.
+    (tmp_path / "union_team.py").write_text(
+        textwrap.dedent(
+            """\
+            from agents import Agent, AgentSettings
+
+
+            class Picky(Agent):
+                subscriptions = ("a.b",)
+
+                class Settings(AgentSettings):
+                    window: int | tuple[int, ...] = 1
+            """
+        ),
+        encoding="utf-8",
+    )
+    text = GOOD + "  picky:\n    class: 'union_team:Picky'\n    settings: {window: soon}\n"
+    (p,) = problems_of(write(text))
+    assert (p.line, p.field) == (line_of(text, "window: soon"), "agents.picky.settings.window")
+    assert p.message == "Input should be an integer or a list"
+
+
 def test_rules_may_name_only_the_intents_the_provider_lists(write) -> None:
     text = GOOD + (
         "provider:\n  kind: rules\n  rules: {refund: [x], refnud: [y]}\n"
