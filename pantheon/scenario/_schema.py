@@ -821,6 +821,8 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     context = info.context or {}
     try:
         path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+        if context.get("check_files", True) and path.is_dir():
+            raise ValueError(f"{path} is a directory, not a file: name the input file in it")
         if context.get("check_files", True) and not path.is_file():
             raise ValueError(f"input file not found: {path}")
     except OSError as exc:  # a name too long, a loop of links: the path is the problem
@@ -954,6 +956,8 @@ def _tokens_path(value: Path | None, info: ValidationInfo) -> Path | None:
         return None
     context = info.context or {}
     path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+    if context.get("check_files", True) and path.is_dir():
+        raise ValueError(f"{path} is a directory, not a file: name the tokens file in it")
     if context.get("check_files", True) and not path.is_file():
         raise ValueError(f"tokens file not found: {path}")
     return path

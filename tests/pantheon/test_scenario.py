@@ -60,6 +60,7 @@ def line_of(text: str, needle: str) -> int:
 def write(tmp_path: Path):
     """Write a scenario (and the data file it names) into tmp_path; return its path."""
     (tmp_path / "emails.jsonl").write_text('{"id": "e1"}\n', encoding="utf-8")
+    (tmp_path / "data").mkdir()
 
     def write(text: str, name: str = "bad.yaml") -> Path:
         path = tmp_path / name
@@ -284,6 +285,12 @@ BAD = {
         "nowhere.jsonl",
         "input.path",
         "input file not found",
+    ),
+    "input path is a directory": (
+        GOOD.replace("emails.jsonl", "data"),
+        "path: data",
+        "input.path",
+        "/data is a directory, not a file: name the input file in it",
     ),
     "wrong version": (
         GOOD.replace("version: 1", "version: 2"),
