@@ -29,7 +29,7 @@ from rich.markup import escape
 
 from pantheon.cli._common import SeedOpt, fail, run_async
 from pantheon.scenario import ROLES
-from pantheon.scenario.internals import bind_is_local
+from pantheon.scenario.internals import bind_is_local, broker_address_problem
 
 __all__ = ["register"]
 
@@ -139,6 +139,9 @@ def broker(
     """Run a ZeroMQ broker until SIGINT/SIGTERM; nodes connect to it with `pantheon node`."""
     if not (math.isfinite(stats_every) and stats_every >= 0):
         raise fail(f"--stats-every {stats_every}: give seconds, 0 or more (0: never)")
+    problem = broker_address_problem(bind)
+    if problem is not None:
+        raise fail(f"--bind {bind}: {problem}")
     if curve_secret is None and not insecure and not bind_is_local(bind):
         # Without CURVE whoever reaches the port joins, and every node links to whatever
         # data endpoint it claims: on a network that has to be a choice, not a default.

@@ -616,6 +616,8 @@ def judge(
                     "default outcome is read from its session record, which --no-record "
                     "left out"
                 )
+            elif acc is None:
+                out[-1]["why"] = _unscored(scenario, s, field_)
     if e.max_breaker_trips is not None:
         check(
             f"breaker trips <= {e.max_breaker_trips}",
@@ -658,6 +660,26 @@ def judge(
         passed, message = _custom(spec, scenario, s)
         check(f"custom: {spec}", passed, "pass", message)
     return out
+
+
+def _unscored(scenario: Scenario, s: RunSummary, key: str) -> str:
+    """Why ``min_accuracy`` had no accuracy ``key`` to judge: no outcome had a label."""
+    scored = int(s.accuracy.get("scored") or 0)
+    if scored:  # labelled outcomes, none of them with this field
+        field_ = key.removesuffix("_accuracy")
+        return f"no labelled outcome (of {scored:,}) has a label for {field_!r} to score"
+    why = "there were no labelled outcomes to score"
+    if s.inputs + s.malformed == 0:
+        return f"{why}: the input gave no records"
+    if scenario.input.label is None:
+        return f"{why}: the input names no label field (input.label)"
+    unlabelled = int(s.accuracy.get("unlabelled") or 0)
+    n = s.inputs + s.malformed
+    records = f"{n:,} input record{'' if n == 1 else 's'}"
+    label = scenario.input.label
+    if unlabelled:
+        return f"{why}: {unlabelled:,} outcomes of {records} had no label ({label!r})"
+    return f"{why}: no outcome of {records} had a label ({label!r})"
 
 
 def _stream_lost(stream: Mapping[str, Any]) -> str:

@@ -22,7 +22,7 @@ from agents import ROLES as ROLE_CLASSES
 from agents import Agent, FunctionAgent, handler_arity
 from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
-from pantheon.scenario._locate import suggest
+from pantheon.scenario._locate import suggest, union_errors
 
 __all__ = ["agent_class", "agent_problems", "model_problem", "resolve_handler", "uses_model"]
 
@@ -120,7 +120,7 @@ def settings_problems(cls: type[Agent], settings: Any, loc: Loc) -> list[tuple[L
     except ValidationError as exc:
         out = []
         fields = list(model.model_fields)
-        for err in exc.errors():
+        for err in union_errors(model, exc.errors()):
             where = (*loc, *err["loc"])
             if err["type"] == "extra_forbidden":
                 key = str(err["loc"][-1]) if err["loc"] else "?"

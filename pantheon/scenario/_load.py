@@ -22,6 +22,7 @@ from pantheon.scenario._locate import (
     locate,
     read_marked,
     suggest,
+    union_errors,
 )
 from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
 
@@ -170,7 +171,7 @@ def parse_scenario(
     try:
         scenario = Scenario.model_validate(data, context=context)
     except ValidationError as exc:
-        problems.extend(problem(*_describe(e)) for e in exc.errors())
+        problems.extend(problem(*_describe(e)) for e in union_errors(Scenario, exc.errors()))
     problems.extend(problem(loc, msg) for loc, msg in cross)
     if problems:
         raise ScenarioError(problems)

@@ -9,11 +9,15 @@ checked against an agent's own model, imports of agent classes) can report throu
 from __future__ import annotations
 
 import difflib
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from pathlib import Path
+from typing import Annotated, Any, TypeAlias
 
 import yaml
+from pydantic import BaseModel, Discriminator, Tag
 
 from pantheon._errors import PantheonError
 
@@ -321,3 +325,161 @@ def locate(marks: Mapping[Loc, tuple[int, int]], loc: Loc) -> tuple[int, int]:
     while loc not in marks and loc:
         loc = loc[:-1]
     return marks.get(loc, (1, 1))
+
+
+# -- unions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Expects:
+    """Field metadata saying what a union field takes, in a scenario author's words
+    (``'driver' or a mapping of process -> agents``), for its one-line error when a value
+    fits none of the union's members. Without it, the members are described in general
+    terms (a mapping, a list, a number, the literal values)."""
+
+    text: str
+
+
+#: pydantic error types that mean "not this member's kind of value" (a string where a
+#: mapping goes): a union member that fails only so did not take the value at all.
+_SHAPE_ERRORS = ("literal_error", "enum", "is_instance_of", "none_required")
+
+
+def _is_shape_error(kind: str) -> bool:
+    return kind.endswith(("_type", "_parsing")) or kind in _SHAPE_ERRORS
+
+
+def union_errors(
+    root: type[BaseModel], errors: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """pydantic's ``errors`` (locations relative to model ``root``) without the union member
+    labels pydantic puts in a location (``transport.standby.dict[constrained-str,...]``,
+    ``...literal['driver']``), which are no key of the file and name internal types.
+
+    For each value of a plain union that failed: the errors of the members that took its
+    shape (an error below the member, or one about the value rather than its kind), label
+    dropped; when every member refused the value's kind, one error at the value saying what
+    the union takes (:class:`Expects`, else its members described)."""
+    # In the order pydantic gave them: an error as it is, or the key of a union's group.
+    order: list[dict[str, Any] | tuple[Any, ...]] = []
+    groups: dict[tuple[Any, ...], tuple[str, list[tuple[int, dict[str, Any]]]]] = {}
+    for error in errors:
+        loc = tuple(error["loc"])
+        split = _union_split(root, loc)
+        if split is None:
+            order.append(dict(error))
+            continue
+        i, expects = split
+        if loc[:i] not in groups:
+            groups[loc[:i]] = (expects, [])
+            order.append(loc[:i])
+        groups[loc[:i]][1].append((i, dict(error)))
+    result: list[dict[str, Any]] = []
+    for entry in order:
+        if isinstance(entry, dict):
+            result.append(entry)
+            continue
+        expects, members = groups[entry]
+        taken = [
+            {**e, "loc": (*e["loc"][:i], *e["loc"][i + 1 :])}
+            for i, e in members
+            if len(e["loc"]) > i + 1 or not _is_shape_error(str(e["type"]))
+        ]
+        if taken:
+            result.extend(taken)
+        else:
+            message = f"Input should be {expects}"
+            result.append({**members[0][1], "loc": entry, "type": "union", "msg": message})
+            result[-1].pop("ctx", None)
+    return result
+
+
+def _union_split(root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[int, str] | None:
+    """Where in ``loc`` the first plain (untagged) union's member label sits, with what that
+    union takes; None when ``loc`` crosses no plain union."""
+    tp: Any = root
+    meta: tuple[Any, ...] = ()
+    for i, part in enumerate(loc):
+        tp, more = _strip(tp)
+        meta += more
+        if isinstance(part, str) and part.startswith("@"):
+            tp, meta = _tagged(tp, part), ()
+            continue
+        args = _members(tp)
+        if len(args) > 1 and not any(isinstance(m, Discriminator) for m in meta):
+            said = next((m.text for m in meta if isinstance(m, Expects)), None)
+            return i, said or _or_words([_describe_type(a) for a in args])
+        meta = ()
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            field = next(
+                (
+                    f
+                    for name, f in tp.model_fields.items()
+                    if part in (name, f.alias, f.validation_alias)
+                ),
+                None,
+            )
+            if field is None:
+                return None
+            tp, meta = field.annotation, tuple(field.metadata)
+        elif typing.get_origin(tp) is dict and part != "[key]":
+            tp = typing.get_args(tp)[1]
+        elif typing.get_origin(tp) in (tuple, list) and isinstance(part, int):
+            tp = typing.get_args(tp)[0]
+        else:
+            return None
+    return None
+
+
+def _strip(tp: Any) -> tuple[Any, tuple[Any, ...]]:
+    """``tp`` without ``Annotated`` (its metadata returned) and a lone ``| None``."""
+    meta: tuple[Any, ...] = ()
+    while True:
+        if typing.get_origin(tp) is Annotated:
+            tp, *more = typing.get_args(tp)
+            meta += tuple(more)
+            continue
+        args = _members(tp)
+        if len(args) == 1 and args[0] is not tp:
+            tp = args[0]
+            continue
+        return tp, meta
+
+
+def _members(tp: Any) -> list[Any]:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return [a for a in typing.get_args(tp) if a is not type(None)]
+    return [tp]
+
+
+def _tagged(tp: Any, tag: str) -> Any:
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Annotated:
+            inner, *meta = typing.get_args(arg)
+            if any(isinstance(m, Tag) and m.tag == tag for m in meta):
+                return inner
+        found = _tagged(arg, tag) if typing.get_origin(arg) else None
+        if found is not None:
+            return found
+    return None
+
+
+def _describe_type(tp: Any) -> str:
+    """A union member in a scenario author's words."""
+    tp, _ = _strip(tp)
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return _or([str(v) for v in typing.get_args(tp)])
+    if origin in (dict, Mapping) or (isinstance(tp, type) and issubclass(tp, BaseModel | dict)):
+        return "a mapping"
+    if origin in (tuple, list) or tp in (tuple, list):
+        return "a list"
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if tp is Path:
+        return "a path"
+    return words.get(tp, "a valid value") if isinstance(tp, type) else "a valid value"
+
+
+def _or_words(words: list[str]) -> str:
+    words = list(dict.fromkeys(words))
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"

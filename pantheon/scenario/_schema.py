@@ -45,7 +45,7 @@ from pantheon._imports import (
     load_object,
 )
 from pantheon.scenario._agents import agent_class, agent_problems, model_problem
-from pantheon.scenario._locate import dotted, suggest
+from pantheon.scenario._locate import Expects, dotted, suggest
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -204,6 +204,14 @@ class ZmqTransportConfig(_Model):
     """Allow a ``broker`` address reachable from the network without ``curve``: anyone who
     reaches it may then join the run, read its messages and inject others."""
 
+    @field_validator("broker")
+    @classmethod
+    def _broker_address(cls, value: str) -> str:
+        problem = broker_address_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     @model_validator(mode="after")
     def _network_needs_curve(self) -> ZmqTransportConfig:
         if not (self.curve or self.insecure or bind_is_local(self.broker)):
@@ -212,6 +220,52 @@ class ZmqTransportConfig(_Model):
                 "curve: true, or insecure: true to accept anyone who reaches it"
             )
         return self
+
+
+#: A host name or a network interface name (``eth0``), as libzmq takes either.
+_HOSTNAME = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)(\.(?!-)[A-Za-z0-9_-]{1,63}(?<!-))*\.?")
+#: Bytes of a Unix socket path (``sun_path`` less its terminating NUL).
+_MAX_IPC_PATH = 107
+_BROKER_FORMS = "tcp://HOST:PORT (port 0 to 65535, 0 for any free port) or ipc://PATH"
+
+
+def broker_address_problem(address: str) -> str | None:
+    """Why ``address`` cannot be a ZeroMQ broker's address, or None: it must be
+    ``tcp://HOST:PORT`` (an IPv4 address, ``[IPv6]``, a host or interface name, or ``*``
+    for every interface; a port of 0 to 65535, 0 for any free one) or ``ipc://PATH`` (a
+    Unix socket file). libzmq takes a port over 65535 and wraps it (70000 binds 4464), and
+    an address it cannot parse fails only when the broker starts: both are refused here."""
+    if address.startswith("ipc://"):
+        path = address[len("ipc://") :]
+        if not path or not path.isprintable():
+            return f"{address!r:.80} names no socket file: give ipc://PATH"
+        if len(path.encode("utf-8", "surrogatepass")) > _MAX_IPC_PATH:
+            return f"ipc path is over {_MAX_IPC_PATH} bytes, the limit of a Unix socket path"
+        return None
+    if address.startswith("inproc://"):
+        return (
+            "inproc:// reaches only the process that binds it, and the broker is a process of "
+            f"its own: give {_BROKER_FORMS}"
+        )
+    if not address.startswith("tcp://"):
+        return f"{address!r:.80} is no ZeroMQ broker address: give {_BROKER_FORMS}"
+    rest = address[len("tcp://") :]
+    host, sep, port = rest.rpartition(":")
+    if not sep or not host or rest.endswith("]"):
+        return f"{address!r:.80} has no port: give {_BROKER_FORMS}"
+    if not (port.isascii() and port.isdigit()):
+        return f"port {port!r:.20} is not a number: give {_BROKER_FORMS}"
+    if int(port) > 65_535:
+        return f"port {int(port)} is over 65535: give {_BROKER_FORMS}"
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            return f"{host!r:.80} is no IPv6 address: give {_BROKER_FORMS}"
+        return None
+    if host != "*" and (len(host) > 253 or not _HOSTNAME.fullmatch(host)):
+        return f"{host!r:.80} is no IP address, host or interface name: give {_BROKER_FORMS}"
+    return None
 
 
 def bind_is_local(bind: str) -> bool:
@@ -295,9 +349,10 @@ class NatsTransportConfig(_Model):
     heartbeat: Annotated[float, Field(gt=0, le=60)] = 1.0
     liveness: Annotated[int, Field(ge=1, le=100)] = 3
     credentials: NatsCredentials | None = None
-    standby: dict[_AgentName, tuple[_AgentName, ...]] | Literal["driver"] = Field(
-        default_factory=dict
-    )
+    standby: Annotated[
+        dict[_AgentName, tuple[_AgentName, ...]] | Literal["driver"],
+        Expects("'driver' or a mapping of process -> agents"),
+    ] = Field(default_factory=dict)
     """Standby members: process -> agents of ``nodes`` it also hosts, so that SIGKILL of
     their node leaves their work to it (a process not in ``nodes`` is started for its
     standbys alone; ``driver`` is the process running the scenario). ``driver`` alone: the
@@ -766,6 +821,8 @@ def _resolve_path(value: Path, info: ValidationInfo) -> Path:
     context = info.context or {}
     try:
         path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+        if context.get("check_files", True) and path.is_dir():
+            raise ValueError(f"{path} is a directory, not a file: name the input file in it")
         if context.get("check_files", True) and not path.is_file():
             raise ValueError(f"input file not found: {path}")
     except OSError as exc:  # a name too long, a loop of links: the path is the problem
@@ -899,6 +956,8 @@ def _tokens_path(value: Path | None, info: ValidationInfo) -> Path | None:
         return None
     context = info.context or {}
     path = (Path(context.get("base_dir") or Path.cwd()) / value.expanduser()).resolve()
+    if context.get("check_files", True) and path.is_dir():
+        raise ValueError(f"{path} is a directory, not a file: name the tokens file in it")
     if context.get("check_files", True) and not path.is_file():
         raise ValueError(f"tokens file not found: {path}")
     return path
@@ -1080,8 +1139,10 @@ class AgentFaultConfig(_Model):
     failure_rate: _Fraction = 0.0
     latency_ms: Annotated[float, Field(ge=0, le=_HOUR * 1000)] = 0.0
     """Milliseconds added to each handling: 0 to an hour's worth."""
-    tool: Literal["reply", "ticket", "escalate"] | None = None
-    """Only calls of this tool fail (Actor); ``None``: every call may fail."""
+    tool: Annotated[str, Field(min_length=1, max_length=200)] | None = None
+    """Only calls of this tool fail: a tool of the Actor the fault names (``reply``,
+    ``ticket``, ``escalate`` or one of its ``settings.tools``), checked at load; ``None``:
+    the agent's handling of each message may fail."""
     from_: FaultMarkConfig | None = Field(default=None, alias="from")
     """Where the fault starts (``None``: from the start of the run)."""
     until: FaultMarkConfig | None = None
@@ -1490,6 +1551,69 @@ def _outcome_problems(data: Mapping[str, Any]) -> list[tuple[tuple[Any, ...], st
     return out
 
 
+def _fault_problems(
+    faults: Any, agents: Any, names: list[str]
+) -> list[tuple[tuple[Any, ...], str]]:
+    """``faults.agents`` against the team: a fault names an enabled agent (a disabled one
+    never runs, so nothing would be injected), and a ``tool`` fault names a tool of an
+    Actor (only an Actor's tool calls take one; any other agent would ignore it)."""
+    if not isinstance(faults, Mapping):
+        return []
+    team = agents if isinstance(agents, Mapping) else {}
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for name, fault in faults.items():
+        if name not in names:
+            continue  # an unknown agent, reported by the name check
+        cfg = team.get(name)
+        cfg = cfg if isinstance(cfg, Mapping) else {}
+        here = ("faults", "agents", name)
+        if cfg.get("enabled") is False:
+            out.append(
+                (
+                    here,
+                    f"agent {name!r} is disabled (agents.{name}.enabled: false), so a fault "
+                    "on it injects nothing: enable the agent or remove the fault",
+                )
+            )
+            continue
+        tool = fault.get("tool") if isinstance(fault, Mapping) else None
+        if not isinstance(tool, str):
+            continue  # no tool, or a shape the field's own validation reports
+        try:
+            cls = agent_class(str(name), cfg)
+        except (ImportError, ValueError, KeyError):
+            continue  # reported by the agent checks
+        if not issubclass(cls, Actor):
+            out.append(
+                (
+                    (*here, "tool"),
+                    f"{name!r} is a {cls.__name__}, not an Actor: only an Actor's tool calls "
+                    "can be failed by tool; drop tool to fail its handling of each message",
+                )
+            )
+            continue
+        tools = actor_tools(cls, cfg.get("settings"))
+        if tool not in tools:
+            out.append(
+                (
+                    (*here, "tool"),
+                    f"actor {name!r} has no tool {tool!r}{suggest(tool, tools)}; its tools: "
+                    f"{', '.join(tools)}",
+                )
+            )
+    return out
+
+
+def actor_tools(cls: type[Actor], settings: Any) -> list[str]:
+    """The tools an Actor of class ``cls`` runs with ``settings`` (raw): its built-in
+    ``TOOLS``, then the ``tools`` its settings add."""
+    tools = dict.fromkeys(cls.TOOLS)
+    extra = settings.get("tools") if isinstance(settings, Mapping) else None
+    if isinstance(extra, Mapping):
+        tools.update(dict.fromkeys(str(t) for t in extra))
+    return list(tools)
+
+
 def _cross_field_problems(
     data: Any, *, check_model: bool = True
 ) -> list[tuple[tuple[Any, ...], str]]:
@@ -1538,6 +1662,8 @@ def _cross_field_problems(
     faults = data.get("faults")
     faults = faults if isinstance(faults, Mapping) else {}
     check_names(("faults", "agents"), faults.get("agents"), "a fault")
+    if check_model:  # a recorded scenario rebuilt for a replay is taken as it ran
+        out.extend(_fault_problems(faults.get("agents"), agents, names))
     budget = data.get("budget")
     if isinstance(budget, Mapping):
         check_names(("budget", "agents"), budget.get("agents"), "a budget")
@@ -1558,7 +1684,17 @@ def _cross_field_problems(
             for name, cfg in (agents.items() if isinstance(agents, Mapping) else ())
             if isinstance(cfg, Mapping) and cfg.get("enabled") is False
         }
+        standbys = transport.get("standby") if kind == "nats" else None
         for node, placed in nodes.items():
+            covered = isinstance(standbys, Mapping) and bool(standbys.get(node))
+            if isinstance(placed, list | tuple) and not placed and not covered:
+                # Its process would start with nothing to run and end the run at once.
+                out.append(
+                    (
+                        ("transport", "nodes", node),
+                        f"node {node!r} hosts no agents: list the agents it runs, or remove it",
+                    )
+                )
             if node == DRIVER_NODE:
                 out.append(
                     (
@@ -1667,6 +1803,14 @@ def _standby_problems(
             placed.setdefault(agent, []).append(node)
     out: list[tuple[tuple[Any, ...], str]] = []
     for node, listed in standby.items():
+        if isinstance(listed, list | tuple) and not listed:
+            out.append(
+                (
+                    ("transport", "standby", node),
+                    f"standby on {node!r} lists no agents: list the agents of transport.nodes "
+                    "it stands by for, or remove it",
+                )
+            )
         for i, agent in enumerate(listed if isinstance(listed, list | tuple) else ()):
             if agent not in names:
                 why = f"standby on {node!r} names unknown agent {agent!r}"

@@ -156,6 +156,24 @@ def test_broker_refuses_a_network_address_without_curve(tmp_path: Path, bind: st
     assert proc.stdout == ""  # never listened
 
 
+@pytest.mark.parametrize(
+    ("bind", "why"),
+    [
+        # libzmq would bind 4464 (70000 - 65536) and the broker print that endpoint.
+        ("tcp://127.0.0.1:70000", "port 70000 is over 65535"),
+        ("banana", "'banana' is no ZeroMQ broker address"),
+    ],
+)
+def test_broker_refuses_a_malformed_address(tmp_path: Path, bind: str, why: str) -> None:
+    proc = pantheon("broker", "--bind", bind, "--insecure", cwd=tmp_path, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        f"error: --bind {bind}: {why}: give tcp://HOST:PORT (port 0 to 65535, 0 for any free "
+        "port) or ipc://PATH\n"
+    )
+    assert proc.stdout == ""  # never listened
+
+
 def test_insecure_lifts_the_refusal(tmp_path: Path) -> None:
     # 192.0.2.1 (TEST-NET-1) is no address of this machine: with --insecure the broker gets
     # past the CURVE check and tries to bind it, and never listens on a real network.

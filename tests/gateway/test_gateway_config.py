@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pantheon.scenario import GatewayConfig, HttpInputConfig, ScenarioError, parse_scenario
@@ -76,3 +78,15 @@ def test_an_inbox_buffer_is_bounded() -> None:
             BASE.replace("topic: inbox.x", "topic: inbox.x, buffer: 0") + "gateway: {}\n"
         )
     assert "input.buffer: Input should be greater than or equal to 1" in str(caught.value)
+
+
+def test_a_tokens_file_that_is_a_directory_is_located(tmp_path: Path) -> None:
+    (tmp_path / "tokens").mkdir()
+    text = BASE + "gateway: {tokens_file: tokens}\n"
+    with pytest.raises(ScenarioError) as caught:
+        parse_scenario(text, source="gw.yaml", base_dir=tmp_path)
+    (problem,) = caught.value.problems
+    assert (problem.line, problem.field) == (5, "gateway.tokens_file")
+    assert problem.message == (
+        f"{tmp_path.resolve() / 'tokens'} is a directory, not a file: name the tokens file in it"
+    )

@@ -185,6 +185,64 @@ def test_a_bad_standby_is_one_located_line(write, standby: str, field: str, mess
     assert "\n" not in str(problem)
 
 
+@pytest.mark.parametrize(
+    ("transport", "line", "field", "message"),
+    [
+        (
+            "  nodes:\n    check: []\n    b: [planner]\n",
+            8,
+            "transport.nodes.check",
+            "node 'check' hosts no agents: list the agents it runs, or remove it",
+        ),
+        (
+            NODES + "  standby:\n    spare: []\n",
+            11,
+            "transport.standby.spare",
+            "standby on 'spare' lists no agents: list the agents of transport.nodes it stands "
+            "by for, or remove it",
+        ),
+    ],
+)
+def test_a_process_with_no_agents_is_one_located_line(
+    write, transport: str, line: int, field: str, message: str
+) -> None:
+    # Its process would start with nothing to run, and the run end with "a node needs at
+    # least one agent" after validation had said the scenario was fine.
+    path = write(transport + TEAM)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (str(path), line, field)
+    assert problem.message == message
+
+
+def test_a_node_with_no_agents_of_its_own_may_host_standbys(write) -> None:
+    s = load_scenario(write(NODES + "    spare: []\n  standby:\n    spare: [memory]\n" + TEAM))
+    assert s.hosts()["spare"] == ("memory",)
+
+
+@pytest.mark.parametrize("standby", ["everywhere", "[reasoner, memory]", "5", "''"])
+def test_a_standby_of_neither_form_is_one_line_in_the_file_s_terms(write, standby: str) -> None:
+    # Not pydantic's two lines per union member, each naming an internal type
+    # (transport.standby.dict[constrained-str,tuple[constrained-str, ...]]: ...).
+    path = write(NODES + f"  standby: {standby}\n" + TEAM)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.file, problem.line, problem.field) == (str(path), 10, "transport.standby")
+    assert problem.message == "Input should be 'driver' or a mapping of process -> agents"
+
+
+def test_a_mapping_standby_is_checked_as_a_mapping(write) -> None:
+    # A mapping took the mapping member: its own error, at its key, and nothing about 'driver'.
+    path = write(NODES + "  standby:\n    b: reasoner\n" + TEAM)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.line, problem.field) == (11, "transport.standby.b")
+    assert problem.message == "Input should be a valid tuple"
+
+
 def test_a_warm_standby_waits_behind_its_agent_s_node_then_the_standbys_listed_before_it(
     write,
 ) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_run import pantheon as cli
 
 from bus import Bus, Envelope
 from bus._transport import Receipt
@@ -170,6 +171,57 @@ def test_min_accuracy_and_the_others_still_hold() -> None:
         "breaker trips <= 0": (True, 0, 0),
         "throughput >= 50.0 msg/s": (True, 50.0, 100.0),
     }
+
+
+def test_min_accuracy_with_no_labelled_outcomes_says_why(tmp_path: Path) -> None:
+    # The documented promise: a failed min_accuracy says why, not only "actual None".
+    (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
+    (tmp_path / "s.yaml").write_text(
+        "version: 1\nname: t\ninput: {kind: jsonl, path: empty.jsonl, topic: t.in, "
+        "label: expected}\nexpect: {min_accuracy: 0.9}\n",
+        encoding="utf-8",
+    )
+    proc = cli("run", "s.yaml", "--no-record", cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    at = lines.index("FAIL accuracy >= 0.9 (actual None)")
+    assert lines[at + 1].strip() == (
+        "there were no labelled outcomes to score: the input gave no records"
+    )
+
+
+@pytest.mark.parametrize(
+    ("expect", "accuracy", "label", "why"),
+    [
+        (
+            "  min_accuracy: 0.9\n",
+            {"scored": 0, "unlabelled": 10, "accuracy": None},
+            "expected",
+            "there were no labelled outcomes to score: 10 outcomes of 10 input records had no "
+            "label ('expected')",
+        ),
+        (
+            "  min_accuracy: 0.9\n",
+            {},
+            None,
+            "there were no labelled outcomes to score: the input names no label field "
+            "(input.label)",
+        ),
+        (
+            "  min_accuracy: {verdict: 0.9}\noutcome: {topics: [a.b], fields: [action, verdict]}\n",
+            {"scored": 4, "unlabelled": 0, "accuracy": 1.0, "action_accuracy": 1.0},
+            "expected",
+            "no labelled outcome (of 4) has a label for 'verdict' to score",
+        ),
+    ],
+)
+def test_an_unscored_min_accuracy_says_what_was_missing(
+    expect: str, accuracy: dict[str, Any], label: str | None, why: str
+) -> None:
+    head = HEAD if label is None else HEAD.replace("topic: a.b}", f"topic: a.b, label: {label}}}")
+    scenario = parse_scenario(head + expect)
+    (check,) = [c for c in judge(scenario, summary(accuracy=accuracy)) if "accuracy" in c["name"]]
+    assert (check["passed"], check["actual"], check["why"]) == (False, None, why)
 
 
 def test_zero_lost_is_not_claimed_for_a_process_that_left_no_report() -> None:

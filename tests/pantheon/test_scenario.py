@@ -60,6 +60,7 @@ def line_of(text: str, needle: str) -> int:
 def write(tmp_path: Path):
     """Write a scenario (and the data file it names) into tmp_path; return its path."""
     (tmp_path / "emails.jsonl").write_text('{"id": "e1"}\n', encoding="utf-8")
+    (tmp_path / "data").mkdir()
 
     def write(text: str, name: str = "bad.yaml") -> Path:
         path = tmp_path / name
@@ -285,6 +286,12 @@ BAD = {
         "input.path",
         "input file not found",
     ),
+    "input path is a directory": (
+        GOOD.replace("emails.jsonl", "data"),
+        "path: data",
+        "input.path",
+        "/data is a directory, not a file: name the input file in it",
+    ),
     "wrong version": (
         GOOD.replace("version: 1", "version: 2"),
         "version",
@@ -315,6 +322,29 @@ BAD = {
         "faults.agents.actor.failure_rate",
         "less than or equal to 1",
     ),
+    "tool fault on an agent that is no Actor": (
+        GOOD
+        + "  approver: {role: guardian}\n"
+        + "faults:\n  agents:\n    approver: {failure_rate: 0.5, tool: reply}\n",
+        "approver: {failure_rate",
+        "faults.agents.approver.tool",
+        "'approver' is a Guardian, not an Actor: only an Actor's tool calls can be failed by "
+        "tool; drop tool to fail its handling of each message",
+    ),
+    "fault on a disabled agent": (
+        GOOD + "  learner: {enabled: false}\nfaults:\n  agents:\n    learner: {failure_rate: 1}\n",
+        "learner: {failure_rate",
+        "faults.agents.learner",
+        "agent 'learner' is disabled (agents.learner.enabled: false), so a fault on it injects "
+        "nothing: enable the agent or remove the fault",
+    ),
+    "fault on a tool the actor does not have": (
+        GOOD + "faults:\n  agents:\n    actor: {failure_rate: 0.5, tool: replay}\n",
+        "tool: replay",
+        "faults.agents.actor.tool",
+        "actor 'actor' has no tool 'replay' (did you mean 'reply'?); its tools: reply, ticket, "
+        "escalate",
+    ),
     "unknown transport kind": (
         GOOD + "transport:\n  kind: carrier-pigeon\n",
         "carrier-pigeon",
@@ -326,6 +356,12 @@ BAD = {
         "broker",
         "transport.broker",
         "unknown key 'broker'",
+    ),
+    "zmq node with no agents": (
+        GOOD + "transport:\n  kind: zmq\n  nodes:\n    check: []\n    approve: [actor]\n",
+        "check:",
+        "transport.nodes.check",
+        "node 'check' hosts no agents: list the agents it runs, or remove it",
     ),
     "generator without end": (
         GOOD.replace("  path: emails.jsonl", "  kind: generator\n  topic: a.b"),
@@ -396,6 +432,38 @@ def test_bad_scenario_names_line_and_field(write, case: str) -> None:
     assert p.field == field
     assert message in p.message
     assert f"{path}:{p.line}:{p.column}: {field}: " in str(p)
+
+
+def test_a_fault_without_tool_fails_the_handling_of_any_agent(write) -> None:
+    # A Guardian's handler takes a failure_rate (only `tool` needs an Actor).
+    text = GOOD + "  guardian: {}\nfaults:\n  agents:\n    guardian: {failure_rate: 0.5}\n"
+    fault = load_scenario(write(text, "good.yaml")).faults.agents["guardian"]
+    assert (fault.failure_rate, fault.tool) == (0.5, None)
+
+
+def test_a_union_setting_of_a_team_s_agent_is_one_line_without_pydantic_s_types(
+    write, tmp_path: Path
+) -> None:
+    # Any union, not only the schema's own: a team's Settings are checked the same way.
+    (tmp_path / "union_team.py").write_text(
+        textwrap.dedent(
+            """\
+            from agents import Agent, AgentSettings
+
+
+            class Picky(Agent):
+                subscriptions = ("a.b",)
+
+                class Settings(AgentSettings):
+                    window: int | tuple[int, ...] = 1
+            """
+        ),
+        encoding="utf-8",
+    )
+    text = GOOD + "  picky:\n    class: 'union_team:Picky'\n    settings: {window: soon}\n"
+    (p,) = problems_of(write(text))
+    assert (p.line, p.field) == (line_of(text, "window: soon"), "agents.picky.settings.window")
+    assert p.message == "Input should be an integer or a list"
 
 
 def test_rules_may_name_only_the_intents_the_provider_lists(write) -> None:
@@ -602,6 +670,47 @@ def test_a_network_broker_without_curve_needs_insecure(write, extra: str, refuse
     assert p.field == "transport"
     assert "is reachable from the network and curve is off" in p.message
     assert "insecure: true" in p.message
+
+
+@pytest.mark.parametrize(
+    ("broker", "message"),
+    [
+        # libzmq would take this and bind 4464 (70000 - 65536) without a word.
+        ("tcp://127.0.0.1:70000", "port 70000 is over 65535"),
+        ("banana", "'banana' is no ZeroMQ broker address"),
+        ("tcp://127.0.0.1", "'tcp://127.0.0.1' has no port"),
+        ("tcp://127.0.0.1:abc", "port 'abc' is not a number"),
+        ("tcp://[::1]", "'tcp://[::1]' has no port"),
+        ("tcp://no spaces:5555", "'no spaces' is no IP address, host or interface name"),
+        ("inproc://broker", "inproc:// reaches only the process that binds it"),
+        ("ipc://", "'ipc://' names no socket file"),
+    ],
+)
+@pytest.mark.parametrize("insecure", [False, True])
+def test_a_malformed_broker_address_is_located_at_the_broker(
+    write, broker: str, message: str, insecure: bool
+) -> None:
+    # Not "reachable from the network" at `transport:`, and not accepted with insecure: true
+    # only to fail when the broker starts: what is wrong, and what a good address looks like.
+    text = GOOD + f"transport:\n  kind: zmq\n  broker: '{broker}'\n"
+    text += "  insecure: true\n" if insecure else ""
+    path = write(text)
+    (p,) = problems_of(path)
+    assert (p.file, p.line, p.field) == (str(path), line_of(text, "broker:"), "transport.broker")
+    assert message in p.message
+    assert p.message.endswith("ipc://PATH")
+    if "ipc://" not in broker:
+        assert "tcp://HOST:PORT (port 0 to 65535, 0 for any free port)" in p.message
+
+
+@pytest.mark.parametrize(
+    "broker",
+    ["tcp://127.0.0.1:0", "tcp://127.0.0.1:65535", "tcp://[::1]:5555", "ipc:///tmp/b.sock"],
+)
+def test_a_well_formed_broker_address_loads(write, broker: str) -> None:
+    text = GOOD + f"transport:\n  kind: zmq\n  broker: '{broker}'\n"
+    transport = load_scenario(write(text, "good.yaml")).transport
+    assert transport.kind == "zmq" and transport.broker == broker
 
 
 def test_openai_provider(write, monkeypatch: pytest.MonkeyPatch) -> None:
