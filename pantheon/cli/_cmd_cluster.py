@@ -303,6 +303,11 @@ def node(
     """Host some agents on a ZeroMQ broker (or, for a scenario with transport.kind nats, a
     NATS server: --connect nats://...) until SIGINT/SIGTERM."""
     _check_node_options(curve_secret, server_key, timeout, status_every)
+    if not connect.startswith(("nats://", "tls://")):
+        # libzmq wraps a port over 65535 round (70000 connects to 4464), as --bind would.
+        problem = broker_address_problem(connect)
+        if problem is not None:
+            raise fail(f"--connect {connect}: {problem}")
     loaded = _node_scenario(scenario)
     wanted = [a.strip() for a in agents.split(",") if a.strip()] if agents is not None else None
     if wanted is None and name is None:

@@ -174,6 +174,18 @@ def test_broker_refuses_a_malformed_address(tmp_path: Path, bind: str, why: str)
     assert proc.stdout == ""  # never listened
 
 
+def test_a_node_refuses_a_malformed_broker_address(tmp_path: Path) -> None:
+    """``--connect`` is checked as ``--bind`` is (a NATS URL is the NATS client's to judge)."""
+    proc = pantheon(
+        "node", "--connect", "tcp://127.0.0.1:70000", "--agents", "sensor", cwd=tmp_path, timeout=30
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "error: --connect tcp://127.0.0.1:70000: port 70000 is over 65535: give tcp://HOST:PORT "
+        "(port 0 to 65535, 0 for any free port) or ipc://PATH\n"
+    )
+
+
 def test_insecure_lifts_the_refusal(tmp_path: Path) -> None:
     # 192.0.2.1 (TEST-NET-1) is no address of this machine: with --insecure the broker gets
     # past the CURVE check and tries to bind it, and never listens on a real network.
