@@ -86,7 +86,7 @@ async def run(
             board=board,
             own_topics=None if board is None else functools.partial(count_own_topics, rec.bus),
         ) as live,
-        _served(gw_config, tokens, on_gateway, lambda: live.feed) as served,
+        _served(gw_config, tokens, on_gateway, lambda: live.feed, serve) as served,
         approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
     ):
         if on_bus is not None:
@@ -116,7 +116,7 @@ async def run(
             drain_timeout=DRAIN_TIMEOUT + scenario.approvals.timeout,
             desk=desk,  # every agent's, on whichever process it runs
         )
-        if not serve and served.interrupted is not None:
+        if served.interrupted is not None:
             summary.interrupted = served.interrupted
         if summary.nodes and rec.recorder is not None:
             await _score_from_record(scenario, summary, rec.recorder)
@@ -153,8 +153,8 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
 class _Served:
     """The gateway of one run: started once the team is wired, stopped after the run;
     SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run. In a
-    run without a gateway the same first signal ends every Observer's input (``pantheon
-    run``'s Ctrl-C: what is in flight finishes and is recorded)."""
+    run that does not ``serve`` the same first signal ends every other Observer's input of
+    this process (``pantheon run``'s Ctrl-C: what is in flight finishes and is recorded)."""
 
     def __init__(
         self,
@@ -171,6 +171,8 @@ class _Served:
         self.inboxes: dict[str, Any] = {}
         self.stop = asyncio.Event()
         self.observers: list[Any] = []
+        #: ``pantheon serve``: the first signal ends the run as its normal end.
+        self.serving = False
         #: The signal that ended the input early (its name), if one did.
         self.interrupted: str | None = None
         self._signals: list[int] = []
@@ -208,11 +210,22 @@ class _Served:
         self.stop.set()
         for source in self.inboxes.values():
             source.close()
-        unread = [o for o in self.observers if not o.done.is_set()]
-        if self.gateway is not None or not unread:
-            logging.getLogger("pantheon").info("%s: finishing the run (again to interrupt)", name)
+        log = logging.getLogger("pantheon")
+        if self.serving:  # ``pantheon serve``: a signal is how its run ends
+            log.info("%s: finishing the run (again to interrupt)", name)
             return
-        logging.getLogger("pantheon").warning(
+        unread = [o for o in self.observers if not o.done.is_set() and o.name not in self.inboxes]
+        if not unread:
+            if self.inboxes:  # its http inputs, closed above, were all it read
+                log.info("%s: finishing the run (again to interrupt)", name)
+            else:
+                log.warning(
+                    "%s: no input of this process left to stop (it ended, or runs on "
+                    "another process): finishing the run (again to interrupt at once)",
+                    name,
+                )
+            return
+        log.warning(
             "%s: input stopped, finishing what is in flight (again to interrupt at once); "
             "the session is recorded as aborted: pantheon resume finishes it",
             name,
@@ -244,8 +257,10 @@ async def _served(
     tokens: Tokens | None,
     on_gateway: Callable[[Gateway], None] | None,
     live: Callable[[], Any],
+    serving: bool,
 ) -> AsyncIterator[_Served]:
     served = _Served(config, tokens, on_gateway, live)
+    served.serving = serving
     try:
         yield served
     finally:

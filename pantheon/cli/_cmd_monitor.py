@@ -190,7 +190,12 @@ def run_tui(
     args += ["--json"] if as_json else []
     args += ["--strict-timing"] if strict_timing else []
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        child = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        # A session of its own: a Ctrl-C at the terminal reaches this process alone, which
+        # passes it on once. Reaching the run directly too, it arrived twice, and the second
+        # stops the run at once instead of letting it finish what is in flight.
+        child = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+        )
         try:
             found = _child_session(child, path)
             if found is not None:
@@ -202,7 +207,11 @@ def run_tui(
             code = child.wait()
         except KeyboardInterrupt:
             child.send_signal(signal.SIGINT)
-            code = child.wait()
+            try:
+                code = child.wait()
+            except KeyboardInterrupt:  # again: the run stops at once (still resumable)
+                child.send_signal(signal.SIGINT)
+                code = child.wait()
         for stream, sink in ((out, sys.stdout), (err, sys.stderr)):
             stream.seek(0)
             sink.write(stream.read().decode(errors="replace"))

@@ -106,6 +106,8 @@ def incomplete_reason(info: SessionInfo) -> str | None:
     process died (the store marks it so when it finds the process gone) and ``running``
     that it is still being written."""
     if info.status == "aborted" and not info.summary.get("interrupted"):
+        if str(info.summary.get("error", "")).startswith("interrupted ("):
+            return "aborted: interrupted at once (a second Ctrl-C) before the run finished"
         return "aborted: its recording process died"
     if info.status == "running":
         return f"still being recorded (pid {info.pid} on {info.host})"

@@ -4,12 +4,16 @@ the same message stored once."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from typing import Any
 
+import pytest
 from nats_helpers import eventually
 
 from bus import Bus, Envelope
 from bus.backends.nats import NatsServer, NatsTransport
+from bus.backends.nats._consumers import Consumers
 
 
 class Published:
@@ -126,3 +130,47 @@ async def test_a_warm_standby_pulls_nothing_until_the_node_ahead_of_it_is_gone(
         await eventually(lambda: len(handled["standby"]) == 20)
         await bus_pub.drain(timeout=20)
     assert handled["standby"] == list(range(40, 60)) and handled["audit"] == list(range(60))
+
+
+async def test_a_warm_standby_sees_its_primary_appear_while_it_opens_its_group(
+    server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The standby works out "nobody ahead of me" and then opens its group (a consumer per
+    lane: round trips); the primary's entry arrives meanwhile, when the group is in no list
+    a directory change goes through. Once opened, it must still stand by."""
+    pub = NatsTransport(server.url, team="race", node="pub")
+    primary = NatsTransport(server.url, team="race", node="primary", fed_remotely=["worker"])
+    standby = NatsTransport(
+        server.url, team="race", node="standby", fed_remotely=["worker"],
+        warm={"worker": ["primary"]},
+    )  # fmt: skip
+    opened = Consumers.open_group
+    gate = asyncio.Event()
+
+    async def slow_open(self: Consumers, name: str, pattern: str, passive: bool = False) -> Any:
+        if self.node == "standby":
+            await gate.wait()  # a slow add_consumer round trip
+        return await opened(self, name, pattern, passive)
+
+    monkeypatch.setattr(Consumers, "open_group", slow_open)
+    handled: dict[str, list[int]] = {"primary": [], "standby": []}
+    async with (
+        Bus(transport=pub) as bus_pub,
+        Bus(transport=standby) as bus_standby,
+        Bus(transport=primary) as bus_primary,
+    ):
+        bus_standby.on("jobs.*", lambda env: handled["standby"].append(env.payload), name="worker")
+        bus_primary.on("jobs.*", lambda env: handled["primary"].append(env.payload), name="worker")
+        await primary.sync()
+        await eventually(lambda: ("worker", "jobs.*") in getattr(
+            standby._directory.others.get("primary"), "subs", ()
+        ))  # fmt: skip
+        gate.set()
+        await standby.sync()
+        assert standby.stats()["standing_by"] == ["worker"]
+        await eventually(lambda: pub.has_remote("jobs.new"))
+        for n in range(40):
+            await bus_pub.emit("jobs.new", n)
+        await eventually(lambda: len(handled["primary"]) == 40)
+        await bus_pub.drain(timeout=20)
+    assert handled == {"primary": list(range(40)), "standby": []}

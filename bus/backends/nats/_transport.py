@@ -421,7 +421,12 @@ class NatsTransport(Transport):
                     consumers.leave(groups.pop(key))
                 for name, pattern in sorted(wanted - set(groups)):
                     passive = self._ahead(name, pattern)
-                    groups[(name, pattern)] = await consumers.open_group(name, pattern, passive)
+                    group = await consumers.open_group(name, pattern, passive)
+                    groups[(name, pattern)] = group
+                    if name in self.warm:
+                        # The directory may have changed while the group was being opened,
+                        # when it was in no list _directory_changed goes through.
+                        consumers.set_passive(group, self._ahead(name, pattern))
                 directory.version += 1
                 await directory.put_entry()
             except Exception:
