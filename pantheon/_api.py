@@ -122,6 +122,7 @@ async def run(
             await _score_from_record(scenario, summary, rec.recorder)
         base = scenario.base_dir
         source = None if base is None else str(base / Path(scenario.source).name)
+        served.finishing = True
         await rec.finish(summary, source=source)
         await live.close(rec.status(summary))
         # Last: a monitor attached through the gateway gets the feed's final snapshot.
@@ -171,6 +172,9 @@ class _Served:
         self.inboxes: dict[str, Any] = {}
         self.stop = asyncio.Event()
         self.observers: list[Any] = []
+        #: Set once the run is over and its session being closed (a signal then waits).
+        self.finishing = False
+        self._task: asyncio.Task[Any] | None = None
         #: ``pantheon serve``: the first signal ends the run as its normal end.
         self.serving = False
         #: The signal that ended the input early (its name), if one did.
@@ -187,6 +191,7 @@ class _Served:
 
     async def attach(self, bus: Bus) -> None:
         loop = asyncio.get_running_loop()
+        self._task = asyncio.current_task()
         for sig in (signal.SIGINT, signal.SIGTERM):
             # Not on Windows, nor off the main thread (a test's loop): Ctrl-C then interrupts
             # as usual instead of finishing the run, which is all this handler adds.
@@ -206,7 +211,9 @@ class _Served:
 
     def _stopping(self, sig: int) -> None:
         name = signal.Signals(sig).name
-        self._restore()
+        loop = asyncio.get_running_loop()
+        for other in self._signals:  # the next one interrupts (see _again)
+            loop.add_signal_handler(other, self._again, other)
         self.stop.set()
         for source in self.inboxes.values():
             source.close()
@@ -233,6 +240,20 @@ class _Served:
         self.interrupted = name
         for observer in unread:
             observer.end_input()
+
+    def _again(self, sig: int) -> None:
+        """A second signal: stop at once, by cancelling the run (its session is recorded
+        ``aborted``, resumable as after a crash), unless the run is writing its session's
+        end already: cut there, the session would be left ``running``."""
+        name = signal.Signals(sig).name
+        if self.finishing:
+            logging.getLogger("pantheon").warning(
+                "%s: the run is over and its session being closed; a moment", name
+            )
+            return
+        self._restore()
+        if self._task is not None:
+            self._task.cancel()
 
     def _restore(self) -> None:
         loop = asyncio.get_running_loop()

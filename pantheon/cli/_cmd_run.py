@@ -101,6 +101,14 @@ def run(
     except RunStuck as exc:
         console.print(f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # A second Ctrl-C: the run was cancelled where it stood, its session closed.
+        console.print(
+            "[yellow]interrupted at once[/yellow]: the session is recorded as aborted "
+            "(pantheon resume SESSION finishes it)",
+            highlight=False,
+        )
+        raise typer.Exit(130) from None
     except (ProviderUnavailable, AgentSetupError) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
