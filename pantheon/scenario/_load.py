@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Discriminator, Tag, ValidationError
+from pydantic import BaseModel, Discriminator, ValidationError
 
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
@@ -22,6 +22,7 @@ from pantheon.scenario._locate import (
     locate,
     read_marked,
     suggest,
+    tagged_member,
     union_errors,
 )
 from pantheon.scenario._schema import _NAME, _PATTERN, _TOPIC, SCENARIO_VERSION, Scenario
@@ -35,7 +36,7 @@ def _model_at(loc: Loc) -> type[BaseModel] | None:
     for part in loc:
         tp = _unwrap(tp)
         if isinstance(part, str) and part.startswith("@"):
-            tp = _tagged_member(tp, part)
+            tp = tagged_member(tp, part)
         elif isinstance(tp, type) and issubclass(tp, BaseModel):
             field = tp.model_fields.get(part) if isinstance(part, str) else None
             if field is None:
@@ -67,18 +68,6 @@ def _unwrap(tp: Any) -> Any:
                 tp = args[0]
                 continue
         return tp
-
-
-def _tagged_member(tp: Any, tag: str) -> Any:
-    for arg in typing.get_args(tp):
-        if typing.get_origin(arg) is Annotated:
-            inner, *meta = typing.get_args(arg)
-            if any(isinstance(m, Tag) and m.tag == tag for m in meta):
-                return inner
-        found = _tagged_member(arg, tag) if typing.get_origin(arg) else None
-        if found is not None:
-            return found
-    return None
 
 
 def _describe(error: Mapping[str, Any]) -> tuple[Loc, str]:

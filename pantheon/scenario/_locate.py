@@ -403,7 +403,7 @@ def _union_split(root: type[BaseModel], loc: tuple[Any, ...]) -> tuple[int, str]
         tp, more = _strip(tp)
         meta += more
         if isinstance(part, str) and part.startswith("@"):
-            tp, meta = _tagged(tp, part), ()
+            tp, meta = tagged_member(tp, part), ()
             continue
         args = _members(tp)
         if len(args) > 1 and not any(isinstance(m, Discriminator) for m in meta):
@@ -452,13 +452,15 @@ def _members(tp: Any) -> list[Any]:
     return [tp]
 
 
-def _tagged(tp: Any, tag: str) -> Any:
+def tagged_member(tp: Any, tag: str) -> Any:
+    """The member of the union ``tp`` (a discriminated one, at any depth) tagged ``tag``,
+    or None."""
     for arg in typing.get_args(tp):
         if typing.get_origin(arg) is Annotated:
             inner, *meta = typing.get_args(arg)
             if any(isinstance(m, Tag) and m.tag == tag for m in meta):
                 return inner
-        found = _tagged(arg, tag) if typing.get_origin(arg) else None
+        found = tagged_member(arg, tag) if typing.get_origin(arg) else None
         if found is not None:
             return found
     return None

@@ -92,6 +92,18 @@ async def test_what_a_handler_emits_again_for_the_same_message_is_stored_once(
     assert one.stats()["duplicates"] == 0
 
 
+def warm_trio(server: NatsServer, team: str) -> tuple[NatsTransport, ...]:
+    """A publisher, and ``worker``'s group on ``primary`` and, warm behind it, ``standby``."""
+    return (
+        NatsTransport(server.url, team=team, node="pub"),
+        NatsTransport(server.url, team=team, node="primary", fed_remotely=["worker"]),
+        NatsTransport(
+            server.url, team=team, node="standby", fed_remotely=["worker"],
+            warm={"worker": ["primary"]},
+        ),
+    )  # fmt: skip
+
+
 async def test_a_warm_standby_pulls_nothing_until_the_node_ahead_of_it_is_gone(
     server: NatsServer,
 ) -> None:
@@ -99,12 +111,7 @@ async def test_a_warm_standby_pulls_nothing_until_the_node_ahead_of_it_is_gone(
     directory the standby takes no share (one instance keeps the state, as in one process);
     once it closes (its entry gone; a silent one leaves after ``heartbeat * liveness``), the
     standby pulls what is published next. Its other, ordinary group pulls throughout."""
-    pub = NatsTransport(server.url, team="warm", node="pub")
-    primary = NatsTransport(server.url, team="warm", node="primary", fed_remotely=["worker"])
-    standby = NatsTransport(
-        server.url, team="warm", node="standby", fed_remotely=["worker"],
-        warm={"worker": ["primary"]},
-    )  # fmt: skip
+    pub, primary, standby = warm_trio(server, "warm")
     handled: dict[str, list[int]] = {"primary": [], "standby": [], "audit": []}
     async with Bus(transport=pub) as bus_pub, Bus(transport=standby) as bus_standby:
         bus_standby.on("jobs.*", lambda env: handled["standby"].append(env.payload), name="worker")
@@ -138,12 +145,7 @@ async def test_a_warm_standby_sees_its_primary_appear_while_it_opens_its_group(
     """The standby works out "nobody ahead of me" and then opens its group (a consumer per
     lane: round trips); the primary's entry arrives meanwhile, when the group is in no list
     a directory change goes through. Once opened, it must still stand by."""
-    pub = NatsTransport(server.url, team="race", node="pub")
-    primary = NatsTransport(server.url, team="race", node="primary", fed_remotely=["worker"])
-    standby = NatsTransport(
-        server.url, team="race", node="standby", fed_remotely=["worker"],
-        warm={"worker": ["primary"]},
-    )  # fmt: skip
+    pub, primary, standby = warm_trio(server, "race")
     opened = Consumers.open_group
     gate = asyncio.Event()
 
