@@ -128,6 +128,13 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f":{colour}-badge[{status}] &nbsp; {info.kind} of scenario "
         f"**{info.scenario or '-'}**, seed {info.seed}, started {when(info.started)}"
     )
+    interrupted = info.summary.get("interrupted")
+    if info.status == "aborted" and interrupted:
+        # Not a crash: a Ctrl-C stopped the input and the run finished what was in flight.
+        st.caption(
+            f"Interrupted ({interrupted}): its input was stopped and what was in flight "
+            f"finished; the record is whole. `pantheon resume {info.id}` finishes the input."
+        )
     c = st.columns(5)
     c[0].metric("status", status)
     c[1].metric("duration (s)", "running" if row.duration_s is None else f"{row.duration_s:.2f}")

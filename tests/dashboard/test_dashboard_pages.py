@@ -398,3 +398,23 @@ def test_a_session_of_token_free_calls_costs_zero(
     )
     agents = _frame_with(at, "priced")
     assert list(agents["agent"]) == ["reasoner"] and (agents["cost (USD)"] == 0).all()
+
+
+def test_an_interrupted_session_says_it_was_a_ctrl_c_and_how_to_finish_it(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    """A run stopped by Ctrl-C is recorded ``aborted`` like a crash, with the signal in its
+    summary: the page says which, so nobody looks for a dead process."""
+    copy, sid = recorded.path, recorded.failed
+    with sqlite3.connect(copy) as db:
+        (summary,) = db.execute("SELECT summary FROM sessions WHERE id = ?", (sid,)).fetchone()
+        marked = json.dumps(json.loads(summary) | {"interrupted": "SIGINT"})
+        db.execute(
+            "UPDATE sessions SET status = 'aborted', summary = ? WHERE id = ?", (marked, sid)
+        )
+    at = _session_app(app, copy, sid)
+    assert _metrics(at)["status"] == "aborted"
+    assert [c.value for c in at.caption if c.value.startswith("Interrupted")] == [
+        "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
+        f"record is whole. `pantheon resume {sid}` finishes the input."
+    ]
