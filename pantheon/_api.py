@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agents import Observer
 from bus import Bus
 from pantheon.runner import RunSummary, check_model
 from pantheon.scenario import GatewayConfig, Scenario, load_scenario
@@ -95,7 +94,6 @@ async def run(
         def on_team(team: Any) -> None:
             live.watch(team)
             served.watch(team)
-            served.observers = team.of_role(Observer)
 
         async def attach(bus: Bus) -> None:
             await live.attach(bus)
@@ -163,6 +161,7 @@ class _Served:
         tokens: Tokens | None,
         on_gateway: Callable[[Gateway], None] | None,
         live: Callable[[], Any],
+        serving: bool,
     ) -> None:
         self.config = config
         self.tokens = tokens
@@ -176,7 +175,7 @@ class _Served:
         self.finishing = False
         self._task: asyncio.Task[Any] | None = None
         #: ``pantheon serve``: the first signal ends the run as its normal end.
-        self.serving = False
+        self.serving = serving
         #: The signal that ended the input early (its name), if one did.
         self.interrupted: str | None = None
         self._signals: list[int] = []
@@ -185,7 +184,8 @@ class _Served:
         from agents import Observer
         from pantheon.runner import HttpSource
 
-        for agent in team.of_role(Observer):
+        self.observers = team.of_role(Observer)
+        for agent in self.observers:
             if isinstance(agent.source, HttpSource):
                 self.inboxes[agent.name] = agent.source
 
@@ -280,8 +280,7 @@ async def _served(
     live: Callable[[], Any],
     serving: bool,
 ) -> AsyncIterator[_Served]:
-    served = _Served(config, tokens, on_gateway, live)
-    served.serving = serving
+    served = _Served(config, tokens, on_gateway, live, serving)
     try:
         yield served
     finally:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pantheon.scenario import ApprovalsConfig, Scenario, ScenarioError, parse_scenario
+from pantheon.scenario import ApprovalsConfig, Scenario, recorded_scenario
 from pantheon.sessions import (
     AlreadyDecided,
     Approval,
@@ -287,11 +287,7 @@ def redrive_desk(info: SessionInfo, store: Path) -> tuple[DeskFactory | None, fl
     and how long a request may wait for its decision. None (nobody to ask) when the
     session's scenario cannot be read back (a ``--setup`` team on one that no longer
     parses): an agent that asks then fails its message, which the redrive reports."""
-    if not info.scenario_text:
-        return None, 0.0
-    base = None if info.scenario_dir is None else Path(info.scenario_dir)
-    try:
-        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
-    except ScenarioError:
+    scenario = recorded_scenario(info.scenario_text, info.scenario_dir)
+    if scenario is None:
         return None, 0.0
     return functools.partial(approval_desk, scenario, store), scenario.approvals.timeout

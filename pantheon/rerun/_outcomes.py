@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from agents import (
@@ -217,14 +216,10 @@ def _team(info: SessionInfo, *, labels: bool = True) -> tuple[OutcomeSpec, dict[
     """The recorded team's outcome and its input's labels (the default outcome and no
     labels when the recorded scenario cannot be read any more)."""
     from pantheon.runner import jsonl_labels
-    from pantheon.scenario import FileInputConfig, JsonlInputConfig, ScenarioError, parse_scenario
+    from pantheon.scenario import FileInputConfig, JsonlInputConfig, recorded_scenario
 
-    if not info.scenario_text:
-        return OutcomeSpec(), {}
-    base = None if info.scenario_dir is None else Path(info.scenario_dir)
-    try:
-        scenario = parse_scenario(info.scenario_text, base_dir=base, check_files=False)
-    except ScenarioError:
+    scenario = recorded_scenario(info.scenario_text, info.scenario_dir)
+    if scenario is None:
         return OutcomeSpec(), {}
     inp = scenario.input
     if not labels or not isinstance(inp, JsonlInputConfig | FileInputConfig):

@@ -22,7 +22,7 @@ is a located problem, and every numeric setting has an upper bound (in its docst
 ``concurrency: 100000000`` fails here instead of exhausting memory in ``pantheon run``.
 """
 
-from pantheon.scenario._load import load_scenario, parse_scenario
+from pantheon.scenario._load import load_scenario, parse_scenario, recorded_scenario
 from pantheon.scenario._locate import MAX_SCENARIO_BYTES, MAX_SCENARIO_DEPTH, Problem, ScenarioError
 from pantheon.scenario._schema import (
     DEAD_LETTER_REASONS,
@@ -122,4 +122,5 @@ __all__ = [
     "ZmqTransportConfig",
     "load_scenario",
     "parse_scenario",
+    "recorded_scenario",
 ]

@@ -170,6 +170,20 @@ def parse_scenario(
     return scenario
 
 
+def recorded_scenario(text: str | None, scenario_dir: str | None) -> Scenario | None:
+    """A session's recorded scenario (its text, and the folder it was loaded from), or
+    None when there is none or it no longer parses (written for an older Pantheon):
+    readers of an old record fall back to defaults rather than fail. Its input file is
+    not checked: a record is read without its input."""
+    if not text:
+        return None
+    base = None if scenario_dir is None else Path(scenario_dir)
+    try:
+        return parse_scenario(text, base_dir=base, check_files=False)
+    except ScenarioError:
+        return None
+
+
 def load_scenario(path: str | Path) -> Scenario:
     """Read and validate the scenario file at ``path``.
 
