@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Literal, overload
 
 from bus import BreakerChange, DeadLetterRecord, DecodeError
+from pantheon.scenario import DRIVER_NODE
 from pantheon.sessions._codec import decode
 from pantheon.sessions._errors import (
     SchemaVersionError,
@@ -89,10 +90,6 @@ SCHEMA_VERSION = 4
 #: (relative to the working directory).
 DEFAULT_STORE_PATH = Path(".pantheon") / "sessions.db"
 STORE_ENV = "PANTHEON_STORE"
-#: What a multi-process session's records call the process that recorded them, the run's
-#: driver (the store keeps ``None`` for it): ``pantheon.scenario.DRIVER_NODE``, which this
-#: package does not import (the scenario schema is no reader's business).
-DRIVER_NODE = "driver"
 #: How long a connection waits for another writer's lock before failing.
 BUSY_TIMEOUT = 30.0
 
