@@ -195,8 +195,9 @@ class Subscription:
         self.putters: deque[asyncio.Future[None]] = deque()
         self.in_flight = 0
         #: Messages that failed and wait outside the mailbox for a retry, by ``id(env)``:
-        #: (next attempt's number, first attempt's start ns, tracer span or None, first error).
-        self.attempts: dict[int, tuple[int, int, Any, BaseException | None]] = {}
+        #: (next attempt's number, first attempt's start ns, tracer span or None, first error,
+        #: effects made so far: see ``Running.effects``).
+        self.attempts: dict[int, tuple[int, int, Any, BaseException | None, int]] = {}
         #: The tasks that hold those messages outside the mailbox until their retry is due.
         self.waiting: set[asyncio.Task[None]] = set()
         self.accepted = self.delivered = self.dead_lettered = self.shed = self.released = 0

@@ -3,8 +3,10 @@
 An effect is keyed by (session, causing envelope id, subscriber, ordinal): the causing
 envelope is ``bus.current_envelope()`` (id 0 outside handlers), the subscriber is the bus
 worker running the handler, and the ordinal counts that subscriber's effects for that
-envelope. Keying by subscriber as well as envelope keeps two subscribers of one message from
-interleaving their ordinals differently on replay, where served effects never wait.
+envelope (the bus keeps the count with the handling, over its attempts: ``Running.effects``;
+outside handlers the runner counts). Keying by subscriber as well as envelope keeps two
+subscribers of one message from interleaving their ordinals differently on replay, where
+served effects never wait.
 """
 
 from __future__ import annotations
@@ -37,14 +39,6 @@ __all__ = [
 ]
 
 EffectSink = Callable[[tuple[Any, ...]], None]
-
-#: In-flight (envelope, subscriber) ordinal counters kept. A recorder drops a handling's
-#: counter when the bus reports the handling delivered (``ordinals``); past this many (a
-#: runner used without a recorder's delivery listener), the oldest goes, and a handler
-#: still making effects after this many newer handlings started theirs would restart at
-#: ordinal 0: far beyond any mailbox bound (10 000 per subscriber by default).
-MAX_TRACKED_ENVELOPES = 65_536
-
 
 #: Result types found not awaitable. ``inspect.isawaitable`` of a plain result (a dict, a
 #: list, None: most effects are synchronous tools and lookups) asks the ``Awaitable`` ABC,
@@ -172,17 +166,12 @@ class RecordingEffects:
     before the call, so a function that mutates its arguments cannot change it.
     """
 
-    __slots__ = ("_random", "_sink", "calls", "ordinals")
+    __slots__ = ("_random", "_sink", "calls", "outside")
 
     def __init__(self, sink: EffectSink, seed: int | None = None) -> None:
         self._sink = sink
-        #: (envelope id, subscriber) -> effects that handling has made so far. A handling's
-        #: counter outlives its attempts (a retry's effects go on from the last attempt's)
-        #: and is dropped once the bus reports it delivered (the recorder's
-        #: :class:`~pantheon.sessions._journal.DeliveryRows` does). Kept for the whole run,
-        #: ~15,000 counters in a 3,000-email pipeline run were 15,000 more tuples for the
-        #: cycle collector: 49-66 young collections in the run against 30 unrecorded.
-        self.ordinals: dict[tuple[int, str | None], int] = {}
+        #: Effects made outside any handler so far (position (0, None, n)).
+        self.outside = 0
         self._random = random.Random(seed)
         #: Effects actually executed (not served from a record).
         self.calls = 0
@@ -192,15 +181,12 @@ class RecordingEffects:
         # ``current_subscription`` would read it twice; ~20,000 calls a pipeline run).
         running = current_handler.get()
         if running is None or running.env is None:
-            key: tuple[int, str | None] = (0, None)
-        else:
-            key = (running.env.id, running.sub.name)
-        ordinals = self.ordinals
-        n = ordinals.get(key, 0)
-        ordinals[key] = n + 1
-        if len(ordinals) > MAX_TRACKED_ENVELOPES:
-            del ordinals[next(iter(ordinals))]
-        return key[0], key[1], n
+            n = self.outside
+            self.outside = n + 1
+            return 0, None, n
+        n = running.effects
+        running.effects = n + 1
+        return running.env.id, running.sub.name, n
 
     # A plain function handing back ``_run``'s coroutine, as ``EffectsContext`` does: an
     # ``async def`` here is one more coroutine and one more frame on every resumption of

@@ -174,25 +174,19 @@ class EffectRows(_Rows):
 
 
 class DeliveryRows(_Rows):
-    """The bus's :class:`~bus.Delivery` reports, as :data:`DeliveryTuple` rows.
+    """The bus's :class:`~bus.Delivery` reports, as :data:`DeliveryTuple` rows."""
 
-    A delivery also ends its handling's effect ordinals: ``ordinals`` is the effects
-    runner's counter per (envelope id, subscriber), which the handling needs no more (a
-    delivery is reported once, after the last attempt). Dropped here, in the listener the
-    bus calls anyway, rather than by a second one."""
-
-    __slots__ = ("ordinals",)
+    __slots__ = ()
 
     def __init__(self) -> None:
         super().__init__("deliveries", _raw)
-        self.ordinals: dict[tuple[int, str | None], int] = {}
 
     def add_delivery(self, d: Delivery) -> None:
         """The bus's ``on_delivery`` listener."""
         env = d.envelope
-        sub = d.subscriber
-        self.ordinals.pop((env.id, sub), None)
-        self._encode_into((sub, env.id, env.created, d.started, d.ended, d.outcome), self._buf, -1)
+        self._encode_into(
+            (d.subscriber, env.id, env.created, d.started, d.ended, d.outcome), self._buf, -1
+        )
         self.count += 1
         if self.count == CHUNK_ROWS:
             self._cut()

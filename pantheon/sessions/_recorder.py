@@ -623,9 +623,7 @@ class Recorder:
         self._envelopes = EnvelopeRows(time.time(), time.monotonic_ns())
         self._deliveries = DeliveryRows()
         self._effect_rows = EffectRows()
-        runner = RecordingEffects(self._effect_rows.add, seed)
-        self._deliveries.ordinals = runner.ordinals
-        self._effects = EffectsContext.wrap(runner)
+        self._effects = EffectsContext.wrap(RecordingEffects(self._effect_rows.add, seed))
         self._bus: Bus | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._finished = False
@@ -666,7 +664,6 @@ class Recorder:
         if self._bus is not None:
             raise RuntimeError(f"{self!r} is attached already: choose its effects before")
         runner = make(self._effect_rows.add)
-        self._deliveries.ordinals = runner.ordinals
         self._effects = EffectsContext.wrap(runner)
         return runner
 

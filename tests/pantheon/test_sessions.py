@@ -583,13 +583,13 @@ def test_a_new_session_id_that_is_taken_is_drawn_again(
             store.begin_session("20261128-040635-d05a", scenario="c")
 
 
-async def test_a_handlings_effect_positions_go_on_across_retries_and_end_with_its_delivery(
+async def test_a_handlings_effect_positions_go_on_across_retries_and_start_afresh_per_message(
     store: SessionStore,
 ) -> None:
     """Effects are numbered per (message, subscriber): a retry goes on from where the
-    failed attempt stopped, and once the bus reports the handling delivered its counter is
-    dropped (a recording kept one per handling for the whole run: 15,000 tuples in a
-    3,000-email run, more work for the cycle collector)."""
+    failed attempt stopped, even when another worker of the subscription takes it (the
+    bus carries the count with the handling), and the next message a worker takes starts
+    at 0 again."""
     from bus import Retry
 
     recorder = Recorder(store, scenario="positions")
@@ -605,11 +605,10 @@ async def test_a_handlings_effect_positions_go_on_across_retries_and_end_with_it
                 raise RuntimeError("first attempt fails")
             await recorder.effects.effect("tool.write", lambda: n)
 
-        bus.on("job.*", flaky, name="flaky", retry=Retry(attempts=2))
+        bus.on("job.*", flaky, name="flaky", retry=Retry(attempts=2), concurrency=3)
         for n in range(6):
             await bus.emit("job.run", {"n": n})
         await bus.drain()
-        assert recorder.effects.runner.ordinals == {}  # every handling delivered
     await recorder.finish()
     ids = {e.id: e.payload["n"] for e in store.envelopes(recorder.session_id)}
     by_n: dict[int, list[tuple[int, str]]] = {}
