@@ -4,6 +4,7 @@
     python benchmarks/record_timing_probe.py pinned [--emails 3000] [--runs 8] [--passes 3]
     python benchmarks/record_timing_probe.py gc [--emails 3000] [--runs 5]
     python benchmarks/record_timing_probe.py chunks [--emails 3000] [--triples 12]
+    python benchmarks/record_timing_probe.py parts [--emails 3000] [--rounds 10]
 
 ``writer``: in one process, off / recording / recording with its writer held off until
 ``finish`` (commit interval 10,000 s), alternating, ``pipeline_bench.py``'s run at 1 ms model
@@ -24,6 +25,12 @@ since a collection's cost grows with the whole heap.
 ``chunks``: off, then recording with journal chunks of 2,048 rows (the default) and of 128,
 alternating: whether writing ~3 MB chunks, more than a core's L2, slows the loop beyond its
 instruction count (a smaller chunk stays in cache).
+
+``parts``: off, recording, and recording with each part of the record switched off as
+``record_cycles.py --modes recording-without-<part>`` does (envelopes, deliveries,
+effects, digests, and the first three together), in one process, each round in a fresh
+random order: the loop's CPU per request of each, as median ratios to the round's off run.
+The timed side of ``record_cycles.py``'s modelled one.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import argparse
 import functools
 import gc
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -164,16 +172,47 @@ def chunks(emails: int, triples: int) -> None:
               f"over off (median of {triples})")  # fmt: skip
 
 
+def parts(emails: int, rounds: int) -> None:
+    from record_cycles import PARTS, switched_off
+
+    modes: list[tuple[str, ...]] = [
+        (),
+        *((p,) for p in PARTS),
+        ("envelopes", "deliveries", "effects"),
+    ]
+    ratios: dict[tuple[str, ...], list[float]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        inbox = pipeline_bench.make_inbox(emails, Path(tmp))
+        uvloop.run(pipeline_bench.one_run(inbox, 1.0, 64, "recording"))  # warm-up
+        for _ in range(rounds):
+            order: list[tuple[str, ...] | None] = [None, *modes]
+            random.shuffle(order)
+            row: dict[tuple[str, ...] | None, float] = {}
+            for mode in order:
+                with switched_off(mode or ()):
+                    run = pipeline_bench.one_run(
+                        inbox, 1.0, 64, "off" if mode is None else "recording"
+                    )
+                    row[mode] = _per_request(uvloop.run(run))
+            for mode in modes:
+                ratios[mode].append(row[mode] / row[None] - 1)
+    for mode, out in ratios.items():
+        name = "recording" + ("-without-" + "+".join(mode) if mode else "")
+        print(f"{name:>48}: loop CPU per request {statistics.median(out):+.1%} over off "
+              f"(median of {rounds}; {min(out):+.0%} to {max(out):+.0%})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("probe", choices=["writer", "pinned", "gc", "chunks", "_one"])
+    parser.add_argument("probe", choices=["writer", "pinned", "gc", "chunks", "parts", "_one"])
     parser.add_argument("mode", nargs="?", default="off")
     parser.add_argument("--emails", type=int, default=3000)
     parser.add_argument("--triples", type=int, default=8)
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--passes", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=10)
     args = parser.parse_args()
     if args.probe == "writer":
         writer(args.emails, args.triples)
@@ -183,6 +222,8 @@ def main() -> None:
         collections_(args.emails, args.runs)
     elif args.probe == "chunks":
         chunks(args.emails, args.triples)
+    elif args.probe == "parts":
+        parts(args.emails, args.rounds)
     else:
         one_mode(args.mode, args.runs, args.emails)
 
