@@ -79,8 +79,8 @@ class Running:
         #: attempts: a recorded effect's position is (message, subscriber, this count), and
         #: a retry goes on from the last attempt's. Kept here, where the handling is, the
         #: count costs a recorder no table of its own: a dict of counters by (message,
-        #: subscriber), dropped at each delivery, was 1.8 of the 23.3 points a recording
-        #: added to a pipeline run's modelled cycles (benchmarks/RESULTS.md, "Session 17").
+        #: subscriber), dropped at each delivery, cost a recorded pipeline run 25,000
+        #: instructions an email on the loop's thread (benchmarks/RESULTS.md, "Session 17").
         self.effects = 0
 
 
