@@ -225,12 +225,16 @@ def test_live_effects_replay_highlights_the_first_divergence(
 def test_redrive_runs_and_reports_every_entry(
     app: Callable[[Path], AppTest], recorded: Recorded
 ) -> None:
-    """The button runs ``pantheon dlq redrive`` on the team as it is: its tools still fail
-    with the same seeded draws, so the report and the store must agree entry by entry."""
+    """The button runs ``pantheon dlq redrive`` on the team as it is, in the background:
+    its tools still fail with the same seeded draws, so the report and the store must
+    agree entry by entry."""
     at = _session_app(app, recorded.path, recorded.failed)
     total = len(_frame_with(at, "attempts"))
     at.button(key="redrive_all").click().run()
     assert not at.exception, at.exception
+    _run_until(
+        at, lambda a: any(e.value.startswith("Redrive recorded as") for e in [*a.error, *a.success])
+    )
     with SessionStore(recorded.path, create=False) as store:
         (redrive,) = [s for s in store.sessions() if s.kind == "redrive"]
         letters = store.dead_letters(recorded.failed)
