@@ -82,7 +82,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
         row = readmodel.session_row(s, sid)
     if live and info.status != "running":
         st.rerun(scope="app")  # it just ended: render it once more as a finished session
-    _header(info, row)
+    _header(path, info, row)
     _nodes(path, info)
     approvals_panel(path, info)
     if info.kind != "replay" and info.status != "running":
@@ -120,7 +120,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
 _STATUS_COLOUR = {"completed": "green", "failed": "red", "aborted": "orange", "running": "blue"}
 
 
-def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
+def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     colour = _STATUS_COLOUR.get(info.status, "gray")
     status = info.status
     if info.kind == "redrive" and info.status == "completed" and row.note:
@@ -133,11 +133,13 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f"**{info.scenario or '-'}**, seed {info.seed}, started {when(info.started)}"
     )
     interrupted = info.summary.get("interrupted")
+    resumed: SessionInfo | None = None
     if info.status == "aborted" and interrupted:
         # Not a crash: a Ctrl-C stopped the input and the run finished what was in flight.
+        resumed = _resumed_by(path, info)
         st.caption(
             f"Interrupted ({interrupted}): its input was stopped and what was in flight "
-            f"finished; the record is whole. `pantheon resume {info.id}` finishes the input."
+            f"finished; the record is whole. {_resume_hint(info, resumed)}"
         )
     c = st.columns(5)
     c[0].metric("status", status)
@@ -174,6 +176,35 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f"Open the original session {info.replay_of}", key="open_original"
     ):
         open_session(info.replay_of)
+    if resumed is not None and st.button(
+        f"Open the resuming session {resumed.id}", key="open_resumed"
+    ):
+        open_session(resumed.id)
+
+
+def _resumed_by(path: Path, info: SessionInfo) -> SessionInfo | None:
+    """The session that resumed ``info`` (``pantheon resume`` records it as a ``resume``
+    whose ``replay_of`` is ``info``): the one that ran to its end or runs now, else the
+    newest of those that stopped too (a later ``pantheon resume`` of ``info`` is refused
+    only while one has not stopped)."""
+    with store(path) as s:
+        resumes = [r for r in s.sessions() if r.kind == "resume" and r.replay_of == info.id]
+    return next((r for r in resumes if r.status != "aborted"), resumes[0] if resumes else None)
+
+
+def _resume_hint(info: SessionInfo, resumed: SessionInfo | None) -> str:
+    """What finishes an interrupted session's input: ``pantheon resume``, or the session
+    that did (or does) it, so nobody resumes a finished story a second time."""
+    if resumed is None:
+        return f"`pantheon resume {info.id}` finishes the input."
+    if resumed.status == "running":
+        return f"It is being resumed as {resumed.id}, which finishes the input."
+    if resumed.status == "aborted":
+        return (
+            f"It was resumed as {resumed.id}, which stopped too: "
+            f"`pantheon resume {resumed.id}` finishes the input."
+        )
+    return f"It was resumed as {resumed.id} ({resumed.status}), which finished the input."
 
 
 def _nodes(path: Path, info: SessionInfo) -> None:
