@@ -62,6 +62,7 @@ from pantheon.sessions import (
     StoredEffect,
     StoredEnvelope,
 )
+from pantheon.sessions.internals import DOWNSTREAM
 
 __all__ = [
     "BreakerEvent",
@@ -529,15 +530,20 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
 
 def redrive_outcome(report: Mapping[str, Any]) -> str:
     """A redrive's outcome in words, from its report (``pantheon dlq redrive --json``, or a
-    redrive session's summary): "17 of 17 redriven", "14 of 17 redriven, 3 failed again".
+    redrive session's summary): "17 of 17 redriven", "14 of 17 redriven, 3 failed again",
+    "14 of 17 redriven, 3 failed again (2 downstream)" when the redelivery of some went
+    through and what it caused did not (the fix to look for is elsewhere in the team).
     Counted from the outcomes, so reports from before the counts were recorded read too."""
     outcomes = [str(v) for v in (report.get("outcomes") or {}).values()]
     ok = sum(v == "delivered" for v in outcomes)
     skipped = sum(v.startswith("skipped:") for v in outcomes)
+    downstream = sum(v.startswith(DOWNSTREAM) for v in outcomes)
     failed = len(outcomes) - ok - skipped
     text = f"{ok} of {len(outcomes)} redriven"
     if failed:
         text += f", {failed} failed again"
+    if downstream:
+        text += f" ({downstream} downstream)"
     if skipped:
         text += f", {skipped} skipped"
     return text

@@ -1,11 +1,14 @@
 """Replays and redrives the dashboard starts, run through the ``pantheon`` CLI.
 
-A replay takes seconds and must not block the page, so it runs as a background process
-(``pantheon replay SESSION --store PATH --json``) that the page polls; the process writes
-its replay into the same store, which is how the page shows progress (the replay's
-message count against the original's). Going through the CLI rather than calling
-``replay_session`` in the Streamlit server keeps a replay's event loop, its team and any
-crash out of the server process, and runs exactly what a user would run by hand.
+Neither may block the page, so each runs as a background process (``pantheon replay SESSION
+--store PATH --json``, ``pantheon dlq redrive SESSION [ENTRY] --store PATH --json``) that
+the page polls. Each writes its session into the same store, which is how the page shows
+progress: a replay's message count against the original's, a redrive's pending approval
+requests. A redrive must not block above all: its team asks the scenario's approval desk,
+and the person who decides may be the one looking at this page. Going through the CLI
+rather than calling ``replay_session`` or ``redrive`` in the Streamlit server keeps a
+rerun's event loop, its team and any crash out of the server process, and runs exactly
+what a user would run by hand.
 """
 
 from __future__ import annotations
@@ -19,18 +22,28 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-__all__ = ["MAX_JOBS", "JobRegistry", "RedriveResult", "ReplayJob", "cli_command", "redrive"]
+from pantheon.sessions import DEFAULT_REPLAY_TIMEOUT
+
+__all__ = [
+    "MAX_JOBS",
+    "JobRegistry",
+    "RedriveJob",
+    "ReplayJob",
+    "cli_command",
+    "redrive_bound",
+]
 
 #: Finished jobs kept for the page to show; past this the oldest finished one is forgotten
-#: (its replay stays in the store and can still be picked there). Running jobs are never
+#: (its session stays in the store and can still be opened there). Running jobs are never
 #: dropped.
 MAX_JOBS = 32
-#: How long a redrive may take before the page gives up on it (the process is killed).
-REDRIVE_TIMEOUT = 300.0
 
 JobState = Literal["running", "matched", "diverged", "error"]
+#: A redrive's end: every entry ``redriven``, some ``failed`` again (themselves or
+#: downstream, or skipped: the report says which), or an ``error`` (no report at all).
+RedriveState = Literal["running", "redriven", "failed", "error"]
 
 
 def cli_command(*args: str) -> list[str]:
@@ -40,6 +53,42 @@ def cli_command(*args: str) -> list[str]:
 
 def _tail(text: str, lines: int = 30) -> str:
     return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _spawn(args: list[str], prefix: str) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """``pantheon ARGS`` in the background, its stdout and stderr going to temporary files:
+    a pipe nobody reads while the process runs would fill and stall it."""
+    fd_out, out = tempfile.mkstemp(prefix=prefix, suffix=".json")
+    fd_err, err = tempfile.mkstemp(prefix=prefix, suffix=".err")
+    with os.fdopen(fd_out, "wb") as stdout, os.fdopen(fd_err, "wb") as stderr:
+        process = subprocess.Popen(
+            cli_command(*args), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
+        )
+    return process, Path(out), Path(err)
+
+
+def _read_once(out_path: Path, err_path: Path) -> tuple[str, str]:
+    """What a finished process wrote; its files are removed."""
+    try:
+        out = out_path.read_text(encoding="utf-8", errors="replace")
+        err = err_path.read_text(encoding="utf-8", errors="replace")
+    finally:
+        out_path.unlink(missing_ok=True)
+        err_path.unlink(missing_ok=True)
+    return out, err
+
+
+def _report(code: int, out: str, err: str, what: str) -> tuple[dict[str, Any] | None, str | None]:
+    """(the JSON report, None) of a process that ran, or (None, why there is none). Exit 0
+    and 1 both come with the report (a match and a divergence; a redrive where every entry
+    was redriven and one where some failed again); 2 is a usage or store error with a
+    message on stderr, and anything else a crash or a kill."""
+    if code in (0, 1):
+        try:
+            return json.loads(out), None
+        except json.JSONDecodeError:
+            pass
+    return None, _tail(err or out) or f"{what} exited with code {code}"
 
 
 @dataclass
@@ -63,13 +112,8 @@ class ReplayJob:
         args = ["replay", session_id, "--store", str(store), "--json"]
         if live_effects:
             args.append("--live-effects")
-        fd_out, out = tempfile.mkstemp(prefix="pantheon-replay-", suffix=".json")
-        fd_err, err = tempfile.mkstemp(prefix="pantheon-replay-", suffix=".err")
-        with os.fdopen(fd_out, "wb") as stdout, os.fdopen(fd_err, "wb") as stderr:
-            process = subprocess.Popen(
-                cli_command(*args), stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL
-            )
-        return cls(session_id, store, live_effects, time.time(), process, Path(out), Path(err))
+        process, out, err = _spawn(args, "pantheon-replay-")
+        return cls(session_id, store, live_effects, time.time(), process, out, err)
 
     @property
     def state(self) -> JobState:
@@ -79,28 +123,12 @@ class ReplayJob:
                 code = self.process.poll()
                 if code is None:
                     return "running"
-                self._collect(code)
+                self.returncode = code
+                out, err = _read_once(self.out_path, self.err_path)
+                self.report, self.error = _report(code, out, err, "pantheon replay")
             if self.report is None:
                 return "error"
             return "matched" if self.report.get("matched") else "diverged"
-
-    def _collect(self, code: int) -> None:
-        self.returncode = code
-        try:
-            out = self.out_path.read_text(encoding="utf-8", errors="replace")
-            err = self.err_path.read_text(encoding="utf-8", errors="replace")
-        finally:
-            self.out_path.unlink(missing_ok=True)
-            self.err_path.unlink(missing_ok=True)
-        # Exit 0 is a match and 1 a divergence, both with the JSON report; 2 is a usage or
-        # store error with a message on stderr.
-        if code in (0, 1):
-            try:
-                self.report = json.loads(out)
-                return
-            except json.JSONDecodeError:
-                pass
-        self.error = _tail(err or out) or f"pantheon replay exited with code {code}"
 
     @property
     def new_session_id(self) -> str | None:
@@ -112,34 +140,142 @@ class ReplayJob:
             self.process.wait()
 
 
+def redrive_bound(entries: int, approval_wait: float) -> float:
+    """Seconds after which a redrive of ``entries`` dead letters can only be hung.
+
+    ``pantheon dlq redrive`` bounds itself: each entry's drain times out after
+    :data:`~pantheon.sessions.DEFAULT_REPLAY_TIMEOUT` plus the scenario's approval timeout
+    (``approval_wait``: how long a request may wait for a person before its default
+    applies). The sum of those, with one more for starting and closing the team, is the
+    longest a redrive that still makes its own decisions can take, however long a person
+    takes; past it the process is stuck where no timeout of its own reaches (a handler
+    that never yields, a store lock), and only then does the page kill it."""
+    return (max(entries, 1) + 1) * (DEFAULT_REPLAY_TIMEOUT + approval_wait)
+
+
+@dataclass
+class RedriveJob:
+    """One ``pantheon dlq redrive`` process: of entry ``entry``, or of every dead letter of
+    the session not yet redriven (``entry`` None).
+
+    It runs for as long as the redrive does, waits for people included: it is killed only
+    past ``deadline`` (:func:`redrive_bound`), which the CLI's own timeouts never reach,
+    and that is said in :attr:`error`. ``started`` is wall-clock time, to find the
+    redrive's session in the store (it starts after it)."""
+
+    session_id: str
+    store: Path
+    entry: int | None
+    started: float
+    deadline: float
+    process: subprocess.Popen[bytes]
+    out_path: Path
+    err_path: Path
+    report: dict[str, Any] | None = None
+    error: str | None = None
+    returncode: int | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def start(
+        cls, store: Path, session_id: str, entry: int | None = None, *, bound: float
+    ) -> RedriveJob:
+        """Start the redrive; ``bound`` seconds (monotonic) after now it counts as hung."""
+        args = ["dlq", "redrive", session_id, "--store", str(store), "--json"]
+        if entry is not None:
+            args.append(str(entry))
+        process, out, err = _spawn(args, "pantheon-redrive-")
+        deadline = time.monotonic() + bound
+        return cls(session_id, store, entry, time.time(), deadline, process, out, err)
+
+    @property
+    def state(self) -> RedriveState:
+        """Polls the process; once it has exited, reads its report (once). A process past
+        its deadline is killed here, when a page next looks: nobody waits on it otherwise."""
+        with self._lock:
+            if self.returncode is None:
+                code = self.process.poll()
+                if code is None:
+                    if time.monotonic() < self.deadline:
+                        return "running"
+                    self.process.kill()
+                    code = self.process.wait()
+                    _read_once(self.out_path, self.err_path)
+                    self.returncode = code
+                    self.error = (
+                        "pantheon dlq redrive ran past every timeout of its own (its drains "
+                        "and approval waits): it was hung, and was killed"
+                    )
+                else:
+                    self.returncode = code
+                    out, err = _read_once(self.out_path, self.err_path)
+                    self.report, self.error = _report(code, out, err, "pantheon dlq redrive")
+            if self.report is None:
+                return "error"
+            return "redriven" if self.report.get("ok") else "failed"
+
+    @property
+    def new_session_id(self) -> str | None:
+        return None if self.report is None else self.report.get("new_session_id")
+
+    def cancel(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+Job = ReplayJob | RedriveJob
+_J = TypeVar("_J", ReplayJob, RedriveJob)
+
+
 class JobRegistry:
-    """The replay jobs of one dashboard server, shared by every browser tab."""
+    """The replay and redrive jobs of one dashboard server, shared by every browser tab: a
+    job started in one tab shows in every tab, and one page's job outlives the page."""
 
     def __init__(self, max_jobs: int = MAX_JOBS) -> None:
-        self._jobs: list[ReplayJob] = []
+        self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self.max_jobs = max_jobs
 
     def start(self, store: Path, session_id: str, *, live_effects: bool = False) -> ReplayJob:
         """Start a replay unless one of this session is already running (then return it)."""
         with self._lock:
-            running = self._latest(store, session_id)
+            running = self._latest(store, session_id, ReplayJob)
             if running is not None and running.process.poll() is None:
                 return running
-            job = ReplayJob.start(store, session_id, live_effects=live_effects)
-            self._jobs.append(job)
-            finished = [j for j in self._jobs if j.process.poll() is not None]
-            while len(self._jobs) > self.max_jobs and finished:
-                self._jobs.remove(finished.pop(0))
-            return job
+            return self._add(ReplayJob.start(store, session_id, live_effects=live_effects))
+
+    def start_redrive(
+        self, store: Path, session_id: str, entry: int | None = None, *, bound: float
+    ) -> RedriveJob:
+        """Start a redrive unless one of this session is already running (then return it):
+        two at once would deliver the same dead letters twice."""
+        with self._lock:
+            running = self._latest(store, session_id, RedriveJob)
+            if running is not None and running.process.poll() is None:
+                return running
+            return self._add(RedriveJob.start(store, session_id, entry, bound=bound))
+
+    def _add(self, job: _J) -> _J:
+        self._jobs.append(job)
+        finished = [j for j in self._jobs if j.process.poll() is not None]
+        while len(self._jobs) > self.max_jobs and finished:
+            self._jobs.remove(finished.pop(0))
+        return job
 
     def latest(self, store: Path, session_id: str) -> ReplayJob | None:
+        """The newest replay of ``session_id``, running or finished."""
         with self._lock:
-            return self._latest(store, session_id)
+            return self._latest(store, session_id, ReplayJob)
 
-    def _latest(self, store: Path, session_id: str) -> ReplayJob | None:
+    def latest_redrive(self, store: Path, session_id: str) -> RedriveJob | None:
+        """The newest redrive of ``session_id``'s dead letters, running or finished."""
+        with self._lock:
+            return self._latest(store, session_id, RedriveJob)
+
+    def _latest(self, store: Path, session_id: str, kind: type[_J]) -> _J | None:
         for job in reversed(self._jobs):
-            if job.store == store and job.session_id == session_id:
+            if isinstance(job, kind) and job.store == store and job.session_id == session_id:
                 return job
         return None
 
@@ -148,36 +284,3 @@ class JobRegistry:
         with self._lock:
             for job in self._jobs:
                 job.cancel()
-
-
-@dataclass(frozen=True, slots=True)
-class RedriveResult:
-    """``report`` is ``pantheon dlq redrive --json``'s output; ``error`` why there is none."""
-
-    report: dict[str, Any] | None
-    error: str | None
-
-
-def redrive(store: Path, session_id: str, entry: int | None = None) -> RedriveResult:
-    """Run ``pantheon dlq redrive`` to completion (seconds: only the dead letters run)."""
-    args = ["dlq", "redrive", session_id, "--store", str(store), "--json"]
-    if entry is not None:
-        args.append(str(entry))
-    try:
-        done = subprocess.run(
-            cli_command(*args),
-            capture_output=True,
-            text=True,
-            timeout=REDRIVE_TIMEOUT,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return RedriveResult(None, f"pantheon dlq redrive took over {REDRIVE_TIMEOUT:.0f} s")
-    # Exit 1 is a redrive that ran but where entries failed again: its report says which.
-    if done.returncode in (0, 1):
-        try:
-            return RedriveResult(json.loads(done.stdout), None)
-        except json.JSONDecodeError:
-            pass
-    return RedriveResult(None, _tail(done.stderr or done.stdout) or f"exit {done.returncode}")

@@ -4,6 +4,7 @@ letters, outcomes, requests and model usage."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,16 +16,18 @@ import streamlit as st
 from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
 from dashboard.web._approvals import approvals_panel
-from dashboard.web._jobs import JobRegistry, ReplayJob, redrive
+from dashboard.web._jobs import JobRegistry, RedriveJob, ReplayJob, redrive_bound
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
+from pantheon.approvals import ApprovalBook, redrive_desk
 from pantheon.rerun import left_out_inputs
 from pantheon.runner import expectation_state
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
 __all__ = ["session_page"]
 
-#: How often the replay progress re-reads the store while a replay runs.
+#: How often the replay progress re-reads the store while a replay runs, and the redrive
+#: status while a redrive runs.
 REPLAY_POLL_S = 0.5
 #: Requests listed at most (the picker and the table); the read model has them all.
 MAX_REQUESTS = 5000
@@ -37,7 +40,8 @@ SLOWEST_CALLS = 10
 
 @st.cache_resource
 def _registry() -> JobRegistry:
-    """One job registry per server: a replay started in one tab shows in every tab."""
+    """One job registry per server: a replay or redrive started in one tab shows in every
+    tab."""
     return JobRegistry()
 
 
@@ -78,7 +82,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
         row = readmodel.session_row(s, sid)
     if live and info.status != "running":
         st.rerun(scope="app")  # it just ended: render it once more as a finished session
-    _header(info, row)
+    _header(path, info, row)
     _nodes(path, info)
     approvals_panel(path, info)
     if info.kind != "replay" and info.status != "running":
@@ -116,7 +120,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
 _STATUS_COLOUR = {"completed": "green", "failed": "red", "aborted": "orange", "running": "blue"}
 
 
-def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
+def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     colour = _STATUS_COLOUR.get(info.status, "gray")
     status = info.status
     if info.kind == "redrive" and info.status == "completed" and row.note:
@@ -129,11 +133,13 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f"**{info.scenario or '-'}**, seed {info.seed}, started {when(info.started)}"
     )
     interrupted = info.summary.get("interrupted")
+    resumed: SessionInfo | None = None
     if info.status == "aborted" and interrupted:
         # Not a crash: a Ctrl-C stopped the input and the run finished what was in flight.
+        resumed = _resumed_by(path, info)
         st.caption(
             f"Interrupted ({interrupted}): its input was stopped and what was in flight "
-            f"finished; the record is whole. `pantheon resume {info.id}` finishes the input."
+            f"finished; the record is whole. {_resume_hint(info, resumed)}"
         )
     c = st.columns(5)
     c[0].metric("status", status)
@@ -170,6 +176,35 @@ def _header(info: SessionInfo, row: readmodel.SessionRow) -> None:
         f"Open the original session {info.replay_of}", key="open_original"
     ):
         open_session(info.replay_of)
+    if resumed is not None and st.button(
+        f"Open the resuming session {resumed.id}", key="open_resumed"
+    ):
+        open_session(resumed.id)
+
+
+def _resumed_by(path: Path, info: SessionInfo) -> SessionInfo | None:
+    """The session that resumed ``info`` (``pantheon resume`` records it as a ``resume``
+    whose ``replay_of`` is ``info``): the one that ran to its end or runs now, else the
+    newest of those that stopped too (a later ``pantheon resume`` of ``info`` is refused
+    only while one has not stopped)."""
+    with store(path) as s:
+        resumes = [r for r in s.sessions() if r.kind == "resume" and r.replay_of == info.id]
+    return next((r for r in resumes if r.status != "aborted"), resumes[0] if resumes else None)
+
+
+def _resume_hint(info: SessionInfo, resumed: SessionInfo | None) -> str:
+    """What finishes an interrupted session's input: ``pantheon resume``, or the session
+    that did (or does) it, so nobody resumes a finished story a second time."""
+    if resumed is None:
+        return f"`pantheon resume {info.id}` finishes the input."
+    if resumed.status == "running":
+        return f"It is being resumed as {resumed.id}, which finishes the input."
+    if resumed.status == "aborted":
+        return (
+            f"It was resumed as {resumed.id}, which stopped too: "
+            f"`pantheon resume {resumed.id}` finishes the input."
+        )
+    return f"It was resumed as {resumed.id} ({resumed.status}), which finished the input."
 
 
 def _nodes(path: Path, info: SessionInfo) -> None:
@@ -482,27 +517,10 @@ def _breakers(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
 def _dead_letters(path: Path, info: SessionInfo) -> None:
     with store(path) as s:
         letters = readmodel.dead_letters(s, info.id)
-    result = st.session_state.get(f"redrive_{info.id}")
-    if result is not None:
-        if result.error:
-            st.error(f"Redrive failed: {result.error}")
-        else:
-            outcomes = result.report.get("outcomes", {})
-            ok = sum(v == "delivered" for v in outcomes.values())
-            text = readmodel.redrive_outcome(result.report)
-            recorded = f"Redrive recorded as {result.report.get('new_session_id')}: {text}"
-            if ok < len(outcomes):
-                st.error(recorded)
-            else:
-                st.success(recorded)
-            if ok < len(outcomes):
-                st.dataframe(
-                    pd.DataFrame(
-                        [{"entry": int(k), "redrive outcome": v} for k, v in outcomes.items()]
-                    ),
-                    hide_index=True,
-                    key="redrive_outcomes",
-                )
+    job = _registry().latest_redrive(path, info.id)
+    redriving = job is not None and job.state == "running"
+    if job is not None:
+        _redrive_status(path, info, job)
     if not letters:
         st.success("No dead letters in this session.")
         return
@@ -543,17 +561,21 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
     running = info.status == "running"
     c = st.columns([2, 3, 5])
     if c[0].button(
-        f"Redrive entry {d.entry_id}", key="redrive_one", disabled=running or d.redriven
+        f"Redrive entry {d.entry_id}",
+        key="redrive_one",
+        disabled=running or redriving or d.redriven,
     ):
-        _redrive(path, info.id, d.entry_id)
+        _redrive(path, info, d.entry_id, 1)
     if c[1].button(
         f"Redrive all {len(pending)} not redriven",
         key="redrive_all",
-        disabled=running or not pending,
+        disabled=running or redriving or not pending,
     ):
-        _redrive(path, info.id, None)
+        _redrive(path, info, None, len(pending))
     if running:
         st.caption("A running session's dead letters are redriven by the process running it.")
+    elif redriving:
+        st.caption("One redrive of a session at a time: this one's is still running.")
     st.markdown(f"**Error:** `{d.error_type or d.reason}: {d.error or ''}`")
     left, right = st.columns(2)
     with left:
@@ -571,11 +593,84 @@ def _dead_letters(path: Path, info: SessionInfo) -> None:
         st.session_state["req_pick_value"] = d.correlation_id
 
 
-def _redrive(path: Path, sid: str, entry: int | None) -> None:
-    with st.spinner("Redriving through `pantheon dlq redrive` …"):
-        st.session_state[f"redrive_{sid}"] = redrive(path, sid, entry)
-    st.cache_data.clear()
+def _redrive(path: Path, info: SessionInfo, entry: int | None, entries: int) -> None:
+    """Start ``pantheon dlq redrive`` in the background and show it: the page must stay
+    usable while it runs, since its team may wait for a person deciding on this page."""
+    _, approval_wait = redrive_desk(info, path)
+    bound = redrive_bound(entries, approval_wait)
+    _registry().start_redrive(path, info.id, entry, bound=bound)
     st.rerun(scope="app")
+
+
+def _redrive_session(path: Path, info: SessionInfo, job: RedriveJob) -> SessionInfo | None:
+    """The session the running redrive records into, once it has begun one: the redrive of
+    ``info`` its process records (another redrive may have started in the same second)."""
+    pid = job.process.pid
+    with store(path) as s:
+        return next(
+            (
+                r
+                for r in s.sessions()
+                if r.kind == "redrive" and r.replay_of == info.id and r.pid == pid
+            ),
+            None,
+        )
+
+
+def _redrive_status(path: Path, info: SessionInfo, job: RedriveJob) -> None:
+    """A running redrive, polled until it ends (with the approval requests it waits on,
+    decidable here), or how the last one ended."""
+    if job.state == "running":
+        _redrive_progress(path, info, job)
+        return
+    if job.report is None:
+        st.error(f"Redrive failed: {job.error}")
+        return
+    report = job.report
+    outcomes = report.get("outcomes", {})
+    recorded = (
+        f"Redrive recorded as {report.get('new_session_id')}: {readmodel.redrive_outcome(report)}"
+    )
+    if job.state == "redriven":
+        st.success(recorded)
+        return
+    st.error(recorded)
+    st.dataframe(
+        pd.DataFrame([{"entry": int(k), "redrive outcome": v} for k, v in outcomes.items()]),
+        hide_index=True,
+        key="redrive_outcomes",
+    )
+
+
+def _redrive_progress(path: Path, info: SessionInfo, job: RedriveJob) -> None:
+    @st.fragment(run_every=REPLAY_POLL_S)
+    def progress() -> None:
+        if job.state != "running":
+            # The redrive marked entries redriven in this session's record: read it afresh.
+            st.cache_data.clear()
+            st.rerun(scope="app")
+        what = "every dead letter not redriven" if job.entry is None else f"entry {job.entry}"
+        text = f"Redriving {what} through `pantheon dlq redrive`"
+        new = _redrive_session(path, info, job)
+        if new is None:
+            st.info(f"{text}: starting …")
+            return
+        with store(path) as s:
+            waiting = ApprovalBook(s).entries(new.id, status="pending")
+        text += f", recorded as {new.id}, running for {time.time() - job.started:.0f} s"
+        if not waiting:
+            st.info(f"{text}.")
+            return
+        st.warning(
+            f"{text}: it waits for a person, {len(waiting)} approval request(s) pending. "
+            "Decide them here or on the redrive's page; each is decided by itself "
+            "(its default) at its deadline."
+        )
+        if st.button(f"Open the redrive session {new.id}", key="redrive_open"):
+            open_session(new.id)
+        approvals_panel(path, new)
+
+    progress()
 
 
 #: A check's state as a mark and a row colour: inconclusive (a timing bound a busy machine

@@ -15,6 +15,7 @@ from typing import Any
 
 import pandas as pd
 import pytest
+from cli_run import pantheon
 from dashboard_store import Recorded
 from streamlit.testing.v1 import AppTest
 
@@ -225,12 +226,16 @@ def test_live_effects_replay_highlights_the_first_divergence(
 def test_redrive_runs_and_reports_every_entry(
     app: Callable[[Path], AppTest], recorded: Recorded
 ) -> None:
-    """The button runs ``pantheon dlq redrive`` on the team as it is: its tools still fail
-    with the same seeded draws, so the report and the store must agree entry by entry."""
+    """The button runs ``pantheon dlq redrive`` on the team as it is, in the background:
+    its tools still fail with the same seeded draws, so the report and the store must
+    agree entry by entry."""
     at = _session_app(app, recorded.path, recorded.failed)
     total = len(_frame_with(at, "attempts"))
     at.button(key="redrive_all").click().run()
     assert not at.exception, at.exception
+    _run_until(
+        at, lambda a: any(e.value.startswith("Redrive recorded as") for e in [*a.error, *a.success])
+    )
     with SessionStore(recorded.path, create=False) as store:
         (redrive,) = [s for s in store.sessions() if s.kind == "redrive"]
         letters = store.dead_letters(recorded.failed)
@@ -417,4 +422,54 @@ def test_an_interrupted_session_says_it_was_a_ctrl_c_and_how_to_finish_it(
     assert [c.value for c in at.caption if c.value.startswith("Interrupted")] == [
         "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
         f"record is whole. `pantheon resume {sid}` finishes the input."
+    ]
+
+
+def test_an_interrupted_session_that_was_resumed_names_its_resume_instead(
+    app: Callable[[Path], AppTest], recorded: Recorded
+) -> None:
+    """Once ``pantheon resume`` has finished an interrupted session, its page says so and
+    names the resuming session: telling the user to resume it again would start a second
+    resume (refused) or send them looking for work that is done."""
+    copy, sid = recorded.path, recorded.failed
+    with sqlite3.connect(copy) as db:
+        (summary,) = db.execute("SELECT summary FROM sessions WHERE id = ?", (sid,)).fetchone()
+        marked = json.dumps(json.loads(summary) | {"interrupted": "SIGINT"})
+        db.execute(
+            "UPDATE sessions SET status = 'aborted', summary = ? WHERE id = ?", (marked, sid)
+        )
+    done = pantheon("resume", sid, "--store", str(copy), "--json", cwd=copy.parent, timeout=300)
+    assert done.returncode in (0, 1), done.stdout + done.stderr  # 1: its expectation fails
+    resume = json.loads(done.stdout)["resume"]["new_session_id"]
+    with SessionStore(copy, create=False) as store:
+        info = store.session(resume)
+    assert (info.kind, info.replay_of) == ("resume", sid)
+    at = _session_app(app, copy, sid)
+    assert [c.value for c in at.caption if c.value.startswith("Interrupted")] == [
+        "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
+        f"record is whole. It was resumed as {resume} ({info.status}), which finished the "
+        "input."
+    ]
+    assert not [c for c in at.caption if "pantheon resume" in c.value]
+    at.button(key="open_resumed").click().run()
+    assert at.query_params["session"] == resume
+    assert at.title[0].value == f"Session {resume}"
+
+    # A resume that stopped too is named, and it is the one to resume.
+    with SessionStore(copy) as store:
+        store.end_session(resume, "aborted", {"interrupted": "SIGINT"})
+    at = _session_app(app, copy, sid)
+    assert [c.value for c in at.caption if c.value.startswith("Interrupted")] == [
+        "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
+        f"record is whole. It was resumed as {resume}, which stopped too: "
+        f"`pantheon resume {resume}` finishes the input."
+    ]
+    # Resumed again from the original (allowed once the first resume stopped), and still
+    # running: that one is named.
+    with SessionStore(copy) as store:
+        again = store.begin_session(kind="resume", replay_of=sid, scenario="flaky_strict")
+    at = _session_app(app, copy, sid)
+    assert [c.value for c in at.caption if c.value.startswith("Interrupted")] == [
+        "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
+        f"record is whole. It is being resumed as {again}, which finishes the input."
     ]

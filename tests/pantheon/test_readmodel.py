@@ -475,3 +475,18 @@ def test_pending_reads_recorded_patterns_as_tokens_and_skips_old_globs() -> None
     envelopes = [SimpleNamespace(id=i, topic=t) for i, t in enumerate(topics)]
     awaited = rm._awaited_topics(store, "s", envelopes, set())  # type: ignore[arg-type]
     assert awaited == {"email.received", "audit.a"}
+
+
+def test_a_redrive_outcome_counts_the_entries_that_failed_downstream() -> None:
+    """As ``pantheon dlq redrive`` says it: an entry whose redelivery went through and whose
+    consequences were dead-lettered failed again, downstream (the fix is elsewhere)."""
+    outcomes = {
+        "1": "delivered",
+        "2": "failed downstream: #1 payer on invoice.decided: failed: RuntimeError: no",
+        "3": "failed: RuntimeError: still broken",
+        "4": "skipped: envelope not recorded",
+    }
+    assert rm.redrive_outcome({"outcomes": outcomes}) == (
+        "1 of 4 redriven, 2 failed again (1 downstream), 1 skipped"
+    )
+    assert rm.redrive_outcome({"outcomes": {"1": "delivered"}}) == "1 of 1 redriven"
