@@ -19,6 +19,7 @@ from pantheon.scenario import GatewayConfig, Scenario, load_scenario
 
 if TYPE_CHECKING:
     from pantheon.gateway import Gateway, Tokens
+    from pantheon.runner._build import RemoteInput
 
 __all__ = ["Session", "replay", "run"]
 
@@ -152,8 +153,10 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
 class _Served:
     """The gateway of one run: started once the team is wired, stopped after the run;
     SIGINT/SIGTERM end its ``http`` inputs (and ``hold``) instead of killing the run. In a
-    run that does not ``serve`` the same first signal ends every other Observer's input of
-    this process (``pantheon run``'s Ctrl-C: what is in flight finishes and is recorded)."""
+    run that does not ``serve`` the same first signal ends every other Observer's input,
+    this process's and, in a multi-process run, the nodes' (``Team.remote_input``: the
+    driver relays it), so ``pantheon run``'s Ctrl-C finishes what is in flight and records
+    it wherever the input is read."""
 
     def __init__(
         self,
@@ -171,6 +174,8 @@ class _Served:
         self.inboxes: dict[str, Any] = {}
         self.stop = asyncio.Event()
         self.observers: list[Any] = []
+        #: The input other processes read (a multi-process run's nodes), if any.
+        self.remote: RemoteInput | None = None
         #: Set once the run is over and its session being closed (a signal then waits).
         self.finishing = False
         self._task: asyncio.Task[Any] | None = None
@@ -185,6 +190,7 @@ class _Served:
         from pantheon.runner import HttpSource
 
         self.observers = team.of_role(Observer)
+        self.remote = team.remote_input
         for agent in self.observers:
             if isinstance(agent.source, HttpSource):
                 self.inboxes[agent.name] = agent.source
@@ -222,24 +228,29 @@ class _Served:
             log.info("%s: finishing the run (again to interrupt)", name)
             return
         unread = [o for o in self.observers if not o.done.is_set() and o.name not in self.inboxes]
-        if not unread:
+        # Read before ending anything: which Observers this signal stops, here and on nodes.
+        remote = [] if self.remote is None else self.remote.reading()
+        if not unread and not remote:
             if self.inboxes:  # its http inputs, closed above, were all it read
                 log.info("%s: finishing the run (again to interrupt)", name)
             else:
                 log.warning(
-                    "%s: no input of this process left to stop (it ended, or runs on "
-                    "another process): finishing the run (again to interrupt at once)",
+                    "%s: no input left to stop (it ended): finishing the run (again to "
+                    "interrupt at once)",
                     name,
                 )
             return
         log.warning(
-            "%s: input stopped, finishing what is in flight (again to interrupt at once); "
+            "%s: input stopped%s, finishing what is in flight (again to interrupt at once); "
             "the session is recorded as aborted: pantheon resume finishes it",
             name,
+            f" ({'here and ' if unread else ''}at {', '.join(remote)})" if remote else "",
         )
         self.interrupted = name
         for observer in unread:
             observer.end_input()
+        if remote and self.remote is not None:
+            self.remote.end_input()
 
     def _again(self, sig: int) -> None:
         """A second signal: stop at once, by cancelling the run (its session is recorded

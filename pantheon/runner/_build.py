@@ -11,7 +11,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from agents import (
     Actor,
@@ -44,6 +44,7 @@ from pantheon.scenario.internals import agent_class, provider_class, resolve_han
 
 __all__ = [
     "AgentSetupError",
+    "RemoteInput",
     "Setup",
     "Team",
     "build_team",
@@ -75,6 +76,22 @@ class AgentSetupError(PantheonError, RuntimeError):
         )
 
 
+class RemoteInput(Protocol):
+    """The input other processes of a multi-process run read (Observers placed on nodes),
+    as the driver reaches it: what ``pantheon run``'s first Ctrl-C ends besides the input
+    of the driver's own Observers, so the run finishes as an in-process one does."""
+
+    def reading(self) -> list[str]:
+        """The Observers (``agent@node``) whose input has not been seen to end yet."""
+        ...
+
+    def end_input(self) -> None:
+        """Tell their processes to end it between two items, as
+        :meth:`agents.Observer.end_input` does in one process; returns at once (the run
+        sees each input end as it goes on watching its processes)."""
+        ...
+
+
 @dataclass
 class Team:
     """The agents of one run, with handles on the ones whose results the summary reads."""
@@ -94,6 +111,9 @@ class Team:
     #: The limiter every model call of the team waits its turn at (``provider.rate_limit``),
     #: if the provider has a limit; in a multi-process run, the driver's.
     rate_limiter: RateLimiter | None = None
+    #: In a multi-process run's driver, the input its nodes read (None elsewhere): a
+    #: Ctrl-C of the run ends it with the driver's own Observers' input.
+    remote_input: RemoteInput | None = None
 
     def budget(self) -> dict[str, dict[str, Any]]:
         """Per budget scope: spent, limits, calls refused and whether the budget stopped

@@ -437,6 +437,16 @@ class NodeHost:
     def status(self) -> dict[str, Any]:
         return bus_status(self.bus, self.team)
 
+    def end_input(self) -> list[str]:
+        """End the input of this node's Observers between two items (the driver relays
+        its Ctrl-C): an item being published is published whole, nothing more is read, and
+        the run goes on to finish what is in flight, as in one process. Returns the names
+        of the Observers that were still reading."""
+        reading = [o for o in self.team.of_role(Observer) if not o.done.is_set()]
+        for observer in reading:
+            observer.end_input()
+        return [o.name for o in reading]
+
     async def stop_agents(self, timeout: float | None = None) -> None:
         """Stop the agents' own work, then wait (up to ``timeout``, default
         :attr:`drain_timeout`) for what is queued or in flight to settle."""
@@ -649,13 +659,13 @@ def split_control(
 ) -> tuple[asyncio.Queue[bytes], asyncio.Task[None]]:
     """Read the driver's lines in a task, whatever the node's control loop is doing: a
     command named in ``answers`` (a decided approval, a budget answer: what a handler waits
-    for) goes to its taker at once, every other line to the returned queue, then ``b""`` at
-    the end of input. When the pipe ends or cannot be read, each of ``gone`` is told why
-    and that the driver is dead (``gone(why, True)``: so what waits fails instead of
-    hanging); cancelling the task tells them the node no longer listens (``gone(why,
-    False)``). One reader for the pipe: the control loop may itself be waiting (a
-    ``stop`` draining handlers that wait for an answer), so answers must not queue behind
-    it."""
+    for; the end of the input a Ctrl-C of the run asks for) goes to its taker at once,
+    every other line to the returned queue, then ``b""`` at the end of input. When the
+    pipe ends or cannot be read, each of ``gone`` is told why and that the driver is dead
+    (``gone(why, True)``: so what waits fails instead of hanging); cancelling the task
+    tells them the node no longer listens (``gone(why, False)``). One reader for the
+    pipe: the control loop may itself be waiting (a ``stop`` draining handlers that wait
+    for an answer), so answers must not queue behind it."""
     queue: asyncio.Queue[bytes] = asyncio.Queue(_COMMANDS)
     takers = tuple(gone)
 
@@ -727,7 +737,8 @@ async def serve_node(
     agents' approval requests go to the driver and their decisions come back on the same
     pipes, answered whatever the loop below is doing (:mod:`pantheon.approvals._relay`);
     so are their budget admissions, charged to the driver's ledgers
-    (:mod:`pantheon.runner._budget_relay`)."""
+    (:mod:`pantheon.runner._budget_relay`), and ``end_input`` (the driver's Ctrl-C:
+    :meth:`NodeHost.end_input`), answered with ``input_ended``."""
     out = out or sys.stdout
     desk = NodeDesk(host.node, functools.partial(say_control, out))
     desk.serve(host.team.agents.values())
@@ -735,7 +746,16 @@ async def serve_node(
     budget.serve(host.team.agents.values())
     # A recorded run is watched live: this node's part goes to the driver's feed.
     part = live(host, functools.partial(say_control, out)) if journal and live else None
-    answers = {DECIDED_COMMAND: desk.decided, BUDGET_COMMAND: budget.answered}
+
+    def end_input(_command: Mapping[str, Any]) -> None:
+        # Taken as it arrives: the control loop may be busy, and an input must stop now.
+        say_control(out, INPUT_ENDED_EVENT, observers=host.end_input())
+
+    answers = {
+        DECIDED_COMMAND: desk.decided,
+        BUDGET_COMMAND: budget.answered,
+        END_INPUT_COMMAND: end_input,
+    }
     if part is not None:
         answers[REDRIVE_COMMAND] = part.redrive
         answers[WATCH_COMMAND] = part.watch
@@ -817,6 +837,10 @@ async def serve_node(
         await host.aclose(drain=not left_orphaned)
 
 
+#: The driver's request that a node end its Observers' input (its Ctrl-C, relayed), and the
+#: node's answer naming those that were still reading.
+END_INPUT_COMMAND = "end_input"
+INPUT_ENDED_EVENT = "input_ended"
 #: A node's live part (event) and the driver's request to redrive one of its dead letters
 #: (command), answered by ``redriven`` (``pantheon.live.NodeParts`` sends the events).
 LIVE_EVENT = "live"
@@ -1079,6 +1103,49 @@ def _both(
     return handle
 
 
+class _NodeInputs:
+    """The input the run's nodes read (the Observers the placement puts there), as the
+    driver reaches it (:class:`~pantheon.runner._build.RemoteInput`): ``pantheon run``'s
+    first Ctrl-C ends it with an ``end_input`` command on each such node's control pipe,
+    the way ``stop`` and ``leave`` travel on either transport (never over the bus, which
+    may be what is stuck). A node's input counts as ended once its status said so or the
+    node is gone."""
+
+    __slots__ = ("_ended", "_nodes", "_tell", "observers")
+
+    def __init__(
+        self,
+        observers: Mapping[str, tuple[str, ...]],
+        nodes: Mapping[str, _Child],
+        tell: Callable[[_Child, dict[str, Any]], None],
+    ) -> None:
+        #: Node -> the Observers placed on it (nodes without one left out).
+        self.observers = {node: agents for node, agents in observers.items() if agents}
+        self._nodes = nodes
+        self._tell = tell
+        self._ended: set[str] = set()
+
+    def ended(self, node: str) -> None:
+        """``node``'s status said its Observers are done."""
+        self._ended.add(node)
+
+    def _live(self) -> list[str]:
+        return [
+            node
+            for node in self.observers
+            if node not in self._ended and ((child := self._nodes.get(node)) is None or child.alive)
+        ]
+
+    def reading(self) -> list[str]:
+        return [f"{agent}@{node}" for node in self._live() for agent in self.observers[node]]
+
+    def end_input(self) -> None:
+        for node in self._live():
+            child = self._nodes.get(node)
+            if child is not None:  # None only before spawn(), before any signal handler
+                self._tell(child, {"cmd": END_INPUT_COMMAND})
+
+
 class _Driver:
     """One multi-process run, from spawning the nodes to the merged summary."""
 
@@ -1139,6 +1206,14 @@ class _Driver:
             outbox_path=(outbox_dir / f"{sid}.jsonl") if outbox_dir else None,
         )
         mine = self.placement.hosts[DRIVER_NODE]
+        self.inputs = _NodeInputs(
+            {
+                node: tuple(a for a in hosted if isinstance(full.agents.get(a), Observer))
+                for node, hosted in self.placement.nodes.items()
+            },
+            self.nodes,
+            self._tell,
+        )
         # The team's budget ledgers are the driver's: its own agents are charged to them
         # directly, the nodes' through the relay, so a budget holds team-wide.
         self.team = Team(
@@ -1148,6 +1223,7 @@ class _Driver:
             budgets=full.budgets,
             rate_limiter=full.rate_limiter,
             tally=_tally(full),
+            remote_input=self.inputs if self.inputs.observers else None,
         )
         guarded = {name: a.budget for name, a in full.agents.items() if name not in mine}
         # So is the rate limiter: the model server meters the team's key, not a process.
@@ -1182,6 +1258,7 @@ class _Driver:
             child.handlers[BUDGET_EVENT] = self.budgets.on_event(name, child.send)
             child.handlers[LIVE_EVENT] = functools.partial(self._live_part, name)
             child.handlers[REDRIVEN_EVENT] = self._redriven
+            child.handlers[INPUT_ENDED_EVENT] = functools.partial(self._input_ended, name)
             child.handlers["eof"] = _both(
                 _both(self.approvals.on_lost(name), self.budgets.on_lost(name)),
                 functools.partial(self._node_gone, name),
@@ -1190,14 +1267,23 @@ class _Driver:
             if self.board is not None and self.board.watched:
                 self._tell_watch(True, [child])  # a watcher came before this node
 
+    def _tell(self, child: _Child, command: dict[str, Any]) -> None:
+        """Send ``command`` to ``child`` without waiting (from a callback: a watcher that
+        came, a signal): a command no :meth:`_Child.call` waits an answer to."""
+        task = asyncio.get_running_loop().create_task(child.send(command))
+        self._chores.add(task)
+        task.add_done_callback(self._chores.discard)
+
     def _tell_watch(self, watched: bool, nodes: Iterable[_Child] | None = None) -> None:
         """Tell the nodes (all, or ``nodes``) whether anyone watches the live feed."""
         for child in self.nodes.values() if nodes is None else nodes:
-            task = asyncio.get_running_loop().create_task(
-                child.send({"cmd": WATCH_COMMAND, "on": watched})
-            )
-            self._chores.add(task)
-            task.add_done_callback(self._chores.discard)
+            self._tell(child, {"cmd": WATCH_COMMAND, "on": watched})
+
+    @staticmethod
+    def _input_ended(node: str, event: Mapping[str, Any]) -> None:
+        """A node's answer to ``end_input``: the Observers it stopped (none if its input
+        had ended already); the run sees them finish in their node's status."""
+        log.info("node ended its input", node=node, observers=event.get("observers"))
 
     def _live_part(self, node: str, event: Mapping[str, Any]) -> None:
         if self.board is not None:
@@ -1248,6 +1334,8 @@ class _Driver:
             if answer is not None:
                 node.last_status = answer
                 out.append(answer)
+                if answer.get("inputs_done"):
+                    self.inputs.ended(node.name)
         return out
 
     async def _wait_inputs(self, on_progress: Callable[[int, int | None], None] | None) -> None:

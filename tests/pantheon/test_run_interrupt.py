@@ -1,13 +1,15 @@
 """Ctrl-C of ``pantheon run``, on the on-call team, in one process and on three ZeroMQ
 processes: the first SIGINT stops the input and lets the run finish what is in flight; the
 session is recorded ``aborted`` with the signal in its summary, replays whole, and
-``pantheon resume`` finishes the input. A second SIGINT interrupts at once, still
-``aborted``, without an error about the input. Real ``pantheon`` processes and a real
-SQLite store; the signal goes to the driver alone, as a terminal's Ctrl-C does (a
-multi-process run's other processes have sessions of their own)."""
+``pantheon resume`` finishes the input. With the Observer placed on a node (ZeroMQ, NATS)
+the driver relays the stop to it, and the run ends the same way. A second SIGINT
+interrupts at once, still ``aborted``, without an error about the input. Real ``pantheon``
+processes and a real SQLite store; the signal goes to the driver alone, as a terminal's
+Ctrl-C does (a multi-process run's other processes have sessions of their own)."""
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import signal
@@ -15,6 +17,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,9 @@ import pytest
 from cli_run import pantheon as cli
 from oncall_asking import node_pids
 from untimed import copy_untimed
+
+from bus.backends.nats import NatsServer
+from pantheon.sessions import SessionStore
 
 COUNT = 200
 ZMQ = (
@@ -149,3 +155,80 @@ def test_a_second_ctrl_c_interrupts_at_once_and_the_session_is_still_resumable(
     assert resumed.returncode == 0, resumed.stderr
     whole = json.loads(resumed.stdout)
     assert whole["inputs"] + whole["malformed"] == COUNT
+
+
+#: The Observer on a node of its own with the triage agents: the driver reads no input.
+OBSERVER_ON_A_NODE = (
+    "  nodes:\n    triage: [observer, dedup, correlator, decider]\n    action: [guardian, actor]\n"
+)
+
+
+@pytest.fixture
+def nats_url() -> Iterator[str]:
+    """A ``nats-server -js`` of this test's own on a free loopback port (never the
+    machine's), up for the resume too: it deletes the session's consumer groups there."""
+    server = NatsServer().start()
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("kind", ["zmq", "nats"])
+def test_ctrl_c_reaches_an_observer_placed_on_a_node(
+    tmp_path: Path, kind: str, request: pytest.FixtureRequest
+) -> None:
+    # The driver hosts no Observer: only the relayed end_input can stop the input.
+    if kind == "zmq":
+        transport = "transport:\n  kind: zmq\n  broker: tcp://127.0.0.1:0\n"
+    else:
+        url = request.getfixturevalue("nats_url")
+        transport = f"transport:\n  kind: nats\n  url: {url}\n"
+    proc, session = interrupt(tmp_path, scenario(tmp_path, transport + OBSERVER_ON_A_NODE), times=1)
+    assert proc.returncode == 130, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert summary["interrupted"] == "SIGINT" and summary["session_id"] == session
+    assert summary["nodes"]["triage"]["agents"][0] == "observer"
+    assert "observer" not in summary["nodes"]["driver"]["agents"]
+    assert "input stopped (at observer@triage)" in proc.stderr
+    inputs = summary["inputs"] + summary["malformed"]
+    assert 2 <= inputs < COUNT
+    assert f"interrupted (SIGINT) after {inputs} inputs" in proc.stderr
+    assert f"pantheon resume {session} finishes it" in proc.stderr
+    assert "input failed" not in proc.stderr
+    # What went in was decided, on whichever process: nothing left in flight.
+    assert summary["accuracy"]["scored"] + summary["accuracy"]["unlabelled"] == inputs
+    assert summary["accounting_ok"] is True
+    assert all(n["status"] == "ok" for n in summary["nodes"].values()), summary["nodes"]
+    state, stored = status(tmp_path, session)
+    assert (state, stored["interrupted"]) == ("aborted", "SIGINT")
+    assert node_pids(session) == []
+    with SessionStore(tmp_path / "s.db") as store:
+        journals = store.node_journals(session)
+    assert {n: j.ended for n, j in journals.items()} == {"triage": True, "action": True}
+
+    replay = cli("replay", session, "--store", "s.db", cwd=tmp_path)
+    assert replay.returncode == 0, replay.stdout + replay.stderr
+    assert "matched" in replay.stdout and "incomplete" not in replay.stdout
+    assert f" {inputs} inputs " in replay.stdout, replay.stdout
+
+    resumed = cli("resume", session, "--store", "s.db", "--json", cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    whole = json.loads(resumed.stdout)
+    assert whole["inputs"] + whole["malformed"] == COUNT
+    assert whole["resume"]["inputs_replayed"] == inputs
+    assert whole["resume"]["effects_served"] > 0
+    # Every alert decided once in the whole story (the interrupted part served, the rest
+    # live), and no tool call made twice across the run's nodes and the resume.
+    with SessionStore(tmp_path / "s.db") as store:
+        envelopes = store.envelopes(whole["session_id"])
+    decided = collections.Counter(
+        e.payload["alert_id"] for e in envelopes if e.topic == "action.executed"
+    )
+    assert len(decided) == whole["inputs"] and set(decided.values()) == {1}
+    calls = collections.Counter(
+        (call["alert_id"], call["step"], call["tool"])
+        for path in (tmp_path / "outbox").glob("*.jsonl")
+        for call in map(json.loads, path.read_text(encoding="utf-8").splitlines())
+    )
+    assert [c for c, n in calls.items() if n > 1] == []
