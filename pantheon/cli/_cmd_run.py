@@ -102,10 +102,18 @@ def run(
         console.print(f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     except (asyncio.CancelledError, KeyboardInterrupt):
-        # A second Ctrl-C: the run was cancelled where it stood, its session closed.
+        # A second Ctrl-C: the run was cancelled where it stood, its session closed. A
+        # ZeroMQ run's nodes were cut off with their records (resume refuses it, as after
+        # a crash of its driver); a NATS run's records wait on the stream.
         console.print(
             "[yellow]interrupted at once[/yellow]: the session is recorded as aborted "
-            "(pantheon resume SESSION finishes it)",
+            + (
+                "(a ZeroMQ run cut short cannot be resumed: its nodes' records ended with "
+                "it; pantheon replay SESSION shows what it did)"
+                if scenario.transport.kind == "zmq"
+                else "(pantheon resume SESSION finishes it)"
+            ),
+            soft_wrap=True,
             highlight=False,
         )
         raise typer.Exit(130) from None

@@ -133,11 +133,15 @@ def test_ctrl_c_finishes_what_is_in_flight_and_leaves_a_session_resume_finishes(
     assert whole["resume"]["effects_served"] > 0
 
 
-def test_a_second_ctrl_c_interrupts_at_once_and_the_session_is_still_resumable(
-    tmp_path: Path,
+@pytest.mark.parametrize("transport", ["", ZMQ], ids=["inprocess", "zmq"])
+def test_a_second_ctrl_c_interrupts_at_once_and_says_whether_the_session_resumes(
+    tmp_path: Path, transport: str
 ) -> None:
+    """In one process the session stays resumable, as after a crash; a ZeroMQ run's nodes
+    were cut off with their records, so the message says resume cannot finish it (and
+    resume refuses it), where it used to promise that it would."""
     # An Actor slow enough at first that the first Ctrl-C's finishing is still under way.
-    path = scenario(tmp_path)
+    path = scenario(tmp_path, transport)
     slow = "\nfaults:\n  agents:\n    actor: {latency_ms: 400, until: {messages: 20}}\n"
     (tmp_path / path).write_text((tmp_path / path).read_text() + slow)
     # At the first action: the input (4 s) goes on, and a slow Actor holds work in flight.
@@ -152,6 +156,11 @@ def test_a_second_ctrl_c_interrupts_at_once_and_the_session_is_still_resumable(
         replay.stdout
     ), replay.stdout
     resumed = cli("resume", session, "--store", "s.db", "--json", cwd=tmp_path, timeout=300)
+    if transport:
+        assert "a ZeroMQ run cut short cannot be resumed" in proc.stderr, proc.stderr
+        assert resumed.returncode == 2 and "is a ZeroMQ run" in resumed.stderr, resumed.stderr
+        return
+    assert "pantheon resume SESSION finishes it" in proc.stderr, proc.stderr
     assert resumed.returncode == 0, resumed.stderr
     whole = json.loads(resumed.stdout)
     assert whole["inputs"] + whole["malformed"] == COUNT
