@@ -1383,10 +1383,15 @@ class _Driver:
         return found
 
     async def _after_kill(self, keys: _takeover.InputKeys, started: float) -> dict[str, Any]:
-        """A NATS run that killed a node: wait until its standbys finished what it left,
+        """A NATS run in which a node died: wait until its standbys finished what it left,
         then say what waits in the stream for its agents with no live member (see
-        :mod:`pantheon.runner._takeover`). Nothing to say for any other run."""
-        killed = [n for n, c in self.nodes.items() if c.killed_at is not None]
+        :mod:`pantheon.runner._takeover`). Nothing to say for any other run.
+
+        Killed by the scenario (``faults.kill_node``) or not (the OOM killer, a SIGKILL from
+        outside): the stream holds the same either way, and no node has been asked to leave
+        yet, so one whose output ended here is dead. Counting only the scenario's kills left
+        an unplanned death's waiting items unnamed and ``zero lost`` "unknown"."""
+        killed = [n for n, c in self.nodes.items() if c.killed_at is not None or not c.alive]
         if not killed or self.scenario.transport.kind != "nats":
             return {}
         ack_wait = _nats_config(self.scenario).ack_wait
