@@ -1413,7 +1413,10 @@ class _Driver:
         stream = await _takeover.inspect(
             self.bus.transport, subs, killed, live, keys, ack_wait + DEFAULT_CONNECT_TIMEOUT
         )
-        return stream | {"quiet_at_s": round(quiet_s, 3)}
+        # Whether ``pantheon resume`` can finish what waits: it reads back what the dead
+        # node published last, which a throwaway server takes with it.
+        throwaway = _nats_config(self.scenario).server == "auto"
+        return stream | {"quiet_at_s": round(quiet_s, 3), "throwaway": throwaway}
 
     async def _kill_later(self, name: str, at: float, since: float) -> None:
         loop = asyncio.get_running_loop()

@@ -108,7 +108,9 @@ class RunSummary:
     (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
     (``complete``), items the killed node had handed to such an agent in its own memory
     (``handed_over``, a lower bound: see ``pantheon.runner._takeover``) and when the run went quiet
-    (``quiet_at_s``).
+    (``quiet_at_s``). Items listed here are what ``pantheon resume`` of the session finishes
+    (``pantheon.rerun.resume.left_in_stream``), unless the run's server was a throwaway one
+    (``throwaway``: ``server: auto``), which took what the resume needs with it.
     Empty otherwise."""
     leftovers: dict[str, int] = field(default_factory=dict)
     """Of a NATS run: other sessions of the team whose consumer groups held unacknowledged
