@@ -313,8 +313,9 @@ def print_nodes(out: Console, summary: Any) -> None:
 
 def print_stream(out: Console, summary: Any) -> None:
     """On NATS: what other sessions had left in the team's stream (not handled here), and
-    what a killed node left: who took its agents over, and what waits in the stream for
-    those nobody could (nothing for any other run)."""
+    what a node that died (killed by the scenario or not) left: who took its agents over,
+    what waits in the stream for those nobody could, and how to finish those items
+    (nothing for any other run)."""
     for session, messages in (getattr(summary, "leftovers", None) or {}).items():
         out.print(
             f"[yellow]left alone[/yellow]: {messages:,} unacknowledged messages of session "
@@ -347,6 +348,23 @@ def print_stream(out: Console, summary: Any) -> None:
                 f"{escape(', '.join(items))}",
                 soft_wrap=True,
             )
+    if stream.get("items") or stream.get("handed_over"):
+        # What pantheon.rerun.resume accepts (left_in_stream) and refuses, said here.
+        sid = getattr(summary, "session_id", None)
+        if sid is None:
+            hint = "run the scenario again (this run was not recorded: nothing resumes it)"
+        elif stream.get("throwaway"):
+            hint = (
+                "run the scenario again (its throwaway server, transport.server: auto, took "
+                "the stream with it, and with it what the dead node published last: nothing "
+                "can resume this run; with transport.url it could)"
+            )
+        else:
+            hint = (
+                f"pantheon resume {escape(sid)} (in one process: what was done is served, "
+                "the rest done live)"
+            )
+        out.print(f"to finish them: {hint}", soft_wrap=True, highlight=False)
 
 
 def usage_lines(usage: readmodel.SessionUsage) -> list[str]:

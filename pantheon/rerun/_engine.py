@@ -74,6 +74,7 @@ __all__ = [
     "counts_line",
     "credit_inputs",
     "cut_inputs",
+    "dangling",
     "incomplete_reason",
     "past_the_record",
     "progress_or_quiet",
@@ -155,6 +156,50 @@ def cut_inputs(
     if not cuts:
         return set()
     return _touched(lineage, cuts, store.deliveries(info.id), store.dead_letters(info.id), effects)
+
+
+def dangling(
+    envelopes: Iterable[StoredEnvelope],
+    cuts: Mapping[str, str],
+    deliveries: Iterable[StoredDelivery],
+    effects: Iterable[StoredEffect],
+) -> set[int]:
+    """Messages a node of ``cuts`` published in a handling it never finished (no delivery
+    of the cause to that subscriber on it) that nothing else recorded hangs on: no recorded
+    message was caused by one, no recorded effect was made handling one.
+
+    Such a message is a request an effect of that handling made (a Reasoner's Memory
+    lookup), shipped before the node died while the effect's own record was not: with no
+    effect window to say so (``effect_internal``), alignment would take it for the
+    handling's first output and pair the real output with it, and everything after that
+    with nothing, so a resume would do again what the live nodes did (reply to an email
+    twice). Or an output nobody took, which a resume produces again anyway. A message
+    something recorded does hang on is kept, and its cause with it."""
+    envelopes = list(envelopes)
+    ended = {(d.envelope_id, d.subscriber) for d in deliveries if d.node in cuts}
+    cut_short = {
+        e.id
+        for e in envelopes
+        if e.node in cuts
+        and e.causation_id is not None
+        and (e.causation_id, e.source or "") not in ended
+    }
+    if not cut_short:
+        return set()
+    cause = {e.id: e.causation_id for e in envelopes}
+    needed = {e.causation_id for e in envelopes if e.id not in cut_short}
+    needed.update(f.envelope_id for f in effects)
+    kept: set[int] = set()
+    wanted = [m for m in cut_short if m in needed]
+    while wanted:
+        m = wanted.pop()
+        if m in kept:
+            continue
+        kept.add(m)
+        parent = cause.get(m)
+        if parent in cut_short:
+            wanted.append(parent)
+    return cut_short - kept
 
 
 def past_the_record(div: ReplayDivergence) -> bool:
@@ -498,6 +543,7 @@ class Rerun:
         approvals: ApprovalsConfig | None = None,
         origin: str | None = None,
         skip_cut: bool = False,
+        redo_cut: bool = False,
     ) -> None:
         self.store = store
         self.original = original
@@ -511,6 +557,14 @@ class Rerun:
         #: cannot do again what a death cut short (see ``ReplayReport.cut``).
         self.cuts = node_cuts(store, original)
         self.tolerated = cut_inputs(store, original, self.cuts, self.lineage, self.effects)
+        if redo_cut and self.cuts:
+            # ``redo_cut`` (resume): the handlings a death cut short are done again, so
+            # what they left hanging is not aligned with (:func:`dangling`); what the cut
+            # is computed from above keeps it.
+            gone = dangling(self.envelopes, self.cuts, store.deliveries(original.id), self.effects)
+            if gone:
+                kept = [e for e in self.envelopes if e.id not in gone]
+                self.lineage = Lineage(kept, self.effects)
         inputs = self.lineage.inputs
         if skip_cut:
             inputs = [e for e in inputs if e.id not in self.tolerated]

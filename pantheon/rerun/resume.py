@@ -2,17 +2,24 @@
 
 What resuming does, exactly:
 
-1. Only an ``aborted`` session can be resumed, once: one whose recording process died
-   (the store marks a ``running`` session so once its pid is gone), or one whose input a
-   signal stopped (``pantheon run``'s Ctrl-C: it finished what was in flight and recorded
-   everything, every node's journal included, whatever its transport). A running,
+1. Only an unfinished run can be resumed, once: an ``aborted`` one, whose recording
+   process died (the store marks a ``running`` session so once its pid is gone) or whose
+   input a signal stopped (``pantheon run``'s Ctrl-C: it finished what was in flight and
+   recorded everything, every node's journal included, whatever its transport); or a NATS
+   run that ended (``failed``, when it expects ``zero_lost``) with a node dead and work left
+   in the stream for agents nobody else hosted (:func:`left_in_stream`: its summary names
+   those items). A running,
    finished or replay session, a ZeroMQ run whose driver died (its nodes' records reach
    the store only through the driver, so what they did after its last commit is nowhere),
    or one resumed before (by a resume that did not itself die), is refused with the
    reason. A resume that died is resumed in
-   turn. A NATS run resumes in this one process: first, the shipments its nodes left on
-   the stream that the dead driver had not stored are added to its record
-   (``pantheon.runner._multiprocess.import_from_stream``), so what they did is served, not redone.
+   turn. A NATS run whose driver died resumes in this one process: first, the shipments
+   its nodes left on the stream that the dead driver had not stored are added to its
+   record (``pantheon.runner._multiprocess.import_from_stream``), so what they did is
+   served, not redone. One whose node died takes in the messages that node published
+   after its last shipment, read back from the stream (the live nodes acted on them, so
+   without them their work would be done again); on a throwaway server (``server: auto``)
+   they are gone and the resume is refused, saying to run the scenario again.
 2. A new session (kind ``resume``, ``replay_of`` the original) runs the recorded scenario's
    team on a fresh bus in this process.
 3. The original's recorded inputs are published again in recorded order, paced as a replay
@@ -33,7 +40,8 @@ What resuming does, exactly:
 7. A NATS run's consumer groups, which still hold what the dead run left unacknowledged
    (later runs of the team never see it: each session's groups are its own, and their
    summaries list it as ``leftovers``), are deleted from the server: that work is done now.
-   The stream keeps the messages.
+   The stream keeps the messages. A run that ended (interrupted, or a node died) deleted
+   its own already.
 
 Agent state is rebuilt by re-handling the recorded inputs (with served effects), which is
 why the team need not persist anything of its own. Tool calls the original made in its last
@@ -65,7 +73,48 @@ from pantheon.scenario import NatsTransportConfig, Scenario, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions.internals import origin_of
 
-__all__ = ["ResumeResult", "resumable", "resume"]
+__all__ = ["ResumeResult", "left_in_stream", "resumable", "resume"]
+
+
+def left_in_stream(info: SessionInfo) -> bool:
+    """Whether run ``info`` ended with items unfinished in the team's stream: a node died
+    (killed by the scenario or not) leaving messages for agents no live process hosted, or
+    handed over in its own memory (``RunSummary.stream``; ``zero lost`` failed naming them).
+
+    Such a run is unfinished in the sense resume means, as one whose driver died: every
+    input is in its record and what was done is recorded (what the dead node published
+    after its last shipment is read back from the stream), so a resume serves that and
+    does the rest live. The waiting messages are not what it finishes from (nobody
+    consumes them any more: the run's groups are deleted when it ends); the record is."""
+    stream = info.summary.get("stream") or {}
+    return bool(stream.get("items") or stream.get("handed_over"))
+
+
+def _dead_nodes(info: SessionInfo) -> list[str]:
+    """The nodes whose death left run ``info`` unfinished (:func:`left_in_stream`), as its
+    summary names them; empty for any other session. Whatever its checks said: it ended
+    ``failed`` when it expects ``zero_lost``, but one that does not still left the items."""
+    if info.status not in ("completed", "failed") or not left_in_stream(info):
+        return []
+    return [str(n) for n in info.summary["stream"].get("killed") or ()]
+
+
+def _needs_stream(info: SessionInfo, scenario: Scenario, dead: Sequence[str]) -> None:
+    """Refuse to resume a run whose node died on a throwaway server, saying what to do
+    instead: the stream that held what the node published after its last journal shipment
+    stopped with the run (``server: auto``)."""
+    cfg = scenario.transport
+    if isinstance(cfg, NatsTransportConfig) and cfg.server == "auto":
+        which = ("node " if len(dead) == 1 else "nodes ") + ", ".join(map(repr, dead))
+        its = "its" if len(dead) == 1 else "their"
+        raise SessionError(
+            f"session {info.id} ran on its own throwaway NATS server (transport.server: "
+            f"auto), which stopped with the run: what {which} published after {its} last "
+            "journal shipment went with it, so resuming would do again what the other nodes "
+            "did with those messages. Run the scenario again to decide the items it left; "
+            "a run on a server that outlives it (transport.url) can be resumed after a node "
+            "dies"
+        )
 
 
 def resumable(info: SessionInfo) -> str | None:
@@ -77,6 +126,8 @@ def resumable(info: SessionInfo) -> str | None:
             f"session {info.id} is still running (pid {info.pid} on {info.host}); only a run "
             "whose process died can be resumed"
         )
+    if _dead_nodes(info):
+        return None
     if info.status != "aborted":
         return (
             f"session {info.id} ended ({info.status}); only a run whose process died "
@@ -177,6 +228,9 @@ async def resume(
         # A run whose input a signal stopped finished what was in flight and stored every
         # node's journal to its end mark: its record is whole, whatever the transport.
         interrupted = bool(original.summary.get("interrupted"))
+        # A run that ended with a node dead: its driver stored every journal, but the dead
+        # node's stops at its last shipment.
+        dead = _dead_nodes(original)
         if scenario.transport.kind == "zmq" and not interrupted:
             # Its nodes' records reach the store only through the driver, so what they did
             # after its last commit is nowhere: resuming would do it again.
@@ -185,11 +239,19 @@ async def resume(
                 "driver, so resuming would do again what they did (a NATS run's survive)"
             )
         if scenario.transport.kind == "nats" and not interrupted:
-            # Whatever its nodes shipped and the dead driver had not stored is still on the
-            # stream: take it in first, so none of it is done twice.
             from pantheon.runner import import_from_stream
 
-            await import_from_stream(st, original, scenario)
+            if dead:
+                # What the dead node published after its last shipment (a Reasoner's
+                # classification) is on the stream alone, and the live nodes acted on it
+                # (replied to the email): without it in the record their recorded work has
+                # no cause to be served against, and would be done again.
+                _needs_stream(original, scenario, dead)
+                await import_from_stream(st, original, scenario, origins=dead)
+            else:
+                # Whatever its nodes shipped and the dead driver had not stored is still on
+                # the stream: take it in first, so none of it is done twice.
+                await import_from_stream(st, original, scenario)
         policy = Resume()
         run = Rerun(
             st,
@@ -197,6 +259,7 @@ async def resume(
             policy,
             kind="resume",
             truncated=True,
+            redo_cut=True,
             approvals=scenario.approvals,
             origin=origin_of(st, original),
         )
@@ -220,9 +283,12 @@ async def resume(
         data = dataclasses.asdict(summary) | {"passed": summary.passed, "resume": result.to_dict()}
         await run.finish("completed" if summary.passed else "failed", data)
         cfg = scenario.transport
-        if isinstance(cfg, NatsTransportConfig) and cfg.server != "auto":
+        ended = interrupted or bool(dead)
+        if isinstance(cfg, NatsTransportConfig) and cfg.server != "auto" and not ended:
             # What the dead run left unacknowledged in its consumer groups is done now:
-            # later runs of the team no longer list the session as having left work.
+            # later runs of the team no longer list the session as having left work. A run
+            # that ended deleted its own (``run_cluster``): nothing to ask a server that
+            # may be gone, which this resume otherwise never needed.
             from pantheon.runner import discard_consumers
 
             await discard_consumers(scenario, cfg.url, original.id)

@@ -1471,10 +1471,15 @@ class _Driver:
         return found
 
     async def _after_kill(self, keys: _takeover.InputKeys, started: float) -> dict[str, Any]:
-        """A NATS run that killed a node: wait until its standbys finished what it left,
+        """A NATS run in which a node died: wait until its standbys finished what it left,
         then say what waits in the stream for its agents with no live member (see
-        :mod:`pantheon.runner._takeover`). Nothing to say for any other run."""
-        killed = [n for n, c in self.nodes.items() if c.killed_at is not None]
+        :mod:`pantheon.runner._takeover`). Nothing to say for any other run.
+
+        Killed by the scenario (``faults.kill_node``) or not (the OOM killer, a SIGKILL from
+        outside): the stream holds the same either way, and no node has been asked to leave
+        yet, so one whose output ended here is dead. Counting only the scenario's kills left
+        an unplanned death's waiting items unnamed and ``zero lost`` "unknown"."""
+        killed = [n for n, c in self.nodes.items() if c.killed_at is not None or not c.alive]
         if not killed or self.scenario.transport.kind != "nats":
             return {}
         ack_wait = _nats_config(self.scenario).ack_wait
@@ -1496,7 +1501,10 @@ class _Driver:
         stream = await _takeover.inspect(
             self.bus.transport, subs, killed, live, keys, ack_wait + DEFAULT_CONNECT_TIMEOUT
         )
-        return stream | {"quiet_at_s": round(quiet_s, 3)}
+        # Whether ``pantheon resume`` can finish what waits: it reads back what the dead
+        # node published last, which a throwaway server takes with it.
+        throwaway = _nats_config(self.scenario).server == "auto"
+        return stream | {"quiet_at_s": round(quiet_s, 3), "throwaway": throwaway}
 
     async def _kill_later(self, name: str, at: float, since: float) -> None:
         loop = asyncio.get_running_loop()
@@ -1774,13 +1782,21 @@ def install_stop_signals(stop: asyncio.Event) -> None:
             loop.add_signal_handler(sig, stop.set)
 
 
-async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: Scenario) -> int:
+async def import_from_stream(
+    store: SessionStore,
+    info: SessionInfo,
+    scenario: Scenario,
+    origins: Sequence[str] = (DRIVER_NODE,),
+) -> int:
     """Read from a NATS run's stream the node shipments session ``info`` does not hold yet
-    (its driver died before storing them) and add them to it; returns how many.
+    (its driver died before storing them) and add them to it; returns how many. Then the
+    messages the dead processes ``origins`` published (the driver, or the nodes that died
+    in a run whose driver lived) that the record lacks: their last records died with them.
 
     A run on a throwaway server (``server: auto``) took its stream with it when its driver
     died: that is a :class:`SessionError`, since resuming without the nodes' records would
-    do again what they did."""
+    do again what they did. So is a server that cannot be read now (down, refusing us),
+    saying so, rather than a transport's traceback."""
     cfg = _nats_config(scenario)
     if cfg.server == "auto":
         raise SessionError(
@@ -1792,18 +1808,30 @@ async def import_from_stream(store: SessionStore, info: SessionInfo, scenario: S
     done = {n: j.shipments for n, j in store.node_journals(info.id).items()}
     shipments: list[tuple[str, bytes]] = []
     transport = _nats_transport(scenario, cfg.url, f"resume-{os.getpid()}", 10.0)
-    async with Bus(transport=transport):
-        reader = transport.journal_reader(
-            info.id, lambda node, _seq, data, _end: shipments.append((node, data)), done
-        )
-        await reader.drain()
-        # The driver's own last records died with it, but what it published to the nodes
-        # (its inputs above all) is on the stream: without them, the nodes' work on those
-        # inputs would have no root in the record and be done again.
-        sent = await transport.published(DRIVER_NODE, info.id)
+    try:
+        async with Bus(transport=transport):
+            reader = transport.journal_reader(
+                info.id, lambda node, _seq, data, _end: shipments.append((node, data)), done
+            )
+            await reader.drain()
+            # A dead process's last records died with it, but what it published (the
+            # driver's inputs above all; a node's outputs) is on the stream: without them,
+            # the other processes' work on those messages would have no cause in the
+            # record and be done again.
+            sent = {origin: await transport.published(origin, info.id) for origin in origins}
+    except BusError as exc:
+        raise SessionError(
+            f"session {info.id}: cannot read the team's stream on the NATS server at "
+            f"{cfg.url} ({type(exc).__name__}: {exc}). Resuming needs what the run's dead "
+            f"{'processes' if len(origins) > 1 else 'process'} ({', '.join(origins)}) left "
+            "there, or it would do that work again: start the server again (with its store) "
+            "and resume"
+        ) from None
     nodes = scenario.nodes()
     applied = await asyncio.to_thread(import_shipments, store, info.id, nodes, shipments)
-    await asyncio.to_thread(import_envelopes, store, info.id, sent)
+    for origin, envelopes in sent.items():
+        node = None if origin == DRIVER_NODE else origin
+        await asyncio.to_thread(import_envelopes, store, info.id, envelopes, node)
     return applied
 
 

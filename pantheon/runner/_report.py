@@ -94,20 +94,23 @@ class RunSummary:
     """Dead letters counted in ``dlq`` but no longer in the buses' in-memory queues, which
     keep the newest 10,000 each by default (a recorded session has every one)."""
     unverified: dict[str, int | None] = field(default_factory=dict)
-    """Per process that ended without its report (a node the scenario killed), how many
-    messages it had settled for the others (None where the transport does not count it):
-    it handled them, and whatever they caused
-    inside it (a chain of agents on that node) died with its accounting, as did what it
-    published itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
+    """Per process that ended without its report (a node the scenario killed, or one that
+    died by itself), how many messages it had settled for the others (None where the
+    transport does not count it): it handled them, and whatever they caused inside it (a
+    chain of agents on that node) died with its accounting, as did what it published
+    itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
     stream: dict[str, Any] = field(default_factory=dict)
-    """Of a NATS run in which a node was killed: which of its agents a live process took
+    """Of a NATS run in which a node died (``killed``: the scenario's ``kill_node`` or not,
+    the OOM killer, a SIGKILL from outside): which of its agents a live process took
     over (``taken_over``: agent -> processes), which had no live member
     (``no_live_member``), the items whose messages wait in the stream for those
     (``waiting``: agent -> item keys; ``items``; ``messages``), whether that list is whole
     (``complete``), items the killed node had handed to such an agent in its own memory
     (``handed_over``, a lower bound: see ``pantheon.runner._takeover``) and when the run went quiet
-    (``quiet_at_s``).
+    (``quiet_at_s``). Items listed here are what ``pantheon resume`` of the session finishes
+    (``pantheon.rerun.resume.left_in_stream``), unless the run's server was a throwaway one
+    (``throwaway``: ``server: auto``), which took what the resume needs with it.
     Empty otherwise."""
     leftovers: dict[str, int] = field(default_factory=dict)
     """Of a NATS run: other sessions of the team whose consumer groups held unacknowledged

@@ -161,6 +161,9 @@ class _Writer(threading.Thread):
         #: the log, and its journal shows the gap).
         self.bad_shipments = 0
         self._applied: dict[str, int] = {}  # node -> shipments applied
+        #: The process this writer's own chunks are recorded as (None: the recording one;
+        #: :func:`import_envelopes` names a dead node whose messages it adds).
+        self.own_node: str | None = None
         self.path = path
         self.synchronous = synchronous
         self.session_id = session_id
@@ -390,7 +393,9 @@ class _Writer(threading.Thread):
         # One journal row per chunk of up to 2,048 rows, encoded already (``_journal``).
         for batch in batches:
             for kind, count, blob in batch:
-                journal_rows.append((sid, self._jseq, kind, seq[kind], count, wall, blob, None))
+                journal_rows.append(
+                    (sid, self._jseq, kind, seq[kind], count, wall, blob, self.own_node)
+                )
                 self._jseq += 1
                 seq[kind] += count
                 n_rows += count
@@ -858,13 +863,39 @@ def import_shipments(
     return sum(writer._applied.values()) - before
 
 
-def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[Envelope]) -> int:
-    """Add envelopes the recording process published and never stored (it died first) to
-    its session, as its own (node ``None``), after what the session holds; those it has
-    already are skipped, and ``created`` is taken as wall-clock ns. Returns how many were
-    added. ``pantheon resume`` of a NATS run reads them back from the team's stream."""
-    have = {e.id for e in store.envelopes(session_id)}
+def import_envelopes(
+    store: SessionStore,
+    session_id: str,
+    envelopes: Sequence[Envelope],
+    node: str | None = None,
+) -> int:
+    """Add envelopes a process published and never stored (it died first) to its session,
+    after what the session holds: the recording process's own (``node`` None), or those of
+    node ``node``, whose journal stops where it died (so a replay knows the handlings they
+    came from as that node's, cut short). Those the session has already are skipped, and
+    ``created`` is taken as wall-clock ns. Returns how many were added. ``pantheon resume``
+    of a NATS run reads them back from the team's stream.
+
+    Of a dead node, only the messages the rest of the record hangs on are added: the cause
+    of a recorded message or the message of a recorded effect (and their causes in turn).
+    Its other messages include requests its effects made (a Reasoner's Memory lookup),
+    which alignment leaves out by the effect's recorded time window; those effects died
+    with the node, so such a request would pass for its handler's first output and take
+    the place of the real one (``pantheon.sessions._align.Mapper``)."""
+    stored = store.envelopes(session_id)
+    have = {e.id for e in stored}
     missing = [e for e in envelopes if e.id not in have]
+    if node is not None:
+        needed = {e.causation_id for e in stored}
+        needed.update(f.envelope_id for f in store.effects(session_id))
+        by_id = {e.id: e for e in missing}
+        wanted = [i for i in needed if i in by_id]
+        while wanted:  # a chain inside the dead node: what it published in its memory
+            cause = by_id[wanted.pop()].causation_id
+            if cause not in needed and cause in by_id:
+                wanted.append(cause)
+            needed.add(cause)
+        missing = [e for e in missing if e.id in needed]
     if not missing:
         return 0
     # Bases 0: ``created`` is wall-clock ns already, so the chunk's wall times come out right.
@@ -872,6 +903,7 @@ def import_envelopes(store: SessionStore, session_id: str, envelopes: Sequence[E
     for env in missing:
         rows.add_envelope(env)
     writer = _Writer(store.path, store.synchronous, session_id)
+    writer.own_node = node
     conn = connect(store.path, store.synchronous)
     try:
         writer.continue_from(conn)

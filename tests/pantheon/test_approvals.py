@@ -5,6 +5,7 @@ still pending after a SIGKILL until ``pantheon resume`` finishes the run."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -241,6 +242,29 @@ def test_what_can_be_resumed(kind: str, status: str, why: str | None) -> None:
         assert said is None
     else:
         assert said is not None and said.startswith(f"session s1 {why}"), said
+
+
+@pytest.mark.parametrize(
+    ("stream", "why"),
+    [
+        # A node died with items waiting for agents nobody else hosted: not finished.
+        ({"killed": ["think"], "items": ["e1"], "handed_over": {}}, None),
+        ({"killed": ["think"], "items": [], "handed_over": {"planner": ["e2"]}}, None),
+        # A node died, its standby took everything over: finished, and failed otherwise.
+        ({"killed": ["think"], "items": [], "handed_over": {}}, "ended (failed)"),
+        ({}, "ended (failed)"),
+    ],
+)
+def test_a_run_that_left_items_in_the_stream_can_be_resumed(
+    stream: dict[str, object], why: str | None
+) -> None:
+    summary = {"stream": stream}
+    info = SessionInfo("s1", "run", "x", "", 0, 0.0, None, "failed", summary, None, 7, "h")
+    said = resumable(info)
+    assert said is None if why is None else said is not None and why in said, said
+    # A run that did not expect zero_lost passed its checks, and left the items all the same.
+    passed = dataclasses.replace(info, status="completed")
+    assert (resumable(passed) is None) is (why is None)
 
 
 def test_resume_refuses_a_session_that_finished(tmp_path: Path) -> None:

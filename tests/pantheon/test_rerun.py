@@ -15,7 +15,8 @@ import pantheon
 import pantheon.rerun
 from agents import ApprovalUnavailable
 from pantheon.rerun import EffectCall, ExactReplay, Resume, Verdict, WhatIf
-from pantheon.sessions import StoredEffect
+from pantheon.rerun._engine import dangling
+from pantheon.sessions import StoredDelivery, StoredEffect, StoredEnvelope
 from pantheon.sessions._codec import encode
 from pantheon.sessions._store import EFFECT_ERROR, EFFECT_OK, EFFECT_REPR
 
@@ -227,3 +228,35 @@ def test_a_replay_counts_the_served_calls_that_asked_something_else(tmp_path: Pa
     proc = cli("replay", summary.session_id or "", "--store", str(store), cwd=tmp_path)
     assert "served 3: tool.lane 3; called 0" in proc.stdout
     assert "asked other than recorded 3: tool.lane 3" in proc.stdout
+
+
+def _env(mid: int, cause: int | None, source: str | None, node: str | None) -> StoredEnvelope:
+    return StoredEnvelope(mid, mid, f"t{mid}", 2, cause, 1, source, 0, 0, 0.0, None, False, node)
+
+
+def test_a_resume_does_not_align_with_what_a_dead_node_left_hanging() -> None:
+    """Node ``think`` died handling message 2 (no delivery of it to ``reasoner`` there): it
+    had published 3 (a request its effect made, whose effect record died with it) and 4
+    (its output, which ``keep`` handled into 5), and, handling 6 to the end, 7. Only 3 is
+    left hanging: 4 carries recorded work, 7 came from a handling that ended, and what
+    ``keep`` published is not the dead node's."""
+    envelopes = [
+        _env(1, None, None, None),
+        _env(2, 1, "sensor", "keep"),
+        _env(3, 2, "reasoner", "think"),
+        _env(4, 2, "reasoner", "think"),
+        _env(5, 4, "planner", "keep"),
+        _env(6, 1, "sensor", "keep"),
+        _env(7, 6, "reasoner", "think"),
+        _env(8, 2, "memory", "keep"),
+    ]
+    ended = [StoredDelivery(0, "reasoner", 6, 0, 0, 0, "ok", None, None, "think")]
+    cuts = {"think": "its records end after 9 in 1 shipments"}
+    assert dangling(envelopes, cuts, ended, []) == {3}
+    # A recorded effect made handling 3 (``keep`` took it and acted) anchors it too.
+    acted = StoredEffect(0, 3, "memory", 0, "tool.x", EFFECT_OK, None, None, None, 0.0)
+    assert dangling(envelopes, cuts, ended, [acted]) == set()
+    # ... and a message a kept one came from (a chain inside the dead node).
+    chain = [*envelopes, _env(9, 3, "planner", "think"), _env(10, 9, "guardian", "keep")]
+    assert dangling(chain, cuts, ended, []) == set()
+    assert dangling(envelopes, {}, ended, []) == set()
