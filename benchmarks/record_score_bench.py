@@ -4,8 +4,9 @@
         [--reads 3]
 
 Runs the scenario with ``pantheon run`` (its nodes, recorded into a fresh store), then times
-``session_outcomes`` on the session ``--reads`` times: the read ``pantheon run`` does once,
-after the run's elapsed time, to score a multi-process run (pantheon/_api.py).
+``session_outcomes`` and ``SessionStore.topic_counts`` on the session ``--reads`` times
+each: the reads ``pantheon run`` does once, after the run's elapsed time, to score and
+count a multi-process run from its record (pantheon/_api.py).
 """
 
 from __future__ import annotations
@@ -43,13 +44,18 @@ def main() -> None:
         summary = json.loads(proc.stdout)
         with SessionStore(store) as st:
             times = []
+            counting = []
             for _ in range(args.reads):
                 t = time.perf_counter()
                 read = session_outcomes(st, summary["session_id"])
                 times.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                st.topic_counts(summary["session_id"])
+                counting.append(time.perf_counter() - t)
     print(
         f"{summary['messages']:,} messages, {len(read.decisions):,} items decided; scored from "
-        f"the record in {', '.join(f'{t:.3f}' for t in times)} s "
+        f"the record in {', '.join(f'{t:.3f}' for t in times)} s, counted per topic in "
+        f"{', '.join(f'{t:.4f}' for t in counting)} s "
         f"(the run itself: {summary['elapsed_s']:.2f} s)"
     )
 

@@ -130,16 +130,20 @@ async def run(
 
 
 async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: Any) -> None:
-    """Score a multi-process run from its session record (see
+    """Score and count a multi-process run from its session record (see
     :func:`pantheon.runner.score_from_record`), once every node's journal and the driver's
-    own records are committed. An in-process run's summary is scored already, from all its
-    one bus saw."""
+    own records are committed. An in-process run's summary is scored and counted already,
+    from all its one bus saw."""
     from pantheon.rerun import session_outcomes
     from pantheon.runner import score_from_record
 
+    def read_record() -> tuple[Any, dict[str, int]]:
+        store, sid = recorder.store, recorder.session_id
+        return session_outcomes(store, sid), store.topic_counts(sid)
+
     try:
         await recorder.flush()
-        read = await asyncio.to_thread(session_outcomes, recorder.store, recorder.session_id)
+        read, topics = await asyncio.to_thread(read_record)
     except Exception:
         # The run is over and its session must still be closed with its summary: keep the
         # processes' own score, and say why the record's is missing.
@@ -147,7 +151,7 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
             "session %s: scoring from the record failed", recorder.session_id
         )
         return
-    score_from_record(scenario, summary, read.score)
+    score_from_record(scenario, summary, read.score, topics=topics)
 
 
 class _Served:

@@ -84,7 +84,10 @@ class RunSummary:
     their turn; one limiter for the whole team, the driver's in a multi-process run. Empty
     without ``provider.rate_limit``."""
     topics: dict[str, int] = field(default_factory=dict)
-    """Messages published per topic, each counted once however many processes it crossed."""
+    """Messages published per topic, each counted once however many processes it crossed.
+    Of a recorded multi-process run, read from its session record (as ``messages``, their
+    sum): what a killed node published and shipped before it died counts, as ``sessions
+    show`` and ``export`` count it (:func:`score_from_record`)."""
     input_errors: list[str] = field(default_factory=list)
     """Why an Observer's input stopped early (a generator that raised); empty when every
     input ran to its end."""
@@ -98,7 +101,8 @@ class RunSummary:
     died by itself), how many messages it had settled for the others (None where the
     transport does not count it): it handled them, and whatever they caused inside it (a
     chain of agents on that node) died with its accounting, as did what it published
-    itself. ``accounting_ok`` covers the processes that reported; ``zero_lost``
+    itself (``topics`` and ``messages`` still count what its journal had shipped, in a
+    recorded run). ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
     stream: dict[str, Any] = field(default_factory=dict)
     """Of a NATS run in which a node died (``killed``: the scenario's ``kill_node`` or not,
@@ -432,8 +436,15 @@ def summarize(
     return summary
 
 
-def score_from_record(scenario: Scenario, s: RunSummary, score: OutcomeScore) -> None:
-    """Put a multi-process run's accuracy, read from its whole session record, in ``s``.
+def score_from_record(
+    scenario: Scenario,
+    s: RunSummary,
+    score: OutcomeScore,
+    *,
+    topics: Mapping[str, int] | None = None,
+) -> None:
+    """Put a multi-process run's accuracy and message counts, read from its whole session
+    record, in ``s``, and judge its expectations again on them.
 
     Each process sees only the messages published on its own bus and those that crossed to
     it: an outcome published on a node that no agent on the driver subscribes to reaches no
@@ -441,20 +452,47 @@ def score_from_record(scenario: Scenario, s: RunSummary, score: OutcomeScore) ->
     nodes (competing consumers) has each process hold a part. The record holds every node's
     messages, so it is scored as one process would score them (and as ``pantheon diff`` and
     a what-if read the same session). What only the processes' Learners report (the support
-    desk's intent accuracy and thresholds) is kept beside it. The accuracy checks are judged
-    again; the others stand."""
+    desk's intent accuracy and thresholds) is kept beside it.
+
+    ``topics``: the record's messages per topic (``SessionStore.topic_counts``). They
+    replace the processes' own counts, and their sum ``messages``: a node the scenario
+    killed took its counters with it, while what it published and shipped before is in the
+    record, which ``sessions show`` and ``export`` count. A ``topics:`` bound or a custom
+    check reading ``summary.topics`` then judges what the team did, not what the survivors
+    counted.
+
+    Every expectation :func:`judge` makes is judged again when something changed (a custom
+    check may read any figure); the ones the run added after summarizing (a multi-process
+    run's "every node ran to the end") stand."""
+    changed = False
+    if topics is not None:
+        counted = _capped(topics)
+        messages = sum(topics.values())
+        if counted != s.topics or messages != s.messages:
+            s.topics = counted
+            s.messages = messages
+            s.throughput = round(messages / s.elapsed_s, 1) if s.elapsed_s else 0.0
+            changed = True
     # A record without labels to score by (a generator's or stdin's live only in the
     # Observer's process) leaves the processes' own score as it is.
-    if not scenario.scored or not score.scored:
-        return
-    report = score.as_report()
-    merged = report | {k: v for k, v in s.accuracy.items() if k not in report}
-    s.accuracy = merged
-    # Only the accuracy checks are judged again: the run added its own after summarizing
-    # (a multi-process run's "every node ran to the end").
-    fresh = {e["name"]: e for e in judge(scenario, s)}
-    again = {name for name, _, _ in accuracy_bounds(scenario)}
-    s.expectations = [fresh[e["name"]] if e["name"] in again else e for e in s.expectations]
+    if scenario.scored and score.scored:
+        report = score.as_report()
+        s.accuracy = report | {k: v for k, v in s.accuracy.items() if k not in report}
+        changed = True
+    if changed:
+        fresh = {e["name"]: e for e in judge(scenario, s)}
+        s.expectations = [fresh.get(e["name"], e) for e in s.expectations]
+
+
+def _capped(topics: Mapping[str, int]) -> dict[str, int]:
+    """Per-topic counts as a summary keeps them: sorted, at most :data:`MAX_TOPICS` topics,
+    the rest summed under ``<other>`` (as :class:`_OwnTopics` and the bus count them)."""
+    names = sorted(topics)
+    kept = {t: topics[t] for t in names[:MAX_TOPICS]}
+    rest = sum(topics[t] for t in names[MAX_TOPICS:])
+    if rest:
+        kept["<other>"] = kept.get("<other>", 0) + rest
+    return kept
 
 
 def _merge_usage(usages: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1117,6 +1117,31 @@ class SessionStore:
             out[sid] = out.get(sid, 0) + int(n)
         return out
 
+    def topic_counts(self, session_id: str) -> dict[str, int]:
+        """Messages recorded per topic, journal chunks included: what ``export`` lists and
+        ``sessions show`` counts, read without decoding a payload.
+
+        A multi-process run's summary counts its messages this way once every journal is
+        in (``pantheon.runner.score_from_record``): a node killed mid-run took its own
+        counters with it, but what it published and shipped before is in the record."""
+        rows, chunks = self._with_journal(
+            session_id,
+            "SELECT topic, count(*) FROM envelopes WHERE session = ? GROUP BY topic",
+            (session_id,),
+            "envelopes",
+        )
+        counts: dict[str, int] = dict(rows)
+        for first, blob, _node in chunks:
+            try:
+                decoded = decode_envelopes(blob, first)
+            except Exception as exc:  # a damaged chunk: whatever the decoder raises
+                raise self._damaged(
+                    session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
+                ) from exc
+            for row in decoded:
+                counts[row[2]] = counts.get(row[2], 0) + 1
+        return counts
+
     def materialize(self, session_id: str) -> int:
         """Move the session's journal chunks into the row tables now; returns how many.
         The recorder does this itself; call it only for a session no process is recording."""

@@ -525,3 +525,39 @@ def test_a_record_without_labels_leaves_the_processes_score_as_it_is() -> None:
     )
     assert s.accuracy["accuracy"] == s.accuracy["action_accuracy"] == 0.6
     assert [(e["name"], e["passed"]) for e in s.expectations] == [("accuracy >= 0.7", False)]
+
+
+def test_the_records_counts_replace_the_processes_and_are_judged(tmp_path: Path) -> None:
+    """A multi-process run whose node was killed: its counters died with it, its record did
+    not. The record's per-topic counts replace the summary's, their sum its messages, and
+    every check reading them (a ``topics:`` bound, a custom check) is judged again; what
+    the run added itself stands, and nothing is judged again when the record agrees."""
+    from agents import OutcomeScore
+    from pantheon.runner import score_from_record
+
+    module = "counted_" + re.sub(r"\W", "_", tmp_path.name)
+    (tmp_path / f"{module}.py").write_text(
+        "def decided(summary):\n"
+        "    n = summary.topics.get('claim.decided', 0)\n"
+        "    return n == summary.inputs or f'{n} of {summary.inputs}'\n"
+    )
+    scenario = parse_scenario(
+        HEAD + f"  topics: {{claim.decided: {{min: 1}}}}\n  custom: ['{module}:decided']\n",
+        base_dir=tmp_path,
+    )
+    s = summary(topics={"claim.received": 10}, messages=10, elapsed_s=2.0)
+    s.expectations = [*judge(scenario, s), {"name": "every node ran", "passed": True}]
+    assert [e["passed"] for e in s.expectations] == [False, False, True]
+
+    unscored = OutcomeScore(decided=0, scored=0, correct=0)
+    record = {"claim.received": 10, "claim.decided": 10, "claim.paid": 4}
+    score_from_record(scenario, s, unscored, topics=record)
+    assert s.topics == record and (s.messages, s.throughput) == (24, 12.0)
+    assert [(e["name"], e["passed"], e.get("actual")) for e in s.expectations] == [
+        ("messages on claim.decided >= 1", True, 10),
+        (f"custom: {module}:decided", True, "passed"),
+        ("every node ran", True, None),
+    ]
+    before = list(s.expectations)
+    score_from_record(scenario, s, unscored, topics=dict(record))
+    assert all(a is b for a, b in zip(s.expectations, before, strict=True))
