@@ -282,8 +282,9 @@ class Monitor(Agent):
     Breaker events arrive as ``system.breaker.<name>`` messages and are answered per message,
     as is ``system.budget`` (a budget scope is spent: alert ``budget_spent``).
     Depth and DLQ growth are sampled every ``interval`` seconds (setting, default 0.5) from
-    ``bus.stats()``; a sampled alert is outside input, so a replay re-publishes it from the
-    recording instead of sampling the replaying machine.
+    ``bus.stats()``; a sampled alert is an outside message (no handling caused it), so a
+    replay re-publishes it from the recording instead of sampling the replaying machine,
+    without counting it among the run's inputs (the Observer's).
     """
 
     role = "monitor"

@@ -29,7 +29,7 @@ from rich.table import Table
 from pantheon import readmodel
 from pantheon.cli._common import JsonOpt, SessionArg, SetupOpt, StoreOpt, fail, load_setup
 from pantheon.cli._console import report_console
-from pantheon.cli._summary_text import STATE_MARKS, cut_lines, usage_lines
+from pantheon.cli._summary_text import STATE_MARKS, cut_lines, others_line, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
 from pantheon.runner import AgentSetupError, expectation_state
 from pantheon.sessions import (
@@ -561,6 +561,8 @@ def _print_replay(con: Console, report: Any) -> None:
             f"{counts_line('called', report.called_by_name)}"
         )
     )
+    if report.others_replayed:
+        con.print(escape(f"  {others_line(report.others_replayed)}"))
     if report.requests_changed:
         line = counts_line("asked other than recorded", report.requests_changed)
         con.print(escape(f"  {line} (a request read something outside an effect)"))

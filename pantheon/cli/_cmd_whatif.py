@@ -20,6 +20,7 @@ from pantheon.cli._summary_text import (
     dead_letter_lines,
     dead_letters_text,
     expectation_lines,
+    others_line,
     verdict_line,
 )
 from pantheon.rerun import (
@@ -107,6 +108,8 @@ def whatif_command(
             f"{counts_line('called live', report.called_by_name)}"
         )
     )
+    if report.others_replayed:
+        con.print(escape(f"  {others_line(report.others_replayed)}"))
     for line in cut_lines(report.cut, report.cut_inputs):
         con.print(line)
     for line in decision_lines(report.decisions):

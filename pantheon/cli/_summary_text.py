@@ -27,6 +27,7 @@ __all__ = [
     "dead_letter_lines",
     "dead_letters_text",
     "expectation_lines",
+    "others_line",
     "print_nodes",
     "print_stream",
     "print_summary",
@@ -158,6 +159,15 @@ def cut_lines(cut: dict[str, str] | None, inputs: int) -> list[str]:
         "skipped)[/yellow]"
         for node, reach in (cut or {}).items()
     ]
+
+
+def others_line(others: dict[str, int]) -> str:
+    """The outside messages a replay or a what-if fed again that are not the input's (a
+    Monitor's sampled alerts, a gateway client's direct publishes), by topic: said apart
+    so the inputs count as the run counted them."""
+    from pantheon.rerun import counts_line
+
+    return counts_line("fed again beside the inputs", others) + " (no Observer published them)"
 
 
 def _inputs_line(s: Any) -> str:

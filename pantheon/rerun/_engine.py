@@ -3,11 +3,12 @@ effect call looked up in the record and decided by a :class:`~pantheon.rerun.Pol
 
 Exact replay, what-if and resume are this loop with another policy (and their own report):
 
-* the original's outside inputs (no cause, no source, not ``system.*``) are re-published in
-  recorded order, each once what the original had published before it, under inputs
-  already fed, has been published again (or the bus went quiet): that keeps inputs
-  interleaved with the work they caused as they were, which agent state (a Memory's
-  history) depends on;
+* the original's outside messages (no cause, no source, not ``system.*``: its inputs, and
+  others such as a Monitor's sampled alert, counted apart: :meth:`Rerun.observed`) are
+  re-published in recorded order, each once what the original had published before it,
+  under inputs already fed, has been published again (or the bus went quiet): that keeps
+  inputs interleaved with the work they caused as they were, which agent state (a
+  Memory's history) depends on;
 * every message the new run publishes is aligned onto the original as it is published
   (:class:`~pantheon.sessions._align.Mapper`; publish listeners run before routing, so a
   handler's effects find their original message);
@@ -566,12 +567,17 @@ class Rerun:
                 kept = [e for e in self.envelopes if e.id not in gone]
                 self.lineage = Lineage(kept, self.effects)
         inputs = self.lineage.inputs
+        #: Whether the original's Observers numbered their inputs (see :meth:`observed`).
+        self.numbered = any(input_ordinal(e.id) is not None for e in inputs)
         if skip_cut:
             inputs = [e for e in inputs if e.id not in self.tolerated]
         if from_ts is not None:
             inputs = [e for e in inputs if e.wall - original.started >= from_ts]
+        #: Every outside message to feed again, in recorded order: the input's, and the
+        #: others no handling caused (:meth:`observed` tells them apart).
         self.inputs: list[StoredEnvelope] = inputs
-        self.skipped = len(self.lineage.inputs) - len(inputs)
+        #: The original's inputs not fed (cut by a dead node, or before ``from_ts``).
+        self.skipped = len(self.observed(self.lineage.inputs)) - len(self.observed(inputs))
         self.truncated = truncated
         self.recorder = Recorder(
             store,
@@ -614,6 +620,28 @@ class Rerun:
     @property
     def session_id(self) -> str:
         return self.recorder.session_id
+
+    def observed(self, roots: Iterable[StoredEnvelope]) -> list[StoredEnvelope]:
+        """The inputs among ``roots`` (outside messages of the original, fed again): what
+        its Observers published, each under an id carrying its number, and what its summary
+        counted as ``inputs`` and ``malformed``.
+
+        The other outside messages (a Monitor's sampled alert, a gateway client's direct
+        publish, a flood fault's) are fed again all the same, so the team reacts to them as
+        it did, but they were never the input: counted as inputs, a re-run's summary would
+        differ from the run's and a custom check comparing a topic's count with
+        ``summary.inputs`` would fail on a change that changed nothing. A session recorded
+        before inputs were numbered (2026-11-28) cannot tell them apart: every root then,
+        as it was counted."""
+        if not self.numbered:
+            return list(roots)
+        return [e for e in roots if input_ordinal(e.id) is not None]
+
+    def others(self, roots: Sequence[StoredEnvelope]) -> dict[str, int]:
+        """The outside messages among ``roots`` that are not inputs (:meth:`observed`), by
+        topic, the most first: what a report names beside the inputs it fed."""
+        kept = {e.id for e in self.observed(roots)}
+        return by_name(Counter(e.topic for e in roots if e.id not in kept))
 
     def _effect_diverged(self, div: ReplayDivergence) -> None:
         if self.truncated and past_the_record(div):
@@ -754,7 +782,8 @@ def credit_inputs(
     observers: Sequence[Observer], inputs: Sequence[StoredEnvelope], malformed_topic: str | None
 ) -> None:
     """Count the re-published inputs as the first Observer's: a team built for a re-run
-    ingests nothing itself, and its summary's inputs are still the run's."""
+    ingests nothing itself, and its summary's inputs are still the run's. ``inputs``: the
+    Observers' only (:meth:`Rerun.observed`), as the run counted them."""
     if not observers:
         return
     malformed = sum(e.topic == malformed_topic for e in inputs) if malformed_topic else 0

@@ -53,6 +53,11 @@ class ReplayReport:
     ``inputs_skipped``); every other input must match exactly, the ones the node handled
     to the end included.
 
+    ``inputs_replayed`` counts the original's inputs fed again (what its Observers
+    published: its summary's ``inputs`` and ``malformed``); ``others_replayed`` the other
+    outside messages fed again, by topic (a Monitor's sampled alerts, a gateway client's
+    direct publishes; see :meth:`~pantheon.rerun.Rerun.observed`).
+
     ``served_by_name`` and ``called_by_name`` split ``effects_served`` and
     ``effects_called`` by effect name, the most first. ``requests_changed`` counts, by
     name, the calls whose request digest differed from the record's (see
@@ -77,6 +82,7 @@ class ReplayReport:
     served_by_name: dict[str, int] = field(default_factory=dict)
     called_by_name: dict[str, int] = field(default_factory=dict)
     requests_changed: dict[str, int] = field(default_factory=dict)
+    others_replayed: dict[str, int] = field(default_factory=dict)
 
     def raise_for_divergence(self) -> None:
         """Raise the divergence, if any (as ``httpx.Response.raise_for_status`` does)."""
@@ -93,6 +99,7 @@ class ReplayReport:
             "divergence": None if self.divergence is None else self.divergence.to_dict(),
             "inputs_replayed": self.inputs_replayed,
             "inputs_skipped": self.inputs_skipped,
+            "others_replayed": self.others_replayed,
             "effects_served": self.effects_served,
             "effects_called": self.effects_called,
             "served_by_name": self.served_by_name,
@@ -198,8 +205,9 @@ async def replay_session(
         hops_compared=len(comparison.pairs),
         failures=comparison.failures,
         divergence=divergence,
-        inputs_replayed=len(run.published),
+        inputs_replayed=len(run.observed(run.published)),
         inputs_skipped=run.skipped,
+        others_replayed=run.others(run.published),
         effects_served=run.runner.served,
         effects_called=run.runner.calls,
         live_effects=live_effects,

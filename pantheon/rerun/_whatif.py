@@ -120,6 +120,8 @@ class WhatIfReport:
     inputs_skipped: int = 0
     cut: dict[str, str] | None = None
     cut_inputs: int = 0
+    #: The other outside messages fed again, by topic (see ``ReplayReport``).
+    others_replayed: dict[str, int] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -149,6 +151,7 @@ class WhatIfReport:
             "overlay_source": self.overlay_source,
             "inputs_replayed": self.inputs_replayed,
             "inputs_skipped": self.inputs_skipped,
+            "others_replayed": self.others_replayed,
             "cut": self.cut,
             "cut_inputs": self.cut_inputs,
             "effects_served": self.effects_served,
@@ -239,7 +242,7 @@ async def whatif_replay(
         await team.stop()
         await bus.drain(timeout=drain)
         malformed = getattr(scenario.input, "malformed_topic", None)
-        credit_inputs(team.of_role(Observer), run.published, malformed)
+        credit_inputs(team.of_role(Observer), run.observed(run.published), malformed)
         reports.append(local_report(bus, team))
 
     started = time.perf_counter()
@@ -284,7 +287,7 @@ async def whatif_replay(
         new_session_id=run.session_id,
         original_session_id=original.id,
         overlay_source=overlay.source,
-        inputs_replayed=len(run.published),
+        inputs_replayed=len(run.observed(run.published)),
         effects_served=run.runner.served,
         effects_called=run.runner.calls,
         decisions=decisions,
@@ -296,6 +299,7 @@ async def whatif_replay(
         inputs_skipped=run.skipped,
         cut=run.cuts or None,
         cut_inputs=len(run.tolerated),
+        others_replayed=run.others(run.published),
     )
     await run.finish("completed" if report.passed else "failed", _summary(report, overlay))
     return report

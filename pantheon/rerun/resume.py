@@ -273,7 +273,7 @@ async def resume(
         result = ResumeResult(
             summary,
             original.id,
-            len(run.inputs),
+            len(run.observed(run.inputs)),
             run.runner.served,
             run.runner.calls,
             policy.mismatched,
@@ -334,10 +334,13 @@ async def _run(
                 await team.start()
                 await run.feed(bus, drain_timeout)
                 # The recorded inputs count as the Observer's: the summary's inputs are the
-                # whole run's, as the original's would have been.
-                credit_inputs(observers, inputs, getattr(scenario.input, "malformed_topic", None))
-                numbered = _published(inputs)
-                already = len(inputs) if numbered is None else sum(numbered.values())
+                # whole run's, as the original's would have been. Only the Observer's: a
+                # Monitor's sampled alert fed again is no item of the source to skip.
+                observed = run.observed(inputs)
+                malformed = getattr(scenario.input, "malformed_topic", None)
+                credit_inputs(observers, observed, malformed)
+                numbered = _published(observed)
+                already = len(observed) if numbered is None else sum(numbered.values())
                 for observer, source in sources:
                     count = observer.settings.count
                     left = None if count is None else count - already

@@ -82,7 +82,7 @@ input:
   label: expected
   malformed_topic: claim.rejected_input
   validate: "claims_agents:problem"
-approvals: {{timeout: 120, default: reject, auto: {{approve_after: 0.2}}}}
+{rate}approvals: {{timeout: 120, default: reject, auto: {{approve_after: 0.2}}}}
 agents:
   intake:
     class: "claims_agents:Intake"
@@ -130,11 +130,13 @@ def write_team(
     kill: str | None = None,
     monitor: bool = True,
     concurrency: int = 1,
+    rate: float | None = None,
     name: str = "claims.yaml",
 ) -> Path:
     """The team's folder (agents module, claims, scenario ``name``); returns the scenario's
     path. ``transport``: a :func:`placed` section (none: one process); ``kill``: the node
-    ``faults.kill_node`` SIGKILLs, as ``"desk, at: 2"``; ``concurrency``: the Approver's."""
+    ``faults.kill_node`` SIGKILLs, as ``"desk, at: 2"``; ``concurrency``: the Approver's;
+    ``rate``: the input's records per second (none: as fast as the bus takes them)."""
     (folder / "claims_agents.py").write_text(textwrap.dedent(AGENTS).lstrip())
     lines = [
         json.dumps(
@@ -153,6 +155,7 @@ def write_team(
     path.write_text(
         SCENARIO.format(
             concurrency=concurrency,
+            rate="" if rate is None else f"  rate: {rate}\n",
             monitor="  monitor: {}\n" if monitor else "",
             faults="" if kill is None else f"  kill_node: {{node: {kill}}}\n",
             transport=transport,

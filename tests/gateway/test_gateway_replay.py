@@ -78,7 +78,7 @@ def test_a_gateway_fed_session_replays_exactly(tmp_path: Path) -> None:
     summary = json.loads(server.stdout.read_text())
     assert summary["passed"] is True
     # The summary counts what the Observer published (the inbox); /v1/topics and /v1/batch
-    # publish directly, and the replay below re-publishes those too.
+    # publish directly, and the replay below re-publishes those too (counted apart).
     assert (summary["inputs"], summary["malformed"]) == (3, 1)
     session = summary["session_id"]
 
@@ -92,5 +92,8 @@ def test_a_gateway_fed_session_replays_exactly(tmp_path: Path) -> None:
     assert replay.returncode == 0, replay.stdout + replay.stderr
     report = json.loads(replay.stdout)
     assert report["matched"] is True
-    assert report["inputs_replayed"] == 6  # five emails and the malformed record
+    # The inputs as the run counted them: three emails and the malformed record; the two
+    # emails clients published directly were fed again beside them.
+    assert report["inputs_replayed"] == 4
+    assert report["others_replayed"].get("observation.email.received") == 2
     assert report["divergence"] is None
