@@ -3,7 +3,10 @@
 Two runs never share envelope ids, so messages are matched by lineage:
 
 * outside inputs (``causation_id`` and ``source`` both None, topic not ``system.*``) match
-  in recorded order: the k-th input of one run is the k-th input of the other;
+  in recorded order per topic: the k-th input on a topic in one run is the k-th on that
+  topic in the other (one input stream never pairs with another's: the malformed records,
+  a gateway client's messages and a Monitor's sampled alerts interleave with the input
+  as timing and placement had it);
 * any other message is identified by its parent and the subscriber that emitted it: the
   k-th message that subscriber ``S`` emitted while handling ``X`` in the original matches
   the k-th message ``S`` emitted while handling ``match(X)`` in the other run. Keying by
@@ -15,6 +18,12 @@ are recorded but neither matched nor compared, and neither is anything they caus
 Monitor's alert on a breaker event); their effect on deliveries shows up as a delivery
 outcome (``circuit_open``), which is compared. A message published twice with the
 same id (a dead-letter redrive) is aligned once, at its first publish.
+
+A Monitor's alerts from its samples of the bus (``monitor.alert.*`` that no handling
+caused: queue depth, new dead letters) depend on timing and on which process the Monitor
+shares a bus with, just as ``system.*`` messages do. A re-run feeds the original's again,
+so they align with them; two runs of their own (``pantheon diff``) are compared without
+them and what they caused (``Lineage(samples=False)``), counted apart as ``sampled``.
 
 The first divergence is the earliest one in the original's publish order: a difference in
 a message (``topic``/``payload``) or a ``missing`` one sorts at that message, an ``effect``
@@ -45,12 +54,16 @@ __all__ = [
     "compare_runs",
     "effect_internal",
     "is_input",
+    "is_sample",
     "is_system",
     "payload_diff",
     "same_payload",
 ]
 
 SYSTEM_PREFIX = "system."
+#: Topics of the built-in Monitor's alerts (``agents.Monitor``): ``monitor.alert.<kind>``.
+#: Those no handling caused are its samples of the bus (:func:`is_sample`).
+MONITOR_ALERT_PREFIX = "monitor.alert."
 #: Subscriptions named with this prefix watch the team from outside (the gateway's
 #: WebSocket and SSE clients): what they received is recorded, but it is not the team's
 #: behaviour and a replay has no such watchers, so it is never compared.
@@ -73,6 +86,25 @@ def in_system_tree(env: Any, system: set[int]) -> bool:
 
 def is_input(env: Any) -> bool:
     return env.causation_id is None and env.source is None and not is_system(env.topic)
+
+
+def is_sample(env: Any) -> bool:
+    """Whether ``env`` is a Monitor's alert from a sample of the bus (a ``monitor.alert.*``
+    no handling caused): its alerts on ``system.*`` events are caused by them."""
+    return (
+        env.causation_id is None
+        and env.source is None
+        and env.topic.startswith(MONITOR_ALERT_PREFIX)
+    )
+
+
+def in_sample_tree(env: Any, sampled: set[int]) -> bool:
+    """Whether ``env`` is a Monitor's sampled alert or caused by one, remembering it in
+    ``sampled`` (fed in publish order, as :func:`in_system_tree`)."""
+    if is_sample(env) or (env.causation_id is not None and env.causation_id in sampled):
+        sampled.add(env.id)
+        return True
+    return False
 
 
 def effect_internal(envelopes: Iterable[Any], effects: Iterable[StoredEffect]) -> set[int]:
@@ -110,6 +142,9 @@ LEFT_OUT = {
     # The bus's own messages (a breaker opening: ``system.breaker.<agent>``) and what they
     # caused: they say how a run went, not what the team decided.
     "system": "system.* and what they caused",
+    # A Monitor's alerts from its samples of the bus, and what they caused: when a sample
+    # fell and what its bus held (its own process's) made them, not the team's decisions.
+    "sampled": "sampled Monitor alerts and what they caused",
     # Messages an effect published (a Memory lookup's request): a replay serves the
     # effect's answer and does not publish them again.
     "effect": "published by effects",
@@ -122,11 +157,21 @@ class Lineage:
     """One run's envelopes indexed for alignment: first publishes only, nothing a
     ``system.*`` message is or caused, no messages an effect published (see
     :func:`effect_internal`). ``left_out`` counts the rest by why (:data:`LEFT_OUT`), so
-    a reader that says how many messages were compared can say why the others were not."""
+    a reader that says how many messages were compared can say why the others were not.
+
+    ``samples``: whether a Monitor's sampled alerts (:func:`is_sample`) are aligned, as
+    inputs; a re-run, which feeds the original's again, aligns them; a comparison of two
+    runs of their own leaves them and what they caused out (``sampled``), since when they
+    came, and whether, was timing's and placement's."""
 
     def __init__(
-        self, envelopes: Iterable[StoredEnvelope], effects: Iterable[StoredEffect] = ()
+        self,
+        envelopes: Iterable[StoredEnvelope],
+        effects: Iterable[StoredEffect] = (),
+        *,
+        samples: bool = True,
     ) -> None:
+        self.samples = samples
         envelopes = list(envelopes)
         self.internal = effect_internal(envelopes, effects)
         self.envelopes: list[StoredEnvelope] = []
@@ -138,6 +183,7 @@ class Lineage:
         #: Messages not aligned, by why: ``repeated``, ``effect``, ``system`` (LEFT_OUT).
         self.left_out: Counter[str] = Counter()
         system: set[int] = set()
+        sampled: set[int] = set()
         for env in envelopes:
             if env.id in self.by_id:
                 self.left_out["repeated"] += 1
@@ -147,6 +193,9 @@ class Lineage:
                 continue
             if in_system_tree(env, system):
                 self.left_out["system"] += 1
+                continue
+            if not samples and in_sample_tree(env, sampled):
+                self.left_out["sampled"] += 1
                 continue
             self.by_id[env.id] = env
             self.envelopes.append(env)
@@ -165,8 +214,10 @@ class Mapper:
     """Feeds a second run's envelopes, in publish order, onto an original :class:`Lineage`.
 
     ``inputs`` are the original inputs the second run re-published, in order (all of them by
-    default). ``feed`` returns the matched original envelope, or None for an extra message
-    (and for duplicates and ``system.*``, which it ignores)."""
+    default); the k-th input the second run publishes on a topic matches the k-th of them
+    on that topic. ``feed`` returns the matched original envelope, or None for an extra
+    message (and for duplicates, ``system.*`` and, when the original's lineage leaves them
+    out, a Monitor's sampled alerts, which it ignores)."""
 
     original: Lineage
     inputs: Sequence[StoredEnvelope] | None = None
@@ -176,9 +227,13 @@ class Mapper:
     #: Ids of the second run's messages to leave out (its effect-internal ones).
     skip: set[int] = field(default_factory=set)
     _counts: dict[tuple[int, str | None], int] = field(default_factory=dict)
-    _n_inputs: int = 0
+    #: The original inputs per topic, in order, and how many of each the second run fed.
+    _by_topic: dict[str, list[StoredEnvelope]] = field(default_factory=dict)
+    _n_inputs: dict[str, int] = field(default_factory=dict)
+    _extra_inputs: int = 0
     _seen: set[int] = field(default_factory=set)
     _system: set[int] = field(default_factory=set)
+    _sampled: set[int] = field(default_factory=set)
 
     def effect_own(self, env: Any, active: Mapping[tuple[int, str | None], Any]) -> bool:
         """True (and ``env`` left out from now on) when ``env`` was published by a live
@@ -194,20 +249,26 @@ class Mapper:
     def __post_init__(self) -> None:
         if self.inputs is None:
             self.inputs = self.original.inputs
+        for inp in self.inputs:
+            self._by_topic.setdefault(inp.topic, []).append(inp)
 
     def feed(self, env: Any) -> StoredEnvelope | None:
         """Align one envelope (anything with id/topic/causation_id/source)."""
         if env.id in self._seen or env.id in self.skip or in_system_tree(env, self._system):
             return None
+        if not self.original.samples and in_sample_tree(env, self._sampled):
+            return None
         self._seen.add(env.id)
         assert self.inputs is not None
         if is_input(env):
-            k = self._n_inputs
-            self._n_inputs += 1
-            if k < len(self.inputs):
-                return self._match(env, self.inputs[k])
+            k = self._n_inputs.get(env.topic, 0)
+            self._n_inputs[env.topic] = k + 1
+            stream = self._by_topic.get(env.topic, ())
+            if k < len(stream):
+                return self._match(env, stream[k])
             last = self.inputs[-1].seq if self.inputs else -1
-            self.extras.append((env, last + 0.5 + k * 1e-6))
+            self.extras.append((env, last + 0.5 + self._extra_inputs * 1e-6))
+            self._extra_inputs += 1
             return None
         parent_new = env.causation_id if env.causation_id is not None else 0
         parent = self.to_original.get(parent_new) if parent_new else 0
