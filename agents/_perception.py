@@ -285,6 +285,11 @@ class Monitor(Agent):
     ``bus.stats()``; a sampled alert is an outside message (no handling caused it), so a
     replay re-publishes it from the recording instead of sampling the replaying machine,
     without counting it among the run's inputs (the Observer's).
+
+    It watches the team, not only its own bus: in a multi-process run the dead letters of
+    the team's other processes come in through :attr:`dead_letters_elsewhere`, which the
+    process hosting it sets (:mod:`pantheon.runner._team_dead_letters`), so it alerts on a
+    payer's failures on another node as it would in one process.
     """
 
     role = "monitor"
@@ -304,6 +309,9 @@ class Monitor(Agent):
         self._task: asyncio.Task[None] | None = None
         self._last_dlq = 0
         self._hot: set[str] = set()
+        #: Dead letters the team's other processes hold, as this process last heard (None:
+        #: its bus is the whole team). Read at every sample, so it must not block.
+        self.dead_letters_elsewhere: Callable[[], int] | None = None
 
     async def handle(self, env: Envelope) -> None:
         payload = env.payload
@@ -355,7 +363,8 @@ class Monitor(Agent):
 
     async def check(self, depth_ratio: float = 0.8) -> None:
         """One sample of the bus: alert on mailboxes past ``depth_ratio`` full, and on new
-        dead letters since the last sample."""
+        dead letters since the last sample (the team's, :attr:`dead_letters_elsewhere`
+        included)."""
         stats = self._bus().stats()
         for name, sub in stats.subscribers.items():
             full = sub.queued >= depth_ratio * sub.max_queue
@@ -370,11 +379,13 @@ class Monitor(Agent):
                 )
             elif not full:
                 self._hot.discard(name)
-        if stats.dlq_size > self._last_dlq:
+        elsewhere = self.dead_letters_elsewhere
+        dlq = stats.dlq_size + (0 if elsewhere is None else elsewhere())
+        if dlq > self._last_dlq:
             await self._alert(
                 "dead_letters",
-                f"{stats.dlq_size - self._last_dlq} new dead letter(s), {stats.dlq_size} in all",
+                f"{dlq - self._last_dlq} new dead letter(s), {dlq} in all",
                 Priority.NORMAL,
-                dlq_size=stats.dlq_size,
+                dlq_size=dlq,
             )
-        self._last_dlq = stats.dlq_size
+        self._last_dlq = dlq

@@ -73,6 +73,11 @@ from pantheon.runner._budget_relay import (
 from pantheon.runner._build import Team, build_team
 from pantheon.runner._inputs import count_inputs, run_flood
 from pantheon.runner._report import RunSummary, count_own_topics, local_report, summarize
+from pantheon.runner._team_dead_letters import (
+    TEAM_DEAD_LETTERS_COMMAND,
+    TeamDeadLetters,
+    monitor_nodes,
+)
 from pantheon.scenario import DRIVER_NODE, NatsCredentials, NatsTransportConfig, Scenario
 from pantheon.scenario.internals import agent_class
 from pantheon.sessions import (
@@ -274,10 +279,13 @@ def bus_status(bus: Bus, team: Team) -> dict[str, Any]:
     """The counters the driver polls to see inputs progress and the cluster go quiet."""
     t = _transport_stats(bus)
     observers: list[Observer] = team.of_role(Observer)
+    stats = bus.stats()
     return {
         "outstanding": bus.outstanding,
         "in_flight": _in_flight(t),
-        "published": bus.stats().published,
+        "published": stats.published,
+        # What the team's Monitors on other processes add to theirs (_team_dead_letters).
+        "dead_letters": stats.dlq_size,
         "inputs": sum(o.emitted + o.malformed for o in observers),
         "inputs_done": all(o.done.is_set() for o in observers),
         # Zero until a heartbeat came back: no round trip measured, no offset known.
@@ -358,6 +366,9 @@ class NodeHost:
         self.team = Team(
             {a: team.agents[a] for a in agents}, team.outbox, team.provider, tally=_tally(team)
         )
+        #: The rest of the team's dead letters, as the driver tells them, for its Monitors.
+        self.dead_letters = TeamDeadLetters()
+        self.dead_letters.serve(self.team)
         self.node = node
         self.endpoint = connect
         self.connect_timeout = connect_timeout
@@ -755,6 +766,7 @@ async def serve_node(
         DECIDED_COMMAND: desk.decided,
         BUDGET_COMMAND: budget.answered,
         END_INPUT_COMMAND: end_input,
+        TEAM_DEAD_LETTERS_COMMAND: host.dead_letters.heard,
     }
     if part is not None:
         answers[REDRIVE_COMMAND] = part.redrive
@@ -1225,6 +1237,11 @@ class _Driver:
             tally=_tally(full),
             remote_input=self.inputs if self.inputs.observers else None,
         )
+        #: The nodes' dead letters, for the driver's Monitors and those of the nodes
+        #: (``monitored``) that host one: a Monitor watches the whole team.
+        self.dead_letters = TeamDeadLetters()
+        self.dead_letters.serve(self.team)
+        self.monitored = monitor_nodes(self.placement.nodes, full)
         guarded = {name: a.budget for name, a in full.agents.items() if name not in mine}
         # So is the rate limiter: the model server meters the team's key, not a process.
         self.budgets = BudgetRelay(
@@ -1336,6 +1353,9 @@ class _Driver:
                 out.append(answer)
                 if answer.get("inputs_done"):
                     self.inputs.ended(node.name)
+        last = {n.name: n.last_status for n in self.nodes.values()}
+        for name, count in self.dead_letters.polled(mine, last, self.monitored).items():
+            await self.nodes[name].send({"cmd": TEAM_DEAD_LETTERS_COMMAND, "dead_letters": count})
         return out
 
     async def _wait_inputs(self, on_progress: Callable[[int, int | None], None] | None) -> None:

@@ -313,6 +313,24 @@ async def test_monitor_sampling_alerts_on_dead_letters() -> None:
         assert [a.payload["kind"] for a in alerts] == ["dead_letters"]
 
 
+async def test_monitor_counts_the_dead_letters_of_the_teams_other_processes() -> None:
+    """A Monitor of a multi-process run is told what the other processes hold
+    (``dead_letters_elsewhere``, set by the process hosting it): it alerts on them as on
+    its own bus's, and each alert counts the team's."""
+    elsewhere = 0
+    async with Bus() as bus:
+        monitor = Monitor(sample=False)
+        monitor.dead_letters_elsewhere = lambda: elsewhere
+        await monitor.attach(bus)
+        with capture_events(bus, "monitor.alert.*") as alerts:
+            await monitor.check()  # nothing anywhere yet
+            elsewhere = 3
+            await monitor.check()
+            await monitor.check()  # nothing new
+            await bus.drain()
+        assert [(a.payload["kind"], a.payload["dlq_size"]) for a in alerts] == [("dead_letters", 3)]
+
+
 @pytest.mark.parametrize(
     ("subject", "body", "intent"),
     [
