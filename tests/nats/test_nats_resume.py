@@ -27,6 +27,29 @@ from pantheon.sessions import ApprovalBook, SessionStore
 _WAIT = 120.0
 
 
+def _resume_or_show_where_it_hangs(
+    workdir: Path, session: str, timeout: float = 300.0
+) -> subprocess.CompletedProcess[str]:
+    """``pantheon resume SESSION --json``. Twice under heavy load (two suites side by side) a
+    resume here printed nothing for 300 s; past ``timeout`` it gets SIGABRT, which with
+    ``PYTHONFAULTHANDLER`` makes it print every thread's stack, and the test fails with
+    that stack instead of a bare timeout."""
+    args = [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db", "--json"]
+    proc = subprocess.Popen(
+        args, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"COLUMNS": "200", "PYTHONFAULTHANDLER": "1"},
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        out, err = proc.communicate(timeout=30)
+        raise AssertionError(
+            f"resume hung for {timeout:.0f} s; its stacks:\n{err[-8000:]}"
+        ) from None
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
 def _until(what: str, check: object, timeout: float = _WAIT) -> None:
     deadline = time.monotonic() + timeout
     while not check():  # type: ignore[operator]
@@ -93,12 +116,7 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
         # Its nodes notice the closed control link, ship their last records, and leave.
         _until("the orphaned nodes to leave", lambda: not node_pids(session))
 
-        resumed = subprocess.run(
-            [sys.executable, "-m", "pantheon.cli", "resume", session, "--store", "s.db",
-             "--json"],
-            cwd=tmp_path, capture_output=True, text=True, timeout=300,
-            env=os.environ | {"COLUMNS": "200"},
-        )  # fmt: skip
+        resumed = _resume_or_show_where_it_hangs(tmp_path, session)
     finally:
         server.stop()
     summary = json.loads(resumed.stdout)
