@@ -1131,13 +1131,7 @@ class SessionStore:
             "envelopes",
         )
         counts: dict[str, int] = dict(rows)
-        for first, blob, _node in chunks:
-            try:
-                decoded = decode_envelopes(blob, first)
-            except Exception as exc:  # a damaged chunk: whatever the decoder raises
-                raise self._damaged(
-                    session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
-                ) from exc
+        for _node, decoded in self._journaled_envelopes(session_id, chunks):
             for row in decoded:
                 counts[row[2]] = counts.get(row[2], 0) + 1
         return counts
@@ -1170,6 +1164,20 @@ class SessionStore:
                 raise self._damaged(session_id, str(exc)) from exc
         return rows, chunks
 
+    def _journaled_envelopes(
+        self, session_id: str, chunks: list[tuple[int, bytes, str | None]]
+    ) -> Iterator[tuple[str | None, list[tuple[Any, ...]]]]:
+        """Each envelope chunk's (node, rows); a chunk that does not decode is the session's
+        damage, named by where it starts."""
+        for first, blob, node in chunks:
+            try:
+                decoded = decode_envelopes(blob, first)
+            except Exception as exc:  # a damaged chunk: whatever the decoder raises
+                raise self._damaged(
+                    session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
+                ) from exc
+            yield node, decoded
+
     def envelopes(self, session_id: str, *, after_seq: int = -1) -> list[StoredEnvelope]:
         """The session's envelopes in publish order (``after_seq`` to tail a live run)."""
         rows, chunks = self._with_journal(
@@ -1180,13 +1188,7 @@ class SessionStore:
             (session_id, after_seq),
             "envelopes",
         )
-        for first, blob, node in chunks:
-            try:
-                decoded = decode_envelopes(blob, first)
-            except Exception as exc:  # a damaged chunk: whatever the decoder raises
-                raise self._damaged(
-                    session_id, f"journal chunk at message {first} cannot be decoded ({exc})"
-                ) from exc
+        for node, decoded in self._journaled_envelopes(session_id, chunks):
             rows.extend((*r, node) for r in decoded if r[0] > after_seq)
         rows.sort(key=lambda r: r[0])
         if rows and self.node_journals(session_id):

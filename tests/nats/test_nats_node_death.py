@@ -13,36 +13,18 @@ import collections
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from cli_run import pantheon
+from store_poll import query, until
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
 from pantheon.sessions import SessionStore
 
 _WAIT = 60.0
-
-
-def _until(what: str, check: object, timeout: float = _WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
-def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
-    if not db.exists():
-        return []
-    try:
-        with sqlite3.connect(db, timeout=5) as conn:
-            return conn.execute(sql).fetchall()
-    except sqlite3.OperationalError:  # the driver is still creating it
-        return []
 
 
 def _node_pid(session: str, node: str) -> int:
@@ -102,15 +84,16 @@ def _run_and_kill(workdir: Path, url: str | None) -> tuple[str, str, int]:
         env=os.environ | {"COLUMNS": "250"},
     )  # fmt: skip
     try:
-        _until("the session", lambda: _query(db, "SELECT id FROM sessions WHERE kind = 'run'"))
-        (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
+        until("the session", lambda: query(db, "SELECT id FROM sessions WHERE kind = 'run'"), _WAIT)
+        (session,) = query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
         assert isinstance(session, str)
         # Decisions are being made (the Actor's tool calls are in its node's outbox) and
         # the Reasoner has seconds of work left: kill its node the way the OOM killer would.
         outbox = workdir / "outbox" / f"{session}.keep.jsonl"
-        _until(
+        until(
             "ten tool calls",
             lambda: outbox.exists() and len(outbox.read_bytes().splitlines()) >= 10,
+            _WAIT,
         )
         os.kill(_node_pid(session, "think"), signal.SIGKILL)
         out, err = run.communicate(timeout=120)

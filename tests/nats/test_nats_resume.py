@@ -11,20 +11,17 @@ import collections
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from approval_run import resume_approving
 from oncall_asking import ASK_POLICY, node_pids, spawn_asking_run
+from store_poll import query, until
 from untimed import copy_untimed
 
 from bus.backends.nats import NatsServer
 from pantheon.sessions import ApprovalBook, SessionStore
-
-_WAIT = 120.0
 
 
 def _resume_or_show_where_it_hangs(
@@ -48,23 +45,6 @@ def _resume_or_show_where_it_hangs(
             f"resume hung for {timeout:.0f} s; its stacks:\n{err[-8000:]}"
         ) from None
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
-def _until(what: str, check: object, timeout: float = _WAIT) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _query(db: Path, sql: str) -> list[tuple[object, ...]]:
-    if not db.exists():
-        return []
-    try:
-        with sqlite3.connect(db, timeout=5) as conn:
-            return conn.execute(sql).fetchall()
-    except sqlite3.OperationalError:  # the driver is still creating it
-        return []
 
 
 def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once(
@@ -105,16 +85,16 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
         )  # fmt: skip
         # Kill it once the Actor's node has shipped records (decisions are being made) and
         # before the run ends.
-        _until(
+        until(
             "the action node's first shipment",
-            lambda: _query(db, "SELECT records FROM session_nodes WHERE node = 'action'"),
+            lambda: query(db, "SELECT records FROM session_nodes WHERE node = 'action'"),
         )
         driver.send_signal(signal.SIGKILL)
         driver.wait(timeout=30)
-        (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
+        (session,) = query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
         assert isinstance(session, str)
         # Its nodes notice the closed control link, ship their last records, and leave.
-        _until("the orphaned nodes to leave", lambda: not node_pids(session))
+        until("the orphaned nodes to leave", lambda: not node_pids(session))
 
         resumed = _resume_or_show_where_it_hangs(tmp_path, session)
     finally:
@@ -137,7 +117,7 @@ def test_a_nats_run_whose_driver_was_sigkilled_resumes_deciding_every_input_once
         events = [json.loads(line)["event"] for line in text.splitlines()]
         assert events[0] == "driver gone: leaving", (node, text)
         assert events[-1] == "journal finished: last records and end mark shipped", (node, text)
-    journals = _query(db, f"SELECT node, ended FROM session_nodes WHERE session = '{session}'")
+    journals = query(db, f"SELECT node, ended FROM session_nodes WHERE session = '{session}'")
     assert sorted(journals) == [("action", 1), ("cognition", 1), ("perception", 1)], logs
 
     # Every tool call of every email, across the dead run's nodes and the resume, made
@@ -200,15 +180,15 @@ def test_a_resumed_nats_run_waits_on_the_approvals_its_remote_node_could_not_get
         (scenarios / "asking.yaml").write_text(text)
         driver = spawn_asking_run(tmp_path)
         try:
-            _until("a request pending", lambda: _query(db, "SELECT id FROM approvals"))
-            (session,) = _query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
+            until("a request pending", lambda: query(db, "SELECT id FROM approvals"))
+            (session,) = query(db, "SELECT id FROM sessions WHERE kind = 'run'")[0]
             assert isinstance(session, str)
             asked = _pending(db, session)
             assert asked, "the run asked nothing"
         finally:
             driver.send_signal(signal.SIGKILL)
             driver.wait(timeout=30)
-        _until("the orphaned nodes to leave", lambda: not node_pids(session))
+        until("the orphaned nodes to leave", lambda: not node_pids(session))
         # The node's own log says its waiting request failed when the driver went.
         said = (tmp_path / "pantheon-orphans" / f"{session}.act.log").read_text()
         assert " dropped: " in said and "approval request" in said, said
