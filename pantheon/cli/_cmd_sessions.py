@@ -320,23 +320,33 @@ def dlq_redrive(
                 desk=desk,
             )
         )
+        letters = len(st.dead_letters(info.id)) if report.new_session_id is None else 0
     if as_json:
         _dump(report.to_dict())
+    elif report.new_session_id is None:  # nothing ran, nothing was recorded
+        _console().print(_nothing_to_redrive(info.id, letters))
     else:
         con = _console()
         con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
         for entry_id, outcome in report.outcomes.items():
             colour = "green" if outcome == "delivered" else "red"
             con.print(f"  entry {entry_id}: [{colour}]{escape(outcome)}[/{colour}]")
-        if not report.outcomes:
-            con.print("  nothing to redrive")
-        else:
-            colour = "green" if report.ok else "red"
-            con.print(f"[{colour}]{report.outcome}[/{colour}]")
+        colour = "green" if report.ok else "red"
+        con.print(f"[{colour}]{report.outcome}[/{colour}]")
         for line in _new_dead_letters(report):
             con.print(line, markup=False, emoji=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _nothing_to_redrive(sid: str, letters: int) -> str:
+    """Why a redrive ran nothing (and recorded no session): ``sid`` has ``letters`` dead
+    letters, every one redriven already, or none."""
+    if not letters:
+        return f"nothing to redrive: {sid} has no dead letters"
+    if letters == 1:
+        return f"nothing to redrive: the dead letter of {sid} is redriven already"
+    return f"nothing to redrive: all {letters} dead letters of {sid} are redriven already"
 
 
 def _new_dead_letters(report: RedriveReport) -> list[str]:

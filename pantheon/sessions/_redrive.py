@@ -74,7 +74,8 @@ class RedriveDeadLetter(DeadLetterRecord):
 
 @dataclass(frozen=True, slots=True)
 class RedriveReport:
-    """What :func:`redrive` did: the new session it ran in and, per dead-letter entry, the
+    """What :func:`redrive` did: the new session it ran in (None when there was nothing to
+    redrive: no session is recorded for it) and, per dead-letter entry, the
     outcome of its redelivery (``delivered``, ``skipped: <why>``, or anything else when it
     failed again: ``failed: <ErrorType>: message``, ``circuit_open: ...``, or
     ``failed downstream: <the dead letters>`` when the redelivery went through but what it
@@ -84,7 +85,7 @@ class RedriveReport:
     ``ok`` is False when any entry failed again (itself or downstream) or was skipped: the
     CLI exits 1 then, and :attr:`outcome` says so in words ("3 of 17 failed again")."""
 
-    new_session_id: str
+    new_session_id: str | None
     original_session_id: str
     outcomes: dict[int, str] = field(default_factory=dict)
     new_dead_letters: tuple[RedriveDeadLetter, ...] = ()
@@ -160,7 +161,10 @@ async def redrive(
     dead-lettered there failed again (``failed downstream: ...``), and stays a dead letter
     of the original. Redriven entries are marked ``redriven`` in the original session. All
     entries not yet redriven by default. A session still recording belongs to its process:
-    redrive it there with ``bus.dlq.redrive()``.
+    redrive it there with ``bus.dlq.redrive()``. When there is nothing to redrive (every
+    entry redriven already, or none) nothing runs and nothing is recorded: the report's
+    ``new_session_id`` is None, since an empty session would only list a redrive that did
+    nothing.
 
     ``desk(new_session_id)`` opens the approval desk the team's ``approve()`` asks (given
     to every agent attaching in ``setup`` that has none, through
@@ -185,6 +189,8 @@ async def redrive(
     unknown = [i for i in wanted if i not in entries]
     if unknown:
         raise SessionError(f"session {original.id} has no dead letter {unknown[0]}")
+    if not wanted:
+        return RedriveReport(None, original.id)
     by_id = {e.id: e for e in store.envelopes(original.id)}
     inputs = Counter(e.topic for e in by_id.values() if is_input(e))
     timeline = FaultTimeline(original.started, max(inputs.values(), default=0))
