@@ -173,7 +173,7 @@ def sessions_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
                 s.id,
                 s.kind,
                 s.scenario or "-",
-                _status(s.status) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
+                _listed_status(s) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
                 _when(s.started),
                 "-" if s.duration is None else f"{s.duration:.2f}s",
                 str(counts.get(s.id, 0)),
@@ -211,7 +211,7 @@ def sessions_show(
             )
             return
         con = _console()
-        con.print(f"[bold]{info.id}[/bold]  {info.kind}  {_status(info.status)}")
+        con.print(f"[bold]{info.id}[/bold]  {info.kind}  {_listed_status(info)}")
         con.print(f"scenario  {info.scenario or '-'}   seed {info.seed}")
         con.print(f"started   {_when(info.started)}   ended {_when(info.ended)}")
         if info.replay_of:
@@ -617,6 +617,25 @@ def _node_dict(n: readmodel.NodeView) -> dict[str, Any]:
 
 def _named(info: Any, store: SessionStore) -> str:
     return f"session {info.id} in {store.path}"
+
+
+def _listed_status(info: SessionInfo) -> str:
+    """A session's status as ``sessions list`` and ``show`` print it: the recorded one,
+    except where ``completed`` would hide that the command exited 1. A redrive records
+    ``completed`` once it has run, whatever its entries did: one where any failed again
+    shows its outcome in red ("13 of 14 redriven, 1 failed again", as ``dlq redrive`` said
+    and the web dashboard lists it); so does an exact replay that diverged ("diverged")."""
+    summary = info.summary
+    if info.status == "completed":
+        redriven = summary.get("redrive")
+        if info.kind == "redrive" and isinstance(redriven, dict):
+            outcome = readmodel.redrive_outcome(redriven)
+            if any(v != "delivered" for v in (redriven.get("outcomes") or {}).values()):
+                return f"[red]{escape(outcome)}[/red]"
+        replay = summary.get("replay")
+        if isinstance(replay, dict) and replay.get("matched") is False:
+            return "[red]diverged[/red]"
+    return _status(info.status)
 
 
 def _status(status: str) -> str:

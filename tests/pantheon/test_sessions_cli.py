@@ -242,6 +242,10 @@ def test_replay_and_diff(  # type: ignore[no-untyped-def]
     assert "payload.label: 'ham' -> 'urgent'" in result.output
     with SessionStore(path) as store:
         replay_id = store.sessions()[0].id
+    # Recorded "completed" (it ran to its end), listed as what it found.
+    listed = runner.invoke(app, ["sessions", "list", "--store", str(path)])
+    (row,) = [line for line in listed.output.splitlines() if replay_id in line]
+    assert "diverged" in row and "completed" not in row, row
 
     result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path), "--json"])
     assert result.exit_code == 1
