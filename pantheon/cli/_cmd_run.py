@@ -86,7 +86,7 @@ def run(
             raise typer.Exit(2) from None
         gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
-    from pantheon.runner import ClusterError, RunStuck
+    from pantheon.runner import ClusterError, RunStuck, TransportUnreachable
 
     try:
         summary = run_async(
@@ -95,11 +95,18 @@ def run(
     except gateway_errors as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    except TransportUnreachable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     except ClusterError as exc:
-        console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        console.print(
+            f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}", soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except RunStuck as exc:
-        console.print(f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}")
+        console.print(
+            f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}", soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except (asyncio.CancelledError, KeyboardInterrupt):
         # A second Ctrl-C: the run was cancelled where it stood, its session closed.
@@ -156,6 +163,8 @@ def serve(
         console.print(f"[red]{file}: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
     telemetry = _telemetry(scenario)
+    from pantheon.runner import TransportUnreachable
+
     try:
         summary = run_async(
             _run(
@@ -163,7 +172,13 @@ def serve(
                 gateway=gateway, serve=True,
             )
         )  # fmt: skip
-    except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
+    except (
+        GatewayError,
+        ProviderUnavailable,
+        SessionError,
+        AgentSetupError,
+        TransportUnreachable,
+    ) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     _report(summary, as_json)
