@@ -27,7 +27,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from pantheon import readmodel
-from pantheon.cli._common import JsonOpt, SessionArg, SetupOpt, StoreOpt, fail, load_setup
+from pantheon.cli._common import (
+    JsonOpt,
+    SessionArg,
+    SetupOpt,
+    StoreOpt,
+    approvals_notice,
+    fail,
+    load_setup,
+)
+from pantheon.cli._common import console as err_console
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import STATE_MARKS, cut_lines, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
@@ -309,7 +318,17 @@ def dlq_redrive(
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
         from pantheon.approvals import redrive_desk
 
-        desk, waits = redrive_desk(info, Path(st.path))
+        store_path = Path(st.path)
+        desk, waits = redrive_desk(info, store_path, on_waiting=approvals_notice(store_path))
+
+        def started(sid: str, entries: int) -> None:
+            # On stderr (stdout is the report): the session whose approvals a person
+            # decides, before the redrive waits on one.
+            letters = f"{entries} dead letter{'s' if entries != 1 else ''}"
+            err_console.print(
+                f"redriving {letters} of {info.id} as session {sid}", markup=False, highlight=False
+            )
+
         report = asyncio.run(
             redrive(
                 st,
@@ -318,6 +337,7 @@ def dlq_redrive(
                 None if entry is None else [entry],
                 timeout=DEFAULT_REPLAY_TIMEOUT + waits,
                 desk=desk,
+                on_start=started,
             )
         )
         letters = len(st.dead_letters(info.id)) if report.new_session_id is None else 0

@@ -150,6 +150,7 @@ async def redrive(
     *,
     timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
     desk: DeskFactory | None = None,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> RedriveReport:
     """Redrive dead letters of a *finished* session: re-deliver each entry's envelope to the
     subscription that failed it, on a fresh bus set up by ``setup`` (the team as it is now,
@@ -170,6 +171,9 @@ async def redrive(
     to every agent attaching in ``setup`` that has none, through
     :data:`agents.attach_desk`); without it an agent that asks fails its message. Each
     entry's drain waits at most ``timeout`` seconds, a wait for a person included.
+    ``on_start(new_session_id, entries)`` hears of the new session before anything runs:
+    a redrive that waits for a person can take minutes, and it is that session's requests
+    a person decides.
 
     Agents attaching in ``setup`` continue the original run's fault timeline
     (:data:`agents.fault_timeline`): its start, and the inputs it took in. A redrive happens
@@ -207,6 +211,8 @@ async def redrive(
     staged: dict[int, DeadLetter] = {}  # the original's entry id -> its redelivery's
     trail = _Trail()
     try:
+        if on_start is not None:
+            on_start(recorder.session_id, len(wanted))
         async with contextlib.AsyncExitStack() as closing:
             # Entered first, so it closes last: the bus drains while approvals can still be
             # decided.
