@@ -182,7 +182,8 @@ def sessions_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
                 s.id,
                 s.kind,
                 s.scenario or "-",
-                _listed_status(s) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
+                _listed_status(s, brief=True)
+                + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
                 _when(s.started),
                 "-" if s.duration is None else f"{s.duration:.2f}s",
                 str(counts.get(s.id, 0)),
@@ -639,19 +640,26 @@ def _named(info: Any, store: SessionStore) -> str:
     return f"session {info.id} in {store.path}"
 
 
-def _listed_status(info: SessionInfo) -> str:
-    """A session's status as ``sessions list`` and ``show`` print it: the recorded one,
-    except where ``completed`` would hide that the command exited 1. A redrive records
-    ``completed`` once it has run, whatever its entries did: one where any failed again
-    shows its outcome in red ("13 of 14 redriven, 1 failed again", as ``dlq redrive`` said
-    and the web dashboard lists it); so does an exact replay that diverged ("diverged")."""
+def _listed_status(info: SessionInfo, *, brief: bool = False) -> str:
+    """A session's status as ``sessions show`` (and, ``brief``, ``sessions list``) prints
+    it: the recorded one, except where ``completed`` would hide that the command exited 1.
+    A redrive records ``completed`` once it has run, whatever its entries did: one where
+    any did not go through shows that in red ("13 of 14 redriven, 1 failed again", as
+    ``dlq redrive`` said it and the web dashboard lists it; "1 failed again" in the list,
+    whose columns share the terminal's width); an exact replay that diverged says
+    "diverged"."""
     summary = info.summary
     if info.status == "completed":
         redriven = summary.get("redrive")
         if info.kind == "redrive" and isinstance(redriven, dict):
-            outcome = readmodel.redrive_outcome(redriven)
-            if any(v != "delivered" for v in (redriven.get("outcomes") or {}).values()):
-                return f"[red]{escape(outcome)}[/red]"
+            outcomes = [str(v) for v in (redriven.get("outcomes") or {}).values()]
+            missed = sum(v != "delivered" for v in outcomes)
+            if missed:
+                skipped = sum(v.startswith("skipped:") for v in outcomes)
+                text = readmodel.redrive_outcome(redriven)
+                if brief:
+                    text = f"{missed} " + ("skipped" if skipped == missed else "failed again")
+                return f"[red]{escape(text)}[/red]"
         replay = summary.get("replay")
         if isinstance(replay, dict) and replay.get("matched") is False:
             return "[red]diverged[/red]"

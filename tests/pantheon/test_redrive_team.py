@@ -225,7 +225,7 @@ def test_sessions_list_says_a_redrive_failed_again_rather_than_completed(tmp_pat
     listed = pantheon("sessions", "list", "--store", str(store), cwd=tmp_path)
     assert listed.returncode == 0, listed.stderr
     (row,) = [line for line in listed.stdout.splitlines() if redrive in line]
-    assert outcome in row and "completed" not in row, row
+    assert f" {refused} failed again " in row and "completed" not in row, row
     (run_row,) = [
         line for line in listed.stdout.splitlines() if sid in line and "redrive" not in line
     ]
