@@ -237,10 +237,18 @@ async def _run(
     inputs = f"{scenario.outcome_spec().noun}s in"
     # Added once the run's session is known (on_bus), which the bar then names.
     tasks: list[TaskID] = []
+    # The session, until a line has said it started (no bar: a pipe, --json).
+    unsaid: list[str] = []
 
     def on_progress(done: int, total: int | None) -> None:
         for task in tasks:
             bar.update(task, completed=done, total=total)
+        # Said once the team has started (the first report): a team that cannot be built
+        # is one "nothing ran" line, not a start and then that.
+        while unsaid:
+            console.print(
+                f"{scenario.name}: session {unsaid.pop()} started", markup=False, highlight=False
+            )
 
     def on_bus(bus: Bus) -> None:
         if telemetry is not None:
@@ -251,7 +259,7 @@ async def _run(
         name = f"{scenario.name} {sid}" if sid is not None else scenario.name
         tasks.append(bar.add_task(f"{name}: {inputs}", total=None))
         if sid is not None and not shown:
-            console.print(f"{scenario.name}: session {sid} started", markup=False, highlight=False)
+            unsaid.append(sid)
 
     with bar:
         summary = await pantheon.run(

@@ -197,6 +197,8 @@ def load_setup(
 
 #: Requests a notice of waiting approvals names one by one; the rest it counts.
 NOTICE_ROWS = 5
+#: Characters of a request's summary a notice's command line shows after it, as a comment.
+NOTICE_WIDTH = 36
 
 
 def store_option(path: Path) -> str:
@@ -239,19 +241,27 @@ def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]
         else:
             origin, where = first.origin, store_option(store)
             new = [a for a in waiting if a.id not in told]
-            lines = [
-                f"{asks} of session {origin} {wait} for a person (undecided, each is {then} "
-                f"after {timeout:.0f}s):"
-            ]
+            # Short lines (an 80-column terminal): the session is in every command. What
+            # was said before is not said again: a later notice names its new requests.
+            if told:
+                more = f"{len(new)} more approval request{'s' if len(new) != 1 else ''}"
+                lines = [f"{more} {'waits' if len(new) == 1 else 'wait'} ({n} in all):"]
+            else:
+                lines = [
+                    f"{asks} {wait} for a person (each {then} after {timeout:.0f}s undecided):"
+                ]
             for a in new[:NOTICE_ROWS]:
                 what = " ".join(f"{a.asker}: {a.summary}".split())
-                what = what if len(what) <= 60 else what[:59] + "…"
+                what = what if len(what) <= NOTICE_WIDTH else what[: NOTICE_WIDTH - 1] + "…"
                 lines.append(f"  pantheon approve {origin} {a.id}{where}   # {what}")
-            more = len(new) - NOTICE_ROWS
-            lines.append(
-                (f"  and {more} more; " if more > 0 else "  ")
-                + f"--reject refuses; pantheon approvals {origin}{where} lists them"
-            )
+            unnamed = len(new) - NOTICE_ROWS
+            listed = f"pantheon approvals {origin}{where} lists them"
+            if unnamed > 0:
+                lines.append(
+                    f"  and {unnamed} more; " + ("" if told else "--reject refuses; ") + listed
+                )
+            elif not told:
+                lines.append(f"  --reject refuses; {listed}")
             told.update(a.id for a in waiting)
         for line in lines:
             console.print(line, markup=False, emoji=False, highlight=False, soft_wrap=True)

@@ -23,10 +23,10 @@ from pantheon.sessions import Approval, ApprovalBook, SessionStore
 
 #: The approvals scenario with nobody scripted: its two refunds wait two minutes.
 WAITING = "approvals:\n  timeout: 120\n  default: reject\n  poll: 0.05\n"
-#: A notice's first line: how many wait, in which session, and what the timeout decides.
+#: A notice's first line: how many wait, and what the timeout decides.
 HEADER = (
-    r"(?P<count>\d+) approval requests? of session (?P<session>\S+) waits? for a person "
-    r"\(undecided, each is rejected after 120s\):$"
+    r"(?P<count>\d+) approval requests? waits? for a person "
+    r"\(each rejected after 120s undecided\):$"
 )
 #: One of its commands, as a person pastes it.
 COMMAND = r"  pantheon approve (?P<sid>\S+) (?P<id>\d+) --store s\.db   # guardian: refund "
@@ -43,13 +43,12 @@ def run_env() -> dict[str, str]:
 
 def decide_printed(said: Said, count: int, cwd: Path) -> tuple[set[str], list[int]]:
     """Paste each ``pantheon approve`` line the run prints until ``count`` requests are
-    approved; returns the sessions the notices named and the numbers approved."""
+    approved; returns the sessions the commands named and the numbers approved."""
     sessions: set[str] = set()
     approved: list[int] = []
     while len(approved) < count:
         line = said.expect(f"{HEADER}|{COMMAND}", WAIT)
-        if line["session"] is not None:
-            sessions.add(line["session"])
+        if line["count"] is not None:
             continue
         sessions.add(line["sid"])
         done = approve_as_printed(line.string, cwd, "--by", "ann")
@@ -174,7 +173,9 @@ def test_a_waiting_redrive_names_its_new_session_and_the_commands(tmp_path: Path
     assert f"redrive of {sid} recorded as {new}" in out
     assert f"{n} of {n} redriven, 0 failed again" in out
     assert len(approved) == len(asking)
-    assert f"1 approval request of session {new} waits for a person" in "\n".join(said.lines)
+    assert "1 approval request waits for a person (each rejected after 120s undecided):" in (
+        said.lines
+    )
     with SessionStore(store, create=False) as st:
         book = ApprovalBook(st)
         rows = book.entries(book.origin(new))
@@ -197,20 +198,17 @@ def test_a_notice_names_five_new_requests_and_counts_the_rest(
     notice = approvals_notice(tmp_path / "s.db")
     notice([_asked(i) for i in range(1, 8)])
     first = capsys.readouterr().err.splitlines()
-    assert first[0] == (
-        "7 approval requests of session S wait for a person (undecided, each is rejected "
-        "after 120s):"
-    )
+    assert first[0] == "7 approval requests wait for a person (each rejected after 120s undecided):"
     assert first[1:6] == [
         f"  pantheon approve S {i} --store s.db   # guardian: refund {i}" for i in range(1, 6)
     ]
     assert first[6:] == [
         "  and 2 more; --reject refuses; pantheon approvals S --store s.db lists them"
     ]
-    notice([_asked(i) for i in range(1, 9)])  # one more joined: only it is new
-    assert capsys.readouterr().err.splitlines()[1:] == [
+    notice([_asked(i) for i in range(1, 9)])  # one more joined: only it is news
+    assert capsys.readouterr().err.splitlines() == [
+        "1 more approval request waits (8 in all):",
         "  pantheon approve S 8 --store s.db   # guardian: refund 8",
-        "  --reject refuses; pantheon approvals S --store s.db lists them",
     ]
     unrecorded = approvals_notice(None)
     unrecorded([_asked(1)])

@@ -184,7 +184,9 @@ def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> 
     args = ["dlq", "redrive", sid, str(entry["entry_id"]), "--store", str(path)]
     result = runner.invoke(app, [*args, "--setup", TEAM, "--json"])
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    # stdout is the report; stderr named the redrive's session as it started.
+    assert result.stderr.startswith(f"redriving 1 dead letter of {sid} as session ")
+    report = json.loads(result.stdout)
     assert report["redriven"] == [] and report["failed"] == [entry["entry_id"]]
     assert report["outcome"] == "0 of 1 redriven, 1 failed again"
     result = runner.invoke(app, [*args, "--setup", TEAM])
