@@ -18,6 +18,7 @@ from pantheon.runner import RunSummary, check_model
 from pantheon.scenario import GatewayConfig, Scenario, load_scenario
 
 if TYPE_CHECKING:
+    from pantheon.approvals import OnWaiting
     from pantheon.gateway import Gateway, Tokens
     from pantheon.runner._build import RemoteInput
 
@@ -38,6 +39,7 @@ async def run(
     gateway: GatewayConfig | None = None,
     serve: bool = False,
     on_gateway: Callable[[Gateway], None] | None = None,
+    on_approvals: OnWaiting | None = None,
 ) -> RunSummary:
     """Run ``scenario`` (a loaded one or a file path) to the end and judge its expectations.
 
@@ -53,7 +55,9 @@ async def run(
 
     Recorded in ``store`` (default ``.pantheon/sessions.db`` or ``$PANTHEON_STORE``) unless
     ``record`` is false, with the live feed ``pantheon monitor`` attaches to. ``on_bus`` sees
-    the run's bus before anything flows (telemetry hooks in there). The summary says whether
+    the run's bus before anything flows (telemetry hooks in there). ``on_approvals`` hears
+    of approval requests nobody has decided for a second (the run waits on them: see
+    :class:`pantheon.approvals.StoreDesk`), with those still waiting. The summary says whether
     the expectations held (``summary.passed``); a failing one is not an exception. A model
     server that cannot be reached raises ``agents.ProviderUnavailable`` before anything runs.
     """
@@ -87,7 +91,9 @@ async def run(
             own_topics=None if board is None else functools.partial(count_own_topics, rec.bus),
         ) as live,
         _served(gw_config, tokens, on_gateway, lambda: live.feed, serve) as served,
-        approval_desk(scenario, rec.store_path, rec.bus.session_id) as desk,
+        approval_desk(
+            scenario, rec.store_path, rec.bus.session_id, on_waiting=on_approvals
+        ) as desk,
     ):
         if on_bus is not None:
             on_bus(rec.bus)

@@ -7,6 +7,7 @@
     ├── ImportProblem            an import path in a scenario leads nowhere usable
     ├── AgentSetupError          an agent's class raised while the team was built
     ├── ClusterError             a multi-process run's processes (ZeroMQ or NATS)
+    │   └── TransportUnreachable its NATS server cannot be reached: nothing ran
     ├── RunStuck                 a run's team finished nothing for its drain timeout
     ├── SessionError             the session store, recording and replay (pantheon.sessions)
     │   ├── StoreError → SchemaVersionError, StoreReadOnly, SessionNotFound

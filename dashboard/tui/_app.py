@@ -71,6 +71,8 @@ PANELS = (
     "approvals",
     "checks",
 )
+#: The footer's one entry for the panel keys 1-8 (see ``MonitorApp.BINDINGS``).
+PANEL_KEYS = Binding.Group("panels")
 #: The row key of the usage table's totals (no agent is named with angle brackets).
 TOTAL_ROW = "<total>"
 #: Rows at most in the dead letter, request and breaker transition tables: the newest ones
@@ -191,18 +193,19 @@ class MonitorApp(App[None]):
     CSS_PATH = "monitor.tcss"
     TITLE = "pantheon monitor"
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("1", "panel('throughput')", "Throughput"),
-        Binding("2", "panel('latency')", "Latency"),
-        Binding("3", "panel('breakers')", "Breakers"),
-        Binding("4", "panel('dlq')", "DLQ"),
-        Binding("5", "panel('timeline')", "Timeline"),
-        Binding("6", "panel('usage')", "Usage"),
-        # Not in the footer, which 80 columns fill: the tab says 7, the panel says a and x.
-        Binding("7", "panel('approvals')", "Approvals", show=False),
-        Binding("8", "panel('checks')", "Checks", show=False),
+        # One footer entry for the eight panel keys ("1-8 panels"): named one by one they
+        # do not fit 80 columns beside the other keys, and each tab says its number.
+        Binding("1", "panel('throughput')", "Throughput", group=PANEL_KEYS),
+        Binding("2", "panel('latency')", "Latency", group=PANEL_KEYS),
+        Binding("3", "panel('breakers')", "Breakers", group=PANEL_KEYS),
+        Binding("4", "panel('dlq')", "DLQ", group=PANEL_KEYS),
+        Binding("5", "panel('timeline')", "Timeline", group=PANEL_KEYS),
+        Binding("6", "panel('usage')", "Usage", group=PANEL_KEYS),
+        Binding("7", "panel('approvals')", "Approvals", group=PANEL_KEYS),
+        Binding("8", "panel('checks')", "Checks", group=PANEL_KEYS),
         Binding("r", "redrive", "Redrive"),
-        Binding("a", "decide(True)", "Approve", show=False),
-        Binding("x", "decide(False)", "Reject", show=False),
+        Binding("a", "decide(True)", "Approve"),
+        Binding("x", "decide(False)", "Reject"),
         Binding("q", "quit", "Quit"),
     ]
 

@@ -10,7 +10,15 @@ the row's decision; :class:`NodeDesk` and :class:`DeskRelay` carry a request fro
 process of a multi-process run to the driver's desk.
 """
 
-from pantheon.approvals._desk import StoreDesk, approval_desk, redrive_desk, request_key, who
+from pantheon.approvals._desk import (
+    NOTICE_AFTER,
+    OnWaiting,
+    StoreDesk,
+    approval_desk,
+    redrive_desk,
+    request_key,
+    who,
+)
 from pantheon.approvals._relay import (
     APPROVAL_EVENT,
     DECIDED_COMMAND,
@@ -29,6 +37,7 @@ from pantheon.sessions import (
 __all__ = [
     "APPROVAL_EVENT",
     "DECIDED_COMMAND",
+    "NOTICE_AFTER",
     "AlreadyDecided",
     "Approval",
     "ApprovalBook",
@@ -37,6 +46,7 @@ __all__ = [
     "ApprovalNotFound",
     "DeskRelay",
     "NodeDesk",
+    "OnWaiting",
     "StoreDesk",
     "approval_desk",
     "redrive_desk",

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,9 +43,25 @@ from pantheon.sessions import (
 if TYPE_CHECKING:
     from pantheon.runner import Team
 
-__all__ = ["StoreDesk", "approval_desk", "request_key", "who"]
+__all__ = [
+    "NOTICE_AFTER",
+    "OnWaiting",
+    "StoreDesk",
+    "approval_desk",
+    "request_key",
+    "who",
+]
 
 log = logging.getLogger("pantheon.approvals")
+
+#: Seconds a request waits before the desk says a person is needed (``on_waiting``): a
+#: decision that comes sooner (the scripted person, a watcher quick on the monitor) is
+#: not news; one that does not means the run stands still until somebody acts.
+NOTICE_AFTER = 1.0
+
+#: What a desk calls with the requests that have waited :data:`NOTICE_AFTER` seconds or more
+#: and are still undecided, oldest first: once when the first do, again whenever more join.
+OnWaiting = Callable[[Sequence[Approval]], None]
 
 
 def who() -> str:
@@ -74,15 +90,27 @@ class _Waiting:
 class StoreDesk:
     """The :class:`agents.ApprovalDesk` of a run recorded as ``session_id`` in ``store``
     (requests numbered under ``origin``: the session itself, or the one a resumed run
-    resumes). Agents get it through :meth:`serve`; :meth:`aclose` stops the watcher."""
+    resumes). Agents get it through :meth:`serve`; :meth:`aclose` stops the watcher.
+
+    ``on_waiting`` hears of requests nobody has decided for :data:`NOTICE_AFTER` seconds
+    (see :data:`OnWaiting`): what ``pantheon run`` turns into the line saying who must act
+    and how, since the run shows no other sign of waiting."""
 
     def __init__(
-        self, store: Path, session_id: str, config: ApprovalsConfig, *, origin: str | None = None
+        self,
+        store: Path,
+        session_id: str,
+        config: ApprovalsConfig,
+        *,
+        origin: str | None = None,
+        on_waiting: OnWaiting | None = None,
     ) -> None:
         self.store_path = store
         self.session_id = session_id
         self.origin = origin or session_id
         self.config = config
+        self.on_waiting = on_waiting
+        self._noticed: set[int] = set()
         self._book: ApprovalBook | None = None
         self._store: SessionStore | None = None
         self._waiting: dict[int, _Waiting] = {}
@@ -195,7 +223,33 @@ class StoreDesk:
                         w.future.set_exception(exc)
                 self._waiting.clear()
                 continue
+            self._notice()
             await asyncio.sleep(self.config.poll)
+
+    def _notice(self) -> None:
+        """Tell ``on_waiting`` of the requests undecided for :data:`NOTICE_AFTER` seconds,
+        when any of them is new to it. On the loop's thread, after a poll: the decisions
+        that poll found are resolved by then (their callbacks were queued before its
+        result), so a decided request is not reported waiting."""
+        if self.on_waiting is None:
+            return
+        due = time.time() - NOTICE_AFTER
+        stale = sorted(
+            (
+                w.approval
+                for w in self._waiting.values()
+                if not w.future.done() and w.approval.asked <= due
+            ),
+            key=lambda a: a.id,
+        )
+        if {a.id for a in stale} - self._noticed:
+            self._noticed.update(a.id for a in stale)
+            try:
+                self.on_waiting(stale)
+            except Exception:
+                # Only a notice: the watcher must go on, or every request would wait for
+                # ever. Logged with its traceback, not swallowed.
+                log.exception("approvals: the notice of %d waiting requests failed", len(stale))
 
     def _poll_once(self, waiting: dict[int, _Waiting]) -> None:
         book = self._open()
@@ -265,29 +319,40 @@ def _fail(future: asyncio.Future[Approval], error: Exception) -> None:
 
 @contextlib.asynccontextmanager
 async def approval_desk(
-    scenario: Scenario, store: Path | None, session_id: str | None, *, origin: str | None = None
+    scenario: Scenario,
+    store: Path | None,
+    session_id: str | None,
+    *,
+    origin: str | None = None,
+    on_waiting: OnWaiting | None = None,
 ) -> AsyncIterator[StoreDesk]:
     """The desk of one run. A run that is not recorded (``--no-record``) keeps its requests
     in a throwaway store: the scripted person and the timeout decide them, since nobody
-    else can find them."""
+    else can find them (``on_waiting`` still hears of them: the run waits all the same)."""
     with contextlib.ExitStack() as stack:
         if store is None or session_id is None:
             folder = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="pantheon-")))
             store, session_id = folder / "approvals.db", f"unrecorded-{os.getpid()}"
-        desk = StoreDesk(store, session_id, scenario.approvals, origin=origin)
+        desk = StoreDesk(
+            store, session_id, scenario.approvals, origin=origin, on_waiting=on_waiting
+        )
         try:
             yield desk
         finally:
             await desk.aclose()
 
 
-def redrive_desk(info: SessionInfo, store: Path) -> tuple[DeskFactory | None, float]:
+def redrive_desk(
+    info: SessionInfo, store: Path, *, on_waiting: OnWaiting | None = None
+) -> tuple[DeskFactory | None, float]:
     """The approval desk a redrive of session ``info`` gives its team, as ``pantheon run``
-    gives its own (the recorded scenario's ``approvals``, on the redrive's new session),
-    and how long a request may wait for its decision. None (nobody to ask) when the
-    session's scenario cannot be read back (a ``--setup`` team on one that no longer
-    parses): an agent that asks then fails its message, which the redrive reports."""
+    gives its own (the recorded scenario's ``approvals``, on the redrive's new session;
+    ``on_waiting`` as :class:`StoreDesk` says), and how long a request may wait for its
+    decision. None (nobody to ask) when the session's scenario cannot be read back (a
+    ``--setup`` team on one that no longer parses): an agent that asks then fails its
+    message, which the redrive reports."""
     scenario = recorded_scenario(info.scenario_text, info.scenario_dir)
     if scenario is None:
         return None, 0.0
-    return functools.partial(approval_desk, scenario, store), scenario.approvals.timeout
+    desk = functools.partial(approval_desk, scenario, store, on_waiting=on_waiting)
+    return desk, scenario.approvals.timeout

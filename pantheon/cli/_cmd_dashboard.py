@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from pantheon.cli._common import fail
 from pantheon.sessions import STORE_ENV, SessionError, SessionStore, resolve_store_path
 
 __all__ = ["register", "streamlit_command"]
@@ -75,11 +76,7 @@ def register(app: typer.Typer) -> None:
             importlib.util.find_spec("streamlit") is None
             or importlib.util.find_spec("altair") is None
         ):
-            typer.echo(
-                "error: the dashboard needs Streamlit and Altair: pip install 'pantheon[web]'",
-                err=True,
-            )
-            raise typer.Exit(2)
+            raise fail("the dashboard needs Streamlit and Altair: pip install 'pantheon[web]'")
         from dashboard.web import APP
 
         path = resolve_store_path(store).resolve()
@@ -89,8 +86,7 @@ def register(app: typer.Typer) -> None:
             try:
                 SessionStore(path, create=False, access="read").close()
             except SessionError as exc:
-                typer.echo(f"error: {exc}", err=True)
-                raise typer.Exit(2) from None
+                raise fail(str(exc)) from None
         else:
             typer.echo(f"warning: no session store at {path} yet; the page will say so", err=True)
         typer.echo(f"Pantheon dashboard on http://{address}:{port} (store {path})", err=True)

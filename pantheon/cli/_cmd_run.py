@@ -15,12 +15,14 @@ import typer
 from rich.markup import escape
 
 from agents import ProviderUnavailable
+from bus import Bus
 from pantheon.cli._common import (
     RecordOpt,
     RunStoreOpt,
     SeedOpt,
     StrictTimingOpt,
     SummaryJsonOpt,
+    approvals_notice,
     console,
     load_scenario_file,
     run_async,
@@ -29,7 +31,7 @@ from pantheon.cli._common import (
 from pantheon.cli._summary_text import print_summary
 from pantheon.runner import AgentSetupError, RunSummary
 from pantheon.scenario import Scenario
-from pantheon.sessions import SessionError
+from pantheon.sessions import SessionError, resolve_store_path
 
 __all__ = ["register"]
 
@@ -86,7 +88,7 @@ def run(
             raise typer.Exit(2) from None
         gateway_errors = (GatewayError,)
     telemetry = _telemetry(scenario)
-    from pantheon.runner import ClusterError, RunStuck
+    from pantheon.runner import ClusterError, RunStuck, TransportUnreachable
 
     try:
         summary = run_async(
@@ -95,11 +97,18 @@ def run(
     except gateway_errors as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    except TransportUnreachable as exc:
+        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(2) from None
     except ClusterError as exc:
-        console.print(f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}")
+        console.print(
+            f"[red]{file}: the multi-process run failed:[/red] {escape(str(exc))}", soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except RunStuck as exc:
-        console.print(f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}")
+        console.print(
+            f"[red]{file}: the run did not finish:[/red] {escape(str(exc))}", soft_wrap=True
+        )
         raise typer.Exit(2) from None
     except (asyncio.CancelledError, KeyboardInterrupt):
         # A second Ctrl-C: the run was cancelled where it stood, its session closed. A
@@ -164,6 +173,8 @@ def serve(
         console.print(f"[red]{file}: {escape(str(exc))}[/red]", soft_wrap=True)
         raise typer.Exit(2) from None
     telemetry = _telemetry(scenario)
+    from pantheon.runner import TransportUnreachable
+
     try:
         summary = run_async(
             _run(
@@ -171,7 +182,13 @@ def serve(
                 gateway=gateway, serve=True,
             )
         )  # fmt: skip
-    except (GatewayError, ProviderUnavailable, SessionError, AgentSetupError) as exc:
+    except (
+        GatewayError,
+        ProviderUnavailable,
+        SessionError,
+        AgentSetupError,
+        TransportUnreachable,
+    ) as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     _report(summary, as_json)
@@ -201,23 +218,56 @@ async def _run(
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus;
     ``gateway`` (a :class:`~pantheon.scenario.GatewayConfig`) serves it, and ``serve``
     keeps it running until a signal."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskID,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     import pantheon
 
+    shown = progress and sys.stderr.isatty()
     bar = Progress(
-        "[progress.description]{task.description}",
+        # A column, not the string: a string cell takes the markup setting of whatever
+        # prints while the bar is up, and a line printed with markup=False (an approvals
+        # notice) drew the bar as "[progress.description]...".
+        TextColumn("[progress.description]{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=console,
-        disable=not progress or not sys.stderr.isatty(),
+        disable=not shown,
         transient=True,
     )
-    task = bar.add_task(f"{scenario.name}: {scenario.outcome_spec().noun}s in", total=None)
+    inputs = f"{scenario.outcome_spec().noun}s in"
+    # Added once the run's session is known (on_bus), which the bar then names.
+    tasks: list[TaskID] = []
+    # The session, until a line has said it started (no bar: a pipe, --json).
+    unsaid: list[str] = []
 
     def on_progress(done: int, total: int | None) -> None:
-        bar.update(task, completed=done, total=total)
+        for task in tasks:
+            bar.update(task, completed=done, total=total)
+        # Said once the team has started (the first report): a team that cannot be built
+        # is one "nothing ran" line, not a start and then that.
+        while unsaid:
+            console.print(
+                f"{scenario.name}: session {unsaid.pop()} started", markup=False, highlight=False
+            )
+
+    def on_bus(bus: Bus) -> None:
+        if telemetry is not None:
+            _observe(telemetry, bus)
+        sid = bus.session_id
+        # The session to approve in, watch or resume, from the start: in the bar on a
+        # terminal (the summary names it once the bar is gone), else as a line.
+        name = f"{scenario.name} {sid}" if sid is not None else scenario.name
+        tasks.append(bar.add_task(f"{name}: {inputs}", total=None))
+        if sid is not None and not shown:
+            unsaid.append(sid)
 
     with bar:
         summary = await pantheon.run(
@@ -226,10 +276,11 @@ async def _run(
             store=store,
             record=record,
             on_progress=on_progress,
-            on_bus=None if telemetry is None else lambda bus: _observe(telemetry, bus),
+            on_bus=on_bus,
             gateway=gateway,
             serve=serve,
             on_gateway=_announce,
+            on_approvals=approvals_notice(resolve_store_path(store) if record else None),
         )
     if telemetry is not None:
         await asyncio.to_thread(telemetry.shutdown)  # exports buffered spans and metrics

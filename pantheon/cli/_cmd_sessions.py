@@ -27,7 +27,16 @@ from rich.markup import escape
 from rich.table import Table
 
 from pantheon import readmodel
-from pantheon.cli._common import JsonOpt, SessionArg, SetupOpt, StoreOpt, fail, load_setup
+from pantheon.cli._common import (
+    JsonOpt,
+    SessionArg,
+    SetupOpt,
+    StoreOpt,
+    approvals_notice,
+    fail,
+    load_setup,
+)
+from pantheon.cli._common import console as err_console
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import STATE_MARKS, cut_lines, others_line, usage_lines
 from pantheon.rerun import counts_line, replay_session, unrecorded_nodes
@@ -173,7 +182,8 @@ def sessions_list(store: StoreOpt = None, as_json: JsonOpt = False) -> None:
                 s.id,
                 s.kind,
                 s.scenario or "-",
-                _status(s.status) + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
+                _listed_status(s, brief=True)
+                + ("" if s.corrupt is None else " [red](corrupt)[/red]"),
                 _when(s.started),
                 "-" if s.duration is None else f"{s.duration:.2f}s",
                 str(counts.get(s.id, 0)),
@@ -211,7 +221,7 @@ def sessions_show(
             )
             return
         con = _console()
-        con.print(f"[bold]{info.id}[/bold]  {info.kind}  {_status(info.status)}")
+        con.print(f"[bold]{info.id}[/bold]  {info.kind}  {_listed_status(info)}")
         con.print(f"scenario  {info.scenario or '-'}   seed {info.seed}")
         con.print(f"started   {_when(info.started)}   ended {_when(info.ended)}")
         if info.replay_of:
@@ -309,7 +319,17 @@ def dlq_redrive(
         team = load_setup(setup, info.scenario_text, info.scenario_dir, session=_named(info, st))
         from pantheon.approvals import redrive_desk
 
-        desk, waits = redrive_desk(info, Path(st.path))
+        store_path = Path(st.path)
+        desk, waits = redrive_desk(info, store_path, on_waiting=approvals_notice(store_path))
+
+        def started(sid: str, entries: int) -> None:
+            # On stderr (stdout is the report): the session whose approvals a person
+            # decides, before the redrive waits on one.
+            letters = f"{entries} dead letter{'s' if entries != 1 else ''}"
+            err_console.print(
+                f"redriving {letters} of {info.id} as session {sid}", markup=False, highlight=False
+            )
+
         report = asyncio.run(
             redrive(
                 st,
@@ -318,25 +338,36 @@ def dlq_redrive(
                 None if entry is None else [entry],
                 timeout=DEFAULT_REPLAY_TIMEOUT + waits,
                 desk=desk,
+                on_start=started,
             )
         )
+        letters = len(st.dead_letters(info.id)) if report.new_session_id is None else 0
     if as_json:
         _dump(report.to_dict())
+    elif report.new_session_id is None:  # nothing ran, nothing was recorded
+        _console().print(_nothing_to_redrive(info.id, letters))
     else:
         con = _console()
         con.print(f"redrive of {info.id} recorded as {report.new_session_id}")
         for entry_id, outcome in report.outcomes.items():
             colour = "green" if outcome == "delivered" else "red"
             con.print(f"  entry {entry_id}: [{colour}]{escape(outcome)}[/{colour}]")
-        if not report.outcomes:
-            con.print("  nothing to redrive")
-        else:
-            colour = "green" if report.ok else "red"
-            con.print(f"[{colour}]{report.outcome}[/{colour}]")
+        colour = "green" if report.ok else "red"
+        con.print(f"[{colour}]{report.outcome}[/{colour}]")
         for line in _new_dead_letters(report):
             con.print(line, markup=False, emoji=False)
     if not report.ok:
         raise typer.Exit(1)
+
+
+def _nothing_to_redrive(sid: str, letters: int) -> str:
+    """Why a redrive ran nothing (and recorded no session): ``sid`` has ``letters`` dead
+    letters, every one redriven already, or none."""
+    if not letters:
+        return f"nothing to redrive: {sid} has no dead letters"
+    if letters == 1:
+        return f"nothing to redrive: the dead letter of {sid} is redriven already"
+    return f"nothing to redrive: all {letters} dead letters of {sid} are redriven already"
 
 
 def _new_dead_letters(report: RedriveReport) -> list[str]:
@@ -609,6 +640,32 @@ def _node_dict(n: readmodel.NodeView) -> dict[str, Any]:
 
 def _named(info: Any, store: SessionStore) -> str:
     return f"session {info.id} in {store.path}"
+
+
+def _listed_status(info: SessionInfo, *, brief: bool = False) -> str:
+    """A session's status as ``sessions show`` (and, ``brief``, ``sessions list``) prints
+    it: the recorded one, except where ``completed`` would hide that the command exited 1.
+    A redrive records ``completed`` once it has run, whatever its entries did: one where
+    any did not go through shows that in red ("13 of 14 redriven, 1 failed again", as
+    ``dlq redrive`` said it and the web dashboard lists it; "1 failed again" in the list,
+    whose columns share the terminal's width); an exact replay that diverged says
+    "diverged"."""
+    summary = info.summary
+    if info.status == "completed":
+        redriven = summary.get("redrive")
+        if info.kind == "redrive" and isinstance(redriven, dict):
+            outcomes = [str(v) for v in (redriven.get("outcomes") or {}).values()]
+            missed = sum(v != "delivered" for v in outcomes)
+            if missed:
+                skipped = sum(v.startswith("skipped:") for v in outcomes)
+                text = readmodel.redrive_outcome(redriven)
+                if brief:
+                    text = f"{missed} " + ("skipped" if skipped == missed else "failed again")
+                return f"[red]{escape(text)}[/red]"
+        replay = summary.get("replay")
+        if isinstance(replay, dict) and replay.get("matched") is False:
+            return "[red]diverged[/red]"
+    return _status(info.status)
 
 
 def _status(status: str) -> str:

@@ -7,17 +7,21 @@ from __future__ import annotations
 import asyncio
 import importlib
 import importlib.util
+import shlex
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from pantheon.scenario import Scenario, ScenarioError, load_scenario
-from pantheon.sessions import STORE_ENV, Setup
+from pantheon.sessions import DEFAULT_STORE_PATH, STORE_ENV, Setup
+
+if TYPE_CHECKING:
+    from pantheon.sessions import Approval
 
 __all__ = [
     "JsonOpt",
@@ -29,11 +33,13 @@ __all__ = [
     "StoreOpt",
     "StrictTimingOpt",
     "SummaryJsonOpt",
+    "approvals_notice",
     "console",
     "fail",
     "load_scenario_file",
     "load_setup",
     "run_async",
+    "store_option",
     "strict",
 ]
 
@@ -187,3 +193,77 @@ def load_setup(
         except (ImportError, AttributeError, OSError) as exc:
             raise fail(f"--setup {spec!r}: {exc}") from None
     return factory(scenario_text)
+
+
+#: Requests a notice of waiting approvals names one by one; the rest it counts.
+NOTICE_ROWS = 5
+#: Characters of a request's summary a notice's command line shows after it, as a comment.
+NOTICE_WIDTH = 36
+
+
+def store_option(path: Path) -> str:
+    """`` --store PATH`` for a command the user types next, unless ``path`` is the default
+    store of the current directory (nothing to add): the path as short as it is exact."""
+    path = path.resolve()
+    if path == (Path.cwd() / DEFAULT_STORE_PATH).resolve():
+        return ""
+    try:
+        shown = str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return f" --store {shlex.quote(shown)}"
+
+
+def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]:
+    """What ``pantheon run`` and ``pantheon dlq redrive`` print on stderr once approval
+    requests have waited a second for a person (:class:`pantheon.approvals.StoreDesk`): how
+    many wait, and the exact command that decides each new one, since nothing else shows
+    the run is stopped for them (a progress bar just stands still, and a redrive prints
+    nothing until it ends). ``store`` is where the requests are; None for a run that is not
+    recorded, whose requests nobody can reach (their timeout decides them)."""
+    told: set[int] = set()
+
+    def notice(waiting: Sequence[Approval]) -> None:
+        if not waiting:
+            return
+        first = waiting[0]
+        n = len(waiting)
+        asks = f"{n} approval request{'s' if n != 1 else ''}"
+        wait, them = ("waits", "it") if n == 1 else ("wait", "them")
+        timeout = max(first.deadline - first.asked, 0.0)
+        then = "approved" if first.default_approve else "rejected"
+        lines: list[str]
+        if store is None:
+            lines = [
+                f"{asks} {wait} for a person, but nobody can decide {them}: the run is not "
+                f"recorded (--no-record), so each is {then} after {timeout:.0f}s"
+            ]
+        else:
+            origin, where = first.origin, store_option(store)
+            new = [a for a in waiting if a.id not in told]
+            # Short lines (an 80-column terminal): the session is in every command. What
+            # was said before is not said again: a later notice names its new requests.
+            if told:
+                more = f"{len(new)} more approval request{'s' if len(new) != 1 else ''}"
+                lines = [f"{more} {'waits' if len(new) == 1 else 'wait'} ({n} in all):"]
+            else:
+                lines = [
+                    f"{asks} {wait} for a person (each {then} after {timeout:.0f}s undecided):"
+                ]
+            for a in new[:NOTICE_ROWS]:
+                what = " ".join(f"{a.asker}: {a.summary}".split())
+                what = what if len(what) <= NOTICE_WIDTH else what[: NOTICE_WIDTH - 1] + "…"
+                lines.append(f"  pantheon approve {origin} {a.id}{where}   # {what}")
+            unnamed = len(new) - NOTICE_ROWS
+            listed = f"pantheon approvals {origin}{where} lists them"
+            if unnamed > 0:
+                lines.append(
+                    f"  and {unnamed} more; " + ("" if told else "--reject refuses; ") + listed
+                )
+            elif not told:
+                lines.append(f"  --reject refuses; {listed}")
+            told.update(a.id for a in waiting)
+        for line in lines:
+            console.print(line, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+    return notice

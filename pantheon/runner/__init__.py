@@ -21,6 +21,7 @@ from pantheon.runner._inputs import (
 from pantheon.runner._multiprocess import (
     ClusterError,
     NodeHost,
+    TransportUnreachable,
     cluster_transport,
     discard_consumers,
     import_from_stream,
@@ -55,6 +56,7 @@ __all__ = [
     "RunStuck",
     "RunSummary",
     "Team",
+    "TransportUnreachable",
     "accuracy_bounds",
     "build_team",
     "check_model",

@@ -137,6 +137,11 @@ class ClusterError(PantheonError, RuntimeError):
     ends with the last lines it wrote to stderr."""
 
 
+class TransportUnreachable(ClusterError):
+    """The run's NATS server cannot be reached (nothing listens, no answer, or it refuses
+    the credentials), found before anything started: nothing ran, nothing was recorded."""
+
+
 # -- placement ---------------------------------------------------------------------------------
 
 
@@ -1686,7 +1691,12 @@ async def _nats_run(scenario: Scenario) -> AsyncIterator[Transport]:
     (and its store removed) when the run ends."""
     cfg = _nats_config(scenario)
     if cfg.server != "auto":
-        yield _nats_transport(scenario, cfg.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+        transport = _nats_transport(scenario, cfg.url, DRIVER_NODE, DEFAULT_CONNECT_TIMEOUT)
+        try:  # before a session is recorded or a node started (each would fail on it)
+            await transport.probe()
+        except BusError as exc:
+            raise TransportUnreachable(str(exc)) from None
+        yield transport
         return
     from bus.backends.nats import NatsServer, NatsServerError
 
@@ -1788,7 +1798,13 @@ async def run_cluster(
         await driver.close()
         await bus.aclose(drain=False)
         cfg = scenario.transport
-        if isinstance(cfg, NatsTransportConfig) and cfg.server != "auto" and bus.session_id:
+        if (
+            isinstance(cfg, NatsTransportConfig)
+            and cfg.server != "auto"
+            and bus.session_id
+            # A driver that never got through its start left no consumer group to delete.
+            and getattr(bus.transport, "started", False)
+        ):
             # The run is over (a driver that dies never gets here, and its session is the
             # one ``pantheon resume`` takes): its consumer groups hold nothing anyone needs.
             await discard_consumers(scenario, endpoint, bus.session_id)

@@ -74,7 +74,8 @@ class RedriveDeadLetter(DeadLetterRecord):
 
 @dataclass(frozen=True, slots=True)
 class RedriveReport:
-    """What :func:`redrive` did: the new session it ran in and, per dead-letter entry, the
+    """What :func:`redrive` did: the new session it ran in (None when there was nothing to
+    redrive: no session is recorded for it) and, per dead-letter entry, the
     outcome of its redelivery (``delivered``, ``skipped: <why>``, or anything else when it
     failed again: ``failed: <ErrorType>: message``, ``circuit_open: ...``, or
     ``failed downstream: <the dead letters>`` when the redelivery went through but what it
@@ -84,7 +85,7 @@ class RedriveReport:
     ``ok`` is False when any entry failed again (itself or downstream) or was skipped: the
     CLI exits 1 then, and :attr:`outcome` says so in words ("3 of 17 failed again")."""
 
-    new_session_id: str
+    new_session_id: str | None
     original_session_id: str
     outcomes: dict[int, str] = field(default_factory=dict)
     new_dead_letters: tuple[RedriveDeadLetter, ...] = ()
@@ -149,6 +150,7 @@ async def redrive(
     *,
     timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
     desk: DeskFactory | None = None,
+    on_start: Callable[[str, int], None] | None = None,
 ) -> RedriveReport:
     """Redrive dead letters of a *finished* session: re-deliver each entry's envelope to the
     subscription that failed it, on a fresh bus set up by ``setup`` (the team as it is now,
@@ -160,12 +162,18 @@ async def redrive(
     dead-lettered there failed again (``failed downstream: ...``), and stays a dead letter
     of the original. Redriven entries are marked ``redriven`` in the original session. All
     entries not yet redriven by default. A session still recording belongs to its process:
-    redrive it there with ``bus.dlq.redrive()``.
+    redrive it there with ``bus.dlq.redrive()``. When there is nothing to redrive (every
+    entry redriven already, or none) nothing runs and nothing is recorded: the report's
+    ``new_session_id`` is None, since an empty session would only list a redrive that did
+    nothing.
 
     ``desk(new_session_id)`` opens the approval desk the team's ``approve()`` asks (given
     to every agent attaching in ``setup`` that has none, through
     :data:`agents.attach_desk`); without it an agent that asks fails its message. Each
     entry's drain waits at most ``timeout`` seconds, a wait for a person included.
+    ``on_start(new_session_id, entries)`` hears of the new session before anything runs:
+    a redrive that waits for a person can take minutes, and it is that session's requests
+    a person decides.
 
     Agents attaching in ``setup`` continue the original run's fault timeline
     (:data:`agents.fault_timeline`): its start, and the inputs it took in. A redrive happens
@@ -185,6 +193,8 @@ async def redrive(
     unknown = [i for i in wanted if i not in entries]
     if unknown:
         raise SessionError(f"session {original.id} has no dead letter {unknown[0]}")
+    if not wanted:
+        return RedriveReport(None, original.id)
     by_id = {e.id: e for e in store.envelopes(original.id)}
     inputs = Counter(e.topic for e in by_id.values() if is_input(e))
     timeline = FaultTimeline(original.started, max(inputs.values(), default=0))
@@ -201,6 +211,8 @@ async def redrive(
     staged: dict[int, DeadLetter] = {}  # the original's entry id -> its redelivery's
     trail = _Trail()
     try:
+        if on_start is not None:
+            on_start(recorder.session_id, len(wanted))
         async with contextlib.AsyncExitStack() as closing:
             # Entered first, so it closes last: the bus drains while approvals can still be
             # decided.

@@ -99,7 +99,7 @@ def test_a_redrive_that_fails_again_says_so_and_exits_1(tmp_path: Path) -> None:
 
     result = runner.invoke(app, ["dlq", "redrive", sid, "--store", str(store), "--json"])
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    report = json.loads(result.stdout)  # stderr named the redrive's session
     m = report["attempted"]
     failed = len(report["failed"])
     assert m > 0 and failed > 0 and report["ok"] is False

@@ -190,3 +190,45 @@ def test_a_person_approves_a_redrive_s_requests_with_pantheon_approve(tmp_path: 
         book = ApprovalBook(st)
         rows = book.entries(book.origin(the_redrive(store)))
     assert {(r.status, r.decided_by) for r in rows} == {("approved", "ann")}
+
+
+def test_a_redrive_with_nothing_left_to_redrive_records_no_session(tmp_path: Path) -> None:
+    store, sid, letters = recorded_run(tmp_path)
+    n = len(letters)
+    assert n > 1
+    first = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    assert first.returncode == 0, first.stdout + first.stderr
+    again = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert again.stdout.splitlines() == [
+        f"nothing to redrive: all {n} dead letters of {sid} are redriven already"
+    ]
+    as_json = pantheon("dlq", "redrive", sid, "--store", str(store), "--json", cwd=tmp_path)
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    report = json.loads(as_json.stdout)
+    assert report["new_session_id"] is None and report["attempted"] == 0 and report["ok"]
+    # The first redrive only: the two that had nothing to do left no session to list.
+    with SessionStore(store, create=False) as st:
+        assert [s.kind for s in st.sessions()] == ["redrive", "run"]
+
+
+def test_sessions_list_says_a_redrive_failed_again_rather_than_completed(tmp_path: Path) -> None:
+    store, sid, letters = recorded_run(tmp_path, bank_limit=6_000)
+    refused = sum(amount_of(store, sid, d) >= 6_000 for d in letters)
+    n = len(letters)
+    assert 0 < refused < n
+    done = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    outcome = f"{n - refused} of {n} redriven, {refused} failed again"
+    assert outcome in done.stdout
+    redrive = the_redrive(store)
+    listed = pantheon("sessions", "list", "--store", str(store), cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    (row,) = [line for line in listed.stdout.splitlines() if redrive in line]
+    assert f" {refused} failed again " in row and "completed" not in row, row
+    (run_row,) = [
+        line for line in listed.stdout.splitlines() if sid in line and "redrive" not in line
+    ]
+    assert "completed" in run_row, run_row
+    shown = pantheon("sessions", "show", redrive, "--store", str(store), cwd=tmp_path)
+    assert shown.stdout.splitlines()[0].split() == [redrive, "redrive", *outcome.split()]

@@ -184,7 +184,9 @@ def test_dlq_list_and_redrive(app: typer.Typer, runner: CliRunner, recorded) -> 
     args = ["dlq", "redrive", sid, str(entry["entry_id"]), "--store", str(path)]
     result = runner.invoke(app, [*args, "--setup", TEAM, "--json"])
     assert result.exit_code == 1, result.output
-    report = json.loads(result.output)
+    # stdout is the report; stderr named the redrive's session as it started.
+    assert result.stderr.startswith(f"redriving 1 dead letter of {sid} as session ")
+    report = json.loads(result.stdout)
     assert report["redriven"] == [] and report["failed"] == [entry["entry_id"]]
     assert report["outcome"] == "0 of 1 redriven, 1 failed again"
     result = runner.invoke(app, [*args, "--setup", TEAM])
@@ -242,6 +244,10 @@ def test_replay_and_diff(  # type: ignore[no-untyped-def]
     assert "payload.label: 'ham' -> 'urgent'" in result.output
     with SessionStore(path) as store:
         replay_id = store.sessions()[0].id
+    # Recorded "completed" (it ran to its end), listed as what it found.
+    listed = runner.invoke(app, ["sessions", "list", "--store", str(path)])
+    (row,) = [line for line in listed.output.splitlines() if replay_id in line]
+    assert "diverged" in row and "completed" not in row, row
 
     result = runner.invoke(app, ["diff", sid, replay_id, "--store", str(path), "--json"])
     assert result.exit_code == 1

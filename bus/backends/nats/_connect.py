@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,9 +22,16 @@ from nats.js.api import KeyValueConfig, RetentionPolicy, StorageType, StreamConf
 from bus.backends.nats._errors import AuthorizationError, ConnectError
 from bus.backends.nats._subjects import DLQ_STREAM, DLQ_SUBJECTS, directory_bucket
 
-__all__ = ["connect", "ensure_streams"]
+__all__ = ["REFUSED_FOR", "connect", "ensure_streams", "probe"]
 
 _log = logging.getLogger("bus.nats")
+
+
+#: Seconds a first connection goes on trying while every attempt is refused (nothing
+#: listens at any of the URLs) before it fails saying so. A server started beside the run
+#: opens its port within this; a wrong URL or a stopped server is one error at once, rather
+#: than the whole connect timeout of retries, a warning each.
+REFUSED_FOR = 1.0
 
 
 async def connect(
@@ -36,12 +44,21 @@ async def connect(
     disconnected_cb: Callable[[], Awaitable[None]],
     reconnected_cb: Callable[[], Awaitable[None]],
 ) -> Any:
-    """A client connected to one of ``urls`` as ``node``, reconnecting for ever after."""
-    refused: list[BaseException] = []
+    """A client connected to one of ``urls`` as ``node``, reconnecting for ever after.
+
+    Until the first connection is made, the client's errors are not logged but kept: what
+    goes wrong then is said once, in the :class:`ConnectError` raised (``connection
+    refused`` after :data:`REFUSED_FOR` seconds of nothing but refusals, else the last
+    error at ``connect_timeout``); after it, each is a warning."""
+    denied: list[BaseException] = []
+    attempts: list[BaseException] = []
+    up = False
 
     async def error_cb(exc: BaseException) -> None:
         if "authorization" in str(exc).lower() or "authentication" in str(exc).lower():
-            refused.append(exc)
+            denied.append(exc)
+        elif not up:
+            attempts.append(exc)
         elif not closed():
             _log.warning("NATS node %s: %s", node, exc)
 
@@ -62,20 +79,21 @@ async def connect(
             **credentials,
         )
     )
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + min(REFUSED_FOR, connect_timeout)
     try:
         async with asyncio.timeout(connect_timeout):
             # The client retries a refused connection like a dropped one: a refusal of
-            # the credentials ends the wait at once instead of at the timeout.
-            while not connecting.done() and not refused:
+            # the credentials, or of every connection for REFUSED_FOR, ends the wait at
+            # once instead of at the timeout.
+            while not connecting.done() and not denied:
+                if attempts and all(map(_refused, attempts)) and loop.time() >= give_up:
+                    raise ConnectionRefusedError
                 await asyncio.wait({connecting}, timeout=0.05)
-            if refused:
-                connecting.cancel()
-                with contextlib.suppress(BaseException):
-                    await connecting
-                with contextlib.suppress(Exception):
-                    await nc.close()
+            if denied:
                 raise nats.errors.Error("authorization violation")
             await connecting
+            up = True
             return nc
     except (TimeoutError, OSError, nats.errors.Error) as exc:
         if not connecting.done():
@@ -84,16 +102,64 @@ async def connect(
                 await connecting
         with contextlib.suppress(Exception):
             await nc.close()
-        text = f"{exc} {' '.join(map(str, refused))}".lower()
-        if refused or "authorization" in text or "authentication" in text:
+        text = f"{exc} {' '.join(map(str, denied))}".lower()
+        if denied or "authorization" in text or "authentication" in text:
             raise AuthorizationError(
                 f"NATS at {where} refused node {node!r}: authorization violation "
                 "(check transport.credentials: user/password, nkey or creds)"
             ) from None
+        if isinstance(exc, ConnectionRefusedError):
+            raise ConnectError(
+                f"cannot connect to NATS at {where}: connection refused (nothing listens there)"
+            ) from None
+        last = attempts[-1] if attempts else exc
         raise ConnectError(
-            f"cannot connect to NATS at {where} within {connect_timeout}s: "
-            f"{type(exc).__name__} {exc}".rstrip()
+            f"cannot connect to NATS at {where} within {connect_timeout}s: {_said(last)}"
         ) from None
+
+
+async def probe(urls: list[str], node: str, credentials: dict[str, Any], timeout: float) -> None:
+    """Connect to one of ``urls`` as ``node`` and leave: raises what :func:`connect` does
+    when no server can be reached or the credentials are refused, and nothing else."""
+    nc = await connect(
+        urls,
+        node,
+        credentials,
+        timeout,
+        closed=lambda: True,
+        disconnected_cb=_nothing,
+        reconnected_cb=_nothing,
+    )
+    with contextlib.suppress(Exception):
+        await nc.close()
+
+
+async def _nothing() -> None:
+    return None
+
+
+def _refused(exc: BaseException) -> bool:
+    """Whether an attempt failed because nothing listens at the address (or at every
+    address its name resolves to)."""
+    if isinstance(exc, ConnectionRefusedError):
+        return True
+    # asyncio joins the failures of a name's several addresses into one OSError without an
+    # errno: "Multiple exceptions: [Errno 111] Connect call failed ..., [Errno 111] ...".
+    text = str(exc)
+    return (
+        isinstance(exc, OSError)
+        and text.startswith("Multiple exceptions:")
+        and text.count("[Errno ") == text.count(f"[Errno {errno.ECONNREFUSED}]")
+    )
+
+
+def _said(exc: BaseException) -> str:
+    """An attempt's error in words: ``connection refused``, ``no answer``, or the error."""
+    if _refused(exc):
+        return "connection refused"
+    if isinstance(exc, TimeoutError | nats.errors.TimeoutError):
+        return "no answer"
+    return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
 
 async def ensure_streams(

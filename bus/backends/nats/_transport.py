@@ -70,6 +70,7 @@ from bus._transport import BusPort, Transport, wake
 from bus.backends.nats import _backlog, _dlq, _history, _journal
 from bus.backends.nats._backlog import Waiting
 from bus.backends.nats._connect import connect, ensure_streams
+from bus.backends.nats._connect import probe as probe_server
 from bus.backends.nats._consumers import Consumers, Group
 from bus.backends.nats._directory import Directory
 from bus.backends.nats._dlq import DeadLetterEntry
@@ -216,6 +217,7 @@ class NatsTransport(Transport):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
         self._connected = False
+        self._started = False
         #: The bus's session as a subject token (``_subjects.scope_of``), set by ``start``.
         self.scope = NO_SESSION
         self._tasks: list[asyncio.Task[None]] = []
@@ -293,7 +295,21 @@ class NatsTransport(Transport):
         """The server URLs, comma-separated: what a node process of the run connects to."""
         return ",".join(self.urls)
 
+    @property
+    def started(self) -> bool:
+        """Whether :meth:`start` got through (connected, streams and subscriptions set up),
+        whatever happened since. One that never did left nothing of its session on the
+        server: no consumer group to delete."""
+        return self._started
+
     # -- lifecycle ---------------------------------------------------------------------------
+
+    async def probe(self) -> None:
+        """Connect once and leave, before anything depends on the server: raises
+        :class:`ConnectError` (``connection refused`` within a second when nothing listens
+        at the URLs) or :class:`AuthorizationError`, as :meth:`start` would. A run calls it
+        before it records a session or starts a process."""
+        await probe_server(self.urls, f"{self.node}-probe", self.credentials, self.connect_timeout)
 
     async def start(self, port: BusPort) -> None:
         if self._nc is not None:
@@ -344,7 +360,7 @@ class NatsTransport(Transport):
         except BaseException:
             await nc.close()
             raise
-        self._connected = True
+        self._connected = self._started = True
         self._tasks.append(self._loop.create_task(self._tick(), name=f"nats:{self.node}:tick"))
         self._tasks.append(
             self._loop.create_task(self._publisher.track(), name=f"nats:{self.node}:track")
