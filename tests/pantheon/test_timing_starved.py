@@ -79,20 +79,31 @@ def starved_core() -> Iterator[None]:
     spinning, all pinned to one core."""
     saved = os.sched_getaffinity(0)
     core = min(saved)
-    spin = f"import os\nos.sched_setaffinity(0, {{{core}}})\nwhile True: pass"
+    # Each hog says when it is pinned and about to spin. A fixed 0.3 s for that was not
+    # enough in CI (another test process beside it): the hogs started after a 1 s run had
+    # ended, and the run measured no wait for its core at all.
+    spin = (
+        f"import os, sys\nos.sched_setaffinity(0, {{{core}}})\n"
+        "sys.stdout.write('spinning\\n'); sys.stdout.flush()\nwhile True: pass"
+    )
     procs = [
-        subprocess.Popen([sys.executable, "-c", spin], stdin=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-c", spin], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE
+        )
         for _ in range(HOGS)
     ]
     try:
+        for p in procs:
+            assert p.stdout is not None and p.stdout.readline() == b"spinning\n"
         os.sched_setaffinity(0, {core})
-        time.sleep(0.3)  # the hogs' interpreters up and spinning
         yield
     finally:
         os.sched_setaffinity(0, saved)
         for p in procs:
             p.kill()
             p.wait()
+            if p.stdout is not None:
+                p.stdout.close()
 
 
 def _timing_states(summary: RunSummary) -> dict[str, str]:
