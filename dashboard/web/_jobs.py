@@ -92,12 +92,12 @@ def _report(code: int, out: str, err: str, what: str) -> tuple[dict[str, Any] | 
 
 
 @dataclass
-class ReplayJob:
-    """One ``pantheon replay`` process and where its output goes."""
+class _CliJob:
+    """A ``pantheon`` process the page started, where its output goes, and its report once
+    it has exited."""
 
     session_id: str
     store: Path
-    live_effects: bool
     started: float
     process: subprocess.Popen[bytes]
     out_path: Path
@@ -107,28 +107,18 @@ class ReplayJob:
     returncode: int | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    @classmethod
-    def start(cls, store: Path, session_id: str, *, live_effects: bool = False) -> ReplayJob:
-        args = ["replay", session_id, "--store", str(store), "--json"]
-        if live_effects:
-            args.append("--live-effects")
-        process, out, err = _spawn(args, "pantheon-replay-")
-        return cls(session_id, store, live_effects, time.time(), process, out, err)
-
-    @property
-    def state(self) -> JobState:
-        """Polls the process; once it has exited, reads its report (once)."""
-        with self._lock:
-            if self.returncode is None:
-                code = self.process.poll()
-                if code is None:
-                    return "running"
-                self.returncode = code
-                out, err = _read_once(self.out_path, self.err_path)
-                self.report, self.error = _report(code, out, err, "pantheon replay")
-            if self.report is None:
-                return "error"
-            return "matched" if self.report.get("matched") else "diverged"
+    def _running(self, what: str) -> bool:
+        """Whether the process still runs; once it has exited, its report is read (once).
+        The caller holds ``_lock``."""
+        if self.returncode is not None:
+            return False
+        code = self.process.poll()
+        if code is None:
+            return True
+        self.returncode = code
+        out, err = _read_once(self.out_path, self.err_path)
+        self.report, self.error = _report(code, out, err, what)
+        return False
 
     @property
     def new_session_id(self) -> str | None:
@@ -138,6 +128,31 @@ class ReplayJob:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+@dataclass(kw_only=True)
+class ReplayJob(_CliJob):
+    """One ``pantheon replay`` process."""
+
+    live_effects: bool
+
+    @classmethod
+    def start(cls, store: Path, session_id: str, *, live_effects: bool = False) -> ReplayJob:
+        args = ["replay", session_id, "--store", str(store), "--json"]
+        if live_effects:
+            args.append("--live-effects")
+        process, out, err = _spawn(args, "pantheon-replay-")
+        return cls(session_id, store, time.time(), process, out, err, live_effects=live_effects)
+
+    @property
+    def state(self) -> JobState:
+        """Polls the process; once it has exited, reads its report (once)."""
+        with self._lock:
+            if self._running("pantheon replay"):
+                return "running"
+            if self.report is None:
+                return "error"
+            return "matched" if self.report.get("matched") else "diverged"
 
 
 def redrive_bound(entries: int, approval_wait: float) -> float:
@@ -153,8 +168,8 @@ def redrive_bound(entries: int, approval_wait: float) -> float:
     return (max(entries, 1) + 1) * (DEFAULT_REPLAY_TIMEOUT + approval_wait)
 
 
-@dataclass
-class RedriveJob:
+@dataclass(kw_only=True)
+class RedriveJob(_CliJob):
     """One ``pantheon dlq redrive`` process: of entry ``entry``, or of every dead letter of
     the session not yet redriven (``entry`` None).
 
@@ -163,18 +178,8 @@ class RedriveJob:
     and that is said in :attr:`error`. ``started`` is wall-clock time, to find the
     redrive's session in the store (it starts after it)."""
 
-    session_id: str
-    store: Path
     entry: int | None
-    started: float
     deadline: float
-    process: subprocess.Popen[bytes]
-    out_path: Path
-    err_path: Path
-    report: dict[str, Any] | None = None
-    error: str | None = None
-    returncode: int | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @classmethod
     def start(
@@ -186,42 +191,28 @@ class RedriveJob:
             args.append(str(entry))
         process, out, err = _spawn(args, "pantheon-redrive-")
         deadline = time.monotonic() + bound
-        return cls(session_id, store, entry, time.time(), deadline, process, out, err)
+        return cls(
+            session_id, store, time.time(), process, out, err, entry=entry, deadline=deadline
+        )
 
     @property
     def state(self) -> RedriveState:
         """Polls the process; once it has exited, reads its report (once). A process past
         its deadline is killed here, when a page next looks: nobody waits on it otherwise."""
         with self._lock:
-            if self.returncode is None:
-                code = self.process.poll()
-                if code is None:
-                    if time.monotonic() < self.deadline:
-                        return "running"
-                    self.process.kill()
-                    code = self.process.wait()
-                    _read_once(self.out_path, self.err_path)
-                    self.returncode = code
-                    self.error = (
-                        "pantheon dlq redrive ran past every timeout of its own (its drains "
-                        "and approval waits): it was hung, and was killed"
-                    )
-                else:
-                    self.returncode = code
-                    out, err = _read_once(self.out_path, self.err_path)
-                    self.report, self.error = _report(code, out, err, "pantheon dlq redrive")
+            if self._running("pantheon dlq redrive"):
+                if time.monotonic() < self.deadline:
+                    return "running"
+                self.process.kill()
+                self.returncode = self.process.wait()
+                _read_once(self.out_path, self.err_path)
+                self.error = (
+                    "pantheon dlq redrive ran past every timeout of its own (its drains "
+                    "and approval waits): it was hung, and was killed"
+                )
             if self.report is None:
                 return "error"
             return "redriven" if self.report.get("ok") else "failed"
-
-    @property
-    def new_session_id(self) -> str | None:
-        return None if self.report is None else self.report.get("new_session_id")
-
-    def cancel(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
 
 
 Job = ReplayJob | RedriveJob

@@ -90,14 +90,15 @@ def run(
     telemetry = _telemetry(scenario)
     from pantheon.runner import ClusterError, RunStuck, TransportUnreachable
 
+    # Caught before ClusterError: TransportUnreachable is one.
+    nothing_ran: tuple[type[Exception], ...] = (
+        *gateway_errors, TransportUnreachable, ProviderUnavailable, AgentSetupError,
+    )  # fmt: skip
     try:
         summary = run_async(
             _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
         )
-    except gateway_errors as exc:
-        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
-    except TransportUnreachable as exc:
+    except nothing_ran as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     except ClusterError as exc:
@@ -126,9 +127,6 @@ def run(
             highlight=False,
         )
         raise typer.Exit(130) from None
-    except (ProviderUnavailable, AgentSetupError) as exc:
-        console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
     except SessionError as exc:  # the --store given cannot hold the session
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None

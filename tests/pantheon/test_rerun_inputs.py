@@ -5,17 +5,13 @@ expense-claims team, in one process, and a real SQLite store."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from claims_team import CLAIMS, write_team
 from cli_run import pantheon
+from interrupting import run_and_interrupt
 
 from pantheon.sessions import SessionStore
 
@@ -88,27 +84,9 @@ def test_resume_skips_only_the_inputs_the_run_had_published(tmp_path: Path) -> N
     number, so the count fell back to every outside message), skipped one claim more per
     alert, and those claims were never decided."""
     path = write_team(tmp_path, concurrency=8, rate=8)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pantheon.cli", "run", str(path), "--store", "s.db", "--json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"COLUMNS": "250"},
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while not _alerted(tmp_path):
-            assert proc.poll() is None and time.monotonic() < deadline, "no alert came"
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 130, err
-    stopped = json.loads(out)
+    proc = run_and_interrupt(tmp_path, path, lambda: _alerted(tmp_path), "an alert")
+    assert proc.returncode == 130, proc.stderr
+    stopped = json.loads(proc.stdout)
     assert stopped["interrupted"] == "SIGINT"
     sid = stopped["session_id"]
     assert roots(tmp_path, sid)[ALERT] >= 1

@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import collections
 import json
-import os
-import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from cli_run import pantheon as cli
+from interrupting import run_and_interrupt
 from oncall_asking import node_pids
 from untimed import copy_untimed
 
@@ -62,30 +59,12 @@ def interrupt(
 ) -> tuple[subprocess.CompletedProcess[str], str]:
     """Run ``path`` and SIGINT it ``times`` times once its Actor has acted ``acts`` times;
     returns the finished process and its session."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pantheon.cli", "run", path, "--store", "s.db", "--json"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=os.environ | {"COLUMNS": "250"},
+    done = run_and_interrupt(
+        tmp_path, path, lambda: acted(tmp_path) >= acts, "the team's first actions", times=times
     )
-    try:
-        deadline = time.monotonic() + 120
-        while acted(tmp_path) < acts:
-            assert proc.poll() is None and time.monotonic() < deadline, "the team never acted"
-            time.sleep(0.05)
-        for _ in range(times):
-            proc.send_signal(signal.SIGINT)
-            time.sleep(0.3)
-        out, err = proc.communicate(timeout=180)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
     with sqlite3.connect(tmp_path / "s.db") as conn:
         (session,) = conn.execute("SELECT id FROM sessions WHERE kind = 'run'").fetchone()
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), str(session)
+    return done, str(session)
 
 
 def status(tmp_path: Path, session: str) -> tuple[str, dict[str, Any]]:
