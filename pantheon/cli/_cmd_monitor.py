@@ -83,7 +83,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Watch a session in the terminal: live while it runs, its record once it ended.
 
-        Keys: 1-6 panels, enter open, r redrive, t timeline, esc back, q quit."""
+        Keys: 1-8 panels, enter open, r redrive, a approve, x reject, t timeline, esc back,
+        q quit."""
         tui = _tui()
         if url is not None:
             token = None
