@@ -422,7 +422,8 @@ def diff(
     from pantheon.rerun import diff_outcomes, left_out_inputs
 
     with _open(store) as st:
-        result = diff_sessions(st, a, b, left_out=left_out_inputs(st, a, b))
+        cut_a, cut_b = left_out_inputs(st, a, b)
+        result = diff_sessions(st, a, b, left_out=cut_a, left_out_b=cut_b)
         decisions = diff_outcomes(st, a, b)
     if as_json:
         _dump(result.to_dict() | {"decisions": decisions.to_dict()})
@@ -431,11 +432,12 @@ def diff(
         con.print(
             f"{result.a} -> {result.b}: {result.hops_compared} hops compared ({result.counts()})"
         )
-        if result.left_out:
-            con.print(
-                f"[yellow]{result.left_out} inputs not compared:[/yellow] a node of A died in "
-                "the middle of them, and B (its re-run) left them out"
-            )
+        for count, (cut, rerun) in ((result.left_out, "AB"), (result.left_out_b, "BA")):
+            if count:
+                con.print(
+                    f"[yellow]{count} inputs not compared:[/yellow] a node of {cut} died in "
+                    f"the middle of them, and {rerun} (its re-run) left them out"
+                )
         if result.divergence is None:
             con.print("[green]no difference[/green]")
         elif result.timing_only:

@@ -252,13 +252,19 @@ def session_outcomes(
     return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels, outcomes.unnamed)
 
 
-def left_out_inputs(store: SessionStore, a: str, b: str) -> frozenset[int]:
-    """The input ids of session ``a`` whose trees ``b``, an exact replay or a what-if of
-    ``a``, did not re-run: the ones a node of ``a`` died in the middle of
-    (:func:`~pantheon.rerun._engine.cut_inputs`). ``pantheon diff`` and the dashboard leave
-    them out of the hop comparison (``diff_sessions(left_out=...)``) as the replay did."""
-    found = _cut_trees(store, store.session(a), store.session(b))
-    return frozenset() if found is None else frozenset(found[1])
+def left_out_inputs(store: SessionStore, a: str, b: str) -> tuple[frozenset[int], frozenset[int]]:
+    """The input ids of ``a`` and of ``b`` whose trees the other did not re-run: when ``b``
+    is an exact replay or a what-if of ``a``, the ones a node of ``a`` died in the middle
+    of (:func:`~pantheon.rerun._engine.cut_inputs`), and the same of ``b`` when ``a`` is the
+    re-run (``pantheon diff`` takes the two either way round). ``pantheon diff`` and the
+    dashboard leave them out of the hop comparison (``diff_sessions(left_out=...,
+    left_out_b=...)``) as the replay did."""
+    sa, sb = store.session(a), store.session(b)
+    found_a, found_b = _cut_trees(store, sa, sb), _cut_trees(store, sb, sa)
+    return (
+        frozenset() if found_a is None else frozenset(found_a[1]),
+        frozenset() if found_b is None else frozenset(found_b[1]),
+    )
 
 
 def _cut_trees(
@@ -300,12 +306,14 @@ def _not_rerun(store: SessionStore, a: SessionInfo, b: SessionInfo, spec: Outcom
 def diff_outcomes(store: SessionStore, a: str, b: str) -> OutcomeDiff:
     """Session ``b``'s decisions against ``a``'s (ids or unique prefixes), in A's terms.
 
-    When ``b`` re-ran ``a`` (an exact replay or a what-if of it) and a node of ``a`` died
-    mid-run, the items it left unfinished are left out of both sides, as the re-run left
-    them out (see :func:`_not_rerun`)."""
+    When one re-ran the other (an exact replay or a what-if of it) and a node of the
+    original died mid-run, the items it left unfinished are left out of both sides, as the
+    re-run left them out (see :func:`_not_rerun`)."""
     da = session_outcomes(store, a)
     db = session_outcomes(store, b, like=da)
-    left_out = _not_rerun(store, store.session(da.session), store.session(db.session), da.spec)
+    sa, sb = store.session(da.session), store.session(db.session)
+    # Either way round: ``pantheon diff`` takes a session and its re-run in any order.
+    left_out = _not_rerun(store, sa, sb, da.spec) | _not_rerun(store, sb, sa, da.spec)
     if left_out:
         da, db = da.without(left_out), db.without(left_out)
     scorer = da

@@ -118,6 +118,8 @@ class SessionDiff:
     left_out: int = 0
     """Inputs of ``a`` whose trees were not compared: ``b`` (a replay or what-if of ``a``)
     did not re-run them, since a node of ``a`` died in the middle of them."""
+    left_out_b: int = 0
+    """The same for ``b``'s inputs, when ``a`` is the re-run of ``b``."""
     not_compared_a: dict[str, int] = field(default_factory=dict)
     """Messages of ``a`` left out of the alignment, by why (keys of :data:`LEFT_OUT`)."""
     not_compared_b: dict[str, int] = field(default_factory=dict)
@@ -168,6 +170,7 @@ class SessionDiff:
             "not_compared_a": dict(self.not_compared_a),
             "not_compared_b": dict(self.not_compared_b),
             "left_out": self.left_out,
+            "left_out_b": self.left_out_b,
             "divergence": None if self.divergence is None else self._divergence(),
             "latency": [d.to_dict() for d in self.latency],
         }
@@ -334,12 +337,21 @@ def _hop_node(
 
 
 def diff_sessions(
-    store: SessionStore, a: str, b: str, *, left_out: Collection[int] = frozenset()
+    store: SessionStore,
+    a: str,
+    b: str,
+    *,
+    left_out: Collection[int] = frozenset(),
+    left_out_b: Collection[int] = frozenset(),
 ) -> SessionDiff:
-    """Compare session ``b`` with session ``a`` (ids or unique prefixes). ``left_out``: input
-    ids of ``a`` whose trees ``b`` did not re-run (``pantheon.rerun.left_out_inputs``): ``b``'s
-    inputs are aligned with the rest of ``a``'s, and the trees left out are not missing.
-    Only this way round: ``b`` the re-run of ``a``."""
+    """Compare session ``b`` with session ``a`` (ids or unique prefixes).
+
+    ``left_out``: input ids of ``a`` whose trees ``b`` did not re-run
+    (``pantheon.rerun.left_out_inputs``, when ``b`` re-ran ``a`` and a node of ``a`` died in
+    the middle of them): ``b``'s inputs are aligned with the rest of ``a``'s, and the trees
+    left out are not missing. ``left_out_b``: the same the other way round, input ids of
+    ``b`` whose trees ``a`` (the re-run of ``b``) did not re-run: their trees in ``b`` are
+    not extra. A user diffs a session and its replay in either order."""
     sa, sb = store.session(a), store.session(b)
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
@@ -348,13 +360,28 @@ def diff_sessions(
     # them (or not at all), and pair with nothing of the other run's.
     lineage = Lineage(env_a, eff_a, samples=False)
     lineage_b = Lineage(env_b, eff_b, samples=False)
+    cmp_env_b, cmp_del_b, cmp_eff_b = env_b, del_b, eff_b
+    if left_out_b:
+        # B's unfinished trees are compared with nothing: A never re-ran them. Nor are the
+        # messages whose chain leaves B's record (another node went on with what the dead
+        # one had forwarded before its journal stopped): A's such messages are never
+        # missing either way round.
+        dropped: set[int | None] = {None, *left_out_b}
+        cmp_env_b = [
+            e
+            for e in env_b
+            if e.id not in lineage_b.by_id or lineage_b.root.get(e.id) not in dropped
+        ]
+        kept = {e.id for e in cmp_env_b}
+        cmp_del_b = [d for d in del_b if d.envelope_id in kept]
+        cmp_eff_b = [f for f in eff_b if f.envelope_id in kept]
     comparison = compare_runs(
         lineage,
-        env_b,
+        cmp_env_b,
         original_deliveries=del_a,
-        new_deliveries=del_b,
+        new_deliveries=cmp_del_b,
         original_effects=eff_a,
-        new_effects=eff_b,
+        new_effects=cmp_eff_b,
         # B re-published A's inputs but those: align its k-th input to the k-th of the rest.
         inputs=[e for e in lineage.inputs if e.id not in left_out] if left_out else None,
     )
@@ -403,6 +430,7 @@ def diff_sessions(
         node_a=nodes[0],
         node_b=nodes[1],
         left_out=len(left_out),
+        left_out_b=len(left_out_b),
         not_compared_a=dict(lineage.left_out),
         not_compared_b=dict(lineage_b.left_out),
     )

@@ -64,6 +64,15 @@ def test_a_whatif_leaves_out_what_the_killed_node_cut_as_a_replay_does(tmp_path:
     assert text.returncode == 0, text.stdout
     assert f"{skipped} inputs not compared: a node of A died in the middle of them" in text.stdout
     assert "no difference\n" in text.stdout
+    # ... and the other way round: the replay first, the session it re-ran second.
+    back = _json(cli("diff", replay["new_session_id"], session, "--store", "s.db", "--json",
+                     cwd=tmp_path))  # fmt: skip
+    assert (back["identical"], back["differences"], back["left_out"]) == (True, 0, 0)
+    assert back["left_out_b"] == skipped and back["decisions"]["changed"] == 0
+    text = cli("diff", replay["new_session_id"], session, "--store", "s.db", cwd=tmp_path)
+    assert text.returncode == 0, text.stdout
+    assert f"{skipped} inputs not compared: a node of B died in the middle of them" in text.stdout
+    assert "no difference\n" in text.stdout and "no alert changed action\n" in text.stdout
 
     whatif = _json(
         cli("replay", session, "--store", "s.db", "--with", "same.yaml", "--json", cwd=tmp_path)
