@@ -126,7 +126,11 @@ def approve_in_the_store(run: subprocess.Popen[str], store: Path) -> None:
         if store.exists():
             with SessionStore(store, create=False) as st:
                 book = ApprovalBook(st)
-                for row in book.entries(book.origin(st.sessions()[0].id), status="pending"):
+                sessions = st.sessions()  # none yet: the run has made the store, not its row
+                pending = (
+                    book.entries(book.origin(sessions[0].id), status="pending") if sessions else []
+                )
+                for row in pending:
                     book.decide(row.origin, row.id, approved=True, note="", by="clerk")
         time.sleep(0.05)
 
