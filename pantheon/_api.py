@@ -8,6 +8,7 @@ import contextlib
 import functools
 import logging
 import signal
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -138,18 +139,30 @@ async def run(
 async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: Any) -> None:
     """Score and count a multi-process run from its session record (see
     :func:`pantheon.runner.score_from_record`), once every node's journal and the driver's
-    own records are committed. An in-process run's summary is scored and counted already,
+    own records are committed: its messages, and the dead letters of the processes that
+    ended without their report. An in-process run's summary is scored and counted already,
     from all its one bus saw."""
     from pantheon.rerun import session_outcomes
-    from pantheon.runner import score_from_record
+    from pantheon.runner import MAX_LISTED_DEAD_LETTERS, score_from_record
 
-    def read_record() -> tuple[Any, dict[str, int]]:
+    silent = list(summary.unverified)
+
+    def read_record() -> tuple[Any, dict[str, int], dict[str, int], list[Any]]:
         store, sid = recorder.store, recorder.session_id
-        return session_outcomes(store, sid), store.topic_counts(sid)
+        dlq: Counter[str] = Counter()
+        listed = []
+        if silent:
+            by_node = store.dead_letter_counts(sid)
+            for node in silent:
+                dlq.update(by_node.get(node, {}))
+            listed = store.dead_letters(
+                sid, nodes=silent, shed=False, limit=MAX_LISTED_DEAD_LETTERS
+            )
+        return session_outcomes(store, sid), store.topic_counts(sid), dict(dlq), listed
 
     try:
         await recorder.flush()
-        read, topics = await asyncio.to_thread(read_record)
+        read, topics, dlq, listed = await asyncio.to_thread(read_record)
     except Exception:
         # The run is over and its session must still be closed with its summary: keep the
         # processes' own score, and say why the record's is missing.
@@ -157,7 +170,7 @@ async def _score_from_record(scenario: Scenario, summary: RunSummary, recorder: 
             "session %s: scoring from the record failed", recorder.session_id
         )
         return
-    score_from_record(scenario, summary, read.score, topics=topics)
+    score_from_record(scenario, summary, read.score, topics=topics, dlq=dlq, dead_letters=listed)
 
 
 class _Served:

@@ -62,7 +62,10 @@ def dead_letters_text(s: Any) -> str:
     if listed < total - s.dlq.get("shed", 0):
         partial.append(f"{listed:,} listed")
     if s.dlq_evicted:
-        partial.append(f"the last {total - s.dlq_evicted:,} kept in memory")
+        # Evicted past a queue's bound (the oldest go), or a killed node's, whose queue
+        # died with it: none may be left in memory.
+        kept = total - s.dlq_evicted
+        partial.append(f"the last {kept:,} kept in memory" if kept else "none kept in memory")
     if partial:
         where = "all in the session store" if s.session_id else "the run was not recorded"
         notes.append(", ".join([*partial, where]))

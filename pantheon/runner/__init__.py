@@ -31,6 +31,7 @@ from pantheon.runner._multiprocess import (
     serve_node,
 )
 from pantheon.runner._report import (
+    MAX_LISTED_DEAD_LETTERS,
     RunSummary,
     accuracy_bounds,
     count_own_topics,
@@ -44,6 +45,7 @@ from pantheon.runner._runtime import RunStuck, drain_progressing, run_scenario
 from pantheon.runner._session_run import Recording, recording
 
 __all__ = [
+    "MAX_LISTED_DEAD_LETTERS",
     "AgentSetupError",
     "BudgetDriverGone",
     "ClusterError",

@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 import weakref
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agents import Guardian, Learner, Monitor, Observer, OutcomeScore
-from bus import Bus, Envelope, Receipt, SchedulingStats, matches
+from bus import Bus, DeadLetterRecord, Envelope, Receipt, SchedulingStats, matches
 from pantheon._imports import ImportProblem, import_path
 from pantheon.runner._build import Team, sum_usage
 from pantheon.scenario import Scenario
@@ -59,7 +59,13 @@ class RunSummary:
     hops: dict[str, dict[str, float]]
     edges: list[dict[str, Any]]
     dlq: dict[str, int]
+    """Dead letters per reason, every one each process's queue took (evicted or not, shed
+    included). A process that ended without its report (:attr:`unverified`) counts what
+    its journal had shipped, in a recorded run (:func:`score_from_record`)."""
     dead_letters: list[dict[str, Any]]
+    """The first :data:`MAX_LISTED_DEAD_LETTERS` dead letters other than shed: the reporting
+    processes' from their queues, then, in a recorded run, those a process that ended
+    without its report had shipped."""
     breaker_trips: int
     accuracy: dict[str, Any]
     decisions: dict[str, int]
@@ -95,14 +101,16 @@ class RunSummary:
     """Where the input's malformed records were published (``malformed`` counts them)."""
     dlq_evicted: int = 0
     """Dead letters counted in ``dlq`` but no longer in the buses' in-memory queues, which
-    keep the newest 10,000 each by default (a recorded session has every one)."""
+    keep the newest 10,000 each by default (a recorded session has every one). A process
+    that ended without its report took its queue with it: its dead letters counted from
+    the record count here too."""
     unverified: dict[str, int | None] = field(default_factory=dict)
     """Per process that ended without its report (a node the scenario killed, or one that
     died by itself), how many messages it had settled for the others (None where the
     transport does not count it): it handled them, and whatever they caused inside it (a
     chain of agents on that node) died with its accounting, as did what it published
-    itself (``topics`` and ``messages`` still count what its journal had shipped, in a
-    recorded run). ``accounting_ok`` covers the processes that reported; ``zero_lost``
+    itself (``topics``, ``messages`` and ``dlq`` still count what its journal had shipped,
+    in a recorded run). ``accounting_ok`` covers the processes that reported; ``zero_lost``
     fails while this is not empty."""
     stream: dict[str, Any] = field(default_factory=dict)
     """Of a NATS run in which a node died (``killed``: the scenario's ``kill_node`` or not,
@@ -233,20 +241,9 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         # Every dead letter, by reason: the in-memory queue keeps only the newest entries.
         "dlq": dict(bus.dlq.totals),
         "dlq_evicted": bus.dlq.evicted,
-        # A line names its message by envelope id (what `pantheon dlq` and the store key
-        # on), never by a field of one team's payloads; the error carries its type, since
-        # a bare KeyError's message is only the missing key.
-        "dead_letters": [
-            {
-                "subscriber": e.subscriber,
-                "topic": e.envelope.topic,
-                "envelope_id": e.envelope.id,
-                "reason": e.reason,
-                "error": f"{e.error_type}: {e.error}" if e.error_type else e.error,
-            }
-            for e in entries
-            if e.reason != "shed"
-        ][:MAX_LISTED_DEAD_LETTERS],
+        "dead_letters": [_listed(e) for e in entries if e.reason != "shed"][
+            :MAX_LISTED_DEAD_LETTERS
+        ],
         "accounting_ok": accounting_ok,
         "inputs": sum(o.emitted for o in observers),
         "malformed": sum(o.malformed for o in observers),
@@ -262,6 +259,20 @@ def local_report(bus: Bus, team: Team) -> dict[str, Any]:
         "budget": team.budget(),
         "rate_limit": team.rate_limit(),
         "scheduling": _scheduling(stats.scheduling),
+    }
+
+
+def _listed(d: DeadLetterRecord) -> dict[str, Any]:
+    """One of :attr:`RunSummary.dead_letters`: a bus's dead letter or a recorded one."""
+    # A line names its message by envelope id (what `pantheon dlq` and the store key on),
+    # never by a field of one team's payloads; the error carries its type, since a bare
+    # KeyError's message is only the missing key.
+    return {
+        "subscriber": d.subscriber,
+        "topic": d.topic,
+        "envelope_id": d.envelope_id,
+        "reason": d.reason,
+        "error": f"{d.error_type}: {d.error}" if d.error_type else d.error,
     }
 
 
@@ -442,9 +453,12 @@ def score_from_record(
     score: OutcomeScore,
     *,
     topics: Mapping[str, int] | None = None,
+    dlq: Mapping[str, int] | None = None,
+    dead_letters: Sequence[DeadLetterRecord] = (),
 ) -> None:
-    """Put a multi-process run's accuracy and message counts, read from its whole session
-    record, in ``s``, and judge its expectations again on them.
+    """Put a multi-process run's accuracy, message counts and the dead letters of its
+    processes that ended without their report, read from its whole session record, in
+    ``s``, and judge its expectations again on them.
 
     Each process sees only the messages published on its own bus and those that crossed to
     it: an outcome published on a node that no agent on the driver subscribes to reaches no
@@ -461,6 +475,13 @@ def score_from_record(
     check reading ``summary.topics`` then judges what the team did, not what the survivors
     counted.
 
+    ``dlq``: the dead letters per reason the record holds from the processes of
+    ``s.unverified`` (``SessionStore.dead_letter_counts`` of those nodes), and
+    ``dead_letters`` the first of them other than shed (``SessionStore.dead_letters``).
+    They are added to what the processes that reported counted and listed, so
+    ``max_dlq`` and ``dlq:`` bounds judge every process's dead letters, a killed node's
+    included; see the comment below for why only those come from the record.
+
     Every expectation :func:`judge` makes is judged again when something changed (a custom
     check may read any figure); the ones the run added after summarizing (a multi-process
     run's "every node ran to the end") stand."""
@@ -473,6 +494,32 @@ def score_from_record(
             s.messages = messages
             s.throughput = round(messages / s.elapsed_s, 1) if s.elapsed_s else 0.0
             changed = True
+    # Dead letters. Each is recorded once, by the process whose queue took it (the row's
+    # ``node``), so the record splits exactly by process, and adding one process's rows to
+    # the others' reports counts nothing twice: a survivor's ``node_lost`` for what the
+    # dead node held is the survivor's own row. (A message the dead node dead-lettered
+    # just before it died, whose settling never reached its publisher, can be both its
+    # row and the publisher's ``node_lost``: two rows in the record, counted as two here
+    # as ``sessions show`` counts them.)
+    # A process that reported keeps its bus's counts: ``dlq.totals`` counts every dead
+    # letter its queue took, exactly and for free, those evicted past its bound and the
+    # sheds of a flood it never listed (one in SHED_SAMPLE past SHED_LIST_ALL) included;
+    # the record can only match it. A process that died took its counts with it: what it
+    # shipped before is all anyone can still say, so only its part comes from the record.
+    # Its sheds there are no sample (its recorder listens to its queue, and a queue with a
+    # listener lists every shed), but like the rest of its journal they stop at its last
+    # shipment: what it dead-lettered in the commit interval before the kill is nowhere,
+    # so its counts are a floor, the same one ``sessions show`` and ``dlq list`` read.
+    if dlq:
+        s.dlq = dict(Counter(s.dlq) + Counter(dlq))
+        # ``dlq_evicted`` counts what ``dlq`` counts and no bus's queue holds (the summary
+        # prints ``dlq - dlq_evicted`` as kept in memory): a dead process's queue died with
+        # it, so all of its dead letters are in the store only.
+        s.dlq_evicted += sum(dlq.values())
+        changed = True
+    if dead_letters:
+        listed = [*s.dead_letters, *map(_listed, dead_letters)]
+        s.dead_letters = listed[:MAX_LISTED_DEAD_LETTERS]
     # A record without labels to score by (a generator's or stdin's live only in the
     # Observer's process) leaves the processes' own score as it is.
     if scenario.scored and score.scored:

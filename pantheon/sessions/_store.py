@@ -36,7 +36,7 @@ import sqlite3
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, overload
@@ -1235,12 +1235,32 @@ class SessionStore:
                 raise self._damaged(session_id, str(exc)) from exc
         return [StoredDelivery(r[0], r[1], from_db(r[2]), *r[3:]) for r in rows]
 
-    def dead_letters(self, session_id: str) -> list[StoredDeadLetter]:
+    def dead_letters(
+        self,
+        session_id: str,
+        *,
+        nodes: Collection[str] | None = None,
+        shed: bool = True,
+        limit: int | None = None,
+    ) -> list[StoredDeadLetter]:
+        """The session's dead letters in entry order; ``nodes``: only those processes'
+        (nodes by name), ``shed=False``: none shed, ``limit``: at most that many."""
+        where = ["session = ?"]
+        params: list[Any] = [session_id]
+        if nodes is not None:
+            where.append(f"node IN ({', '.join('?' * len(nodes))})")
+            params.extend(nodes)
+        if not shed:
+            where.append("reason != 'shed'")
+        tail = ""
+        if limit is not None:
+            tail = " LIMIT ?"
+            params.append(limit)
         rows = self._query(
             "SELECT entry_id, envelope_id, topic, subscriber, reason, error_type, error, "
             "traceback, attempts, time, redriven, redriven_by, node FROM dead_letters "
-            "WHERE session = ? ORDER BY entry_id",
-            (session_id,),
+            f"WHERE {' AND '.join(where)} ORDER BY entry_id{tail}",
+            tuple(params),
             session=session_id,
         )
         return [
@@ -1250,6 +1270,23 @@ class SessionStore:
             )
             for r in rows
         ]  # fmt: skip
+
+    def dead_letter_counts(self, session_id: str) -> dict[str | None, dict[str, int]]:
+        """Dead letters recorded per process (``node``; ``None``: the recording process's
+        own) and reason, redriven ones included, as a bus's ``dlq.totals`` counts them: a
+        ``GROUP BY``, no traceback read.
+
+        A multi-process run's summary takes from here what a process that ended without its
+        report had dead-lettered (``pantheon.runner.score_from_record``)."""
+        out: dict[str | None, dict[str, int]] = {}
+        for node, reason, n in self._query(
+            "SELECT node, reason, count(*) FROM dead_letters WHERE session = ? "
+            "GROUP BY node, reason",
+            (session_id,),
+            session=session_id,
+        ):
+            out.setdefault(node, {})[reason] = int(n)
+        return out
 
     def effects(self, session_id: str, *, name: str | None = None) -> list[StoredEffect]:
         """The session's effects in the order they were recorded; ``name`` keeps only those

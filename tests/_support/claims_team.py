@@ -104,8 +104,8 @@ faults:
   agents:
     payer: {{failure_rate: 0.3}}
 {faults}expect:
-  max_dlq: 100
-  dlq: {{failed: {{max: 100}}}}
+  max_dlq: {max_dlq}
+  dlq: {{failed: {{max: {max_dlq}}}}}
   topics: {{claim.decided: {{min: 1}}}}
   custom: ["claims_agents:all_decided"]
 {transport}"""
@@ -131,12 +131,14 @@ def write_team(
     monitor: bool = True,
     concurrency: int = 1,
     rate: float | None = None,
+    max_dlq: int = 100,
     name: str = "claims.yaml",
 ) -> Path:
     """The team's folder (agents module, claims, scenario ``name``); returns the scenario's
     path. ``transport``: a :func:`placed` section (none: one process); ``kill``: the node
     ``faults.kill_node`` SIGKILLs, as ``"desk, at: 2"``; ``concurrency``: the Approver's;
-    ``rate``: the input's records per second (none: as fast as the bus takes them)."""
+    ``rate``: the input's records per second (none: as fast as the bus takes them);
+    ``max_dlq``: the bound of ``expect.max_dlq`` and of its ``failed`` dead letters."""
     (folder / "claims_agents.py").write_text(textwrap.dedent(AGENTS).lstrip())
     lines = [
         json.dumps(
@@ -155,6 +157,7 @@ def write_team(
     path.write_text(
         SCENARIO.format(
             concurrency=concurrency,
+            max_dlq=max_dlq,
             rate="" if rate is None else f"  rate: {rate}\n",
             monitor="  monitor: {}\n" if monitor else "",
             faults="" if kill is None else f"  kill_node: {{node: {kill}}}\n",

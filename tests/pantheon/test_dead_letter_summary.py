@@ -81,3 +81,20 @@ def test_pairs_past_the_printed_few_are_summed_on_one_line() -> None:
         "  2 x agent2 (failed)",
         "  4 more in 2 other subscriber/reason pairs (pantheon dlq list s1)",
     ]
+
+
+def test_a_killed_nodes_dead_letters_are_in_no_memory() -> None:
+    """A multi-process run counts a killed node's dead letters from its record: its queue
+    died with it, so they count as evicted, and when they are all the run had none is kept
+    in memory (not "the last 0")."""
+    s = SimpleNamespace(
+        dlq={"failed": 7}, dead_letters=_letters(failed=7), dlq_evicted=7, session_id="s1"
+    )
+    assert dead_letters_text(s) == (
+        "dead letters 7 (7 failed; none kept in memory, all in the session store)"
+    )
+    s.dlq, s.dead_letters = {"failed": 7, "node_lost": 20}, _letters(failed=7, node_lost=20)
+    assert dead_letters_text(s) == (
+        "dead letters 27 (20 node_lost, 7 failed; the last 20 kept in memory, "
+        "all in the session store)"
+    )

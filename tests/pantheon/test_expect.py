@@ -561,3 +561,46 @@ def test_the_records_counts_replace_the_processes_and_are_judged(tmp_path: Path)
     before = list(s.expectations)
     score_from_record(scenario, s, unscored, topics=dict(record))
     assert all(a is b for a, b in zip(s.expectations, before, strict=True))
+
+
+def test_a_silent_processs_recorded_dead_letters_join_the_reported_ones() -> None:
+    """A node killed mid-run took its bus's dead-letter counts with it; the record's, of it
+    alone, join what the processes that reported counted (theirs are exact: never taken
+    from the record). They are in no live bus's queue, so ``dlq_evicted`` counts them;
+    the listed lines take them after the reported ones, up to the cap; ``max_dlq`` and
+    ``dlq:`` bounds are judged again on the sum."""
+    from agents import OutcomeScore
+    from bus import DeadLetterRecord
+    from pantheon.runner import MAX_LISTED_DEAD_LETTERS, score_from_record
+
+    scenario = parse_scenario(HEAD + "  max_dlq: 25\n  dlq: {failed: {max: 0}}\n")
+    reported = [
+        {"subscriber": "payer", "topic": "t", "envelope_id": i, "reason": "node_lost", "error": "e"}
+        for i in range(20)
+    ]
+    s = summary(dlq={"node_lost": 20, "shed": 7}, dead_letters=reported, dlq_evicted=3)
+    s.expectations = [*judge(scenario, s), {"name": "every node ran", "passed": True}]
+    assert [e["passed"] for e in s.expectations] == [True, True, True]
+
+    def letter(i: int, reason: str) -> DeadLetterRecord:
+        return DeadLetterRecord(i, 100 + i, "claim.decided", "payer", reason, "E", "no", None, 1)
+
+    unscored = OutcomeScore(decided=0, scored=0, correct=0)
+    killed = [letter(i, "failed") for i in range(90)]
+    score_from_record(scenario, s, unscored, dlq={"failed": 90, "shed": 2}, dead_letters=killed)
+    assert s.dlq == {"node_lost": 20, "shed": 9, "failed": 90}
+    assert s.dlq_evicted == 3 + 92
+    assert len(s.dead_letters) == MAX_LISTED_DEAD_LETTERS
+    assert s.dead_letters[:20] == reported
+    assert s.dead_letters[20] == {
+        "subscriber": "payer",
+        "topic": "claim.decided",
+        "envelope_id": 100,
+        "reason": "failed",
+        "error": "E: no",
+    }
+    assert [(e["name"], e["passed"], e.get("actual")) for e in s.expectations] == [
+        ("dead letters other than shed <= 25", False, 110),
+        ("dead letters failed <= 0", False, 90),
+        ("every node ran", True, None),
+    ]

@@ -188,3 +188,23 @@ def test_export_names_each_message_s_process_as_sessions_show_does(
     out = pantheon("dlq", "list", s.three, "--json", "--store", str(s.store), cwd=s.store.parent)
     letters = json.loads(out.stdout)
     assert letters and {d["node"] for d in letters} == {"action"}
+
+
+def test_the_store_counts_and_lists_each_processs_dead_letters(
+    node_sessions: NodeSessions,
+) -> None:
+    """What a multi-process run's summary reads of a process that ended without its report:
+    the dead letters per process and reason (a ``GROUP BY``), and the listed ones of some
+    processes only, none shed, up to a limit."""
+    s = node_sessions
+    with SessionStore(s.store, create=False) as store:
+        every = store.dead_letters(s.three)
+        counts = store.dead_letter_counts(s.three)
+        action = store.dead_letters(s.three, nodes=["action"], shed=False, limit=3)
+        assert store.dead_letters(s.three, nodes=[]) == []
+    by_node: dict[str | None, Counter[str]] = {}
+    for d in every:
+        by_node.setdefault(d.node, Counter())[d.reason] += 1
+    assert counts == {node: dict(c) for node, c in by_node.items()}
+    assert len(action) == 3
+    assert action == [d for d in every if d.node == "action" and d.reason != "shed"][:3]

@@ -619,3 +619,42 @@ async def test_a_handlings_effect_positions_go_on_across_retries_and_start_afres
         if n % 2:  # the failed attempt's look, then the retry's look and write
             expected = [(0, "tool.look"), (1, "tool.look"), (2, "tool.write")]
         assert sorted(by_n[n]) == expected
+
+
+async def test_a_recorded_bus_has_every_dead_letter_in_the_store_sheds_included(
+    store: SessionStore,
+) -> None:
+    """A subscription shedding a flood lists one shed in SHED_SAMPLE past its first
+    SHED_LIST_ALL, unless someone listens to its DLQ: a recorder does, so the record holds
+    every shed and its counts per reason are the bus's ``dlq.totals``. (A multi-process
+    run's summary counts a killed node's dead letters from its record on that basis.)
+    ``shed=False`` lists the others only."""
+    from bus._subscription import SHED_LIST_ALL
+
+    recorder = Recorder(store, scenario="sheds", scenario_text="", seed=7)
+    flood = SHED_LIST_ALL + 200
+    async with Bus() as bus:
+        recorder.attach(bus)
+        gate = asyncio.Event()
+
+        @bus.on("t", name="slow", max_queue=10, overflow="shed")
+        async def slow(env: Envelope) -> None:
+            await gate.wait()
+
+        @bus.on("u", name="broken")
+        async def broken(env: Envelope) -> None:
+            raise ValueError("no")
+
+        for i in range(10 + flood):
+            bus.emit_nowait("t", i)
+        await bus.emit("u", 0)
+        gate.set()
+        await asyncio.wait_for(bus.drain(), 5)
+        totals = bus.dlq.totals
+    await recorder.finish("completed", {})
+    sid = recorder.session_id
+    assert totals == {"shed": flood, "failed": 1}
+    assert store.dead_letter_counts(sid) == {None: totals}
+    (letter,) = store.dead_letters(sid, shed=False)
+    assert (letter.subscriber, letter.reason) == ("broken", "failed")
+    assert len(store.dead_letters(sid, limit=5)) == 5
