@@ -419,11 +419,13 @@ def diff(
     (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
     answered differently (timing: what other messages had got there first)."""
     from pantheon.cli._cmd_whatif import decision_lines
-    from pantheon.rerun import diff_outcomes, left_out_inputs
+    from pantheon.rerun import changed_agents, diff_outcomes, left_out_inputs
 
     with _open(store) as st:
         cut_a, cut_b = left_out_inputs(st, a, b)
-        result = diff_sessions(st, a, b, left_out=cut_a, left_out_b=cut_b)
+        result = diff_sessions(
+            st, a, b, left_out=cut_a, left_out_b=cut_b, changed=changed_agents(st, a, b)
+        )
         decisions = diff_outcomes(st, a, b)
     if as_json:
         _dump(result.to_dict() | {"decisions": decisions.to_dict()})

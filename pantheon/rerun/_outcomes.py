@@ -267,6 +267,28 @@ def left_out_inputs(store: SessionStore, a: str, b: str) -> tuple[frozenset[int]
     )
 
 
+def changed_agents(store: SessionStore, a: str, b: str) -> frozenset[str] | None:
+    """The agents configured otherwise in ``b``'s recorded scenario than in ``a``'s (their
+    :func:`~pantheon.rerun._overlay.agent_fingerprints` differ, or one team has the agent
+    and the other not); None when either scenario cannot be read back (an older record).
+
+    ``pantheon diff`` of two runs of their own: where an agent configured the same asked an
+    effect something else, its state did (a threshold the Learner had moved by then: the
+    Reasoner asks with the thresholds it holds), which is timing's; where its
+    configuration changed, the team asked otherwise."""
+    from pantheon.rerun._overlay import agent_fingerprints
+    from pantheon.scenario import recorded_scenario
+
+    sa, sb = store.session(a), store.session(b)
+    x = recorded_scenario(sa.scenario_text, sa.scenario_dir)
+    y = recorded_scenario(sb.scenario_text, sb.scenario_dir)
+    if x is None or y is None:
+        return None
+    fx = agent_fingerprints(x, import_classes=False)
+    fy = agent_fingerprints(y, import_classes=False)
+    return frozenset(name for name in fx.keys() | fy.keys() if fx.get(name) != fy.get(name))
+
+
 def _cut_trees(
     store: SessionStore, a: SessionInfo, b: SessionInfo
 ) -> tuple[Lineage, set[int]] | None:

@@ -206,14 +206,18 @@ def _relocate(
     return out
 
 
-def agent_fingerprints(scenario: Scenario) -> dict[str, tuple[str, str]]:
+def agent_fingerprints(
+    scenario: Scenario, *, import_classes: bool = True
+) -> dict[str, tuple[str, str]]:
     """Per enabled agent, two digests of what decides its effect calls: its own
     configuration (class, settings, options, faults, the policy a Guardian enforces, the
     seed), and that plus the model provider, for its ``model.*`` calls.
 
     A what-if replay serves an effect from the record only where the agent's digest is the
     same in both scenarios: a changed rule set makes the model calls run live, while the
-    same agent's memory lookups are still served."""
+    same agent's memory lookups are still served. ``import_classes=False`` (a reader of two
+    records, which imports no team's code) counts the policy in every agent's digest, not
+    only a Guardian's."""
     from agents import Guardian
 
     provider = _digest(scenario.provider.model_dump(mode="json", by_alias=True))
@@ -230,7 +234,7 @@ def agent_fingerprints(scenario: Scenario) -> dict[str, tuple[str, str]]:
             ),
             "seed": scenario.seed,
         }
-        if issubclass(agent_class(name, cfg), Guardian):
+        if not import_classes or issubclass(agent_class(name, cfg), Guardian):
             own["policy"] = scenario.policy.model_dump(mode="json", by_alias=True)
         plain = _digest(own)
         out[name] = (plain, _digest([plain, provider]))

@@ -209,16 +209,20 @@ def _agent(name: str | None) -> str:
     return (name or "").partition(":")[0]
 
 
-#: (envelope id, agent) -> that handling's effects in order: (name, flag, result).
-_Answers = dict[tuple[int, str], list[tuple[str, int, bytes | None]]]
+#: (envelope id, agent) -> that handling's effects in order: (name, request digest, flag,
+#: result).
+_Answers = dict[tuple[int, str], list[tuple[str, bytes | None, int, bytes | None]]]
 
 
 def _answers(effects: Iterable[StoredEffect]) -> _Answers:
-    out: dict[tuple[int, str], list[tuple[int, str, int, bytes | None]]] = defaultdict(list)
+    out: dict[tuple[int, str], list[StoredEffect]] = defaultdict(list)
     for e in effects:
         if e.envelope_id:
-            out[(e.envelope_id, _agent(e.subscriber))].append((e.ordinal, e.name, e.flag, e.result))
-    return {k: [(n, f, r) for _, n, f, r in sorted(v)] for k, v in out.items()}
+            out[(e.envelope_id, _agent(e.subscriber))].append(e)
+    return {
+        k: [(e.name, e.digest, e.flag, e.result) for e in sorted(v, key=lambda e: e.ordinal)]
+        for k, v in out.items()
+    }
 
 
 class _Explainer:
@@ -234,19 +238,30 @@ class _Explainer:
         eff_b: Iterable[StoredEffect],
         to_new: dict[int, int],
         to_original: dict[int, int],
+        changed: Collection[str] | None,
     ) -> None:
+        self.changed = changed
         self.by_a = {e.id: e for e in env_a}
         self.by_b = {e.id: e for e in env_b}
         self.ans_a, self.ans_b = _answers(eff_a), _answers(eff_b)
         self.to_new, self.to_original = to_new, to_original
 
     def _differ(self, a_id: int, b_id: int, agent: str) -> list[str]:
-        """Effects of one handling that answered differently before the two parted ways."""
+        """Effects of one handling that answered differently before the two parted ways:
+        a call of another name is where they parted, and so is the same call asked
+        something else (its request digests differ) by an agent configured otherwise (a
+        changed prompt, other settings): what it was answered says nothing of timing. An
+        agent configured the same that asks otherwise asks with other state (thresholds
+        the Learner had moved by then), or because an earlier effect answered otherwise,
+        which is named already."""
         names = []
         a = self.ans_a.get((a_id, agent), [])
         b = self.ans_b.get((b_id, agent), [])
-        for (name_a, *answer_a), (name_b, *answer_b) in zip(a, b, strict=False):
+        reconfigured = self.changed is None or agent in self.changed
+        for (name_a, digest_a, *answer_a), (name_b, digest_b, *answer_b) in zip(a, b, strict=False):
             if name_a != name_b:
+                break
+            if reconfigured and digest_a and digest_b and digest_a != digest_b:
                 break
             if answer_a != answer_b:
                 names.append(name_a)
@@ -343,6 +358,7 @@ def diff_sessions(
     *,
     left_out: Collection[int] = frozenset(),
     left_out_b: Collection[int] = frozenset(),
+    changed: Collection[str] | None = None,
 ) -> SessionDiff:
     """Compare session ``b`` with session ``a`` (ids or unique prefixes).
 
@@ -351,7 +367,12 @@ def diff_sessions(
     the middle of them): ``b``'s inputs are aligned with the rest of ``a``'s, and the trees
     left out are not missing. ``left_out_b``: the same the other way round, input ids of
     ``b`` whose trees ``a`` (the re-run of ``b``) did not re-run: their trees in ``b`` are
-    not extra. A user diffs a session and its replay in either order."""
+    not extra. A user diffs a session and its replay in either order.
+
+    ``changed``: the agents configured otherwise in ``b``'s team than in ``a``'s
+    (``pantheon.rerun.changed_agents``; None: not known, taken as all). Where one of them
+    asked an effect something else, the team asked otherwise: a difference from there is
+    not timing's, as it is where an agent configured the same asks with other state."""
     sa, sb = store.session(a), store.session(b)
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
@@ -399,10 +420,23 @@ def diff_sessions(
     ]
     divergences = comparison.divergences
     explainer = _Explainer(
-        env_a, env_b, eff_a, eff_b, comparison.mapper.to_new, comparison.mapper.to_original
+        env_a,
+        env_b,
+        eff_a,
+        eff_b,
+        comparison.mapper.to_new,
+        comparison.mapper.to_original,
+        changed,
     )
     causes: set[str] = set()
-    for div in divergences:
+    # A re-run's effects are the record's answers where nothing changed, and live only where
+    # its change (a what-if's overlay) reached: every difference between a session and its
+    # re-run is the change's doing, never what got there first.
+    rerun = any(
+        y.kind in ("replay", "whatif") and x.id in (y.replay_of, y.forked_from)
+        for x, y in ((sa, sb), (sb, sa))
+    )
+    for div in [] if rerun else divergences:
         names = explainer.explain(div)
         if not names:
             causes.clear()
