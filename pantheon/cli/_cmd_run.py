@@ -94,10 +94,14 @@ def run(
     nothing_ran: tuple[type[Exception], ...] = (
         *gateway_errors, TransportUnreachable, ProviderUnavailable, AgentSetupError,
     )  # fmt: skip
+    started: list[str] = []  # the session, once the run has one
     try:
         summary = run_async(
-            _run(scenario, seed, store, record, progress=not as_json, telemetry=telemetry)
-        )
+            _run(
+                scenario, seed, store, record, progress=not as_json, telemetry=telemetry,
+                started=started,
+            )
+        )  # fmt: skip
     except nothing_ran as exc:
         console.print(f"[red]{file}: nothing ran:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -115,13 +119,17 @@ def run(
         # A second Ctrl-C: the run was cancelled where it stood, its session closed. A
         # ZeroMQ run's nodes were cut off with their records (resume refuses it, as after
         # a crash of its driver); a NATS run's records wait on the stream.
+        sid = started[0] if started else "SESSION"
         console.print(
-            "[yellow]interrupted at once[/yellow]: the session is recorded as aborted "
+            "[yellow]interrupted at once[/yellow]: "
             + (
-                "(a ZeroMQ run cut short cannot be resumed: its nodes' records ended with "
-                "it; pantheon replay SESSION shows what it did)"
+                "the run was not recorded"
+                if not record
+                else f"the session is recorded as aborted (a ZeroMQ run cut short cannot be "
+                f"resumed: its nodes' records ended with it; pantheon replay {sid} shows what "
+                "it did)"
                 if scenario.transport.kind == "zmq"
-                else "(pantheon resume SESSION finishes it)"
+                else f"the session is recorded as aborted (pantheon resume {sid} finishes it)"
             ),
             soft_wrap=True,
             highlight=False,
@@ -212,10 +220,12 @@ async def _run(
     *,
     gateway: Any = None,
     serve: bool = False,
+    started: list[str] | None = None,
 ) -> RunSummary:
     """The run; ``telemetry`` (a :class:`pantheon.telemetry.Telemetry`) observes its bus;
     ``gateway`` (a :class:`~pantheon.scenario.GatewayConfig`) serves it, and ``serve``
-    keeps it running until a signal."""
+    keeps it running until a signal. ``started`` gets the session's id as soon as it has
+    one: a run cancelled where it stood returns nothing to name it by."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -260,6 +270,8 @@ async def _run(
         if telemetry is not None:
             _observe(telemetry, bus)
         sid = bus.session_id
+        if sid is not None and started is not None:
+            started.append(sid)
         # The session to approve in, watch or resume, from the start: in the bar on a
         # terminal (the summary names it once the bar is gone), else as a line.
         name = f"{scenario.name} {sid}" if sid is not None else scenario.name

@@ -137,9 +137,11 @@ def test_a_second_ctrl_c_interrupts_at_once_and_says_whether_the_session_resumes
     resumed = cli("resume", session, "--store", "s.db", "--json", cwd=tmp_path, timeout=300)
     if transport:
         assert "a ZeroMQ run cut short cannot be resumed" in proc.stderr, proc.stderr
+        assert f"pantheon replay {session} shows what it did" in proc.stderr, proc.stderr
         assert resumed.returncode == 2 and "is a ZeroMQ run" in resumed.stderr, resumed.stderr
         return
-    assert "pantheon resume SESSION finishes it" in proc.stderr, proc.stderr
+    # The command to type, with the session's id (it used to say SESSION).
+    assert f"(pantheon resume {session} finishes it)" in proc.stderr, proc.stderr
     assert resumed.returncode == 0, resumed.stderr
     whole = json.loads(resumed.stdout)
     assert whole["inputs"] + whole["malformed"] == COUNT
