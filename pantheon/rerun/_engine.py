@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from agents import APPROVAL_EFFECT, InputOrdinals, Observer, input_ordinal
-from bus import Bus, Envelope
+from bus import Bus, Envelope, current_handler
 from pantheon.approvals import StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
@@ -369,6 +369,21 @@ def _requests(store: SessionStore, session: str) -> dict[int, str]:
     return {a.id: a.key for a in book.entries(book.origin(session))}
 
 
+#: Handlings whose last served call :class:`RerunEffects` remembers: far more than run at
+#: once (a handling's inner calls come right after the call holding them).
+_SERVED_KEPT = 4096
+
+
+def _inside(inner: StoredEffect, outer: StoredEffect) -> bool:
+    """Whether ``inner``'s call began and ended within ``outer``'s, in the same process."""
+    return (
+        inner.node == outer.node
+        and outer.ended_ns > 0
+        and outer.started_ns <= inner.started_ns
+        and inner.ended_ns <= outer.ended_ns
+    )
+
+
 class RerunEffects(RecordingEffects):
     """The re-run's effects runner: looks each call up in the original's ``index`` at its
     position (its message aligned by ``tracker``), asks ``policy``, and serves the recorded
@@ -384,6 +399,7 @@ class RerunEffects(RecordingEffects):
     __slots__ = (
         "_desk",
         "_index",
+        "_last_served",
         "_on_divergence",
         "_policy",
         "_requests",
@@ -426,6 +442,9 @@ class RerunEffects(RecordingEffects):
         #: Handlings (new envelope, subscriber) with a call not served: what they did
         #: next may differ from the record for that reason. At most one per live call.
         self.unserved: set[tuple[int, str | None]] = set()
+        #: (new envelope, subscriber) -> when its last served call was written, for the
+        #: calls recorded inside that one (:meth:`_past_inner`). The newest handlings only.
+        self._last_served: dict[tuple[int, str | None], int] = {}
 
     async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env_id, sub, n = self._key()
@@ -433,6 +452,8 @@ class RerunEffects(RecordingEffects):
         orig_id = 0 if env_id == 0 else tracker.mapper.to_original.get(env_id)
         records = self._index.get((orig_id, sub), ()) if orig_id is not None else ()
         rec = records[n] if n < len(records) else None
+        if rec is not None and rec.name != name:
+            n, rec = self._past_inner(env_id, sub, records, n, name)
         same = env_id == 0 or env_id in tracker.identical
         digest = request_digest(fn, args, kwargs)
         call = EffectCall(env_id, sub, n, name, orig_id, rec, same, digest)
@@ -477,6 +498,51 @@ class RerunEffects(RecordingEffects):
         asked = request_key(agent.name, args[0], 0)
         return key is not None and key.partition("#")[0] == asked.partition("#")[0]
 
+    def _past_inner(
+        self,
+        env_id: int,
+        sub: str | None,
+        records: Sequence[StoredEffect],
+        n: int,
+        name: str,
+    ) -> tuple[int, StoredEffect]:
+        """Where the record at this call's position is a call made *inside* an earlier one
+        (a tool whose function asks for approval: the tool's call holds the approval's),
+        and that earlier one was served, the inner calls never happen again: they are
+        served as recorded, the handling's count moves past them, and the call is matched
+        with the record after them. Only when that record is this call's: two calls made
+        at once (``asyncio.gather``) also lie one inside the other by time, and match in
+        order, so a call that still meets another name is left to the policy.
+
+        Served calls are written with no duration; the inner ones get the time of the call
+        served before them, so the new record holds them inside it, as the original did."""
+        k = n
+        while k < len(records) and any(_inside(records[k], o) for o in records[:k]):
+            k += 1
+        if k == n or k == len(records) or records[k].name != name:
+            return n, records[n]
+        at = self._last_served.get((env_id, sub), time.monotonic_ns())
+        for ordinal in range(n, k):
+            inner = records[ordinal]
+            self.served += 1
+            self.served_by_name[inner.name] += 1
+            if self._desk is not None and inner.name == APPROVAL_EFFECT:
+                decided = decode(inner.result)
+                number = decided.get("id") if isinstance(decided, Mapping) else None
+                key = self._requests.get(number) if isinstance(number, int) else None
+                if key is not None:
+                    self._desk.count_key(key)
+            self._sink(
+                (env_id, sub, ordinal, inner.name, inner.flag, inner.result, inner.error_type,
+                 inner.error, time.time(), at, at, inner.digest)
+            )  # fmt: skip
+        running = current_handler.get()
+        if env_id == 0:
+            self.outside += k - n
+        elif running is not None:
+            running.effects += k - n
+        return k, records[k]
+
     def _serve(self, call: EffectCall, fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         rec = call.record
         assert rec is not None
@@ -486,6 +552,10 @@ class RerunEffects(RecordingEffects):
         if self._desk is not None and call.name == APPROVAL_EFFECT and agent is not None and args:
             self._desk.count(agent.name, args[0])
         now_ns = time.monotonic_ns()
+        last = self._last_served
+        last[(call.envelope_id, call.subscriber)] = now_ns
+        if len(last) > _SERVED_KEPT:
+            del last[next(iter(last))]
         self._sink(
             (call.envelope_id, call.subscriber, call.ordinal, call.name, rec.flag,
              rec.result, rec.error_type, rec.error, time.time(), now_ns, now_ns, call.digest)
