@@ -417,7 +417,9 @@ def diff(
     """Align B onto A hop by hop: the first difference, the items whose decision changed
     (grouped before→after, with accuracy before and after) and per-hop latency deltas
     (ms). Exits 1 when the runs diverge; 0 when they match, or differ only where effects
-    answered differently (timing: what other messages had got there first)."""
+    answered the same request differently (timing: what other messages had got there
+    first). A session and its replay or what-if, or two teams configured otherwise, that
+    differ have diverged."""
     from pantheon.cli._cmd_whatif import decision_lines
     from pantheon.rerun import changed_agents, diff_outcomes, left_out_inputs
 
