@@ -425,10 +425,11 @@ def diff(
 
     with _open(store) as st:
         cut_a, cut_b = left_out_inputs(st, a, b)
-        result = diff_sessions(
-            st, a, b, left_out=cut_a, left_out_b=cut_b, changed=changed_agents(st, a, b)
-        )
         decisions = diff_outcomes(st, a, b)
+        result = diff_sessions(
+            st, a, b, left_out=cut_a, left_out_b=cut_b, changed=changed_agents(st, a, b),
+            input_key=decisions.a.spec.input_key,
+        )  # fmt: skip
     if as_json:
         _dump(result.to_dict() | {"decisions": decisions.to_dict()})
     else:

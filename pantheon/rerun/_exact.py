@@ -15,6 +15,7 @@ from pantheon.rerun._engine import (
     past_the_record,
     rerun,
 )
+from pantheon.rerun._outcomes import outcome_spec
 from pantheon.rerun._policies import ExactReplay
 from pantheon.scenario import DRIVER_NODE
 from pantheon.sessions import (
@@ -24,7 +25,7 @@ from pantheon.sessions import (
     SessionStore,
     StoredDelivery,
 )
-from pantheon.sessions.internals import Mapper, compare_runs, same_payload
+from pantheon.sessions.internals import Mapper, compare_runs, item_of, same_payload
 
 __all__ = ["ReplayReport", "nondeterminism_hint", "replay_session"]
 
@@ -198,6 +199,12 @@ async def replay_session(
         )
     if divergence is not None and not live_effects:
         divergence = nondeterminism_hint(run, divergence, original_deliveries)
+    if divergence is not None:
+        key = outcome_spec(original).input_key
+        divergence.name_item(
+            item_of(run.envelopes, divergence.original_id, key)
+            or item_of(new_envelopes, divergence.replay_id, key)
+        )
     report = ReplayReport(
         new_session_id=run.session_id,
         original_session_id=original.id,

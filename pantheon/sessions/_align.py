@@ -56,6 +56,7 @@ __all__ = [
     "is_input",
     "is_sample",
     "is_system",
+    "item_of",
     "payload_diff",
     "same_payload",
 ]
@@ -535,3 +536,22 @@ def _describe(outcomes: list[tuple[str, str | None, str | None]]) -> str:
     if not outcomes:
         return "not delivered"
     return ", ".join(o if t is None else f"{o} ({t}: {e})" for o, t, e in outcomes)
+
+
+def item_of(
+    envelopes: Iterable[StoredEnvelope], envelope_id: int | None, key: str | None
+) -> str | None:
+    """The ``key`` field of the input whose tree holds ``envelope_id`` (None when there is
+    no such message, its chain leaves the record, or its input has no such field)."""
+    if envelope_id is None or key is None:
+        return None
+    by_id = {e.id: e for e in envelopes}
+    env = by_id.get(envelope_id)
+    seen: set[int] = set()
+    while env is not None and env.causation_id is not None and env.id not in seen:
+        seen.add(env.id)
+        env = by_id.get(env.causation_id)
+    if env is None or not isinstance(env.payload, Mapping):
+        return None
+    value = env.payload.get(key)
+    return None if value is None else str(value)

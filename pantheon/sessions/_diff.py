@@ -8,7 +8,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pantheon.sessions._align import LEFT_OUT, Lineage, compare_runs
+from pantheon.sessions._align import LEFT_OUT, Lineage, compare_runs, item_of
 from pantheon.sessions._errors import ReplayDivergence
 from pantheon.sessions._store import (
     DRIVER_NODE,
@@ -359,6 +359,7 @@ def diff_sessions(
     left_out: Collection[int] = frozenset(),
     left_out_b: Collection[int] = frozenset(),
     changed: Collection[str] | None = None,
+    input_key: str | None = None,
 ) -> SessionDiff:
     """Compare session ``b`` with session ``a`` (ids or unique prefixes).
 
@@ -372,7 +373,9 @@ def diff_sessions(
     ``changed``: the agents configured otherwise in ``b``'s team than in ``a``'s
     (``pantheon.rerun.changed_agents``; None: not known, taken as all). Where one of them
     asked an effect something else, the team asked otherwise: a difference from there is
-    not timing's, as it is where an agent configured the same asks with other state."""
+    not timing's, as it is where an agent configured the same asks with other state.
+    ``input_key``: the inputs' field that names an item; the first difference then says
+    whose tree it is in."""
     sa, sb = store.session(a), store.session(b)
     env_a, env_b = store.envelopes(sa.id), store.envelopes(sb.id)
     del_a, del_b = store.deliveries(sa.id), store.deliveries(sb.id)
@@ -443,6 +446,11 @@ def diff_sessions(
             break
         causes.update(names)
     first = divergences[0] if divergences else None
+    if first is not None and input_key is not None:
+        first.name_item(
+            item_of(env_a, first.original_id, input_key)
+            or item_of(env_b, first.replay_id, input_key)
+        )
     nodes: tuple[str | None, str | None] = (None, None)
     if first is not None:
         nodes = (

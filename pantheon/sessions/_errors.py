@@ -113,7 +113,9 @@ class ReplayDivergence(SessionError):
     that emitted the message (or ran the effect / handled the delivery), ``expected`` the
     original's value and ``actual`` the replay's. ``diff`` holds a readable payload diff.
     ``hint`` names the likely cause when the replay can tell (a handler that drew
-    randomness or read the clock outside an effect).
+    randomness or read the clock outside an effect). ``item`` is the key of the input
+    whose tree it is in (``A-5``), where the reader knows the team's input key: a person
+    finds an item by its key, not by a 19-digit message id.
     """
 
     def __init__(
@@ -129,8 +131,10 @@ class ReplayDivergence(SessionError):
         diff: list[str] | None = None,
         detail: str | None = None,
         hint: str | None = None,
+        item: str | None = None,
     ) -> None:
         self.field = field
+        self.item = item
         self.original_id = original_id
         self.replay_id = replay_id
         self.agent = agent
@@ -146,7 +150,8 @@ class ReplayDivergence(SessionError):
         """The message, for a replay (the default) or for two runs named ``a`` and ``b``
         (``pantheon diff``: neither is a replay, so neither is "expected")."""
         on = f" on {self.topic!r}" if self.topic else ""
-        at = f"({self.field}) at {self.where(a or 'original', b or 'replay')}{on}"
+        of = f" for item {self.item!r}" if self.item is not None else ""
+        at = f"({self.field}) at {self.where(a or 'original', b or 'replay')}{on}{of}"
         if a is None or b is None:
             msg = (
                 f"replay diverged {at} from agent {self.agent!r}: expected "
@@ -164,6 +169,11 @@ class ReplayDivergence(SessionError):
         if self.diff:
             msg += "\n" + "\n".join("  " + line for line in self.diff)
         return msg
+
+    def name_item(self, item: str | None) -> None:
+        """Say which item it is in (found once the divergence is known)."""
+        self.item = item
+        self.args = (self.describe(),)
 
     def where(self, a: str = "original", b: str = "replay") -> str:
         """Both sides' message ids, or the one side that has the message."""
@@ -187,6 +197,7 @@ class ReplayDivergence(SessionError):
             "diff": self.diff,
             "detail": self.detail,
             "hint": self.hint,
+            "item": self.item,
             "message": str(self).split("\n", 1)[0],
         }
 

@@ -8,7 +8,7 @@ its outcomes start with. A team's code never needs these: ``pantheon.sessions.__
 is its face, and tests/oncall refuses an import from an ``internals`` module.
 """
 
-from pantheon.sessions._align import Lineage, Mapper, compare_runs, same_payload
+from pantheon.sessions._align import Lineage, Mapper, compare_runs, item_of, same_payload
 from pantheon.sessions._approvals import origin_of
 from pantheon.sessions._codec import decode, encode, normalize
 from pantheon.sessions._digest import request_digest
@@ -29,6 +29,7 @@ __all__ = [
     "compare_runs",
     "decode",
     "encode",
+    "item_of",
     "normalize",
     "origin_of",
     "rebuild_error",

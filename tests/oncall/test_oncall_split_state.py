@@ -36,6 +36,10 @@ def test_a_replay_of_an_agent_split_across_processes_says_so(tmp_path: Path) -> 
     # streams reached it in an order one process does not give. Either way the hint names
     # the split, not the clock.
     assert divergence["agent"] in ("dedup", "correlator"), divergence
+    # ... of one alert, named by its key, as the input file has it.
+    item = divergence["item"]
+    assert item is not None and item.startswith("a-"), divergence
+    assert f" for item {item!r} from agent " in divergence["message"], divergence
     hint = divergence["hint"]
     assert "in the original run 'dedup' ran in 2 processes (a, b): each instance kept its" in hint
     assert "reads randomness or the clock" not in hint

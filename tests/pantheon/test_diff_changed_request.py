@@ -117,8 +117,11 @@ def test_only_another_answer_to_the_same_request_is_timing(tmp_path: Path) -> No
         False,
         [],
     )
+    # The first difference names its item by the team's key, not only by message ids.
+    assert diff["divergence"]["item"] == "IT-0", diff["divergence"]
     text = pantheon("diff", a, dearer, "--store", "s.db", cwd=tmp_path)
     assert text.returncode == 1 and "runs diverged:" in text.stdout, text.stdout
+    assert "on 'quote.priced' for item 'IT-0' from agent 'pricer'" in text.stdout, text.stdout
     assert "timing-dependent" not in text.stdout
 
     # A what-if of the same change: the prices asked live for the new markup (and the
