@@ -251,9 +251,13 @@ def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]
                     f"{asks} {wait} for a person (each {then} after {timeout:.0f}s undecided):"
                 ]
             for a in new[:NOTICE_ROWS]:
+                command = f"  pantheon approve {origin} {a.id}{where}   # "
+                # What tells one request from the next is often at the summary's end (a
+                # host, an amount): as much as the terminal has room for, never less.
+                room = max(NOTICE_WIDTH, console.width - len(command))
                 what = " ".join(f"{a.asker}: {a.summary}".split())
-                what = what if len(what) <= NOTICE_WIDTH else what[: NOTICE_WIDTH - 1] + "…"
-                lines.append(f"  pantheon approve {origin} {a.id}{where}   # {what}")
+                what = what if len(what) <= room else what[: room - 1] + "…"
+                lines.append(command + what)
             unnamed = len(new) - NOTICE_ROWS
             listed = f"pantheon approvals {origin}{where} lists them"
             if unnamed > 0:

@@ -6,6 +6,7 @@ the output is a pipe."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pty
 import subprocess
@@ -220,3 +221,20 @@ def test_a_notice_names_five_new_requests_and_counts_the_rest(
         "1 approval request waits for a person, but nobody can decide it: the run is not "
         "recorded (--no-record), so each is rejected after 120s"
     ]
+
+
+def test_a_notice_shows_as_much_of_a_summary_as_the_terminal_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What tells two requests apart is often at the end of their summaries (QA: "restart
+    nginx on web1: A-1-…" twice, cut at a fixed width in a 150-column terminal)."""
+    from pantheon.cli import _common
+
+    monkeypatch.chdir(tmp_path)
+    long = "triage: restart nginx on web1 for A-1 after the disk filled up"  # 62 characters
+    request = dataclasses.replace(_asked(1), agent="triage", summary=long[len("triage: ") :])
+    for width, shown in ((150, long), (60, long[:35] + "…")):
+        monkeypatch.setattr(_common.console, "width", width)
+        _common.approvals_notice(tmp_path / "s.db")([request])
+        lines = capsys.readouterr().err.splitlines()
+        assert lines[1] == f"  pantheon approve S 1 --store s.db   # {shown}", (width, lines)
