@@ -822,12 +822,16 @@ class OpenAIProvider(_Provider):
                 attempt += 1
                 continue
             status = response.status_code
-            retryable = status in RETRY_STATUSES
+            # A server that knows the same request fails the same way says so.
+            retryable = (
+                status in RETRY_STATUSES
+                and response.headers.get("x-should-retry", "").lower() != "false"
+            )
             if last or not retryable:
                 after = f" after {attempts} attempts" if retryable and attempts > 1 else ""
                 raise ProviderResponseError(
                     f"model server at {self.url} answered HTTP {status}{after}: "
-                    f"{_excerpt(response.text)}",
+                    f"{_excerpt(_error_message(response.text))}",
                     url=self.url,
                     status=status,
                 )
@@ -1028,6 +1032,19 @@ def _reason(exc: Exception) -> str:
             return f"cannot resolve the host name ({cause.strerror})"
         cause = cause.__cause__ or cause.__context__
     return str(exc) or type(exc).__name__
+
+
+def _error_message(text: str) -> str:
+    """An error body's own message (``{"error": {"message": ...}}``, as OpenAI-compatible
+    and Anthropic servers send it), else the body: the JSON around it says nothing and
+    would take the excerpt's room."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return text
+    error = body.get("error") if isinstance(body, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) and message else text
 
 
 def _excerpt(text: str) -> str:

@@ -26,6 +26,7 @@ import re
 import socket
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -325,8 +326,15 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 view = openai_view(body) if anthropic else body
                 reply = _reply(state.source(view))
             except Exception as exc:
-                message = f"the reply failed: {type(exc).__name__}: {exc}"
-                return 500, lambda: error(500, message)
+                # Where in the reply function: the 500 is all the caller ever sees of it.
+                # The same request fails the same way again, so no client should retry it
+                # (``x-should-retry``, which the OpenAI and Anthropic clients honour too).
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                message = (
+                    f"the reply failed: {type(exc).__name__}: {exc} "
+                    f"(at {frame.filename}:{frame.lineno}, in {frame.name})"
+                )
+                return 500, lambda: error(500, message, should_retry=False)
             if anthropic:
                 send = self._message_stream if body.get("stream") else self._message
                 return 200, lambda: send(body, view, reply)
@@ -334,14 +342,26 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 return 200, lambda: self._stream(body, reply)
             return 200, lambda: self._complete(body, reply)
 
-        def _error(self, status: int, message: str, retry_after: float | None = None) -> None:
-            extra = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+        def _error(
+            self,
+            status: int,
+            message: str,
+            retry_after: float | None = None,
+            *,
+            should_retry: bool = True,
+        ) -> None:
+            extra = _retry_headers(retry_after, should_retry)
             self._send(status, {"error": {"message": message, "code": status}}, extra)
 
         def _anthropic_error(
-            self, status: int, message: str, retry_after: float | None = None
+            self,
+            status: int,
+            message: str,
+            retry_after: float | None = None,
+            *,
+            should_retry: bool = True,
         ) -> None:
-            extra = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+            extra = _retry_headers(retry_after, should_retry)
             kind = _ANTHROPIC_ERRORS.get(status, "api_error")
             self._send(
                 status, {"type": "error", "error": {"type": kind, "message": message}}, extra
@@ -725,3 +745,11 @@ def _instance(schema: Mapping[str, Any], text: str) -> Any:
     if kind == "null":
         return None
     return text
+
+
+def _retry_headers(retry_after: float | None, should_retry: bool) -> dict[str, str]:
+    """An error's headers: when to come back, or not to (``x-should-retry: false``)."""
+    headers = {} if retry_after is None else {"Retry-After": f"{retry_after:g}"}
+    if not should_retry:
+        headers["x-should-retry"] = "false"
+    return headers

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import pantheon
+from agents import ProviderResponseError
 from pantheon.scenario import ScenarioError, parse_scenario
 from pantheon.sessions import SessionStore
 from pantheon.standin import StandInProvider
@@ -141,6 +142,26 @@ async def test_the_provider_starts_its_server_on_the_first_call_and_stops_it_whe
     assert provider.server is None
     with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port)):
         pass
+
+
+async def test_a_reply_function_that_raises_is_named_where_and_not_asked_again() -> None:
+    """QA: "HTTP 500 ... the reply failed: KeyError: 'web9'", with no line of the reply
+    function, asked five times over though it fails the same way every time."""
+
+    def reply(request: Any) -> Reply:
+        hosts: dict[str, str] = {}
+        return Reply(hosts["web9"])
+
+    provider = StandInProvider(reply, "stand-in", max_retries=4)
+    with pytest.raises(ProviderResponseError) as caught:
+        await provider.chat([{"role": "user", "content": "status of web9?"}])
+    line = reply.__code__.co_firstlineno + 2
+    assert str(caught.value).endswith(
+        f"answered HTTP 500: the reply failed: KeyError: 'web9' (at {__file__}:{line}, in reply)"
+    ), caught.value
+    server = provider.server
+    assert server is not None and len(server.requests) == 1  # asked once, not five times
+    await provider.aclose()
 
 
 #: ``python -m pantheon.testing`` on any free port, answering at once, with a reply function.
