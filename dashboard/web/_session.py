@@ -844,10 +844,15 @@ def _usage(path: Path, info: SessionInfo) -> None:
         st.info("No model calls recorded in this session.")
         return
     t = usage.total
+    if t.priced:
+        cost = readmodel.usd(t.cost_usd)
+    elif t.cost_usd:
+        cost = f"{readmodel.usd(t.cost_usd)} for the priced ones (a model they used has no price)"
+    else:  # "$0 for the priced ones" read as free, when nothing had a price
+        cost = "no cost known: the scenario's prices name none of its models"
     st.markdown(
         f"**{t.calls:,} model call(s)**: {t.input_tokens:,} tokens in, {t.output_tokens:,} "
-        f"out, {readmodel.usd(t.cost_usd)}"
-        + ("" if t.priced else " for the priced ones (a model they used has no price)")
+        f"out, {cost}"
     )
     st.dataframe(
         pd.DataFrame(

@@ -94,11 +94,11 @@ def write_model_scenario(
     return path
 
 
-def record_model_session(folder: Path) -> ModelSession:
+def record_model_session(folder: Path, *, prices: bool = True, count: int = 24) -> ModelSession:
     """One ``pantheon run --json`` of the model scenario, recorded in ``folder``'s store."""
     store = folder / "sessions.db"
     with ModelServer(classify_reply) as server:
-        scenario = write_model_scenario(folder, server.base_url)
+        scenario = write_model_scenario(folder, server.base_url, prices=prices, count=count)
         proc = subprocess.run(
             [
                 *(sys.executable, "-m", "pantheon.cli", "run", str(scenario)),
@@ -114,5 +114,6 @@ def record_model_session(folder: Path) -> ModelSession:
     summary = json.loads(proc.stdout)
     usage = summary["usage"]
     assert set(usage["by_agent"]) == {"reasoner", "summarizer"}, usage
-    assert usage["priced"] and usage["cost_usd"] > 0 and usage["output_tokens"] > 0
+    assert usage["priced"] is prices and usage["output_tokens"] > 0
+    assert (usage["cost_usd"] > 0) is prices
     return ModelSession(store, summary["session_id"], summary, scenario)

@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 from cli_run import pantheon
 from dashboard_store import Recorded
+from model_session import record_model_session
 from streamlit.testing.v1 import AppTest
 
 from dashboard.web import APP
@@ -476,3 +477,18 @@ def test_an_interrupted_session_that_was_resumed_names_its_resume_instead(
         "Interrupted (SIGINT): its input was stopped and what was in flight finished; the "
         f"record is whole. It is being resumed as {again}, which finishes the input."
     ]
+
+
+def test_model_usage_of_a_session_with_no_prices_says_its_cost_is_not_known(
+    app: Callable[[Path], AppTest], tmp_path: Path
+) -> None:
+    """QA: "$0 for the priced ones" when no model had a price read as free."""
+    unpriced = record_model_session(tmp_path, prices=False, count=4)
+    at = _session_app(app, unpriced.store, unpriced.session_id)
+    t = unpriced.summary["usage"]
+    assert (
+        f"**{t['calls']:,} model call(s)**: {t['input_tokens']:,} tokens in, "
+        f"{t['output_tokens']:,} out, no cost known: the scenario's prices name none of its "
+        "models"
+    ) in _texts(at)
+    assert not [text for text in _texts(at) if "priced ones" in text]
