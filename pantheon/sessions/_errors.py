@@ -152,15 +152,17 @@ class ReplayDivergence(SessionError):
         on = f" on {self.topic!r}" if self.topic else ""
         of = f" for item {self.item!r}" if self.item is not None else ""
         at = f"({self.field}) at {self.where(a or 'original', b or 'replay')}{on}{of}"
+        # A side with no message, or no call there, says so, not "None" (read as a value).
+        none = {"missing": "nothing", "extra": "nothing", "effect": "no call"}.get(self.field)
+        expected = none if self.expected is None and none else _short(self.expected)
+        actual = none if self.actual is None and none else _short(self.actual)
         if a is None or b is None:
             msg = (
-                f"replay diverged {at} from agent {self.agent!r}: expected "
-                f"{_short(self.expected)}, got {_short(self.actual)}"
+                f"replay diverged {at} from agent {self.agent!r}: expected {expected}, got {actual}"
             )
         else:
             msg = (
-                f"runs differ {at} from agent {self.agent!r}: {a} has "
-                f"{_short(self.expected)}, {b} has {_short(self.actual)}"
+                f"runs differ {at} from agent {self.agent!r}: {a} has {expected}, {b} has {actual}"
             )
         if self.detail:
             msg += f" ({self.detail})"
