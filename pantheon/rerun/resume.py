@@ -59,6 +59,7 @@ from typing import Any
 
 from agents import InputItem, Observer, input_ordinal
 from bus import Bus
+from pantheon.approvals import OnWaiting
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.runner import (
@@ -205,9 +206,13 @@ async def resume(
     store: str | Path | None = None,
     drain_timeout: float = 60.0,
     on_bus: Callable[[Bus], None] | None = None,
+    on_waiting: OnWaiting | None = None,
 ) -> ResumeResult:
     """Resume the aborted run ``session`` (an id or unique prefix) as described in this
-    module's docstring; :class:`SessionError` says why a session cannot be resumed."""
+    module's docstring; :class:`SessionError` says why a session cannot be resumed.
+    ``on_bus`` gets the resumed run's bus before anything flows (its ``session_id`` is the
+    new session's); ``on_waiting`` hears of approval requests left waiting for a person
+    (:class:`~pantheon.approvals.StoreDesk`), asked again or new."""
     with SessionStore(None if store is None else Path(store), create=False) as st:
         original = st.session(session)
         refused = resumable(original)
@@ -262,6 +267,7 @@ async def resume(
             redo_cut=True,
             approvals=scenario.approvals,
             origin=origin_of(st, original),
+            on_waiting=on_waiting,
         )
         try:
             summary = await _run(
