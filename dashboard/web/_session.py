@@ -149,9 +149,21 @@ def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
     listed = info.summary.get("expectations")
     states = [expectation_state(e) for e in listed or () if isinstance(e, dict)]
-    if "inconclusive" in states and info.kind != "replay":
+    unjudged = None if info.kind == "replay" else readmodel.unjudged(info)
+    why = None
+    if unjudged is not None:
+        # A run stopped early has no verdict: what its summary holds is of the part that
+        # ran, which "passed" would pass off as the run's.
+        verdict = "not judged"
+        why = f"Not judged: {unjudged}, and expectations judge a whole run."
+        if states:
+            why += (
+                f" On the part that ran: {states.count('passed')} passed, "
+                f"{states.count('failed')} failed."
+            )
+    elif "inconclusive" in states and info.kind != "replay":
         verdict += f", {states.count('inconclusive')} inconclusive"
-    c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
+    c[4].metric("matched" if info.kind == "replay" else "expectations", verdict, help=why)
     u = row.usage
     if u.calls:
         m = st.columns(5)
@@ -169,7 +181,11 @@ def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
             ),
         )
     if row.failed_expectations:
-        st.error("Failed expectations: " + "; ".join(f"`{e}`" for e in row.failed_expectations))
+        failed = "; ".join(f"`{e}`" for e in row.failed_expectations)
+        if unjudged is None:
+            st.error(f"Failed expectations: {failed}")
+        else:
+            st.warning(f"Failed on the part that ran ({unjudged}): {failed}")
     if row.note:
         st.warning(row.note)
     if info.replay_of and st.button(
