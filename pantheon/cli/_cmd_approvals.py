@@ -149,7 +149,10 @@ def resume(
         # On stderr (stdout is the report): the session whose approvals a person decides,
         # before the resumed run waits on one.
         err_console.print(
-            f"resuming {original} as session {bus.session_id}", markup=False, highlight=False
+            f"resuming {original} as session {bus.session_id}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,  # whole, for a person to copy the session from
         )
 
     notice = approvals_notice(path)

@@ -334,7 +334,10 @@ def dlq_redrive(
             # decides, before the redrive waits on one.
             letters = f"{entries} dead letter{'s' if entries != 1 else ''}"
             err_console.print(
-                f"redriving {letters} of {info.id} as session {sid}", markup=False, highlight=False
+                f"redriving {letters} of {info.id} as session {sid}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,  # whole, for a person to copy the session from
             )
 
         report = asyncio.run(

@@ -277,9 +277,11 @@ def test_a_resume_names_its_new_session_and_the_commands_of_the_requests_it_asks
         asked = {a.id: a.summary for a in ApprovalBook(st).entries(sid)}
     assert sorted(asked.values()) == ["pay 8700.00 EUR (C-37)", "pay 8900.00 EUR (C-39)"]
 
+    # At 60 columns: the lines naming a session are longer, and whole all the same.
     resume = subprocess.Popen(
         [sys.executable, "-m", "pantheon.cli", "resume", sid, "--store", "s.db"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env(),
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"COLUMNS": "60"},
     )  # fmt: skip
     try:
         said = Said(resume.stderr)
