@@ -90,6 +90,7 @@ __all__ = [
     "session_row",
     "session_rows",
     "throughput",
+    "unjudged",
     "usage",
     "usd",
     "waterfall",
@@ -114,7 +115,10 @@ class SessionRow:
 
     ``started`` is wall-clock seconds; ``duration_s`` is None while the session runs.
     ``passed`` is the run's verdict on its expectations, or for a replay whether it matched
-    its original; None when the session never got that far (running, aborted, crashed).
+    its original; None when the session never got that far (running, aborted, crashed):
+    an ``aborted`` run's summary may hold checks judged on the part that ran, which say
+    nothing of the whole (:func:`unjudged`); ``failed_expectations`` still names those
+    that failed there.
     ``note`` says why a session ended badly: the run's error, the abort reason, or the
     replay's divergence. ``usage``: its model calls, tokens and cost so far."""
 
@@ -509,7 +513,7 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
         note = redrive_outcome(redriven)
     else:
         raw = summary.get("passed")
-        passed = raw if isinstance(raw, bool) else None
+        passed = raw if isinstance(raw, bool) and unjudged(info) is None else None
         note = summary.get("error") or summary.get("aborted")
     return SessionRow(
         id=info.id,
@@ -526,6 +530,31 @@ def _row(store: SessionStore, info: SessionInfo, messages: int) -> SessionRow:
         note=None if note is None else str(note),
         usage=usage(store, info.id, calls=False).total,
     )
+
+
+def unjudged(info: SessionInfo) -> str | None:
+    """Why session ``info``'s expectations say nothing of its run, or None when they do.
+
+    Expectations judge a whole run: an ``aborted`` one stopped before the end of its input,
+    so it has no verdict, whatever its summary holds. One a signal stopped (Ctrl-C, its
+    summary's ``interrupted``) finished what was in flight and judged that part, which its
+    summary keeps (a count that is fine on 14 inputs may not be on 600); one that died
+    judged nothing. ``pantheon resume`` judges the whole input. The reason reads after
+    "not judged, ": ``interrupted by SIGINT after 14 inputs``."""
+    if info.status != "aborted":
+        return None
+    summary = info.summary
+    signal = summary.get("interrupted")
+    if signal:
+        n = _count(summary.get("inputs")) + _count(summary.get("malformed"))
+        return f"interrupted by {signal} after {n} input{'s' if n != 1 else ''}"
+    if str(summary.get("error", "")).startswith("interrupted ("):
+        return "interrupted at once (a second Ctrl-C)"
+    return "its process died before the run ended"
+
+
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def redrive_outcome(report: Mapping[str, Any]) -> str:

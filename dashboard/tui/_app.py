@@ -494,11 +494,17 @@ class MonitorApp(App[None]):
             total = (Text("total", style="bold"), *_right(usage_cells(usage.total), "bold"))
             rows.append((TOTAL_ROW, total))
         _fill(panels.query_one("#usage-table", DataTable), rows)
-        if snap.checks:
-            states = [c.state for c in snap.checks]
+        states = [c.state for c in snap.checks]
+        counts = ", ".join(f"{states.count(s)} {s}" for s in _CHECK_STYLE if s in states)
+        if snap.unjudged is not None:
+            # Stopped early: no verdict, and what was judged is of the part that ran.
+            part = f"; on the part that ran: {counts}" if counts else ""
             panels.query_one("#checks-line", Static).update(
-                ", ".join(f"{states.count(s)} {s}" for s in _CHECK_STYLE if s in states)
+                Text(f"not judged, {snap.unjudged}{part}")
             )
+        elif snap.checks:
+            panels.query_one("#checks-line", Static).update(counts)
+        if snap.checks:
             why = Text()
             for c in snap.checks:
                 if c.why and c.state != "passed":

@@ -13,6 +13,7 @@ what a user would run by hand.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import subprocess
@@ -125,9 +126,17 @@ class _CliJob:
         return None if self.report is None else self.report.get("new_session_id")
 
     def cancel(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        """Kill the process if it still runs (the server is going away), and remove its
+        output files, which nobody will read now."""
+        with self._lock:
+            if self.returncode is not None:
+                return  # it ended, and its files were read
+            if self.process.poll() is None:
+                self.process.kill()
+                self.error = "killed: the dashboard that started it stopped"
+            self.returncode = self.process.wait()
+            self.out_path.unlink(missing_ok=True)
+            self.err_path.unlink(missing_ok=True)
 
 
 @dataclass(kw_only=True)
@@ -221,12 +230,21 @@ _J = TypeVar("_J", ReplayJob, RedriveJob)
 
 class JobRegistry:
     """The replay and redrive jobs of one dashboard server, shared by every browser tab: a
-    job started in one tab shows in every tab, and one page's job outlives the page."""
+    job started in one tab shows in every tab, and one page's job outlives the page, but
+    not the server: :meth:`close` kills what still runs, and runs when the process exits.
+
+    At exit, because that is the one hook a stopping server passes through: Streamlit
+    stops its server on SIGINT, SIGTERM and SIGQUIT and returns, and the interpreter runs
+    its exit handlers (``pantheon dashboard`` execs Streamlit, so it has no process of its
+    own left to do it). Without it a redrive waiting for a person outlived the dashboard
+    by up to its approval timeout, and held its session ``running``. A server killed with
+    SIGKILL runs nothing; its jobs end at their own timeouts."""
 
     def __init__(self, max_jobs: int = MAX_JOBS) -> None:
         self._jobs: list[Job] = []
         self._lock = threading.Lock()
         self.max_jobs = max_jobs
+        atexit.register(self.close)
 
     def start(self, store: Path, session_id: str, *, live_effects: bool = False) -> ReplayJob:
         """Start a replay unless one of this session is already running (then return it)."""
@@ -271,7 +289,9 @@ class JobRegistry:
         return None
 
     def close(self) -> None:
-        """Kill what still runs (the server is going away)."""
+        """Kill what still runs (the server is going away); called at exit (see the class
+        docstring). A second call finds nothing left to kill."""
         with self._lock:
             for job in self._jobs:
                 job.cancel()
+        atexit.unregister(self.close)

@@ -20,7 +20,8 @@ from dashboard.web._jobs import JobRegistry, RedriveJob, ReplayJob, redrive_boun
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
 from pantheon.approvals import ApprovalBook, redrive_desk
-from pantheon.rerun import left_out_inputs
+from pantheon.rerun import incomplete_reason, left_out_inputs
+from pantheon.rerun.resume import resume_refusal
 from pantheon.runner import expectation_state
 from pantheon.sessions import SessionDiff, SessionInfo, StoredEnvelope, diff_sessions
 
@@ -139,7 +140,16 @@ def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
         resumed = _resumed_by(path, info)
         st.caption(
             f"Interrupted ({interrupted}): its input was stopped and what was in flight "
-            f"finished; the record is whole. {_resume_hint(info, resumed)}"
+            f"finished; the record is whole. {_resume_hint(path, info, resumed, 'the input')}"
+        )
+    elif info.status == "aborted":
+        # Its process died (or a second Ctrl-C stopped it at once): the record stops where
+        # it did, and what finishes the run, if anything, is what `pantheon resume` says.
+        resumed = _resumed_by(path, info)
+        cause = (incomplete_reason(info) or "aborted").removeprefix("aborted: ")
+        st.caption(
+            f"Aborted: {cause}; the record stops there. "
+            f"{_resume_hint(path, info, resumed, 'the run')}"
         )
     c = st.columns(5)
     c[0].metric("status", status)
@@ -149,9 +159,21 @@ def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
     verdict = {True: "passed", False: "failed", None: "-"}[row.passed]
     listed = info.summary.get("expectations")
     states = [expectation_state(e) for e in listed or () if isinstance(e, dict)]
-    if "inconclusive" in states and info.kind != "replay":
+    unjudged = None if info.kind == "replay" else readmodel.unjudged(info)
+    why = None
+    if unjudged is not None:
+        # A run stopped early has no verdict: what its summary holds is of the part that
+        # ran, which "passed" would pass off as the run's.
+        verdict = "not judged"
+        why = f"Not judged: {unjudged}, and expectations judge a whole run."
+        if states:
+            why += (
+                f" On the part that ran: {states.count('passed')} passed, "
+                f"{states.count('failed')} failed."
+            )
+    elif "inconclusive" in states and info.kind != "replay":
         verdict += f", {states.count('inconclusive')} inconclusive"
-    c[4].metric("matched" if info.kind == "replay" else "expectations", verdict)
+    c[4].metric("matched" if info.kind == "replay" else "expectations", verdict, help=why)
     u = row.usage
     if u.calls:
         m = st.columns(5)
@@ -169,7 +191,11 @@ def _header(path: Path, info: SessionInfo, row: readmodel.SessionRow) -> None:
             ),
         )
     if row.failed_expectations:
-        st.error("Failed expectations: " + "; ".join(f"`{e}`" for e in row.failed_expectations))
+        failed = "; ".join(f"`{e}`" for e in row.failed_expectations)
+        if unjudged is None:
+            st.error(f"Failed expectations: {failed}")
+        else:
+            st.warning(f"Failed on the part that ran ({unjudged}): {failed}")
     if row.note:
         st.warning(row.note)
     if info.replay_of and st.button(
@@ -186,25 +212,40 @@ def _resumed_by(path: Path, info: SessionInfo) -> SessionInfo | None:
     """The session that resumed ``info`` (``pantheon resume`` records it as a ``resume``
     whose ``replay_of`` is ``info``): the one that ran to its end or runs now, else the
     newest of those that stopped too (a later ``pantheon resume`` of ``info`` is refused
-    only while one has not stopped)."""
+    only while one has not stopped). A resume that stopped and was resumed in turn is
+    followed to the end of that chain: the last one says how the story ended."""
     with store(path) as s:
-        resumes = [r for r in s.sessions() if r.kind == "resume" and r.replay_of == info.id]
-    return next((r for r in resumes if r.status != "aborted"), resumes[0] if resumes else None)
+        sessions = s.sessions()
+    found: SessionInfo | None = None
+    seen = {info.id}
+    while True:
+        resumes = [r for r in sessions if r.kind == "resume" and r.replay_of == info.id]
+        last = next((r for r in resumes if r.status != "aborted"), resumes[0] if resumes else None)
+        if last is None or last.id in seen:
+            return found
+        found, info = last, last
+        seen.add(last.id)
+        if last.status != "aborted":
+            return found
 
 
-def _resume_hint(info: SessionInfo, resumed: SessionInfo | None) -> str:
-    """What finishes an interrupted session's input: ``pantheon resume``, or the session
-    that did (or does) it, so nobody resumes a finished story a second time."""
-    if resumed is None:
-        return f"`pantheon resume {info.id}` finishes the input."
+def _resume_hint(path: Path, info: SessionInfo, resumed: SessionInfo | None, what: str) -> str:
+    """What finishes an aborted session's ``what`` (its input, or the run a crash cut
+    short): ``pantheon resume``, or the session that did (or does) it, so nobody resumes a
+    finished story a second time; or why ``pantheon resume`` refuses it (a ZeroMQ run whose
+    driver died, a replay), as the command would say, rather than a command that fails."""
+    if resumed is None or resumed.status == "aborted":
+        last = info if resumed is None else resumed
+        with store(path) as s:
+            refused = resume_refusal(s, last)
+        then = "" if resumed is None else f"It was resumed as {resumed.id}, which stopped too"
+        if refused is not None:
+            return (f"{then}; " if then else "") + f"`pantheon resume` refuses it: {refused}."
+        command = f"`pantheon resume {last.id}` finishes {what}."
+        return f"{then}: {command}" if then else command
     if resumed.status == "running":
-        return f"It is being resumed as {resumed.id}, which finishes the input."
-    if resumed.status == "aborted":
-        return (
-            f"It was resumed as {resumed.id}, which stopped too: "
-            f"`pantheon resume {resumed.id}` finishes the input."
-        )
-    return f"It was resumed as {resumed.id} ({resumed.status}), which finished the input."
+        return f"It is being resumed as {resumed.id}, which finishes {what}."
+    return f"It was resumed as {resumed.id} ({resumed.status}), which finished {what}."
 
 
 def _nodes(path: Path, info: SessionInfo) -> None:

@@ -17,8 +17,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from bus import Bus
 from pantheon.approvals import AlreadyDecided, Approval, ApprovalBook, who
-from pantheon.cli._common import JsonOpt, SessionArg, StoreOpt, fail, run_async
+from pantheon.cli._common import (
+    JsonOpt,
+    SessionArg,
+    StoreOpt,
+    approvals_notice,
+    fail,
+    run_async,
+)
+from pantheon.cli._common import console as err_console
 from pantheon.cli._console import report_console
 from pantheon.cli._summary_text import print_summary
 from pantheon.sessions import SessionError, SessionStore, resolve_store_path
@@ -123,13 +132,32 @@ def resume(
 ) -> None:
     """Finish a run whose process died: re-run its recorded inputs serving the recorded
     effects, wait on its still-pending approvals, then go on live (docs/scenarios.md,
-    "Resuming a run"). Exits 1 if the resumed run fails its expectations."""
+    "Resuming a run"). The new session is named on stderr as it starts, and a request
+    left waiting for a person with the ``pantheon approve`` command that decides it.
+    Exits 1 if the resumed run fails its expectations."""
     from pantheon.rerun.resume import resume as resume_run
     from pantheon.runner import RunStuck
 
     path = resolve_store_path(store)
     try:
-        result = run_async(resume_run(session, store=path))
+        with SessionStore(path, create=False, access="read") as st:
+            original = st.resolve(session)
+    except SessionError as exc:
+        raise fail(str(exc)) from None
+
+    def started(bus: Bus) -> None:
+        # On stderr (stdout is the report): the session whose approvals a person decides,
+        # before the resumed run waits on one.
+        err_console.print(
+            f"resuming {original} as session {bus.session_id}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,  # whole, for a person to copy the session from
+        )
+
+    notice = approvals_notice(path)
+    try:
+        result = run_async(resume_run(session, store=path, on_bus=started, on_waiting=notice))
     except SessionError as exc:
         raise fail(str(exc)) from None
     except RunStuck as exc:

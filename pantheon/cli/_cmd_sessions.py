@@ -119,19 +119,26 @@ def _dump(obj: Any) -> None:
     typer.echo(json.dumps(obj, indent=2, default=repr, sort_keys=False))
 
 
-def summary_lines(summary: dict[str, Any]) -> list[str]:
+def summary_lines(summary: dict[str, Any], *, unjudged: str | None = None) -> list[str]:
     """The recorded run summary for ``sessions show``, whole and as markup-safe lines:
     the failed expectations first, then the inconclusive ones, one each with what was
     expected, what was measured and why,
-    then every other field on its own line (a table such as ``hops``, one row per line)."""
+    then every other field on its own line (a table such as ``hops``, one row per line).
+    ``unjudged`` (:func:`pantheon.readmodel.unjudged`): the run stopped early, so its
+    expectations are not judged, and the checks its summary holds are said to be of the
+    part that ran."""
     expectations = [e for e in summary.get("expectations") or () if isinstance(e, dict)]
     states = [expectation_state(e) for e in expectations]
     failed = states.count("failed")
     unsure = states.count("inconclusive")
-    lines = [
-        f"summary   expectations: {states.count('passed')} passed, {failed} failed"
-        + (f", {unsure} inconclusive" if unsure else "")
-    ]
+    counts = f"{states.count('passed')} passed, {failed} failed" + (
+        f", {unsure} inconclusive" if unsure else ""
+    )
+    if unjudged is None:
+        lines = [f"summary   expectations: {counts}"]
+    else:
+        part = f"; on the part that ran: {counts}" if expectations else ""
+        lines = [f"summary   expectations: not judged, {escape(unjudged)}{part}"]
     for state in ("failed", "inconclusive"):
         for e, its in zip(expectations, states, strict=True):
             if its != state:
@@ -247,7 +254,7 @@ def sessions_show(
         for line in usage_lines(usage):
             con.print(line)
         if info.summary:
-            for line in summary_lines(info.summary):
+            for line in summary_lines(info.summary, unjudged=readmodel.unjudged(info)):
                 con.print(line)
         if letters:
             con.print(f"dead letters: {len(letters)} (pantheon dlq list {info.id})")
@@ -327,7 +334,10 @@ def dlq_redrive(
             # decides, before the redrive waits on one.
             letters = f"{entries} dead letter{'s' if entries != 1 else ''}"
             err_console.print(
-                f"redriving {letters} of {info.id} as session {sid}", markup=False, highlight=False
+                f"redriving {letters} of {info.id} as session {sid}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,  # whole, for a person to copy the session from
             )
 
         report = asyncio.run(

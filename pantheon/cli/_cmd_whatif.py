@@ -15,6 +15,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from pantheon.cli._common import approvals_notice
+from pantheon.cli._common import console as err_console
 from pantheon.cli._summary_text import (
     cut_lines,
     dead_letter_lines,
@@ -82,10 +84,13 @@ def whatif_command(
         err.print(f"[red]error:[/red] invalid overlay:\n{escape(str(exc))}")
         raise typer.Exit(2) from None
     con = Console(highlight=False, soft_wrap=True)
+    # A request the changed team asks again waits for a person: said on stderr, with the
+    # command that decides it, as `pantheon run` says it.
+    notice = approvals_notice(Path(store.path))
 
     def replay() -> WhatIfReport:
         try:
-            return asyncio.run(whatif_replay(store, info.id, overlay))
+            return asyncio.run(whatif_replay(store, info.id, overlay, on_waiting=notice))
         except AgentSetupError as exc:  # the overlay's team cannot be built: nothing ran
             err.print(f"[red]error:[/red] {escape(source)}: nothing ran: {escape(str(exc))}")
             raise typer.Exit(2) from None
@@ -94,7 +99,9 @@ def whatif_command(
         report = replay()
         typer.echo(json.dumps(report.to_dict(), indent=2))
         return report
-    with con.status(f"what-if replay of {info.id} with {escape(source)} ..."):
+    # On the notice's console (stderr), so that a notice prints above the spinner rather
+    # than under a line it then redraws.
+    with err_console.status(f"what-if replay of {info.id} with {escape(source)} ..."):
         report = replay()
     skipped = f" ({report.inputs_skipped} skipped)" if report.inputs_skipped else ""
     con.print(

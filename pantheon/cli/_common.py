@@ -215,12 +215,15 @@ def store_option(path: Path) -> str:
 
 
 def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]:
-    """What ``pantheon run`` and ``pantheon dlq redrive`` print on stderr once approval
-    requests have waited a second for a person (:class:`pantheon.approvals.StoreDesk`): how
-    many wait, and the exact command that decides each new one, since nothing else shows
-    the run is stopped for them (a progress bar just stands still, and a redrive prints
-    nothing until it ends). ``store`` is where the requests are; None for a run that is not
-    recorded, whose requests nobody can reach (their timeout decides them)."""
+    """What ``pantheon run``, ``dlq redrive``, ``resume`` and a what-if ``replay --with``
+    print on stderr once approval requests have waited a second for a person
+    (:class:`pantheon.approvals.StoreDesk`): how many wait, and the exact command that
+    decides each new one, since nothing else shows the run is stopped for them (a progress
+    bar just stands still, and the others print nothing until they end). The commands name
+    the session that waits, the one being recorded: a resumed run's own (``approve`` finds
+    the run it resumes, whose approvals it shares, from it). ``store`` is where the
+    requests are; None for a run that is not recorded, whose requests nobody can reach
+    (their timeout decides them)."""
     told: set[int] = set()
 
     def notice(waiting: Sequence[Approval]) -> None:
@@ -239,7 +242,7 @@ def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]
                 f"recorded (--no-record), so each is {then} after {timeout:.0f}s"
             ]
         else:
-            origin, where = first.origin, store_option(store)
+            session, where = first.session, store_option(store)
             new = [a for a in waiting if a.id not in told]
             # Short lines (an 80-column terminal): the session is in every command. What
             # was said before is not said again: a later notice names its new requests.
@@ -251,7 +254,7 @@ def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]
                     f"{asks} {wait} for a person (each {then} after {timeout:.0f}s undecided):"
                 ]
             for a in new[:NOTICE_ROWS]:
-                command = f"  pantheon approve {origin} {a.id}{where}   # "
+                command = f"  pantheon approve {session} {a.id}{where}   # "
                 # What tells one request from the next is often at the summary's end (a
                 # host, an amount): as much as the terminal has room for, never less.
                 room = max(NOTICE_WIDTH, console.width - len(command))
@@ -259,7 +262,7 @@ def approvals_notice(store: Path | None) -> Callable[[Sequence[Approval]], None]
                 what = what if len(what) <= room else what[: room - 1] + "…"
                 lines.append(command + what)
             unnamed = len(new) - NOTICE_ROWS
-            listed = f"pantheon approvals {origin}{where} lists them"
+            listed = f"pantheon approvals {session}{where} lists them"
             if unnamed > 0:
                 lines.append(
                     f"  and {unnamed} more; " + ("" if told else "--reject refuses; ") + listed

@@ -106,8 +106,12 @@ def expectation_lines(s: Any) -> list[str]:
 
 def verdict_line(s: Any) -> str:
     """The last line: every expectation passed (saying how many timing checks could not
-    judge a starved run), or not."""
+    judge a starved run), or not; for a run whose input a signal stopped, that they were
+    not judged (they judge a whole run), and what they said of the part that ran."""
     unsure = sum(expectation_state(e) == "inconclusive" for e in s.expectations)
+    if getattr(s, "interrupted", None) is not None:
+        part = "all expectations passed" if s.passed else "[red]expectations failed[/red]"
+        return f"[yellow]not judged[/yellow] (its input was stopped): on the part that ran, {part}"
     if not s.passed:
         return "[red]expectations failed[/red]"
     if unsure:

@@ -192,6 +192,10 @@ class Snapshot(msgspec.Struct, frozen=True, tag="snapshot", kw_only=True):
     outcomes: OutcomeTally = msgspec.field(default_factory=OutcomeTally)
     checks: tuple[Check, ...] = ()
     """The run's expectations once it has ended (a live feed has none to give)."""
+    unjudged: str | None = None
+    """Why the run has no verdict on its expectations (:func:`pantheon.readmodel.unjudged`:
+    it stopped before the end of its input), or None; ``checks`` are then of the part that
+    ran."""
     nodes: tuple[str, ...] = ()
     """A multi-process session's processes, a line each (its agents, how it ended, where
     its journal ends: :attr:`pantheon.readmodel.NodeView.text`); a live feed's name each

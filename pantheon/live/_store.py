@@ -98,6 +98,7 @@ def snapshot_from_store(
         # reading its outcomes means decoding every envelope it has so far.
         outcomes=OutcomeTally() if info.status == "running" else _tally(store, sid),
         checks=_checks(info.summary.get("expectations")),
+        unjudged=readmodel.unjudged(info),
         nodes=tuple(n.text for n in nodes),
     )
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from agents import APPROVAL_EFFECT, InputOrdinals, Observer, input_ordinal
 from bus import Bus, Envelope, current_handler
-from pantheon.approvals import StoreDesk, request_key
+from pantheon.approvals import OnWaiting, StoreDesk, request_key
 from pantheon.rerun._policies import EffectCall, Policy
 from pantheon.scenario import DRIVER_NODE, ApprovalsConfig
 from pantheon.sessions import (
@@ -594,7 +594,9 @@ class Rerun:
     at or after it. ``truncated``: the record stops short (its process died), so what the
     team does past its end is not a difference. ``approvals``: the new session gets an
     approval desk with this config (:attr:`desk`; ``origin`` numbers its requests, a
-    resumed run's under the run it resumes); :meth:`serve_desk` hands it to a team.
+    resumed run's under the run it resumes; ``on_waiting`` hears of requests left waiting
+    for a person, as :class:`~pantheon.approvals.StoreDesk` says); :meth:`serve_desk` hands
+    it to a team.
 
     Use :func:`rerun` for the whole loop; a caller that runs the bus itself (resume, inside
     a live feed) calls :meth:`track`, :meth:`feed` and :meth:`finish` in that order."""
@@ -613,6 +615,7 @@ class Rerun:
         truncated: bool = False,
         approvals: ApprovalsConfig | None = None,
         origin: str | None = None,
+        on_waiting: OnWaiting | None = None,
         skip_cut: bool = False,
         redo_cut: bool = False,
     ) -> None:
@@ -662,7 +665,13 @@ class Rerun:
         self.desk = (
             None
             if approvals is None
-            else StoreDesk(Path(store.path), self.recorder.session_id, approvals, origin=origin)
+            else StoreDesk(
+                Path(store.path),
+                self.recorder.session_id,
+                approvals,
+                origin=origin,
+                on_waiting=on_waiting,
+            )
         )
         self.tracker = Tracker(
             self.lineage, inputs, halts=policy.halts, truncated=truncated, tolerated=self.tolerated

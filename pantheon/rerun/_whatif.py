@@ -64,6 +64,7 @@ from typing import Any
 
 from agents import Observer
 from bus import Bus
+from pantheon.approvals import OnWaiting
 from pantheon.rerun import (
     DEFAULT_REPLAY_TIMEOUT,
     OutcomeDiff,
@@ -188,10 +189,14 @@ async def whatif_replay(
     *,
     source: str = "<overlay>",
     timeout: float | None = DEFAULT_REPLAY_TIMEOUT,
+    on_waiting: OnWaiting | None = None,
 ) -> WhatIfReport:
     """Replay session ``session_id``'s inputs through its team changed by ``overlay`` (the
     overlay's YAML text, named ``source`` in errors, or an :class:`Overlay` already applied)
     and record the run as a new session linked to the original.
+
+    ``on_waiting`` hears of approval requests the changed team asks again and nobody
+    decides within a second (:class:`~pantheon.approvals.StoreDesk`), on the new session.
 
     Raises :class:`~pantheon.scenario.ScenarioError` (located in the overlay) before
     anything runs when the overlay is invalid, and ``SessionError`` when the session is
@@ -256,6 +261,7 @@ async def whatif_replay(
             scenario=scenario.name,
             scenario_text=overlay.merged_text,
             approvals=scenario.approvals,
+            on_waiting=on_waiting,
             skip_cut=True,
         )
         run.serve_desk(team.agents.values())

@@ -59,6 +59,7 @@ from typing import Any
 
 from agents import InputItem, Observer, input_ordinal
 from bus import Bus
+from pantheon.approvals import OnWaiting
 from pantheon.live import live_run
 from pantheon.rerun import Rerun, Resume, credit_inputs
 from pantheon.runner import (
@@ -69,11 +70,11 @@ from pantheon.runner import (
     local_report,
     summarize,
 )
-from pantheon.scenario import NatsTransportConfig, Scenario, parse_scenario
+from pantheon.scenario import NatsTransportConfig, Scenario, ScenarioError, parse_scenario
 from pantheon.sessions import SessionError, SessionInfo, SessionStore, StoredEnvelope
 from pantheon.sessions.internals import origin_of
 
-__all__ = ["ResumeResult", "left_in_stream", "resumable", "resume"]
+__all__ = ["ResumeResult", "left_in_stream", "resumable", "resume", "resume_refusal"]
 
 
 def left_in_stream(info: SessionInfo) -> bool:
@@ -99,15 +100,15 @@ def _dead_nodes(info: SessionInfo) -> list[str]:
     return [str(n) for n in info.summary["stream"].get("killed") or ()]
 
 
-def _needs_stream(info: SessionInfo, scenario: Scenario, dead: Sequence[str]) -> None:
-    """Refuse to resume a run whose node died on a throwaway server, saying what to do
-    instead: the stream that held what the node published after its last journal shipment
-    stopped with the run (``server: auto``)."""
+def _needs_stream(info: SessionInfo, scenario: Scenario, dead: Sequence[str]) -> str | None:
+    """Why a run whose node died cannot be resumed, saying what to do instead, or None: on
+    a throwaway server (``server: auto``) the stream that held what the node published
+    after its last journal shipment stopped with the run."""
     cfg = scenario.transport
     if isinstance(cfg, NatsTransportConfig) and cfg.server == "auto":
         which = ("node " if len(dead) == 1 else "nodes ") + ", ".join(map(repr, dead))
         its = "its" if len(dead) == 1 else "their"
-        raise SessionError(
+        return (
             f"session {info.id} ran on its own throwaway NATS server (transport.server: "
             f"auto), which stopped with the run: what {which} published after {its} last "
             "journal shipment went with it, so resuming would do again what the other nodes "
@@ -115,6 +116,58 @@ def _needs_stream(info: SessionInfo, scenario: Scenario, dead: Sequence[str]) ->
             "a run on a server that outlives it (transport.url) can be resumed after a node "
             "dies"
         )
+    return None
+
+
+def _recorded_scenario(info: SessionInfo, *, check_files: bool = True) -> Scenario:
+    base = None if info.scenario_dir is None else Path(info.scenario_dir)
+    return parse_scenario(
+        info.scenario_text or "",
+        f"<scenario of session {info.id}>",
+        base_dir=base,
+        check_files=check_files,
+    )
+
+
+def _refused_by_transport(info: SessionInfo, scenario: Scenario) -> str | None:
+    """Why the transport of run ``info`` keeps it from being resumed, or None."""
+    # A run whose input a signal stopped finished what was in flight and stored every
+    # node's journal to its end mark: its record is whole, whatever the transport.
+    if info.summary.get("interrupted"):
+        return None
+    if scenario.transport.kind == "zmq":
+        # Its nodes' records reach the store only through the driver, so what they did
+        # after its last commit is nowhere: resuming would do it again.
+        return (
+            f"session {info.id} is a ZeroMQ run: its nodes' records died with its "
+            "driver, so resuming would do again what they did (a NATS run's survive)"
+        )
+    dead = _dead_nodes(info)
+    if scenario.transport.kind == "nats" and dead:
+        # What the dead node published after its last shipment (a Reasoner's
+        # classification) is on the stream alone, and the live nodes acted on it (replied
+        # to the email): without it in the record their recorded work has no cause to be
+        # served against, and would be done again.
+        return _needs_stream(info, scenario, dead)
+    return None
+
+
+def resume_refusal(store: SessionStore, info: SessionInfo) -> str | None:
+    """Why ``pantheon resume`` refuses session ``info``, or None when it takes it: the
+    refusals of step 1 of the module docstring, read from the store alone (nothing is run
+    or connected to), so that a page can say what the command would before anyone runs
+    it. :func:`resume` raises exactly these."""
+    refused = resumable(info)
+    if refused is not None:
+        return refused
+    for other in store.sessions():
+        if other.replay_of == info.id and other.kind == "resume" and other.status != "aborted":
+            return f"session {info.id} was resumed already, as {other.id} ({other.status})"
+    try:
+        scenario = _recorded_scenario(info, check_files=False)
+    except ScenarioError as exc:
+        return f"session {info.id}'s recorded scenario no longer reads: {exc}"
+    return _refused_by_transport(info, scenario)
 
 
 def resumable(info: SessionInfo) -> str | None:
@@ -205,48 +258,31 @@ async def resume(
     store: str | Path | None = None,
     drain_timeout: float = 60.0,
     on_bus: Callable[[Bus], None] | None = None,
+    on_waiting: OnWaiting | None = None,
 ) -> ResumeResult:
     """Resume the aborted run ``session`` (an id or unique prefix) as described in this
-    module's docstring; :class:`SessionError` says why a session cannot be resumed."""
+    module's docstring; :class:`SessionError` says why a session cannot be resumed.
+    ``on_bus`` gets the resumed run's bus before anything flows (its ``session_id`` is the
+    new session's); ``on_waiting`` hears of approval requests left waiting for a person
+    (:class:`~pantheon.approvals.StoreDesk`), asked again or new."""
     with SessionStore(None if store is None else Path(store), create=False) as st:
         original = st.session(session)
-        refused = resumable(original)
+        refused = resume_refusal(st, original)
         if refused is not None:
             raise SessionError(refused)
-        for other in st.sessions():
-            resumed = other.replay_of == original.id and other.kind == "resume"
-            if resumed and other.status != "aborted":
-                raise SessionError(
-                    f"session {original.id} was resumed already, as {other.id} ({other.status})"
-                )
-        base = None if original.scenario_dir is None else Path(original.scenario_dir)
-        scenario = parse_scenario(
-            original.scenario_text or "",
-            f"<scenario of session {original.id}>",
-            base_dir=base,
-        )
+        scenario = _recorded_scenario(original)
         # A run whose input a signal stopped finished what was in flight and stored every
         # node's journal to its end mark: its record is whole, whatever the transport.
         interrupted = bool(original.summary.get("interrupted"))
         # A run that ended with a node dead: its driver stored every journal, but the dead
         # node's stops at its last shipment.
         dead = _dead_nodes(original)
-        if scenario.transport.kind == "zmq" and not interrupted:
-            # Its nodes' records reach the store only through the driver, so what they did
-            # after its last commit is nowhere: resuming would do it again.
-            raise SessionError(
-                f"session {original.id} is a ZeroMQ run: its nodes' records died with its "
-                "driver, so resuming would do again what they did (a NATS run's survive)"
-            )
         if scenario.transport.kind == "nats" and not interrupted:
             from pantheon.runner import import_from_stream
 
             if dead:
-                # What the dead node published after its last shipment (a Reasoner's
-                # classification) is on the stream alone, and the live nodes acted on it
-                # (replied to the email): without it in the record their recorded work has
-                # no cause to be served against, and would be done again.
-                _needs_stream(original, scenario, dead)
+                # What it published after its last shipment, read back from the stream
+                # (resume_refusal refused a throwaway server's, which is gone).
                 await import_from_stream(st, original, scenario, origins=dead)
             else:
                 # Whatever its nodes shipped and the dead driver had not stored is still on
@@ -262,6 +298,7 @@ async def resume(
             redo_cut=True,
             approvals=scenario.approvals,
             origin=origin_of(st, original),
+            on_waiting=on_waiting,
         )
         try:
             summary = await _run(

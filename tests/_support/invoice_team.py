@@ -6,14 +6,17 @@ redrive``, the monitor's ``r``) delivers again through a team that asks for appr
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import textwrap
+import time
 from pathlib import Path
 
 from cli_run import pantheon
 
-from pantheon.sessions import SessionStore, StoredDeadLetter
+from pantheon.sessions import ApprovalBook, SessionStore, StoredDeadLetter
 
-__all__ = ["AMOUNTS", "SCRIPTED", "recorded_run", "write_team"]
+__all__ = ["AMOUNTS", "PERSON", "SCRIPTED", "person_run", "recorded_run", "write_team"]
 
 #: Invoices: even ones small, odd ones over the Approver's limit (1,000).
 AMOUNTS = [400.0 + 10 * i if i % 2 == 0 else 5_000.0 + 100 * i for i in range(40)]
@@ -82,6 +85,9 @@ faults:
     checker: {{failure_rate: 0.3, until: {{messages: 30}}}}
 """
 
+#: A request waits two minutes for a person, then is rejected: nobody is scripted.
+PERSON = "{timeout: 120, default: reject, poll: 0.05}"
+
 #: The scripted person approves every request a fifth of a second after it is asked.
 SCRIPTED = "{timeout: 60, default: reject, poll: 0.05, auto: {approve_after: 0.2, note: scripted}}"
 
@@ -106,3 +112,35 @@ def recorded_run(tmp_path: Path, **team: object) -> tuple[Path, str, list[Stored
     with SessionStore(store, create=False) as st:
         sid = st.sessions()[0].id
         return store, sid, st.dead_letters(sid)
+
+
+def person_run(folder: Path, *, bank_limit: float = 6_000) -> tuple[Path, str]:
+    """A recorded run of the team whose requests wait for a person (:data:`PERSON`), a
+    person in this process approving each as it comes ("clerk"); its bank refuses
+    ``bank_limit`` EUR and more. Its redrive asks a person again, and waits two minutes
+    for one: (the store, the session)."""
+    scenario = write_team(folder, approvals=PERSON, bank_limit=bank_limit)
+    store = folder / "s.db"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", str(scenario), "--store", str(store)],
+        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    try:
+        while run.poll() is None:
+            assert time.monotonic() < deadline, "the run did not finish"
+            if store.exists():
+                with SessionStore(store, create=False) as st:
+                    book = ApprovalBook(st)
+                    for s in st.sessions():
+                        for a in book.entries(book.origin(s.id), status="pending"):
+                            book.decide(a.origin, a.id, approved=True, by="clerk")
+            time.sleep(0.05)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    assert run.returncode == 0, out + err
+    with SessionStore(store, create=False) as st:
+        return store, st.sessions()[0].id

@@ -4,8 +4,11 @@ driven by selenium, from the sessions list to a failed session to its replay's r
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -13,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from dashboard_store import Recorded
@@ -38,9 +41,17 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Served(NamedTuple):
+    """A ``pantheon dashboard`` serving: its URL, and its process (Streamlit's: the command
+    execs it)."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+
 @contextmanager
-def _dashboard(store: Path, tmp_path: Path) -> Iterator[str]:
-    """``pantheon dashboard`` on ``store`` and a free port; its URL, once it is healthy."""
+def _dashboard(store: Path, tmp_path: Path) -> Iterator[Served]:
+    """``pantheon dashboard`` on ``store`` and a free port, once it is healthy."""
     port = _free_port()
     log = (tmp_path / "server.log").open("wb")
     pantheon = shutil.which("pantheon", path=str(Path(sys.executable).parent))
@@ -65,7 +76,7 @@ def _dashboard(store: Path, tmp_path: Path) -> Iterator[str]:
                 pass
             assert time.monotonic() < deadline, "the dashboard never became healthy"
             time.sleep(0.1)  # polling interval; the deadline decides
-        yield url
+        yield Served(url, proc)
     finally:
         proc.terminate()
         try:
@@ -79,15 +90,15 @@ def _dashboard(store: Path, tmp_path: Path) -> Iterator[str]:
 @pytest.fixture
 def server(recorded: Recorded, tmp_path: Path) -> Iterator[str]:
     """``pantheon dashboard`` on the recorded store, stopped after the test."""
-    with _dashboard(recorded.path, tmp_path) as url:
-        yield url
+    with _dashboard(recorded.path, tmp_path) as served:
+        yield served.url
 
 
 @pytest.fixture
 def model_dashboard(model_session: Any, tmp_path: Path) -> Iterator[str]:
     """``pantheon dashboard`` on the store of the session run against a model server."""
-    with _dashboard(model_session.store, tmp_path) as url:
-        yield url
+    with _dashboard(model_session.store, tmp_path) as served:
+        yield served.url
 
 
 @pytest.fixture
@@ -299,7 +310,8 @@ def test_browser_approves_a_request_the_running_team_waits_for(
     run, store, sid, rows = waiting_run(tmp_path)
     first, second = sorted(rows, key=lambda a: a.id)
     try:
-        with _dashboard(store, tmp_path) as url:
+        with _dashboard(store, tmp_path) as served:
+            url = served.url
             browser.get(f"{url}/?session={sid}")
             _wait_for(browser, "the pending requests", lambda t: "Approvals (2 waiting)" in t)
             note = WebDriverWait(browser, DEADLINE_S).until(
@@ -335,3 +347,68 @@ def test_browser_approves_a_request_the_running_team_waits_for(
         first.id: ("approved", "checked in the browser"),
         second.id: ("rejected", ""),
     }
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started that still run (Linux: its threads' ``children``)."""
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` is there and not a zombie waiting to be reaped."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.fixture(scope="module")
+def invoices(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A recorded invoice run whose redrive asks a person, and waits two minutes for one."""
+    from invoice_team import person_run
+
+    return person_run(tmp_path_factory.mktemp("invoices"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_stopping_the_dashboard_stops_the_redrive_it_started(
+    sig: signal.Signals, invoices: tuple[Path, str], browser: WebDriver, tmp_path: Path
+) -> None:
+    """A redrive started on the page runs as a child of the server and waits for a person;
+    the server stopped (a supervisor's SIGTERM, Ctrl-C), the redrive goes with it. It used
+    to live on until its approval timeout, two minutes, its session ``running``."""
+    store = tmp_path / "s.db"
+    src, dst = sqlite3.connect(invoices[0]), sqlite3.connect(store)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    sid = invoices[1]
+    with SessionStore(store, create=False) as st:
+        letters = len(st.dead_letters(sid))
+    jobs: list[int] = []
+    try:
+        with _dashboard(store, tmp_path) as served:
+            browser.get(f"{served.url}/?session={sid}")
+            _click(browser, f"Dead letters ({letters})", css="[role=tab]")
+            _click(browser, f"Redrive all {letters} not redriven")
+            _wait_for(browser, "the redrive waiting", lambda t: "it waits for a person" in t)
+            jobs = _children(served.process.pid)
+            assert len(jobs) == 1, jobs
+            argv = Path(f"/proc/{jobs[0]}/cmdline").read_bytes().split(b"\0")
+            assert argv[3:6] == [b"dlq", b"redrive", sid.encode()], argv
+            served.process.send_signal(sig)
+            assert served.process.wait(timeout=30) == 0
+        deadline = time.monotonic() + 10
+        while _runs(jobs[0]):
+            assert time.monotonic() < deadline, f"the redrive ({jobs[0]}) outlived the dashboard"
+            time.sleep(0.05)
+    finally:
+        for pid in jobs:  # left running by a failure: it would wait two more minutes
+            if _runs(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -12,15 +12,13 @@ than a page may block. Those the bank refuses fail downstream.
 from __future__ import annotations
 
 import sqlite3
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from approval_run import WAIT, stop
-from invoice_team import write_team
+from approval_run import WAIT
+from invoice_team import person_run
 from streamlit.testing.v1 import AppTest
 
 from dashboard.web import APP
@@ -35,45 +33,14 @@ from pantheon.sessions import (
     StoredDeadLetter,
 )
 
-#: A request waits two minutes for a person, then is rejected: the run's and the redrive's.
-PERSON = "{timeout: 120, default: reject, poll: 0.05}"
 #: Seconds one render of the page may take: a page that blocks on the redrive fails here.
 RENDER_S = 30.0
-
-
-def _approve_while(run: subprocess.Popen[str], store: Path) -> None:
-    """Approve every pending request of the run until it ends (a person at the desk)."""
-    deadline = time.monotonic() + 2 * WAIT
-    try:
-        while run.poll() is None:
-            assert time.monotonic() < deadline, "the run did not finish"
-            if store.exists():
-                with SessionStore(store, create=False) as st:
-                    book = ApprovalBook(st)
-                    for s in st.sessions():
-                        for a in book.entries(book.origin(s.id), status="pending"):
-                            book.decide(a.origin, a.id, approved=True, by="clerk")
-            time.sleep(0.05)
-        out, err = run.communicate(timeout=WAIT)
-    finally:
-        if run.poll() is None:
-            stop(run)
-    assert run.returncode == 0, out + err
 
 
 @pytest.fixture(scope="module")
 def invoices(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     """The store of the recorded invoice run, and its session."""
-    folder = tmp_path_factory.mktemp("invoices")
-    scenario = write_team(folder, approvals=PERSON, bank_limit=6_000)
-    store = folder / "s.db"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "pantheon.cli", "run", str(scenario), "--store", str(store)],
-        cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    _approve_while(run, store)
-    with SessionStore(store, create=False) as st:
-        return store, st.sessions()[0].id
+    return person_run(tmp_path_factory.mktemp("invoices"))
 
 
 @pytest.fixture

@@ -29,8 +29,8 @@ def test_browser_tries_a_change_and_opens_the_what_if(
 ) -> None:
     path, session = failed_run
     expected = expected_moves(path, session)
-    with _dashboard(path, tmp_path) as url:
-        browser.get(f"{url}/?session={session}")
+    with _dashboard(path, tmp_path) as served:
+        browser.get(f"{served.url}/?session={session}")
         _wait_for(browser, "the what-if form", lambda t: "Try a change" in t and "Run what-if" in t)
         area = WebDriverWait(browser, 60, poll_frequency=0.2).until(
             lambda d: d.find_element(By.CSS_SELECTOR, "textarea[aria-label='Overlay (YAML)']")

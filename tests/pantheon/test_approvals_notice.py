@@ -1,23 +1,29 @@
-"""A run that waits for a person says so, and how to decide: ``pantheon run`` and ``pantheon
-dlq redrive`` name their session from the start and, once a request has waited a second,
-print the ``pantheon approve`` command of each. The tests act as the person: they paste
-the commands printed, in a terminal (a pty: the session is in the progress bar) and when
-the output is a pipe."""
+"""A run that waits for a person says so, and how to decide: ``pantheon run``, ``pantheon
+dlq redrive``, ``pantheon resume`` and a what-if ``pantheon replay --with`` name their
+session and, once a request has waited a second, print the ``pantheon approve`` command of
+each. The tests act as the person: they paste the commands printed, in a terminal (a pty:
+the session is in the progress bar) and when the output is a pipe."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pty
+import re
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import claims_team
 import pytest
 from approval_run import WAIT, scenario, stop
+from cli_run import pantheon
 from invoice_team import write_team
 from said_lines import Said, approve_as_printed
+from store_poll import query, until
 
 from pantheon.cli._common import approvals_notice
 from pantheon.sessions import Approval, ApprovalBook, SessionStore
@@ -238,3 +244,144 @@ def test_a_notice_shows_as_much_of_a_summary_as_the_terminal_holds(
         _common.approvals_notice(tmp_path / "s.db")([request])
         lines = capsys.readouterr().err.splitlines()
         assert lines[1] == f"  pantheon approve S 1 --store s.db   # {shown}", (width, lines)
+
+
+#: The claims team's approvals with nobody scripted: a request waits two minutes, then is
+#: rejected.
+NOBODY = "approvals: {timeout: 120, default: reject, poll: 0.05}"
+
+
+def claims_asking_last(folder: Path) -> Path:
+    """The claims team (one process) whose Approver asks a person only about the last two
+    claims (8,700 and 8,900 EUR), two at a time, and nobody decides: a run of it ends up
+    waiting on both with everything else decided."""
+    path = claims_team.write_team(folder, concurrency=2)
+    text = re.sub(r"(?m)^approvals: .*$", NOBODY, path.read_text())
+    approver = '    class: "claims_agents:Approver"\n'
+    assert approver in text
+    text = text.replace(approver, approver + "    settings: {limit: 8600}\n")
+    path.write_text(text)
+    return path
+
+
+def test_a_resume_names_its_new_session_and_the_commands_of_the_requests_it_asks_again(
+    tmp_path: Path,
+) -> None:
+    """``pantheon resume`` of a claims run killed while two requests waited asks them again
+    and waits on them: it names the session it records from the start and prints the
+    command of each, as ``pantheon run`` does; before, it said nothing and looked hung."""
+    path = claims_asking_last(tmp_path)
+    store = tmp_path / "s.db"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "run", str(path), "--store", "s.db", "--json"],
+        cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        until(
+            "38 claims decided and two requests waiting",
+            lambda: (
+                query(store, "SELECT count(*) FROM envelopes WHERE topic = 'claim.decided'")
+                == [(38,)]
+                and query(store, "SELECT count(*) FROM approvals WHERE status = 'pending'")
+                == [(2,)]
+            ),
+        )
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=WAIT)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    with SessionStore(store) as st:  # opening it finds the process gone: aborted
+        (info,) = st.sessions()
+        assert info.status == "aborted"
+        sid = info.id
+        asked = {a.id: a.summary for a in ApprovalBook(st).entries(sid)}
+    assert sorted(asked.values()) == ["pay 8700.00 EUR (C-37)", "pay 8900.00 EUR (C-39)"]
+
+    # At 60 columns: the lines naming a session are longer, and whole all the same.
+    resume = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "resume", sid, "--store", "s.db"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=os.environ | {"COLUMNS": "60"},
+    )  # fmt: skip
+    try:
+        said = Said(resume.stderr)
+        new = said.expect(rf"resuming {sid} as session (\S+)$", WAIT)[1]
+        said.expect(r"2 approval requests wait for a person", WAIT)
+        assert said.lines[-1] == (
+            "2 approval requests wait for a person (each rejected after 120s undecided):"
+        )
+        commands = [said.expect("  ", WAIT).string for _ in range(3)]
+        assert commands == [
+            *(
+                f"  pantheon approve {new} {n} --store s.db   # approver: {asked[n]}"
+                for n in sorted(asked)
+            ),
+            f"  --reject refuses; pantheon approvals {new} --store s.db lists them",
+        ]
+        for line in commands[:2]:
+            done = approve_as_printed(line, tmp_path, "--by", "ann")
+            assert done.returncode == 0, done.stdout + done.stderr
+        out, _ = resume.communicate(timeout=WAIT)  # stderr was read to its end already
+        said.until_end(WAIT)
+    finally:
+        if resume.poll() is None:
+            stop(resume)
+    assert resume.returncode == 0, out + "\n".join(said.lines)
+    assert out.splitlines()[0].startswith(f"resumed {sid} as {new}: 42 recorded inputs re-run")
+    with SessionStore(store, create=False) as st:
+        assert (st.session(new).kind, st.session(new).replay_of) == ("resume", sid)
+        rows = ApprovalBook(st).entries(sid)  # the resume's requests are the run's
+    assert {(r.id, r.status, r.decided_by, r.session) for r in rows} == {
+        (n, "approved", "ann", new) for n in asked
+    }
+
+
+def test_a_whatif_names_the_commands_of_the_requests_its_changed_team_asks(
+    tmp_path: Path,
+) -> None:
+    """A what-if whose changed Approver asks about claims the recorded one never asked
+    about (a lower limit), with nobody scripted to answer: each new request waits for a
+    person, and the replay prints its command on the new session, one at a time as the
+    Approver asks them (it handles one claim at a time)."""
+    path = claims_team.write_team(tmp_path)  # its scripted person approves every request
+    recorded = pantheon("run", str(path), "--store", "s.db", "--json", cwd=tmp_path)
+    assert recorded.returncode == 0, recorded.stderr
+    sid = json.loads(recorded.stdout)["session_id"]
+    (tmp_path / "change.yaml").write_text(
+        "approvals: {auto: null, poll: 0.05}\nagents:\n  approver:\n    settings: {limit: 500}\n"
+    )
+    whatif = subprocess.Popen(
+        [sys.executable, "-m", "pantheon.cli", "replay", sid, "--with", "change.yaml",
+         "--store", "s.db"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=run_env(),
+    )  # fmt: skip
+    command = r"  pantheon approve (\S+) (\d+) --store s\.db   # approver: (.*)$"
+    printed: list[tuple[str, str, str]] = []
+    try:
+        said = Said(whatif.stderr)
+        while (line := said.expect_or_end(command, WAIT)) is not None:
+            done = approve_as_printed(line.string, tmp_path, "--by", "ann")
+            assert done.returncode == 0, done.stdout + done.stderr
+            printed.append((line[1], line[2], line[3]))
+        out, _ = whatif.communicate(timeout=WAIT)  # stderr was read to its end already
+    finally:
+        if whatif.poll() is None:
+            stop(whatif)
+    assert whatif.returncode == 0, out + "\n".join(said.lines)
+    new = re.search(rf"what-if replay of {sid} with change.yaml recorded as (\S+):", out)
+    assert new is not None, out
+    # The four claims between the two limits, asked (and named) one after another.
+    assert printed == [
+        (new[1], str(n), f"pay {amount:.2f} EUR (C-{i})")
+        for n, (i, amount) in enumerate([(32, 520), (34, 540), (36, 560), (38, 580)], 1)
+    ]
+    first = [line for line in said.lines if "approval request" in line]
+    assert first == [
+        "1 approval request waits for a person (each rejected after 120s undecided):",
+        *["1 more approval request waits (1 in all):"] * 3,
+    ]
+    with SessionStore(tmp_path / "s.db", create=False) as st:
+        rows = ApprovalBook(st).entries(new[1])
+    assert [(r.status, r.decided_by) for r in rows] == [("approved", "ann")] * 4

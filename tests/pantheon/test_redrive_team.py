@@ -45,12 +45,15 @@ def test_a_redrive_asks_its_own_desk_and_the_scripted_person_decides(tmp_path: P
     asking = [d for d in letters if amount_of(store, sid, d) > 1_000]
     assert asking, "some invoices the incident dead-lettered need a person's approval"
 
-    done = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path)
+    # At 60 columns, where the line naming the new session is longer than the terminal:
+    # whole all the same, for a person to copy the session from.
+    done = pantheon("dlq", "redrive", sid, "--store", str(store), cwd=tmp_path, columns=60)
     n = len(letters)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{n} of {n} redriven, 0 failed again" in done.stdout
     assert "new dead letter" not in done.stdout
     redrive = the_redrive(store)
+    assert f"redriving {n} dead letters of {sid} as session {redrive}" in done.stderr.splitlines()
     with SessionStore(store, create=False) as st:
         assert st.dead_letters(redrive) == []
         assert all(d.redriven_by == redrive for d in st.dead_letters(sid))

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from checks_session import WHY, checks_session
 from pilot_wait import until as _until
+from stopped_runs import interrupted_run
 from textual.widgets import DataTable, Static, TabbedContent
 
 from dashboard.tui import MonitorApp, StoreSource
@@ -36,5 +37,25 @@ async def test_checks_panel_shows_passed_failed_and_inconclusive(tmp_path: Path)
             assert why.strip() == f"INCONCLUSIVE timing: p99 handling reasoner <= 50 ms: {WHY}"
             line = str(app.query_one("#checks-line", Static).render())
             assert line == "1 failed, 1 inconclusive, 1 passed"
+    finally:
+        await source.aclose()
+
+
+async def test_an_interrupted_run_s_checks_are_of_the_part_that_ran(tmp_path: Path) -> None:
+    """A claims run stopped by Ctrl-C judged the part that ran (four checks passed): the
+    panel says the run was not judged, and of what the four speak."""
+    path, sid, summary = interrupted_run(tmp_path)
+    inputs = summary["inputs"] + summary["malformed"]
+    source = StoreSource(path, sid)
+    app = MonitorApp(source)
+    try:
+        async with app.run_test(size=(120, 24)) as pilot:
+            table = app.query_one("#check-table", DataTable)
+            await _until(pilot, lambda: table.row_count == 4, "the checks")
+            line = str(app.query_one("#checks-line", Static).render())
+            assert line == (
+                f"not judged, interrupted by SIGINT after {inputs} inputs; "
+                "on the part that ran: 4 passed"
+            )
     finally:
         await source.aclose()
