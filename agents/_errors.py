@@ -19,15 +19,17 @@
     │   ├── AnswerInvalid             the answer never fitted the output type
     │   ├── TooManyTurns              max_turns model calls without a final answer
     │   ├── TooManyToolErrors         more failed tool calls than max_tool_errors
-    │   └── TemplateError             a template is malformed or names a missing field
+    │   ├── TemplateError             a template is malformed or names a missing field
+    │   └── OutputSchemaInvalid       an inline JSON schema output the check cannot honour
     └── InjectedFault                 a scenario's fault injection failed this call
 
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code
-that caught that goes on working (``TemplateError`` is a ``ValueError`` too). The classes
-stay in the modules that raise them (``_providers``, ``_approvals``, ``_base``, ``_tools``,
-``_model_agent``, ``_budget``): a session records an error by its qualified type name
-(``agents._base.InjectedFault``), and moving a class would make a diff of an older session
-against a newer one report a different error where nothing changed.
+that caught that goes on working (``TemplateError`` and ``OutputSchemaInvalid`` are
+``ValueError`` subclasses too). The classes stay in the modules that raise them
+(``_providers``, ``_approvals``, ``_base``, ``_tools``, ``_model_agent``, ``_budget``): a
+session records an error by its qualified type name (``agents._base.InjectedFault``), and
+moving a class would make a diff of an older session against a newer one report a different
+error where nothing changed.
 """
 
 from __future__ import annotations

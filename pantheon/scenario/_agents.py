@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from agents import ROLES as ROLE_CLASSES
-from agents import Agent, FunctionAgent, handler_arity
+from agents import Agent, FunctionAgent, OutputSchemaInvalid, handler_arity
 from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
 from pantheon.scenario._locate import suggest, union_errors
@@ -130,6 +130,9 @@ def settings_problems(cls: type[Agent], settings: Any, loc: Loc) -> list[tuple[L
                     else (f"{cls.__name__} takes no settings")
                 )
                 out.append((where, f"unknown setting {key!r}{suggest(key, fields)}; {takes}"))
+            elif isinstance(error := (err.get("ctx") or {}).get("error"), OutputSchemaInvalid):
+                # An inline schema's problems sit deep in it: each on its own line.
+                out.extend(((*where, *at), what) for at, what in error.problems)
             else:
                 msg = str(err["msg"]).removeprefix("Value error, ")
                 out.append((where, msg))

@@ -1,0 +1,143 @@
+"""What a model agent refuses when it is made rather than checking nothing later: an inline
+JSON schema ``output`` the answer check cannot honour. Against the real stand-in model
+server where an answer is checked."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from agents import ModelAgent, OpenAIProvider, OutputSchemaInvalid
+from pantheon.testing import ModelServer, Reply, agent_harness
+
+TYPES = "JSON Schema's types are object, array, string, integer, number, boolean, null"
+CHECKED = (
+    "type, properties, required, additionalProperties, items, enum, const, anyOf, minimum, "
+    "maximum, minLength, maxLength"
+)
+
+
+def refused(schema: Any) -> list[tuple[tuple[str | int, ...], str]]:
+    with pytest.raises(OutputSchemaInvalid) as info:
+        ModelAgent("triage", subscribe=["alert.raised"], output=schema)
+    return list(info.value.problems)
+
+
+def test_an_unknown_type_is_refused_not_checked_as_anything() -> None:
+    assert refused({"type": "objekt"}) == [
+        (("type",), f"unknown type 'objekt' (did you mean 'object'?); {TYPES}")
+    ]
+    schema = {
+        "type": "object",
+        "properties": {"action": {"type": "strng"}, "score": {"type": ["number", "nul"]}},
+        "items": {"anyOf": [{"type": "string"}, {"type": "int"}]},
+    }
+    assert refused(schema) == [
+        (
+            ("properties", "action", "type"),
+            f"unknown type 'strng' (did you mean 'string'?); {TYPES}",
+        ),
+        (("properties", "score", "type", 1), f"unknown type 'nul' (did you mean 'null'?); {TYPES}"),
+        (
+            ("items", "anyOf", 1, "type"),
+            f"unknown type 'int' (did you mean 'integer'?); {TYPES}",
+        ),
+    ]
+
+
+def test_a_keyword_the_check_would_skip_is_refused_and_a_misspelt_one_named() -> None:
+    schema = {
+        "type": "object",
+        "title": "Triage",  # an annotation: sent to the model, nothing to check
+        "properties": {
+            "action": {"type": "string", "pattern": "^(restart|ignore)$", "description": "x"},
+            "level": {"type": "integer", "minimun": 1},
+        },
+        "requried": ["action"],
+    }
+    assert refused(schema) == [
+        (
+            ("properties", "action", "pattern"),
+            "'pattern' is not applied by the inline schema check, so answers would pass it "
+            f"unchecked; it checks {CHECKED}. "
+            'For more, give a pydantic model (output: "module:Model")',
+        ),
+        (
+            ("properties", "level", "minimun"),
+            f"unknown keyword 'minimun' (did you mean 'minimum'?); it checks {CHECKED}",
+        ),
+        (
+            ("requried",),
+            f"unknown keyword 'requried' (did you mean 'required'?); it checks {CHECKED}",
+        ),
+    ]
+
+
+def test_a_keyword_of_the_wrong_shape_is_refused() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": "string", "b": {"type": None}, "c": {"enum": []}},
+        "required": "a",
+        "items": [{"type": "string"}],
+        "maxLength": -1,
+    }
+    assert refused(schema) == [
+        (("properties", "a"), "a schema here is a mapping (e.g. {type: string}), not 'string'"),
+        (
+            ("properties", "b", "type"),
+            "type null is written 'null' (quoted): unquoted, YAML reads no value",
+        ),
+        (("properties", "c", "enum"), "enum is a list of the allowed values"),
+        (("required",), "required is a list of field names"),
+        (
+            ("items",),
+            "items as a list (a schema per position) is not applied by the inline schema "
+            "check; give one schema for every item, or a pydantic model",
+        ),
+        (("maxLength",), "maxLength is a whole number of characters (0 or more), not -1"),
+    ]
+    assert refused({"properties": {}}) == [
+        ((), "a JSON schema for output needs a 'type' (e.g. type: object)")
+    ]
+
+
+def test_the_error_names_every_problem_with_its_path() -> None:
+    with pytest.raises(OutputSchemaInvalid) as info:
+        schema = {"type": "objekt", "properties": {"a": {"type": "strng"}}}
+        ModelAgent("triage", subscribe=["alert.raised"], output=schema)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value) == (
+        f"the output schema cannot be checked: type: unknown type 'objekt' (did you mean "
+        f"'object'?); {TYPES}; properties.a.type: unknown type 'strng' (did you mean "
+        f"'string'?); {TYPES}"
+    )
+
+
+async def test_an_additional_properties_schema_is_applied_to_the_other_fields() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"action": {"enum": ["restart", "ignore"]}},
+        "additionalProperties": {"type": "integer"},
+    }
+    replies = [
+        Reply('{"action": "ignore", "web1": "high"}'),
+        Reply('{"action": "ignore", "web1": 3}'),
+    ]
+    with ModelServer(replies) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["q"],
+                settings={"output": schema, "output_topic": "a"},
+                provider=provider,
+            ) as h,
+        ):
+            await h.send("q", "how loaded is web1?")
+        feedback = s.requests[1].body["messages"][-1]["content"]
+    assert feedback == (
+        "Your answer does not fit the required output schema: web1: must be of type integer, "
+        "not string. Answer again with JSON that fits it."
+    )
+    assert h.published("a") == [{"action": "ignore", "web1": 3}]

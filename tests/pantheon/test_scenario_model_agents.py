@@ -1,0 +1,147 @@
+"""A model agent's settings checked at load, each problem on its own line of the scenario, so
+``pantheon validate`` and ``pantheon run`` refuse (exit 2) before anything runs: an inline
+JSON schema the answer check cannot honour."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from cli_run import pantheon
+
+from pantheon.scenario import ScenarioError, load_scenario
+
+MODULE = '''
+from typing import Literal
+
+from pydantic import BaseModel
+
+
+class Triage(BaseModel):
+    action: Literal["restart", "escalate", "ignore"]
+    reason: str
+
+
+def disk_usage(host: str) -> dict:
+    """Disk usage of a host, in percent.
+
+    Args:
+        host: The host name, e.g. "web1".
+    """
+    return {"host": host, "disk_pct": 50}
+
+
+def reply(request):
+    """The scripted model: the same answer to every ask, whatever the output type."""
+    return {"action": "ignore", "reason": "fine"}
+'''
+
+ALERTS = [
+    {"id": "A-1", "host": "web1", "service": "nginx", "symptom": "5xx", "expected": "restart"},
+    {"id": "A-2", "host": "db1", "service": "postgres", "symptom": "slow", "expected": "ignore"},
+]
+
+SCENARIO = """\
+version: 1
+name: opsdesk
+input:
+  kind: jsonl
+  path: alerts.jsonl
+  label: expected
+  topic: alert.raised
+agents:
+  triage:
+    class: "agents:ModelAgent"
+    subscribe: [alert.raised]
+    settings:
+      prompt: "Alert {id}: {service} on {host}: {symptom}"
+      tools: ["ops_mod:disk_usage"]
+      output: "ops_mod:Triage"
+      output_topic: alert.triaged
+      carry: [id, host]
+provider:
+  kind: openai
+  model: stand-in
+  stand_in: "ops_mod:reply"
+expect:
+  zero_lost: true
+  max_dlq: 0
+"""
+
+
+@pytest.fixture
+def desk(tmp_path: Path) -> Path:
+    (tmp_path / "ops_mod.py").write_text(MODULE, encoding="utf-8")
+    lines = "".join(json.dumps(a) + "\n" for a in ALERTS)
+    (tmp_path / "alerts.jsonl").write_text(lines, encoding="utf-8")
+    return tmp_path
+
+
+def write(desk: Path, old: str, new: str, name: str = "desk.yaml") -> Path:
+    assert old in SCENARIO
+    path = desk / name
+    path.write_text(SCENARIO.replace(old, new), encoding="utf-8")
+    return path
+
+
+def problems(path: Path) -> list[tuple[int, int, str, str]]:
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    return [(p.line, p.column, p.field, p.message) for p in info.value.problems]
+
+
+TYPES = "JSON Schema's types are object, array, string, integer, number, boolean, null"
+
+
+def test_the_desk_as_written_loads(desk: Path) -> None:
+    path = write(desk, "", "")
+    assert list(load_scenario(path).agents) == ["observer", "triage"]
+
+
+def test_an_inline_schema_with_a_misspelt_type_fails_on_that_type(desk: Path) -> None:
+    path = write(desk, 'output: "ops_mod:Triage"', "output: {type: objekt}")
+    assert problems(path) == [
+        (
+            15,
+            16,
+            "agents.triage.settings.output.type",
+            f"unknown type 'objekt' (did you mean 'object'?); {TYPES}",
+        )
+    ]
+    nested = """output:
+        type: object
+        properties:
+          action: {type: strng}
+          level: {type: integer, minimun: 1}
+        required: [action]"""
+    path = write(desk, 'output: "ops_mod:Triage"', nested)
+    assert problems(path) == [
+        (
+            18,
+            20,
+            "agents.triage.settings.output.properties.action.type",
+            f"unknown type 'strng' (did you mean 'string'?); {TYPES}",
+        ),
+        (
+            19,
+            34,
+            "agents.triage.settings.output.properties.level.minimun",
+            "unknown keyword 'minimun' (did you mean 'minimum'?); it checks type, properties, "
+            "required, additionalProperties, items, enum, const, anyOf, minimum, maximum, "
+            "minLength, maxLength",
+        ),
+    ]
+
+
+def test_validate_and_run_refuse_the_schema_before_anything_runs(desk: Path) -> None:
+    write(desk, 'output: "ops_mod:Triage"', "output: {type: objekt}")
+    line = (
+        "desk.yaml:15:16: agents.triage.settings.output.type: unknown type 'objekt' "
+        f"(did you mean 'object'?); {TYPES}"
+    )
+    for command in ("validate", "run"):
+        proc = pantheon(command, "desk.yaml", cwd=desk)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == ["invalid scenario", line]
+    assert not (desk / ".pantheon").exists()  # no session, no store: nothing ran
