@@ -36,10 +36,9 @@ Errors (a branch of :class:`agents.AgentError`)::
 from __future__ import annotations
 
 import asyncio
-import difflib
 import json
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -48,7 +47,15 @@ from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
 from agents._mcp import MCPServerUnavailable
 from agents._providers import ChatResult, ProviderResponseError, ToolCall
-from agents._tools import Tool, ToolError, ToolSource, _load, load_tools, tool_schema
+from agents._tools import (
+    Tool,
+    ToolError,
+    ToolSource,
+    _did_you_mean,
+    _load,
+    load_tools,
+    tool_schema,
+)
 from bus import Envelope
 
 __all__ = [
@@ -164,11 +171,6 @@ class OutputSchemaInvalid(ModelAgentError, ValueError):
 
 def _schema_path(at: tuple[str | int, ...]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in at).lstrip(".")
-
-
-def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _JsonSchemaCheck:

@@ -20,6 +20,7 @@ from pantheon.scenario._locate import (
     _or,
     dotted,
     locate,
+    not_a_list,
     read_marked,
     suggest,
     tagged_member,
@@ -86,6 +87,8 @@ def _describe(error: Mapping[str, Any]) -> tuple[Loc, str]:
             msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
         else:
             msg = f"unknown key {key!r}"
+    elif (listed := not_a_list(error, loc)) is not None:
+        msg = listed
     elif kind == "union_tag_invalid":
         tags = [
             t.strip().strip("'").lstrip("@") for t in str(ctx.get("expected_tags", "")).split(",")

@@ -1,6 +1,7 @@
-"""What a model agent refuses when it is made rather than checking nothing later: an inline
-JSON schema ``output`` the answer check cannot honour. Against the real stand-in model
-server where an answer is checked."""
+"""What a model agent refuses when it is made rather than failing, or checking nothing, later:
+an inline JSON schema ``output`` the answer check cannot honour, a tool whose parameter has
+no JSON schema or whose docstring describes a parameter it lacks. Against the real stand-in
+model server where an answer is checked."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from agents import ModelAgent, OpenAIProvider, OutputSchemaInvalid
+from agents import ModelAgent, OpenAIProvider, OutputSchemaInvalid, ToolError, tool
 from pantheon.testing import ModelServer, Reply, agent_harness
 
 TYPES = "JSON Schema's types are object, array, string, integer, number, boolean, null"
@@ -141,3 +142,71 @@ async def test_an_additional_properties_schema_is_applied_to_the_other_fields() 
         "not string. Answer again with JSON that fits it."
     )
     assert h.published("a") == [{"action": "ignore", "web1": 3}]
+
+
+# -- tools whose definition is wrong -----------------------------------------------------------
+
+
+class Host:
+    """A plain class: pydantic has no schema for it."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+def by_host(host: Host, lines: int = 3) -> dict[str, Any]:
+    """Takes a plain class.
+
+    Args:
+        host: The host.
+        lines: How many.
+    """
+    return {}
+
+
+def by_hosts(names: list[str], hosts: list[Host]) -> dict[str, Any]:
+    """Takes a list of a plain class."""
+    return {}
+
+
+def misdocumented(host: str, service: str) -> dict[str, Any]:
+    """Disk usage.
+
+    Args:
+        hostname: The host.
+        service: The service.
+        lines: How many lines.
+    """
+    return {}
+
+
+SCHEMA_TYPES = (
+    "str, int, float, bool, None, a list or dict of those, Literal[...], an Enum, a TypedDict, "
+    "a dataclass or a pydantic model"
+)
+
+
+def test_a_parameter_typed_with_a_plain_class_is_one_line_naming_it() -> None:
+    with pytest.raises(ToolError) as info:
+        tool(by_host)
+    assert str(info.value) == (
+        f"tool 'by_host' ({__name__}:by_host): parameter 'host' is typed {__name__}.Host, which "
+        f"has no JSON schema to show the model; type it with {SCHEMA_TYPES}"
+    )
+    with pytest.raises(ToolError) as info:
+        tool(name="hosts")(by_hosts)
+    assert str(info.value) == (
+        f"tool 'hosts' ({__name__}:by_hosts): parameter 'hosts' is typed "
+        f"list[{__name__}.Host], which has no JSON schema to show the model; type it with "
+        f"{SCHEMA_TYPES}"
+    )
+
+
+def test_a_docstring_describing_a_parameter_the_function_lacks_is_refused() -> None:
+    with pytest.raises(ToolError) as info:
+        tool(misdocumented)
+    assert str(info.value) == (
+        f"tool 'misdocumented' ({__name__}:misdocumented): its docstring describes 'hostname' "
+        "(did you mean 'host'?), 'lines' under Args:, but the function has no such parameter "
+        "(its parameters: host, service)"
+    )

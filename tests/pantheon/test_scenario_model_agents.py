@@ -1,6 +1,7 @@
 """A model agent's settings checked at load, each problem on its own line of the scenario, so
 ``pantheon validate`` and ``pantheon run`` refuse (exit 2) before anything runs: an inline
-JSON schema the answer check cannot honour."""
+JSON schema the answer check cannot honour, a tool list given as a string, a tool whose
+parameter has no JSON schema or whose docstring describes a parameter it lacks."""
 
 from __future__ import annotations
 
@@ -30,6 +31,29 @@ def disk_usage(host: str) -> dict:
         host: The host name, e.g. "web1".
     """
     return {"host": host, "disk_pct": 50}
+
+
+class Host:
+    def __init__(self, name):
+        self.name = name
+
+
+def by_host(host: Host) -> dict:
+    """Takes a plain class.
+
+    Args:
+        host: The host.
+    """
+    return {}
+
+
+def misdocumented(host: str) -> dict:
+    """Disk usage.
+
+    Args:
+        hostname: The host.
+    """
+    return {}
 
 
 def reply(request):
@@ -145,3 +169,46 @@ def test_validate_and_run_refuse_the_schema_before_anything_runs(desk: Path) -> 
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.splitlines() == ["invalid scenario", line]
     assert not (desk / ".pantheon").exists()  # no session, no store: nothing ran
+
+
+def test_tools_given_as_a_string_says_to_write_a_list(desk: Path) -> None:
+    path = write(desk, 'tools: ["ops_mod:disk_usage"]', 'tools: "ops_mod:disk_usage"')
+    assert problems(path) == [
+        (
+            14,
+            7,
+            "agents.triage.settings.tools",
+            'a list, got a string; write tools: ["ops_mod:disk_usage"]',
+        )
+    ]
+    path = write(desk, "subscribe: [alert.raised]", "subscribe: {alert.raised: 1}")
+    assert problems(path) == [
+        (11, 5, "agents.triage.subscribe", "a list, got a mapping; write subscribe: [...]")
+    ]
+
+
+def test_a_tool_that_cannot_be_shown_to_the_model_is_one_located_line(desk: Path) -> None:
+    tools = 'tools: ["ops_mod:disk_usage", "ops_mod:by_host", "ops_mod:misdocumented"]'
+    path = write(desk, 'tools: ["ops_mod:disk_usage"]', tools)
+    assert problems(path) == [
+        (
+            14,
+            7,
+            "agents.triage.settings.tools",
+            "tool 'by_host' (ops_mod:by_host): parameter 'host' is typed ops_mod.Host, which "
+            "has no JSON schema to show the model; type it with str, int, float, bool, None, a "
+            "list or dict of those, Literal[...], an Enum, a TypedDict, a dataclass or a "
+            "pydantic model",
+        )
+    ]
+    path = write(desk, 'tools: ["ops_mod:disk_usage"]', 'tools: ["ops_mod:misdocumented"]')
+    assert problems(path) == [
+        (
+            14,
+            7,
+            "agents.triage.settings.tools",
+            "tool 'misdocumented' (ops_mod:misdocumented): its docstring describes 'hostname' "
+            "(did you mean 'host'?) under Args:, but the function has no such parameter (its "
+            "parameters: host)",
+        )
+    ]
