@@ -96,6 +96,7 @@ from agents._providers import (
     ProviderUnavailable,
     RuleProvider,
     SupportsChat,
+    ToolArgumentsNotJSON,
     ToolCall,
     Usage,
 )
@@ -191,6 +192,7 @@ __all__ = [
     "TooManyTurns",
     "Tool",
     "ToolArgumentsInvalid",
+    "ToolArgumentsNotJSON",
     "ToolCall",
     "ToolError",
     "ToolSource",

@@ -6,6 +6,7 @@
     ├── ProviderError                 the model provider failed or answered something unusable
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
+    │       └── ToolArgumentsNotJSON  a tool called with arguments that are no JSON object
     ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
     ├── BudgetUnavailable             a model call not admitted: its budget's ledgers unreachable
     ├── MCPServerError                an MCP server failed a start or a tool call
@@ -16,7 +17,7 @@
     ├── ToolError                     a tool could not be made from what was given, or called
     │   └── ToolArgumentsInvalid      the model's arguments do not fit the tool's parameters
     ├── ModelAgentError               a model agent's conversation could not finish
-    │   ├── AnswerInvalid             the answer never fitted the output type
+    │   ├── AnswerInvalid             no answer fitted the output type, or tool arguments not JSON
     │   ├── TooManyTurns              max_turns model calls without a final answer
     │   ├── TooManyToolErrors         more failed tool calls than max_tool_errors
     │   ├── TemplateError             a template is malformed or names a missing field

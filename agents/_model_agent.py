@@ -26,7 +26,8 @@ the message at once with that error instead.
 Errors (a branch of :class:`agents.AgentError`)::
 
     ModelAgentError                a conversation could not finish
-    ├── AnswerInvalid              the answer did not fit ``output``, every time it was asked
+    ├── AnswerInvalid              the answer did not fit ``output`` (or called a tool with
+    │                              arguments that are not JSON), every time it was asked
     ├── TooManyTurns               ``max_turns`` model calls without a final answer
     ├── TooManyToolErrors          more tool calls failed than ``max_tool_errors``
     ├── TemplateError              the instructions or prompt name a field the message lacks
@@ -46,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
 from agents._mcp import MCPServerUnavailable
-from agents._providers import ChatResult, ProviderResponseError, ToolCall
+from agents._providers import ChatResult, ProviderResponseError, ToolArgumentsNotJSON, ToolCall
 from agents._tools import (
     Tool,
     ToolError,
@@ -79,7 +80,9 @@ class ModelAgentError(AgentError, RuntimeError):
 
 
 class AnswerInvalid(ModelAgentError):
-    """The model's answer did not fit the output type, as many times as it was allowed."""
+    """The model's answer could not be used, as many times as it was allowed: it did not fit
+    the output type, or it called a tool with arguments that are not JSON (the message says
+    which the last one did)."""
 
 
 class TooManyTurns(ModelAgentError):
@@ -631,7 +634,12 @@ class ModelAgent(Agent):
                 # arguments that are not JSON): the model's mistake, so it is told, like an
                 # answer that does not fit. A replay rebuilds the same error (status None).
                 invalid += 1
-                self._give_up_after(invalid, [str(exc)])
+                unusable = (
+                    "the model called a tool with arguments that are not JSON"
+                    if isinstance(exc, ToolArgumentsNotJSON)
+                    else None
+                )
+                self._give_up_after(invalid, [str(exc)], unusable)
                 messages.append(
                     {
                         "role": "user",
@@ -683,12 +691,14 @@ class ModelAgent(Agent):
             f"model agent {self.name!r}: no final answer in max_turns {s.max_turns} model calls"
         )
 
-    def _give_up_after(self, invalid: int, problems: list[str]) -> None:
+    def _give_up_after(self, invalid: int, problems: list[str], what: str | None = None) -> None:
+        """Fail the message once ``invalid`` answers could not be used; ``what`` names the
+        last one's trouble when it was not the answer's fit (tool arguments not JSON)."""
         retries = self.settings.max_output_retries
         if invalid > retries:
             raise AnswerInvalid(
-                f"model agent {self.name!r}: the answer did not fit the output type after "
-                f"{invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
+                f"model agent {self.name!r}: {what or 'the answer did not fit the output type'} "
+                f"after {invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
             )
 
     async def _run_tool(self, call: ToolCall, listed: set[str]) -> tuple[str, bool]:

@@ -1,7 +1,8 @@
 """What a model agent refuses when it is made rather than failing, or checking nothing, later:
 an inline JSON schema ``output`` the answer check cannot honour, a tool whose parameter has
-no JSON schema or whose docstring describes a parameter it lacks. Against the real stand-in
-model server where an answer is checked."""
+no JSON schema or whose docstring describes a parameter it lacks; and, once the model
+called a tool with arguments that are not JSON past the bound, a dead letter that says so.
+Against the real stand-in model server where a model answers."""
 
 from __future__ import annotations
 
@@ -9,8 +10,17 @@ from typing import Any
 
 import pytest
 
-from agents import ModelAgent, OpenAIProvider, OutputSchemaInvalid, ToolError, tool
-from pantheon.testing import ModelServer, Reply, agent_harness
+from agents import (
+    AnswerInvalid,
+    ModelAgent,
+    OpenAIProvider,
+    OutputSchemaInvalid,
+    ProviderResponseError,
+    ToolArgumentsNotJSON,
+    ToolError,
+    tool,
+)
+from pantheon.testing import AgentFailed, ModelServer, Reply, agent_harness
 
 TYPES = "JSON Schema's types are object, array, string, integer, number, boolean, null"
 CHECKED = (
@@ -209,4 +219,66 @@ def test_a_docstring_describing_a_parameter_the_function_lacks_is_refused() -> N
         f"tool 'misdocumented' ({__name__}:misdocumented): its docstring describes 'hostname' "
         "(did you mean 'host'?), 'lines' under Args:, but the function has no such parameter "
         "(its parameters: host, service)"
+    )
+
+
+# -- a tool call whose arguments are not JSON --------------------------------------------------
+
+
+def disk_usage(host: str) -> dict[str, Any]:
+    """Disk usage of a host, in percent.
+
+    Args:
+        host: The host name, e.g. "web1".
+    """
+    return {"host": host, "disk_pct": 50}
+
+
+async def test_tool_arguments_that_are_not_json_are_named_in_the_heading_too() -> None:
+    called = Reply(tool_calls=[{"name": "disk_usage", "arguments": "host=web1"}])
+    with ModelServer(called) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["alert.raised"],
+                tools=[disk_usage],
+                settings={"max_output_retries": 1, "output_topic": "alert.triaged"},
+                provider=provider,
+            ) as h,
+        ):
+            with pytest.raises(AgentFailed) as info:
+                await h.send("alert.raised", {"host": "web1"})
+        told = s.requests[1].body["messages"][-1]["content"]
+        url = f"{s.base_url}/chat/completions"
+    detail = f"{url} called tool 'disk_usage' with arguments that are not JSON: host=web1"
+    assert told == f"Your last answer could not be used: {detail}. Answer again."
+    [dead] = info.value.dead_letters
+    assert dead.error_type == AnswerInvalid.__name__
+    assert dead.error == (
+        "model agent 'model': the model called a tool with arguments that are not JSON after "
+        f"2 tries (max_output_retries 1): {detail}"
+    )
+    [call, _] = h.calls("model.openai.chat")
+    assert isinstance(call.error, ToolArgumentsNotJSON)
+    assert isinstance(call.error, ProviderResponseError)  # what callers caught before
+
+
+async def test_an_answer_that_does_not_fit_keeps_its_own_heading() -> None:
+    with ModelServer(Reply('{"action": 1}')) as s:
+        async with (
+            OpenAIProvider(s.base_url, model="stand-in") as provider,
+            agent_harness(
+                ModelAgent,
+                subscribe=["q"],
+                settings={"max_output_retries": 0, "output": {"type": "array"}},
+                provider=provider,
+            ) as h,
+        ):
+            with pytest.raises(AgentFailed) as info:
+                await h.send("q", "list them")
+    [dead] = info.value.dead_letters
+    assert dead.error == (
+        "model agent 'model': the answer did not fit the output type after 1 tries "
+        "(max_output_retries 0): the answer: must be of type array, not object"
     )

@@ -1,7 +1,8 @@
 """A model agent's settings checked at load, each problem on its own line of the scenario, so
 ``pantheon validate`` and ``pantheon run`` refuse (exit 2) before anything runs: an inline
 JSON schema the answer check cannot honour, a tool list given as a string, a tool whose
-parameter has no JSON schema or whose docstring describes a parameter it lacks."""
+parameter has no JSON schema or whose docstring describes a parameter it lacks. And a run
+whose model writes a tool's arguments as text dead-letters saying so, on replay too."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from pathlib import Path
 import pytest
 from cli_run import pantheon
 
+import pantheon as pantheon_api
 from pantheon.scenario import ScenarioError, load_scenario
+from pantheon.sessions import SessionStore
 
 MODULE = '''
 from typing import Literal
+
+from pantheon.testing import Reply
 
 from pydantic import BaseModel
 
@@ -59,6 +64,11 @@ def misdocumented(host: str) -> dict:
 def reply(request):
     """The scripted model: the same answer to every ask, whatever the output type."""
     return {"action": "ignore", "reason": "fine"}
+
+
+def string_args(request):
+    """A model that writes a tool's arguments as text, not JSON, every time."""
+    return Reply(tool_calls=[{"name": "disk_usage", "arguments": "host=web1"}])
 '''
 
 ALERTS = [
@@ -212,3 +222,28 @@ def test_a_tool_that_cannot_be_shown_to_the_model_is_one_located_line(desk: Path
             "parameters: host)",
         )
     ]
+
+
+async def test_tool_arguments_as_text_dead_letter_saying_so_and_replay_the_same(
+    desk: Path,
+) -> None:
+    path = write(desk, 'stand_in: "ops_mod:reply"', 'stand_in: "ops_mod:string_args"')
+    store = desk / "sessions.db"
+    summary = await pantheon_api.run(load_scenario(path), store=store)
+    heading = (
+        "AnswerInvalid: model agent 'triage': the model called a tool with arguments that are "
+        "not JSON after 3 tries (max_output_retries 2): "
+    )
+    errors = [d["error"] for d in summary.dead_letters]
+    assert len(errors) == 2
+    for error in errors:
+        assert error.startswith(heading), error
+        url = error.removeprefix(heading).split(" ", 1)[0]
+        detail = "called tool 'disk_usage' with arguments that are not JSON: host=web1"
+        assert error == f"{heading}{url} {detail}"
+    report = await pantheon_api.replay(summary.session_id, store=store)
+    assert report.matched, report.divergence
+    assert report.effects_called == 0
+    with SessionStore(store) as st:
+        again = [d.error for d in st.dead_letters(report.new_session_id)]
+    assert sorted(again) == sorted(e.removeprefix("AnswerInvalid: ") for e in errors)
