@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Discriminator, ValidationError
 
+from pantheon.scenario._fields import input_field_problems
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
     Loc,
@@ -164,6 +165,9 @@ def parse_scenario(
         scenario = Scenario.model_validate(data, context=context)
     except ValidationError as exc:
         problems.extend(problem(*_describe(e)) for e in union_errors(Scenario, exc.errors()))
+    else:
+        if check_files:  # a recorded scenario rebuilt for a replay never reads its input
+            cross.extend(input_field_problems(scenario))
     problems.extend(problem(loc, msg) for loc, msg in cross)
     if problems:
         raise ScenarioError(problems)

@@ -1,8 +1,9 @@
 """A model agent's settings checked at load, each problem on its own line of the scenario, so
 ``pantheon validate`` and ``pantheon run`` refuse (exit 2) before anything runs: an inline
 JSON schema the answer check cannot honour, a tool list given as a string, a tool whose
-parameter has no JSON schema or whose docstring describes a parameter it lacks. And a run
-whose model writes a tool's arguments as text dead-letters saying so, on replay too."""
+parameter has no JSON schema or whose docstring describes a parameter it lacks. A template or
+``carry`` field that none of the records the input sends the agent has. And a run whose model
+writes a tool's arguments as text dead-letters saying so, on replay too."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from cli_run import pantheon
 
 import pantheon as pantheon_api
 from pantheon.scenario import ScenarioError, load_scenario
+from pantheon.scenario import _fields as fields_module
 from pantheon.sessions import SessionStore
 
 MODULE = '''
@@ -112,10 +114,14 @@ def desk(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def write(desk: Path, old: str, new: str, name: str = "desk.yaml") -> Path:
-    assert old in SCENARIO
-    path = desk / name
-    path.write_text(SCENARIO.replace(old, new), encoding="utf-8")
+def write(desk: Path, *edits: str) -> Path:
+    """The scenario with each ``old, new`` pair of ``edits`` replaced, as desk.yaml."""
+    text = SCENARIO
+    for old, new in zip(edits[::2], edits[1::2], strict=True):
+        assert old in text
+        text = text.replace(old, new)
+    path = desk / "desk.yaml"
+    path.write_text(text, encoding="utf-8")
     return path
 
 
@@ -247,3 +253,120 @@ async def test_tool_arguments_as_text_dead_letter_saying_so_and_replay_the_same(
     with SessionStore(store) as st:
         again = [d.error for d in st.dead_letters(report.new_session_id)]
     assert sorted(again) == sorted(e.removeprefix("AnswerInvalid: ") for e in errors)
+
+
+FIELDS = "their fields: host, id, service, symptom"
+
+
+def test_a_template_field_no_input_record_has_fails_on_the_template_s_line(desk: Path) -> None:
+    path = write(desk, "{symptom}", "{symptoms}")
+    assert problems(path) == [
+        (
+            13,
+            7,
+            "agents.triage.settings.prompt",
+            "template field {symptoms}: none of the 2 records this agent gets from "
+            "alerts.jsonl has 'symptoms' (did you mean 'symptom'?), so every message would "
+            f"fail; {FIELDS}",
+        )
+    ]
+    # The label is taken out before a record is published: no agent ever sees it.
+    path = write(desk, 'prompt: "', 'instructions: "Expect {expected}."\n      prompt: "')
+    assert problems(path) == [
+        (
+            13,
+            7,
+            "agents.triage.settings.instructions",
+            "template field {expected}: none of the 2 records this agent gets from "
+            f"alerts.jsonl has 'expected', so every message would fail; {FIELDS} ('expected' "
+            "is the input's label, taken out before a record is published)",
+        )
+    ]
+
+
+def test_a_carried_field_no_input_record_has_fails_on_its_item(desk: Path) -> None:
+    path = write(desk, "carry: [id, host]", "carry: [id, hostname]")
+    assert problems(path) == [
+        (
+            17,
+            19,
+            "agents.triage.settings.carry[1]",
+            "carried field 'hostname' (did you mean 'host'?): none of the 2 records this agent "
+            f"gets from alerts.jsonl has it, so it would never be carried; {FIELDS}",
+        )
+    ]
+
+
+def test_fields_are_judged_only_by_the_records_the_agent_gets(desk: Path) -> None:
+    # A field some records have is left to the run: those without it fail, or go uncarried.
+    (desk / "alerts.jsonl").write_text(
+        json.dumps(ALERTS[0]) + "\n" + json.dumps({**ALERTS[1], "owner": "dba"}) + "\n"
+    )
+    owner = ("carry: [id, host]", "carry: [id, owner]")
+    assert list(load_scenario(write(desk, *owner)).agents) == ["observer", "triage"]
+    # Routed by a field: only the records sent on a topic the agent subscribes to count.
+    routed = (
+        "topic: alert.raised",
+        "topic_field: service\n  topics: {nginx: a.web, postgres: a.db}",
+    )
+    subscribed = ("subscribe: [alert.raised]", "subscribe: [a.web]")
+    assert problems(write(desk, *owner, *routed, *subscribed)) == [
+        (
+            18,
+            19,
+            "agents.triage.settings.carry[1]",
+            "carried field 'owner': the one record this agent gets from alerts.jsonl lacks "
+            f"it, so it would never be carried; {FIELDS}",
+        )
+    ]
+    subscribed = ("subscribe: [alert.raised]", "subscribe: [a.web, a.db]")
+    path = write(desk, *owner, *routed, *subscribed)
+    assert list(load_scenario(path).agents) == ["observer", "triage"]
+    # An agent fed by another agent's answers is not judged by the input's records.
+    path = write(
+        desk, "subscribe: [alert.raised]", "subscribe: [alert.screened]", "{symptom}", "{finding}"
+    )
+    assert list(load_scenario(path).agents) == ["observer", "triage"]
+
+
+def test_a_generator_s_fixed_payload_is_judged_and_a_file_past_the_bound_is_not(
+    desk: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    generator = (
+        "  kind: jsonl\n  path: alerts.jsonl\n  label: expected\n",
+        "  kind: generator\n  payload: {id: A-1, host: web1}\n  count: 3\n",
+    )
+    assert problems(write(desk, *generator)) == [
+        (
+            13,
+            7,
+            "agents.triage.settings.prompt",
+            f"template field {{{name}}}: the one record this agent gets from the input's "
+            f"payload lacks {name!r}, so every message would fail; their fields: host, id",
+        )
+        for name in ("service", "symptom")
+    ]
+    # Only so much of a file is read: a field its first records lack may come later.
+    monkeypatch.setattr(fields_module, "MAX_FIELD_SCAN_BYTES", 500)
+    many = [{**ALERTS[0], "id": f"A-{n}"} for n in range(20)] + [{**ALERTS[1], "owner": "x"}]
+    (desk / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in many))
+    path = write(desk, "carry: [id, host]", "carry: [id, owner]")
+    assert list(load_scenario(path).agents) == ["observer", "triage"]
+    monkeypatch.setattr(fields_module, "MAX_FIELD_SCAN_BYTES", 64 * 1024 * 1024)
+    assert list(load_scenario(path).agents) == ["observer", "triage"]  # found, last
+    (desk / "alerts.jsonl").write_text("".join(json.dumps(a) + "\n" for a in many[:-1]))
+    assert len(problems(path)) == 1
+
+
+def test_validate_and_run_refuse_a_misspelt_field_before_anything_runs(desk: Path) -> None:
+    write(desk, "{symptom}", "{symptoms}")
+    for command in ("validate", "run"):
+        proc = pantheon(command, "desk.yaml", cwd=desk)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [
+            "invalid scenario",
+            "desk.yaml:13:7: agents.triage.settings.prompt: template field {symptoms}: none of "
+            "the 2 records this agent gets from alerts.jsonl has 'symptoms' (did you mean "
+            f"'symptom'?), so every message would fail; {FIELDS}",
+        ]
+    assert not (desk / ".pantheon").exists()
