@@ -30,6 +30,7 @@ from agents._providers import (
     ProviderError,
     ProviderResponseError,
     ProviderUnavailable,
+    ToolArgumentsNotJSON,
     ToolCall,
     Usage,
     _annotate,
@@ -292,7 +293,7 @@ class AnthropicProvider(_Provider):
                 texts.append(block.text)
             elif block.type == "tool_use":
                 if not isinstance(block.input, dict):
-                    raise ProviderResponseError(
+                    raise ToolArgumentsNotJSON(
                         f"{self.url} called tool {block.name!r} with an input that is not a "
                         f"JSON object: {_excerpt(str(block.input))}",
                         url=self.url,

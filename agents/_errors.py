@@ -6,6 +6,7 @@
     ├── ProviderError                 the model provider failed or answered something unusable
     │   ├── ProviderUnavailable       the server could not be reached, after retries
     │   └── ProviderResponseError     an HTTP error status (after retries), or an unusable answer
+    │       └── ToolArgumentsNotJSON  a tool called with arguments that are no JSON object
     ├── BudgetExceeded                a model call refused: its run's or agent's budget is spent
     ├── BudgetUnavailable             a model call not admitted: its budget's ledgers unreachable
     ├── MCPServerError                an MCP server failed a start or a tool call
@@ -16,18 +17,20 @@
     ├── ToolError                     a tool could not be made from what was given, or called
     │   └── ToolArgumentsInvalid      the model's arguments do not fit the tool's parameters
     ├── ModelAgentError               a model agent's conversation could not finish
-    │   ├── AnswerInvalid             the answer never fitted the output type
+    │   ├── AnswerInvalid             no answer fitted the output type, or tool arguments not JSON
     │   ├── TooManyTurns              max_turns model calls without a final answer
     │   ├── TooManyToolErrors         more failed tool calls than max_tool_errors
-    │   └── TemplateError             a template is malformed or names a missing field
+    │   ├── TemplateError             a template is malformed or names a missing field
+    │   └── OutputSchemaInvalid       an inline JSON schema output the check cannot honour
     └── InjectedFault                 a scenario's fault injection failed this call
 
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code
-that caught that goes on working (``TemplateError`` is a ``ValueError`` too). The classes
-stay in the modules that raise them (``_providers``, ``_approvals``, ``_base``, ``_tools``,
-``_model_agent``, ``_budget``): a session records an error by its qualified type name
-(``agents._base.InjectedFault``), and moving a class would make a diff of an older session
-against a newer one report a different error where nothing changed.
+that caught that goes on working (``TemplateError`` and ``OutputSchemaInvalid`` are
+``ValueError`` subclasses too). The classes stay in the modules that raise them
+(``_providers``, ``_approvals``, ``_base``, ``_tools``, ``_model_agent``, ``_budget``): a
+session records an error by its qualified type name (``agents._base.InjectedFault``), and
+moving a class would make a diff of an older session against a newer one report a different
+error where nothing changed.
 """
 
 from __future__ import annotations

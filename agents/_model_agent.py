@@ -26,10 +26,12 @@ the message at once with that error instead.
 Errors (a branch of :class:`agents.AgentError`)::
 
     ModelAgentError                a conversation could not finish
-    ├── AnswerInvalid              the answer did not fit ``output``, every time it was asked
+    ├── AnswerInvalid              the answer did not fit ``output`` (or called a tool with
+    │                              arguments that are not JSON), every time it was asked
     ├── TooManyTurns               ``max_turns`` model calls without a final answer
     ├── TooManyToolErrors          more tool calls failed than ``max_tool_errors``
-    └── TemplateError              the instructions or prompt name a field the message lacks
+    ├── TemplateError              the instructions or prompt name a field the message lacks
+    └── OutputSchemaInvalid        an inline JSON schema ``output`` the answer check cannot honour
 """
 
 from __future__ import annotations
@@ -45,14 +47,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from agents._base import Agent, AgentSettings
 from agents._errors import AgentError
 from agents._mcp import MCPServerUnavailable
-from agents._providers import ChatResult, ProviderResponseError, ToolCall
-from agents._tools import Tool, ToolError, ToolSource, _load, load_tools, tool_schema
+from agents._providers import ChatResult, ProviderResponseError, ToolArgumentsNotJSON, ToolCall
+from agents._tools import (
+    Tool,
+    ToolError,
+    ToolSource,
+    _did_you_mean,
+    _load,
+    load_tools,
+    tool_schema,
+)
 from bus import Envelope
 
 __all__ = [
     "AnswerInvalid",
     "ModelAgent",
     "ModelAgentError",
+    "OutputSchemaInvalid",
     "Template",
     "TemplateError",
     "TooManyToolErrors",
@@ -69,7 +80,9 @@ class ModelAgentError(AgentError, RuntimeError):
 
 
 class AnswerInvalid(ModelAgentError):
-    """The model's answer did not fit the output type, as many times as it was allowed."""
+    """The model's answer could not be used, as many times as it was allowed: it did not fit
+    the output type, or it called a tool with arguments that are not JSON (the message says
+    which the last one did)."""
 
 
 class TooManyTurns(ModelAgentError):
@@ -144,11 +157,35 @@ def _text(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+class OutputSchemaInvalid(ModelAgentError, ValueError):
+    """A JSON schema given as ``output`` that the answer check cannot honour: an unknown
+    type, a keyword it does not apply, a value of the wrong shape. Refused when the agent is
+    made (a scenario: at load, each problem on its own line), because an answer checked
+    against a schema the check half-understands would pass unchecked. ``problems`` holds
+    each as (its path in the schema, what is wrong)."""
+
+    def __init__(self, problems: Sequence[tuple[tuple[str | int, ...], str]]) -> None:
+        self.problems = tuple(problems)
+        super().__init__(
+            "the output schema cannot be checked: "
+            + "; ".join(f"{_schema_path(at) or 'output'}: {what}" for at, what in self.problems)
+        )
+
+
+def _schema_path(at: tuple[str | int, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in at).lstrip(".")
+
+
 class _JsonSchemaCheck:
     """The subset of JSON Schema a structured answer is usually given in (``type``,
     ``properties``, ``required``, ``additionalProperties``, ``items``, ``enum``, ``const``,
     ``anyOf``, ``minimum``/``maximum``, ``minLength``/``maxLength``), checked without a
-    dependency; for anything richer give a pydantic model."""
+    dependency; for anything richer give a pydantic model.
+
+    A schema is read whole when the check is made, and one it cannot honour (an unknown
+    type, a keyword outside the subset, a keyword's value of the wrong shape) raises
+    :class:`OutputSchemaInvalid`: a misspelt ``type: strng`` would otherwise check nothing,
+    and every answer would pass."""
 
     _TYPES: ClassVar[dict[str, tuple[type, ...]]] = {
         "object": (dict,),
@@ -159,9 +196,149 @@ class _JsonSchemaCheck:
         "boolean": (bool,),
         "null": (type(None),),
     }
+    #: The keywords :meth:`problems` applies.
+    CHECKED: ClassVar[tuple[str, ...]] = (
+        "type",
+        "properties",
+        "required",
+        "additionalProperties",
+        "items",
+        "enum",
+        "const",
+        "anyOf",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+    )
+    #: Keywords that describe and never constrain: sent to the model, not checked.
+    _ANNOTATIONS: ClassVar[frozenset[str]] = frozenset(
+        {"title", "description", "default", "examples", "$schema", "$id", "$comment",
+         "deprecated", "readOnly", "writeOnly"}
+    )  # fmt: skip
+    #: JSON Schema keywords that constrain an answer but that this check does not apply.
+    _UNCHECKED: ClassVar[frozenset[str]] = frozenset(
+        {"allOf", "oneOf", "not", "if", "then", "else", "$ref", "$defs", "definitions",
+         "$anchor", "$dynamicRef", "$dynamicAnchor", "pattern", "format", "multipleOf",
+         "exclusiveMinimum", "exclusiveMaximum", "minItems", "maxItems", "uniqueItems",
+         "contains", "minContains", "maxContains", "prefixItems", "additionalItems",
+         "minProperties", "maxProperties", "patternProperties", "propertyNames",
+         "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
+         "unevaluatedItems", "contentEncoding", "contentMediaType", "contentSchema"}
+    )  # fmt: skip
 
     def __init__(self, schema: Mapping[str, Any]) -> None:
+        found = self.schema_problems(schema)
+        if found:
+            raise OutputSchemaInvalid(found)
         self.schema = dict(schema)
+
+    @classmethod
+    def schema_problems(cls, schema: Any) -> list[tuple[tuple[str | int, ...], str]]:
+        """What keeps ``schema`` from being checked as written, each with its path in it."""
+        if not isinstance(schema, Mapping):
+            return [((), f"a JSON schema is a mapping, not {type(schema).__name__}")]
+        out = cls._subschema_problems(schema, ())
+        if "type" not in schema and "anyOf" not in schema:
+            out.insert(0, ((), "a JSON schema for output needs a 'type' (e.g. type: object)"))
+        return out
+
+    @classmethod
+    def _subschema_problems(
+        cls, s: Any, at: tuple[str | int, ...]
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        if not isinstance(s, Mapping):
+            return [(at, f"a schema here is a mapping (e.g. {{type: string}}), not {s!r}")]
+        out: list[tuple[tuple[str | int, ...], str]] = []
+        for key, value in s.items():
+            here = (*at, key)
+            if key in cls._ANNOTATIONS:
+                continue
+            if key in cls._UNCHECKED:
+                out.append(
+                    (
+                        here,
+                        f"{key!r} is not applied by the inline schema check, so answers "
+                        f"would pass it unchecked; it checks {', '.join(cls.CHECKED)}. "
+                        'For more, give a pydantic model (output: "module:Model")',
+                    )
+                )
+            elif key not in cls.CHECKED:
+                hint = _did_you_mean(str(key), [*cls.CHECKED, *cls._UNCHECKED])
+                out.append(
+                    (here, f"unknown keyword {key!r}{hint}; it checks {', '.join(cls.CHECKED)}")
+                )
+            else:
+                out += cls._keyword_problems(str(key), value, here)
+        return out
+
+    @classmethod
+    def _keyword_problems(
+        cls, key: str, value: Any, here: tuple[str | int, ...]
+    ) -> list[tuple[tuple[str | int, ...], str]]:
+        types = ", ".join(cls._TYPES)
+        if key == "type":
+            if value is None:
+                return [
+                    (here, "type null is written 'null' (quoted): unquoted, YAML reads no value")
+                ]
+            kinds = value if isinstance(value, list) else [value]
+            if not kinds:
+                return [(here, f"an empty list of types; JSON Schema's types are {types}")]
+            return [
+                (
+                    (*here, i) if isinstance(value, list) else here,
+                    f"unknown type {k!r}{_did_you_mean(str(k), cls._TYPES)}; "
+                    f"JSON Schema's types are {types}",
+                )
+                for i, k in enumerate(kinds)
+                if not isinstance(k, str) or k not in cls._TYPES
+            ]
+        if key == "properties":
+            if not isinstance(value, Mapping):
+                return [(here, "properties is a mapping of field name to schema")]
+            return [
+                p
+                for name, sub in value.items()
+                for p in cls._subschema_problems(sub, (*here, name))
+            ]
+        if key == "required":
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                return [(here, "required is a list of field names")]
+            return []
+        if key == "additionalProperties":
+            if isinstance(value, bool):
+                return []
+            return cls._subschema_problems(value, here)
+        if key == "items":
+            if not isinstance(value, list):
+                return cls._subschema_problems(value, here)
+            return [
+                (
+                    here,
+                    "items as a list (a schema per position) is not applied by the inline "
+                    "schema check; give one schema for every item, or a pydantic model",
+                )
+            ]
+        if key == "enum":
+            if not isinstance(value, list) or not value:
+                return [(here, "enum is a list of the allowed values")]
+            return []
+        if key == "anyOf":
+            if not isinstance(value, list) or not value:
+                return [(here, "anyOf is a list of schemas, one of which the answer must fit")]
+            return [
+                p for i, sub in enumerate(value) for p in cls._subschema_problems(sub, (*here, i))
+            ]
+        if key in ("minimum", "maximum"):
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return [(here, f"{key} is a number, not {value!r}")]
+            return []
+        if key in ("minLength", "maxLength"):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                return [(here, f"{key} is a whole number of characters (0 or more), not {value!r}")]
+            return []
+        return []  # const: any value
 
     def problems(
         self, value: Any, schema: Mapping[str, Any] | None = None, at: str = ""
@@ -178,8 +355,9 @@ class _JsonSchemaCheck:
         kind = s.get("type")
         if kind is not None:
             kinds = kind if isinstance(kind, list) else [kind]
+            # Every name is one of _TYPES: the schema was read whole when the check was made.
             ok = any(
-                isinstance(value, self._TYPES.get(k, object))
+                isinstance(value, self._TYPES[k])
                 and not (isinstance(value, bool) and k in ("integer", "number"))
                 for k in kinds
             )
@@ -194,12 +372,15 @@ class _JsonSchemaCheck:
                 for name in s.get("required") or ()
                 if name not in value
             ]
+            extra = s.get("additionalProperties")
             for name, item in value.items():
                 sub = f"{at}.{name}" if at else str(name)
                 if name in props:
                     out += self.problems(item, props[name], sub)
-                elif s.get("additionalProperties") is False:
+                elif extra is False:
                     out.append(f"{sub}: not allowed (allowed: {', '.join(props)})")
+                elif isinstance(extra, Mapping):
+                    out += self.problems(item, extra, sub)
         elif isinstance(value, list) and isinstance(s.get("items"), Mapping):
             for i, item in enumerate(value):
                 out += self.problems(item, s["items"], f"{at}[{i}]")
@@ -237,9 +418,7 @@ def _resolve_output(value: Any) -> Output | None:
     if isinstance(value, type) and issubclass(value, BaseModel):
         return value
     if isinstance(value, Mapping):
-        if not isinstance(value.get("type"), str | list) and "anyOf" not in value:
-            raise ValueError("a JSON schema for output needs a 'type' (e.g. type: object)")
-        return dict(value)
+        return _JsonSchemaCheck(value).schema  # OutputSchemaInvalid: it cannot be checked
     raise ValueError(
         "output is a pydantic model (or its import path 'module:Model') or a JSON schema, "
         f"not {type(value).__name__}"
@@ -455,7 +634,12 @@ class ModelAgent(Agent):
                 # arguments that are not JSON): the model's mistake, so it is told, like an
                 # answer that does not fit. A replay rebuilds the same error (status None).
                 invalid += 1
-                self._give_up_after(invalid, [str(exc)])
+                unusable = (
+                    "the model called a tool with arguments that are not JSON"
+                    if isinstance(exc, ToolArgumentsNotJSON)
+                    else None
+                )
+                self._give_up_after(invalid, [str(exc)], unusable)
                 messages.append(
                     {
                         "role": "user",
@@ -507,12 +691,14 @@ class ModelAgent(Agent):
             f"model agent {self.name!r}: no final answer in max_turns {s.max_turns} model calls"
         )
 
-    def _give_up_after(self, invalid: int, problems: list[str]) -> None:
+    def _give_up_after(self, invalid: int, problems: list[str], what: str | None = None) -> None:
+        """Fail the message once ``invalid`` answers could not be used; ``what`` names the
+        last one's trouble when it was not the answer's fit (tool arguments not JSON)."""
         retries = self.settings.max_output_retries
         if invalid > retries:
             raise AnswerInvalid(
-                f"model agent {self.name!r}: the answer did not fit the output type after "
-                f"{invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
+                f"model agent {self.name!r}: {what or 'the answer did not fit the output type'} "
+                f"after {invalid} tries (max_output_retries {retries}): " + "; ".join(problems)
             )
 
     async def _run_tool(self, call: ToolCall, listed: set[str]) -> tuple[str, bool]:

@@ -24,6 +24,7 @@ Errors (a branch of :class:`agents.AgentError`)::
     ProviderError                  the provider failed or answered something unusable
     ├── ProviderUnavailable        the server could not be reached, after retries
     └── ProviderResponseError      an HTTP error status (after retries), or an unusable answer
+        └── ToolArgumentsNotJSON   the model called a tool with arguments that are no JSON object
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ __all__ = [
     "ProviderUnavailable",
     "RuleProvider",
     "SupportsChat",
+    "ToolArgumentsNotJSON",
     "ToolCall",
     "Usage",
 ]
@@ -176,6 +178,14 @@ class ProviderResponseError(ProviderError):
         super().__init__(message)
         self.url = url
         self.status = status
+
+
+class ToolArgumentsNotJSON(ProviderResponseError):
+    """The model called a tool with arguments that are not a JSON object (no JSON at all, as
+    ``host=web1``, or JSON of another kind): the answer cannot be used. A model agent tells
+    the model so and asks again, as for an answer that does not fit its output type; a
+    separate type so that, past the bound, it says which of the two it was (on replay too:
+    a recorded error is rebuilt by its type's name)."""
 
 
 # -- the interface -----------------------------------------------------------------------------
@@ -948,13 +958,13 @@ class OpenAIProvider(_Provider):
             try:
                 args = json.loads(arguments)
             except (TypeError, ValueError) as exc:
-                raise ProviderResponseError(
+                raise ToolArgumentsNotJSON(
                     f"{self.url} called tool {name!r} with arguments that are not JSON: "
                     f"{_excerpt(str(arguments))}",
                     url=self.url,
                 ) from exc
         if not isinstance(args, dict):
-            raise ProviderResponseError(
+            raise ToolArgumentsNotJSON(
                 f"{self.url} called tool {name!r} with arguments that are not a JSON object: "
                 f"{_excerpt(str(arguments))}",
                 url=self.url,

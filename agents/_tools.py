@@ -11,9 +11,11 @@ A function becomes a tool by its signature and docstring, as in Pydantic AI and 
 Agents SDK: the parameters' annotations are a pydantic model, whose JSON schema is what the
 model is shown and whose validation checks the model's arguments before the function runs;
 the docstring's first paragraph is the description, and an ``Args:`` (or ``Parameters``)
-section describes each parameter. Arguments that do not fit raise
-:class:`ToolArgumentsInvalid` naming each bad field, which the model agent hands back to the
-model as the tool's result so it can correct itself.
+section describes each parameter. A function that cannot be shown so is refused when it is
+made, naming its ``module:function``: a parameter whose type has no JSON schema (a plain
+class), or an ``Args:`` entry for a parameter it does not have. Arguments that do not fit
+raise :class:`ToolArgumentsInvalid` naming each bad field, which the model agent hands back
+to the model as the tool's result so it can correct itself.
 
 Errors (a branch of :class:`agents.AgentError`)::
 
@@ -24,13 +26,15 @@ Errors (a branch of :class:`agents.AgentError`)::
 from __future__ import annotations
 
 import asyncio
+import difflib
 import importlib
 import inspect
 import re
+import typing
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, get_type_hints, overload, runtime_checkable
 
-from pydantic import ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from agents._errors import AgentError
@@ -183,13 +187,14 @@ class FunctionTool:
             )
         summary, described = _docstring(fn)
         self.description = description if description is not None else summary
+        where = f"tool {self.name!r} ({_origin(fn)})"
         # A callable object's annotations are on its class's ``__call__``.
         annotated = fn if inspect.isroutine(fn) else type(fn).__call__
         try:
             hints = get_type_hints(annotated)
         except Exception as exc:
             raise ToolError(
-                f"tool {self.name!r}: cannot read the type annotations of its function: {exc}"
+                f"{where}: cannot read the type annotations of its function: {exc}"
             ) from exc
         fields: dict[str, Any] = {}
         #: Validated field name -> the function's parameter name. Fields are named p0, p1...
@@ -199,12 +204,12 @@ class FunctionTool:
         for i, param in enumerate(inspect.signature(fn).parameters.values()):
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise ToolError(
-                    f"tool {self.name!r}: parameter {param.name!r} is *args or **kwargs; a "
+                    f"{where}: parameter {param.name!r} is *args or **kwargs; a "
                     "tool's parameters are named, so the model can be shown them"
                 )
             if param.kind is param.POSITIONAL_ONLY:
                 raise ToolError(
-                    f"tool {self.name!r}: parameter {param.name!r} is positional-only; the "
+                    f"{where}: parameter {param.name!r} is positional-only; the "
                     "model passes arguments by name"
                 )
             annotation = hints.get(param.name, Any)
@@ -215,18 +220,21 @@ class FunctionTool:
                 Field(default, alias=param.name, description=described.get(param.name)),
             )
             self._fields[field] = param.name
-        try:
-            self._model = create_model(
-                f"{self.name}_arguments",
-                __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False),
-                **fields,
-            )
-            schema = self._model.model_json_schema(by_alias=True)
-        except Exception as exc:
+        # A description for a name that is no parameter is a renamed or misspelt parameter:
+        # the model would be shown the real one undescribed.
+        strays = [name for name in described if name not in self._fields.values()]
+        if strays:
+            names = ", ".join(self._fields.values()) or "none"
             raise ToolError(
-                f"tool {self.name!r}: its parameters have no JSON schema: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
+                f"{where}: its docstring describes "
+                + ", ".join(f"{n!r}{_did_you_mean(n, self._fields.values())}" for n in strays)
+                + f" under Args:, but the function has no such parameter (its parameters: "
+                f"{names})"
+            )
+        try:
+            self._model, schema = _arguments_model(f"{self.name}_arguments", fields)
+        except Exception as exc:
+            raise ToolError(f"{where}: {_no_schema(fields, self._fields, exc)}") from exc
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
             prop.pop("title", None)
@@ -260,6 +268,58 @@ class FunctionTool:
 
     def __repr__(self) -> str:
         return f"FunctionTool({self.name!r})"
+
+
+def _arguments_model(name: str, fields: dict[str, Any]) -> tuple[type[BaseModel], dict[str, Any]]:
+    """The model validating a tool's arguments, and its JSON schema (by the parameters' names)."""
+    model = create_model(
+        name, __config__=ConfigDict(extra="forbid", arbitrary_types_allowed=False), **fields
+    )
+    return model, model.model_json_schema(by_alias=True)
+
+
+#: What a tool's parameter may be typed with: what has a JSON schema to show the model.
+_SCHEMA_TYPES = (
+    "str, int, float, bool, None, a list or dict of those, Literal[...], an Enum, a "
+    "TypedDict, a dataclass or a pydantic model"
+)
+
+
+def _no_schema(fields: dict[str, Any], params: dict[str, str], exc: Exception) -> str:
+    """Why a tool's parameters have no JSON schema, in one line: the first parameter whose
+    type has none, tried alone (pydantic's own error runs to several lines of advice about
+    its configuration, none of it what a tool's author can act on)."""
+    for field, spec in fields.items():
+        try:
+            _arguments_model("parameter", {field: spec})
+        except Exception:
+            return (
+                f"parameter {params[field]!r} is typed {_type_name(spec[0])}, which has no JSON "
+                f"schema to show the model; type it with {_SCHEMA_TYPES}"
+            )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"its parameters have no JSON schema: {type(exc).__name__}: {first}"
+
+
+def _type_name(tp: Any) -> str:
+    if isinstance(tp, type) and not typing.get_args(tp):
+        return (
+            tp.__qualname__ if tp.__module__ == "builtins" else f"{tp.__module__}.{tp.__qualname__}"
+        )
+    return repr(tp).removeprefix("typing.")
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    """Where ``fn`` is defined, as an import path ``module:name`` says it."""
+    target = fn if inspect.isroutine(fn) else type(fn)
+    module = getattr(target, "__module__", None)
+    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", None)
+    return f"{module}:{name}" if module and name else repr(fn)
+
+
+def _did_you_mean(word: str, choices: Iterable[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _error_line(error: Any) -> str:

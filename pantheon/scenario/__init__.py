@@ -14,6 +14,10 @@ or 'reject'``. Hence the two halves of this module:
 Checks that span sections (an expectation about an agent that does not exist, ``kill_node`` on
 the in-process transport) run on the raw data beside field validation, so they are reported
 together with the field errors instead of only after those are fixed.
+Once the sections are valid, the fields a model agent reads of its messages (its template
+fields and ``carry``) are checked against the records its input will send it, where those
+are known before the run (a JSONL file, a generator's fixed payload): one that none of them
+has is a located error, since every message would fail on it or go without it.
 
 Whatever the file holds, loading it raises :class:`ScenarioError` or ``OSError`` and nothing
 else: only :data:`MAX_SCENARIO_BYTES` (1 MiB) are read, nesting stops at

@@ -19,10 +19,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from agents import ROLES as ROLE_CLASSES
-from agents import Agent, FunctionAgent, handler_arity
+from agents import Agent, FunctionAgent, OutputSchemaInvalid, handler_arity
 from bus import validate_pattern
 from pantheon._imports import AGENT_GROUP, ImportProblem, load_object
-from pantheon.scenario._locate import suggest, union_errors
+from pantheon.scenario._locate import not_a_list, suggest, union_errors
 
 __all__ = ["agent_class", "agent_problems", "model_problem", "resolve_handler", "uses_model"]
 
@@ -130,6 +130,11 @@ def settings_problems(cls: type[Agent], settings: Any, loc: Loc) -> list[tuple[L
                     else (f"{cls.__name__} takes no settings")
                 )
                 out.append((where, f"unknown setting {key!r}{suggest(key, fields)}; {takes}"))
+            elif (listed := not_a_list(err, tuple(err["loc"]))) is not None:
+                out.append((where, listed))
+            elif isinstance(error := (err.get("ctx") or {}).get("error"), OutputSchemaInvalid):
+                # An inline schema's problems sit deep in it: each on its own line.
+                out.extend(((*where, *at), what) for at, what in error.problems)
             else:
                 msg = str(err["msg"]).removeprefix("Value error, ")
                 out.append((where, msg))
@@ -216,5 +221,7 @@ def model_problem(name: str, cfg: Mapping[str, Any], provider: Any) -> tuple[Loc
     return (
         ("agents", name, "handler" if fn is not None else "class"),
         f"{who} calls chat(), but {lacks} only classifies intents: add "
-        "provider: {kind: openai, base_url: ..., model: ...} (or kind: custom)",
+        "provider: {kind: openai, base_url: ..., model: ...} (or kind: anthropic, or kind: "
+        "custom), or to run offline a scripted model the run starts itself: provider: "
+        '{kind: openai, model: ..., stand_in: "module:reply"}',
     )

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, Discriminator, ValidationError
 
+from pantheon.scenario._fields import input_field_problems
 from pantheon.scenario._locate import (
     MAX_SCENARIO_BYTES,
     Loc,
@@ -20,6 +21,7 @@ from pantheon.scenario._locate import (
     _or,
     dotted,
     locate,
+    not_a_list,
     read_marked,
     suggest,
     tagged_member,
@@ -86,6 +88,8 @@ def _describe(error: Mapping[str, Any]) -> tuple[Loc, str]:
             msg = f"unknown key {key!r}{hint}; expected one of {', '.join(fields)}"
         else:
             msg = f"unknown key {key!r}"
+    elif (listed := not_a_list(error, loc)) is not None:
+        msg = listed
     elif kind == "union_tag_invalid":
         tags = [
             t.strip().strip("'").lstrip("@") for t in str(ctx.get("expected_tags", "")).split(",")
@@ -161,6 +165,9 @@ def parse_scenario(
         scenario = Scenario.model_validate(data, context=context)
     except ValidationError as exc:
         problems.extend(problem(*_describe(e)) for e in union_errors(Scenario, exc.errors()))
+    else:
+        if check_files:  # a recorded scenario rebuilt for a replay never reads its input
+            cross.extend(input_field_problems(scenario))
     problems.extend(problem(loc, msg) for loc, msg in cross)
     if problems:
         raise ScenarioError(problems)

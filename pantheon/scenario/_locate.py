@@ -9,6 +9,7 @@ checked against an agent's own model, imports of agent classes) can report throu
 from __future__ import annotations
 
 import difflib
+import json
 import types
 import typing
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,30 @@ __all__ = ["MAX_SCENARIO_BYTES", "MAX_SCENARIO_DEPTH", "Problem", "ScenarioError
 def suggest(word: str, choices: Iterable[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def not_a_list(error: Mapping[str, Any], loc: Loc) -> str | None:
+    """pydantic's "Input should be a valid tuple" for a list field given something else, in
+    the file's words: a string is the usual slip (``tools: "mod:fn"`` for ``tools:
+    ["mod:fn"]``), so the message writes the list it meant. None for any other error."""
+    if error.get("type") not in ("tuple_type", "list_type", "set_type", "frozen_set_type"):
+        return None
+    value = error.get("input")
+    key = loc[-1] if loc and isinstance(loc[-1], str) else "it"
+    if isinstance(value, str):
+        return f"a list, got a string; write {key}: [{json.dumps(value)}]"
+    what = "a mapping" if isinstance(value, Mapping) else _kind(value)
+    return f"a list, got {what}; write {key}: [...]"
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "no value"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return f"a {type(value).__name__}"
 
 
 # -- errors ------------------------------------------------------------------------------------

@@ -240,7 +240,7 @@ def test_a_mapping_standby_is_checked_as_a_mapping(write) -> None:
         load_scenario(path)
     (problem,) = info.value.problems
     assert (problem.line, problem.field) == (11, "transport.standby.b")
-    assert problem.message == "Input should be a valid tuple"
+    assert problem.message == 'a list, got a string; write b: ["reasoner"]'
 
 
 def test_a_warm_standby_waits_behind_its_agent_s_node_then_the_standbys_listed_before_it(

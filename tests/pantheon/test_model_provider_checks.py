@@ -72,7 +72,9 @@ def test_a_chatting_class_without_a_provider_fails_on_its_class_line(tmp_path: P
     assert problem.message == (
         "Summarizer calls chat(), but the scenario names no model provider, and the offline "
         "rules one it gets only classifies intents: add provider: {kind: openai, base_url: "
-        "..., model: ...} (or kind: custom)"
+        "..., model: ...} (or kind: anthropic, or kind: custom), or to run offline a scripted "
+        "model the run starts itself: provider: {kind: openai, model: ..., "
+        'stand_in: "module:reply"}'
     )
     assert str(problem).startswith(f"{path}:6:5: agents.asker.class: Summarizer calls chat()")
 
