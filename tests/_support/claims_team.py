@@ -12,10 +12,14 @@ team's own check would; failing, it says ``actual N decided of M``."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CLAIMS", "PLACEMENT", "placed", "write_team"]
+from cli_run import pantheon
+
+__all__ = ["CLAIMS", "PLACEMENT", "placed", "run_killed", "write_team"]
 
 #: Claims in the input: even ones under the Approver's limit (1,000), odd ones over it.
 CLAIMS = 40
@@ -165,3 +169,17 @@ def write_team(
         )
     )
     return path
+
+
+def run_killed(folder: Path, path: Path, node: str) -> tuple[int, dict[str, Any]]:
+    """``pantheon run --json`` of the team at ``path``, whose scenario kills ``node``: its
+    exit code and summary, checked to say the node was killed. Orphaned processes' logs
+    go under ``folder``."""
+    proc = pantheon(
+        "run", str(path), "--json", "--store", "s.db", cwd=folder,
+        env=os.environ | {"TMPDIR": str(folder)},
+    )  # fmt: skip
+    assert proc.stdout.strip(), proc.stderr
+    summary: dict[str, Any] = json.loads(proc.stdout)
+    assert summary["nodes"][node]["status"] == "killed", summary["nodes"]
+    return proc.returncode, summary

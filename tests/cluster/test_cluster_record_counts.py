@@ -3,11 +3,10 @@ included: real ``pantheon run`` processes (a broker and one process per node) on
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
-from claims_team import CLAIMS, placed, write_team
+from claims_team import CLAIMS, placed, run_killed, write_team
 from cli_run import pantheon
 
 from pantheon.sessions import SessionStore
@@ -22,10 +21,7 @@ def test_what_a_killed_node_published_counts_in_the_summary(tmp_path: Path) -> N
     decided of 40" and ``topics: {claim.decided: {min: 1}}`` failed, while ``sessions
     show`` and ``export`` had them. Both are judged on the record's counts now."""
     path = write_team(tmp_path, transport=placed("zmq"), kill="desk, at: 2")
-    proc = pantheon("run", str(path), "--json", "--store", "s.db", cwd=tmp_path)
-    assert proc.stdout.strip(), proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["nodes"]["desk"]["status"] == "killed"
+    code, summary = run_killed(tmp_path, path, "desk")
     assert list(summary["unverified"]) == ["desk"]
 
     sid = summary["session_id"]
@@ -46,7 +42,7 @@ def test_what_a_killed_node_published_counts_in_the_summary(tmp_path: Path) -> N
     assert (bound["passed"], bound["actual"]) == (True, decided)
     custom = checks["custom: claims_agents:all_decided"]
     assert (custom["passed"], custom["actual"]) == (False, f"actual {decided} decided of {CLAIMS}")
-    assert proc.returncode == 1  # the custom check fails: not every claim was decided
+    assert code == 1  # the custom check fails: not every claim was decided
 
     # The terminal summary prints the same total.
     text = pantheon("sessions", "show", sid, "--store", "s.db", cwd=tmp_path)

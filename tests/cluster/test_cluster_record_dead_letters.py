@@ -3,12 +3,10 @@ real ``pantheon run`` processes (a broker and one process per node) on loopback.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from pathlib import Path
 
-from claims_team import placed, write_team
-from cli_run import pantheon
+from claims_team import placed, run_killed, write_team
 
 from pantheon.sessions import SessionStore
 
@@ -22,10 +20,7 @@ def test_a_killed_nodes_dead_letters_count_in_the_summary_and_its_bounds(tmp_pat
     "0 failed" while the session held the bank's. The summary's counts are the record's
     now, with the killed node's dead letters listed too, and both bounds judge them."""
     path = write_team(tmp_path, transport=placed("zmq"), kill="bank, at: 2", max_dlq=0)
-    proc = pantheon("run", str(path), "--json", "--store", "s.db", cwd=tmp_path)
-    assert proc.stdout.strip(), proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["nodes"]["bank"]["status"] == "killed"
+    code, summary = run_killed(tmp_path, path, "bank")
     assert list(summary["unverified"]) == ["bank"]
 
     sid = summary["session_id"]
@@ -59,7 +54,7 @@ def test_a_killed_nodes_dead_letters_count_in_the_summary_and_its_bounds(tmp_pat
         "dead letters other than shed <= 0",
         "dead letters failed <= 0",
     ]
-    assert proc.returncode == 1
+    assert code == 1
     # The session keeps the same summary.
     with SessionStore(tmp_path / "s.db") as st:
         stored = st.session(sid).summary

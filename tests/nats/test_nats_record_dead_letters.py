@@ -4,14 +4,10 @@ loopback."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
-from claims_team import placed, write_team
+from claims_team import placed, run_killed, write_team
 
 from pantheon.sessions import SessionStore
 
@@ -23,17 +19,7 @@ def test_a_killed_nodes_dead_letters_count_in_the_summary_and_its_bounds(tmp_pat
     survivor dead-letters anything: the summary used to say ``dead letters 0`` and pass
     ``max_dlq: 0`` while the session held the bank's. It counts the record's now."""
     path = write_team(tmp_path, transport=placed("nats", ack_wait=2), kill="bank, at: 2", max_dlq=0)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pantheon.cli", "run", str(path), "--json", "--store", "s.db"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=os.environ | {"COLUMNS": "250", "TMPDIR": str(tmp_path)},
-    )
-    assert proc.stdout.strip(), proc.stderr
-    summary = json.loads(proc.stdout)
-    assert summary["nodes"]["bank"]["status"] == "killed"
+    code, summary = run_killed(tmp_path, path, "bank")
 
     sid = summary["session_id"]
     with SessionStore(tmp_path / "s.db") as st:
@@ -56,4 +42,4 @@ def test_a_killed_nodes_dead_letters_count_in_the_summary_and_its_bounds(tmp_pat
         "dead letters other than shed <= 0",
         "dead letters failed <= 0",
     ]
-    assert proc.returncode == 1
+    assert code == 1
