@@ -29,6 +29,7 @@ import contextlib
 import importlib
 import os
 import re
+import shlex
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -285,12 +286,12 @@ class MCPServer:
             if isinstance(exc, TimeoutError):
                 error = MCPServerUnavailable(
                     f"MCP server {self.name!r} did not list its tools within "
-                    f"{self._start_timeout:g} s of starting{self._stderr_tail()}",
+                    f"{self._start_timeout:g} s of starting{self._ran()}{self._stderr_tail()}",
                     server=self.name,
                 )
             elif isinstance(exc, Exception) and not isinstance(exc, MCPServerError):
                 error = MCPServerUnavailable(
-                    f"MCP server {self.name!r} could not be started: {_describe(exc)}"
+                    f"MCP server {self.name!r} could not be started: {self._why(exc)}"
                     f"{self._stderr_tail()}",
                     server=self.name,
                 )
@@ -298,6 +299,64 @@ class MCPServer:
                 raise
             raise error from (None if isinstance(exc, TimeoutError) else exc)
         self._tools = tools
+
+    def _workdir(self) -> str:
+        return os.path.abspath(self._cwd) if self._cwd is not None else os.getcwd()
+
+    def _ran(self) -> str:
+        """Where a stdio server ran, for an error: its command and working directory, and the
+        relative paths of the command that name nothing there (a script path written as if
+        it resolved beside the module that defines the server, which it does not)."""
+        if self._command is None:
+            return ""
+        where = self._workdir()
+        text = f"; it ran {shlex.join(self._command)} in {where}"
+        missing = [
+            arg
+            for arg in self._command[1:]
+            if not arg.startswith("-")
+            and not os.path.isabs(arg)
+            and ("/" in arg or os.path.splitext(arg)[1] in _SCRIPT_SUFFIXES)
+            and not os.path.exists(os.path.join(where, arg))
+        ]
+        if missing:
+            text += (
+                f", which has no {', '.join(map(repr, missing))} (a relative path in the "
+                "command resolves in the server's working directory, cwd= or else the "
+                "process's; give an absolute path, e.g. built from Path(__file__).parent)"
+            )
+        return text
+
+    def _why(self, exc: BaseException) -> str:
+        """Why a stdio server could not be started, as the user would look for it: a program
+        not found is named with where it was looked for."""
+        if self._command is None:
+            return _describe(exc)
+        os_error = next((e for e in _leaves(exc) if isinstance(e, OSError)), None)
+        program = self._command[0]
+        if isinstance(os_error, FileNotFoundError | PermissionError | NotADirectoryError):
+            where = self._workdir()
+            named = os_error.filename
+            if isinstance(named, os.PathLike):
+                named = os.fspath(named)  # the SDK is given the cwd as a Path
+            if self._cwd is not None and named in (os.fspath(self._cwd), where):
+                return f"its working directory {where} cannot be used ({_describe(os_error)})"
+            if os.sep in program or (os.altsep and os.altsep in program):
+                path = os.path.normpath(os.path.join(where, program))
+                if isinstance(os_error, FileNotFoundError):
+                    found = f"there is no program {path}"
+                else:
+                    found = f"the program {path} cannot be run ({_describe(os_error)})"
+                if not os.path.isabs(program):
+                    found += f" ({program!r} resolved in the working directory {where})"
+                return found
+            search = (self._env or {}).get("PATH") or os.environ.get("PATH") or os.defpath
+            if isinstance(os_error, FileNotFoundError):
+                return f"no program {program!r} was found on PATH ({search})"
+            return f"the program {program!r} found on PATH cannot be run ({_describe(os_error)})"
+        if _connection_closed(exc):
+            return f"its process closed the connection before it listed its tools{self._ran()}"
+        return f"{_describe(exc)}{self._ran()}"
 
     def _headers(self) -> dict[str, str] | None:
         """The HTTP headers of ``headers_env``, read from the environment now."""
@@ -529,6 +588,32 @@ class MCPServer:
         data = os.pread(fd, STDERR_TAIL, max(0, size - STDERR_TAIL))
         text = data.decode("utf-8", errors="replace").strip()
         return f"; its stderr ends:\n{text}" if text else ""
+
+
+#: Suffixes of a script an interpreter is given (``python3 server.py``): a relative argument
+#: with one that names no file in the working directory is pointed out when a start fails.
+_SCRIPT_SUFFIXES = frozenset({".py", ".js", ".mjs", ".cjs", ".ts", ".rb", ".sh", ".jar", ".pl"})
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and, for an exception group (anyio's task groups raise them), its leaves; each
+    with the exception it was raised from."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+        return
+    yield exc
+    if exc.__cause__ is not None:
+        yield from _leaves(exc.__cause__)
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the SDK's "connection closed" (a stdio server that exited, or wrote
+    something else than the protocol, before it answered)."""
+    from mcp import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    return any(isinstance(e, MCPError) and e.code == CONNECTION_CLOSED for e in _leaves(exc))
 
 
 @contextlib.asynccontextmanager

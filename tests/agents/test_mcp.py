@@ -177,10 +177,57 @@ async def test_a_server_that_exits_at_start_is_unavailable_with_its_stderr() -> 
     assert "its stderr ends:\nno such database: /nope" in str(failed.value)
 
 
-async def test_a_missing_program_is_unavailable(tmp_path: Path) -> None:
-    server = MCPServer(command=[str(tmp_path / "no-such-server")])
-    with pytest.raises(MCPServerUnavailable, match="could not be started: FileNotFoundError"):
+async def test_a_missing_program_is_named_with_where_it_was_looked_for(tmp_path: Path) -> None:
+    absolute = MCPServer(command=[str(tmp_path / "no-such-server")], name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await absolute.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: there is no program {tmp_path}/no-such-server"
+    )
+    # A bare name is looked for on the PATH the server gets (its env's, else the run's).
+    bare = MCPServer(command=["no-such-server"], env={"PATH": f"{tmp_path}:/nowhere"}, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await bare.start()
+    assert str(failed.value) == (
+        "MCP server 'fleet' could not be started: no program 'no-such-server' was found on "
+        f"PATH ({tmp_path}:/nowhere)"
+    )
+    # A relative path, in the server's working directory.
+    relative = MCPServer(command=["bin/no-such-server"], cwd=tmp_path, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await relative.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: there is no program "
+        f"{tmp_path}/bin/no-such-server ('bin/no-such-server' resolved in the working "
+        f"directory {tmp_path})"
+    )
+    nowhere = tmp_path / "gone"
+    no_cwd = MCPServer(command=[sys.executable, "server.py"], cwd=nowhere, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await no_cwd.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: its working directory {nowhere} cannot be "
+        f"used (FileNotFoundError: [Errno 2] No such file or directory: {nowhere!r})"
+    )
+
+
+async def test_a_relative_script_path_that_names_nothing_says_where_it_was_resolved(
+    tmp_path: Path,
+) -> None:
+    """The command is run as written, in ``cwd`` (else the process's own working directory),
+    not beside the module that made the server: the error says so and where it looked."""
+    server = MCPServer(command=[sys.executable, "fleet_server.py"], cwd=tmp_path, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
         await server.start()
+    assert str(failed.value) == (
+        "MCP server 'fleet' could not be started: its process closed the connection before it "
+        f"listed its tools; it ran {sys.executable} fleet_server.py in {tmp_path}, which has no "
+        "'fleet_server.py' (a relative path in the command resolves in the server's working "
+        "directory, cwd= or else the process's; give an absolute path, e.g. built from "
+        "Path(__file__).parent); its stderr ends:\n"
+        f"{sys.executable}: can't open file '{tmp_path}/fleet_server.py': [Errno 2] No such "
+        "file or directory"
+    )
 
 
 async def test_a_server_that_never_answers_fails_the_start_within_its_bound(
