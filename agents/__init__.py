@@ -61,6 +61,7 @@ from agents._mcp import (
     MCPToolTimeout,
 )
 from agents._model_agent import (
+    AgentStopping,
     AnswerInvalid,
     ModelAgent,
     ModelAgentError,
@@ -127,6 +128,7 @@ __all__ = [
     "AgentError",
     "AgentOptions",
     "AgentSettings",
+    "AgentStopping",
     "AgentUsage",
     "AnswerInvalid",
     "AnthropicProvider",
