@@ -18,7 +18,7 @@ as the effect ``tools.list``: a replay offers the model the same tools without t
 start that fails fails that message with its cause, and the next message tries again.
 :meth:`ModelAgent.stop` closes them once no handling uses them, and they are never started
 again by a stopping agent: a message that needs them after that fails with
-:class:`AgentStopping`.
+:class:`AgentStopping`, which a resume runs again live rather than serving.
 
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
@@ -93,7 +93,8 @@ class TemplateError(ModelAgentError, ValueError):
 class AgentStopping(ModelAgentError):
     """A message needed the agent's tool sources after its :meth:`~ModelAgent.stop` closed
     them (or before any was started): a stopping agent starts none again. An artifact of
-    the shutdown, not an answer of the tools."""
+    the shutdown, not an answer of the tools: a resume runs the call again, live, instead of
+    serving the recorded failure."""
 
 
 class Template:
