@@ -61,6 +61,7 @@ from agents._mcp import (
     MCPToolTimeout,
 )
 from agents._model_agent import (
+    AgentStopping,
     AnswerInvalid,
     ModelAgent,
     ModelAgentError,
@@ -129,6 +130,7 @@ __all__ = [
     "AgentError",
     "AgentOptions",
     "AgentSettings",
+    "AgentStopping",
     "AgentUsage",
     "AnswerInvalid",
     "AnthropicProvider",

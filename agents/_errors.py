@@ -21,7 +21,8 @@
     │   ├── TooManyTurns              max_turns model calls without a final answer
     │   ├── TooManyToolErrors         more failed tool calls than max_tool_errors
     │   ├── TemplateError             a template is malformed or names a missing field
-    │   └── OutputSchemaInvalid       an inline JSON schema output the check cannot honour
+    │   ├── OutputSchemaInvalid       an inline JSON schema output the check cannot honour
+    │   └── AgentStopping             a message needed the tool sources after the agent's stop
     └── InjectedFault                 a scenario's fault injection failed this call
 
 Each keeps ``RuntimeError`` as a second base, as it had before the root existed, so code

@@ -29,6 +29,7 @@ import contextlib
 import importlib
 import os
 import re
+import shlex
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -84,7 +85,7 @@ class MCPServerError(AgentError, RuntimeError):
 
 class MCPServerUnavailable(MCPServerError):
     """The server could not be started or reached, or its connection ended (it exited, was
-    killed, or closed the session); every later call fails the same way."""
+    killed, or closed the session); every later call fails the same way, until a new start."""
 
 
 class MCPToolTimeout(MCPServerError):
@@ -140,25 +141,28 @@ class MCPServer:
     server's process). The SDK's client lives in anyio task groups that must be entered and
     left by one task, so a task of its own holds the session open from start to close, and any
     task may call tools meanwhile; ``async with MCPServer(...) as server`` does both.
+
+    A server can be started again after :meth:`aclose` or after a failed start: each start
+    is a new session (a new process for a stdio server), so a module-level ``MCPServer`` serves
+    one run after another in one process, and a failed start is tried again by the next one.
+    While a session runs, a start joins it and the server counts the starts: each
+    :meth:`aclose` gives one back and the last one ends the session, so two agents can share
+    one server and either may stop first. A start made while another is under way waits for
+    it and shares its outcome (one process, one error). One event loop at a time: a session
+    left running by a loop that has ended is dropped by the next loop's start.
     """
 
     __slots__ = (
         "_allow",
-        "_client",
         "_command",
         "_cwd",
         "_env",
         "_headers_env",
-        "_holder",
-        "_lost",
         "_name",
+        "_session",
         "_start_timeout",
         "_stderr",
-        "_stderr_file",
-        "_stderr_kept",
-        "_stop",
         "_timeout",
-        "_tools",
         "_url",
     )
 
@@ -218,13 +222,8 @@ class MCPServer:
         self._start_timeout = float(start_timeout)
         self._name = name
         self._stderr = stderr
-        self._stderr_file: IO[str] | None = None
-        self._stderr_kept = ""
-        self._client: Client | None = None
-        self._holder: asyncio.Task[None] | None = None
-        self._stop = asyncio.Event()
-        self._tools: list[MCPTool] | None = None
-        self._lost: str | None = None
+        #: The current (or last) start's session; None before the first start.
+        self._session: _Session | None = None
 
     def request_identity(self) -> Any:
         """Which server: its command or URL, where it runs and the tools allowed (see
@@ -258,46 +257,168 @@ class MCPServer:
     # -- the tool source ------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start (stdio) or reach (HTTP) the server, and list its tools.
+        """Start (stdio) or reach (HTTP) the server, and list its tools; or join the session
+        already running (see the class docstring).
 
         Raises :class:`MCPServerUnavailable` if it cannot be started or does not answer within
         ``start_timeout``, :class:`MCPServerError` if ``allow`` names a tool it lacks or a tool's
-        name is one a model cannot call."""
-        if self._holder is not None:
-            raise RuntimeError(f"{self!r} was already started (an MCPServer starts once)")
-        headers = self._headers()
+        name is one a model cannot call. A failed start leaves nothing running: the next start
+        tries again."""
         # Importing the SDK costs about 0.6 s of CPU (pydantic models; 580-600 ms measured on a
         # quiet 2-core machine): in a thread, so a team already running on this loop does not
         # stall for it. A missing extra is an ImportError here, not a failed start.
         await asyncio.to_thread(_import_sdk)
-        ready: asyncio.Future[list[MCPTool]] = asyncio.get_running_loop().create_future()
-        self._holder = asyncio.create_task(self._hold(ready, headers), name=f"mcp {self.name}")
+        loop = asyncio.get_running_loop()
+        while True:
+            s = self._session
+            if s is None or s.ended or s.loop is not loop:
+                # None running here. A session of another event loop (an earlier
+                # ``asyncio.run`` that ended without closing it) died with its loop.
+                break
+            if s.users:
+                # Running: joined, even if its server died since (its calls say so).
+                s.users += 1
+                return
+            # Another task's start is under way: its outcome is this one's (one process,
+            # and every waiting message told the same cause).
+            try:
+                await asyncio.shield(s.outcome)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if not s.outcome.cancelled() or (task is not None and task.cancelling()):
+                    raise
+                continue  # that start was cancelled, not this one: try again
+            # It succeeded: the next pass joins it (or starts anew if it was closed since).
+        await self._start_session(loop)
+
+    async def _start_session(self, loop: asyncio.AbstractEventLoop) -> None:
+        headers = self._headers()
+        s = _Session(loop)
+        # Set before the first await: a start made meanwhile waits for this one.
+        self._session = s
+        ready: asyncio.Future[list[MCPTool]] = loop.create_future()
         try:
-            tools = await asyncio.wait_for(asyncio.shield(ready), self._start_timeout)
+            s.holder = loop.create_task(self._hold(s, ready, headers), name=f"mcp {self.name}")
+            s.tools = await asyncio.wait_for(asyncio.shield(ready), self._start_timeout)
         except BaseException as exc:
-            # A start that failed or gave up takes the half-open session down with it (the SDK
-            # waits on a handshake answer without a bound of its own).
-            await self._end_holder(cancel=True)
-            if ready.done() and not ready.cancelled():
-                ready.exception()  # retrieved: the error raised below says it
-            self._lost = "its start failed"
-            error: BaseException = exc
-            if isinstance(exc, TimeoutError):
-                error = MCPServerUnavailable(
-                    f"MCP server {self.name!r} did not list its tools within "
-                    f"{self._start_timeout:g} s of starting{self._stderr_tail()}",
-                    server=self.name,
-                )
-            elif isinstance(exc, Exception) and not isinstance(exc, MCPServerError):
-                error = MCPServerUnavailable(
-                    f"MCP server {self.name!r} could not be started: {_describe(exc)}"
-                    f"{self._stderr_tail()}",
-                    server=self.name,
-                )
-            if error is exc:
+            error = await self._start_failed(s, ready, exc)
+            if error is exc or error is None:
                 raise
-            raise error from (None if isinstance(exc, TimeoutError) else exc)
-        self._tools = tools
+            quiet = isinstance(exc, TimeoutError | asyncio.CancelledError)
+            raise error from (None if quiet else exc)
+        if s.ended:  # aclose() ended it as it listed the tools
+            error = await self._start_failed(s, ready, None)
+            assert error is not None
+            raise error
+        s.users = 1
+        s.outcome.set_result(None)
+
+    async def _start_failed(
+        self, s: _Session, ready: asyncio.Future[list[MCPTool]], exc: BaseException | None
+    ) -> BaseException | None:
+        """End a start that failed with ``exc`` (None: it was closed meanwhile) and tell the
+        starts waiting on it; what it raises (None: ``exc`` goes on, a cancellation)."""
+        s.ended = True
+        s.tools = None
+        # A start that failed or gave up takes the half-open session down with it (the SDK
+        # waits on a handshake answer without a bound of its own).
+        await self._end(s, cancel=True)
+        if ready.done() and not ready.cancelled():
+            ready.exception()  # retrieved: the error raised says it
+        if s.lost is None:
+            s.lost = "its start failed"
+        error = self._start_error(s, exc)
+        if error is None:
+            s.outcome.cancel()  # the starts waiting on it try again
+        else:
+            s.outcome.set_exception(error)
+            s.outcome.exception()  # retrieved: nobody may be waiting on it
+        return error
+
+    def _start_error(self, s: _Session, exc: BaseException | None) -> BaseException | None:
+        """What a failed start raises; None: ``exc`` goes on (this task is cancelled, or the
+        process is being interrupted)."""
+        task = asyncio.current_task()
+        if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+            return None
+        if exc is None or isinstance(exc, asyncio.CancelledError):
+            # aclose() ended the start (the session's task cancelled, not this one).
+            return MCPServerUnavailable(
+                f"MCP server {self.name!r} was closed while it started", server=self.name
+            )
+        if isinstance(exc, TimeoutError):
+            return MCPServerUnavailable(
+                f"MCP server {self.name!r} did not list its tools within "
+                f"{self._start_timeout:g} s of starting{self._ran()}{self._stderr_tail(s)}",
+                server=self.name,
+            )
+        if not isinstance(exc, Exception):
+            return None
+        if isinstance(exc, MCPServerError):
+            return exc
+        return MCPServerUnavailable(
+            f"MCP server {self.name!r} could not be started: {self._why(exc)}"
+            f"{self._stderr_tail(s)}",
+            server=self.name,
+        )
+
+    def _workdir(self) -> str:
+        return os.path.abspath(self._cwd) if self._cwd is not None else os.getcwd()
+
+    def _ran(self) -> str:
+        """Where a stdio server ran, for an error: its command and working directory, and the
+        relative paths of the command that name nothing there (a script path written as if
+        it resolved beside the module that defines the server, which it does not)."""
+        if self._command is None:
+            return ""
+        where = self._workdir()
+        text = f"; it ran {shlex.join(self._command)} in {where}"
+        missing = [
+            arg
+            for arg in self._command[1:]
+            if not arg.startswith("-")
+            and not os.path.isabs(arg)
+            and ("/" in arg or os.path.splitext(arg)[1] in _SCRIPT_SUFFIXES)
+            and not os.path.exists(os.path.join(where, arg))
+        ]
+        if missing:
+            text += (
+                f", which has no {', '.join(map(repr, missing))} (a relative path in the "
+                "command resolves in the server's working directory, cwd= or else the "
+                "process's; give an absolute path, e.g. built from Path(__file__).parent)"
+            )
+        return text
+
+    def _why(self, exc: BaseException) -> str:
+        """Why a stdio server could not be started, as the user would look for it: a program
+        not found is named with where it was looked for."""
+        if self._command is None:
+            return _describe(exc)
+        os_error = next((e for e in _leaves(exc) if isinstance(e, OSError)), None)
+        program = self._command[0]
+        if isinstance(os_error, FileNotFoundError | PermissionError | NotADirectoryError):
+            where = self._workdir()
+            named = os_error.filename
+            if isinstance(named, os.PathLike):
+                named = os.fspath(named)  # the SDK is given the cwd as a Path
+            if self._cwd is not None and named in (os.fspath(self._cwd), where):
+                return f"its working directory {where} cannot be used ({_describe(os_error)})"
+            if os.sep in program or (os.altsep and os.altsep in program):
+                path = os.path.normpath(os.path.join(where, program))
+                if isinstance(os_error, FileNotFoundError):
+                    found = f"there is no program {path}"
+                else:
+                    found = f"the program {path} cannot be run ({_describe(os_error)})"
+                if not os.path.isabs(program):
+                    found += f" ({program!r} resolved in the working directory {where})"
+                return found
+            search = (self._env or {}).get("PATH") or os.environ.get("PATH") or os.defpath
+            if isinstance(os_error, FileNotFoundError):
+                return f"no program {program!r} was found on PATH ({search})"
+            return f"the program {program!r} found on PATH cannot be run ({_describe(os_error)})"
+        if _connection_closed(exc):
+            return f"its process closed the connection before it listed its tools{self._ran()}"
+        return f"{_describe(exc)}{self._ran()}"
 
     def _headers(self) -> dict[str, str] | None:
         """The HTTP headers of ``headers_env``, read from the environment now."""
@@ -317,17 +438,30 @@ class MCPServer:
 
     def tools(self) -> list[MCPTool]:
         """The server's tools (those ``allow`` keeps), in the server's order."""
-        if self._tools is None:
-            raise RuntimeError(f"{self!r} has no tools before start()")
-        return list(self._tools)
+        s = self._session
+        if s is None or s.tools is None:
+            raise RuntimeError(f"{self!r} has no tools before start() (nor after a failed one)")
+        return list(s.tools)
 
     async def aclose(self) -> None:
-        """End the session and, for a stdio server, its process (the SDK closes its stdin,
-        then terminates, then kills it, each step bounded). Idempotent."""
-        self._client = None
-        if self._lost is None:
-            self._lost = "the server was closed"
-        await self._end_holder()
+        """Give back one start (see the class docstring): the last one ends the session and,
+        for a stdio server, its process (the SDK closes its stdin, then terminates, then kills
+        it, each step bounded). A server not running is left as it is; one whose start is
+        under way has that start fail."""
+        s = self._session
+        if s is None or s.ended:
+            return
+        if s.users > 1:
+            s.users -= 1
+            return
+        starting = not s.users
+        s.users = 0
+        s.ended = True
+        s.client = None
+        if s.lost is None:
+            s.lost = "the server was closed"
+        if s.loop is asyncio.get_running_loop():
+            await self._end(s, cancel=starting)
 
     async def __aenter__(self) -> Self:
         await self.start()
@@ -354,9 +488,10 @@ class MCPServer:
                 f"arguments of MCP tool {tool!r} must be a JSON object (a dict), "
                 f"got {type(arguments).__name__}"
             )
-        client = self._client
-        if client is None or self._lost is not None:
-            why = self._lost or "it was not started"
+        s = self._session
+        client = None if s is None else s.client
+        if s is None or client is None or s.lost is not None:
+            why = (s.lost if s is not None else None) or "it was not started"
             raise MCPServerUnavailable(
                 f"MCP server {self.name!r} cannot call {tool!r}: {why}", server=self.name, tool=tool
             )
@@ -376,7 +511,7 @@ class MCPServer:
                     tool=tool,
                 ) from None
             if exc.code == CONNECTION_CLOSED:
-                raise self._gone(tool, "its connection closed") from None
+                raise self._gone(s, tool, "its connection closed") from None
             raise MCPToolError(
                 f"MCP server {self.name!r} refused the call of {tool!r}: {exc.message} "
                 f"(code {exc.code})",
@@ -386,7 +521,7 @@ class MCPServer:
         except Exception as exc:
             # Whatever else the transport raised (an HTTP server gone, a broken stream) ends
             # the session: a half-working connection would fail later calls more obscurely.
-            raise self._gone(tool, _describe(exc)) from exc
+            raise self._gone(s, tool, _describe(exc)) from exc
         if result.is_error:
             raise MCPToolError(
                 f"MCP tool {tool!r} of server {self.name!r} failed: "
@@ -418,14 +553,14 @@ class MCPServer:
         return Client(stdio_client(params, errlog=errlog or sys.stderr))
 
     async def _hold(
-        self, ready: asyncio.Future[list[MCPTool]], headers: dict[str, str] | None
+        self, s: _Session, ready: asyncio.Future[list[MCPTool]], headers: dict[str, str] | None
     ) -> None:
-        """Enter the client, list the tools, and keep the session open until :meth:`aclose`."""
+        """Enter the client, list the tools, and keep the session open until it is ended."""
         try:
-            with self._stderr_log() as errlog:
+            with self._stderr_log(s) as errlog:
                 client = self._new_client(errlog, headers)
                 async with client:
-                    self._client = client
+                    s.client = client
                     if self._name is None and client.server_info is not None:
                         self._name = client.server_info.name
                     try:
@@ -436,19 +571,19 @@ class MCPServer:
                         ready.set_exception(exc)
                         return
                     ready.set_result(tools)
-                    await self._stop.wait()
+                    await s.stop.wait()
         except BaseException as exc:
             if not ready.done():
                 if isinstance(exc, asyncio.CancelledError):
                     ready.cancel()
                 else:
                     ready.set_exception(exc)
-            elif self._lost is None:
-                self._lost = f"its session ended: {_describe(exc)}"
+            elif s.lost is None:
+                s.lost = f"its session ended: {_describe(exc)}"
             if isinstance(exc, asyncio.CancelledError):
                 raise
         finally:
-            self._client = None
+            s.client = None
 
     async def _list(self, client: Client) -> list[MCPTool]:
         listed: list[Any] = []
@@ -482,11 +617,11 @@ class MCPServer:
             tools.append(MCPTool(self, tool.name, tool.description or "", dict(tool.input_schema)))
         return tools
 
-    async def _end_holder(self, *, cancel: bool = False) -> None:
-        holder = self._holder
+    async def _end(self, s: _Session, *, cancel: bool = False) -> None:
+        holder = s.holder
         if holder is None or holder.done():
             return
-        self._stop.set()
+        s.stop.set()
         if cancel:
             holder.cancel()
         # The SDK bounds its own shutdown (stdin closed, then SIGTERM, then SIGKILL, about 6 s
@@ -495,17 +630,21 @@ class MCPServer:
         # raises the holder's own cancellation here.
         await asyncio.wait({holder})
 
-    def _gone(self, tool: str, why: str) -> MCPServerUnavailable:
-        if self._lost is None:
-            self._lost = f"{why}{self._stderr_tail()}"
+    def _gone(self, s: _Session | None, tool: str, why: str) -> MCPServerUnavailable:
+        if s is None:
+            lost = why
+        else:
+            if s.lost is None:
+                s.lost = f"{why}{self._stderr_tail(s)}"
+            lost = s.lost
         return MCPServerUnavailable(
-            f"MCP server {self.name!r} is gone (calling {tool!r}): {self._lost}",
+            f"MCP server {self.name!r} is gone (calling {tool!r}): {lost}",
             server=self.name,
             tool=tool,
         )
 
     @contextlib.contextmanager
-    def _stderr_log(self) -> Iterator[TextIO | None]:
+    def _stderr_log(self, s: _Session) -> Iterator[TextIO | None]:
         """Where a stdio server's stderr goes: ``stderr=``, else a temporary file whose tail is
         kept when it closes (after the client's exit: the process has ended, its last words
         written)."""
@@ -513,22 +652,87 @@ class MCPServer:
             yield self._stderr
             return
         with tempfile.TemporaryFile("w+", encoding="utf-8") as file:
-            self._stderr_file = file
+            s.stderr_file = file
             try:
                 yield file
             finally:
-                self._stderr_kept = self._stderr_tail()
-                self._stderr_file = None
+                s.stderr_kept = self._stderr_tail(s)
+                s.stderr_file = None
 
-    def _stderr_tail(self) -> str:
-        file = self._stderr_file
+    @staticmethod
+    def _stderr_tail(s: _Session) -> str:
+        file = s.stderr_file
         if file is None:
-            return self._stderr_kept
+            return s.stderr_kept
         fd = file.fileno()
         size = os.fstat(fd).st_size
         data = os.pread(fd, STDERR_TAIL, max(0, size - STDERR_TAIL))
         text = data.decode("utf-8", errors="replace").strip()
         return f"; its stderr ends:\n{text}" if text else ""
+
+
+class _Session:
+    """One start of an :class:`MCPServer`: the task holding it open, its client and tools,
+    how many starts share it, and why its calls fail once it is gone. A new start makes a
+    new one, so nothing of an ended session (its stop event, its event loop) is reused."""
+
+    __slots__ = (
+        "client",
+        "ended",
+        "holder",
+        "loop",
+        "lost",
+        "outcome",
+        "stderr_file",
+        "stderr_kept",
+        "stop",
+        "tools",
+        "users",
+    )
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        #: The start's outcome: None once it succeeded, its error if it failed, cancelled if
+        #: it was; starts made while it was under way wait on it.
+        self.outcome: asyncio.Future[None] = loop.create_future()
+        self.stop = asyncio.Event()
+        self.holder: asyncio.Task[None] | None = None
+        self.client: Client | None = None
+        self.tools: list[MCPTool] | None = None
+        #: Starts sharing it: 0 while its start is under way and once it has ended.
+        self.users = 0
+        #: Closed by its last user, or its start failed: a later start makes a new session.
+        self.ended = False
+        #: Why its calls fail: it died, was closed, or its start failed (None: usable).
+        self.lost: str | None = None
+        self.stderr_file: IO[str] | None = None
+        self.stderr_kept = ""
+
+
+#: Suffixes of a script an interpreter is given (``python3 server.py``): a relative argument
+#: with one that names no file in the working directory is pointed out when a start fails.
+_SCRIPT_SUFFIXES = frozenset({".py", ".js", ".mjs", ".cjs", ".ts", ".rb", ".sh", ".jar", ".pl"})
+
+
+def _leaves(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and, for an exception group (anyio's task groups raise them), its leaves; each
+    with the exception it was raised from."""
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            yield from _leaves(inner)
+        return
+    yield exc
+    if exc.__cause__ is not None:
+        yield from _leaves(exc.__cause__)
+
+
+def _connection_closed(exc: BaseException) -> bool:
+    """Whether ``exc`` is the SDK's "connection closed" (a stdio server that exited, or wrote
+    something else than the protocol, before it answered)."""
+    from mcp import MCPError
+    from mcp_types import CONNECTION_CLOSED
+
+    return any(isinstance(e, MCPError) and e.code == CONNECTION_CLOSED for e in _leaves(exc))
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,11 @@ the tools' services stopped, and a what-if can change the instructions.
 
 Tool sources (:class:`~agents.ToolSource`, an MCP server for one) start on the first
 message handled live, not when the agent starts, and each message records their tool list
-as the effect ``tools.list``: a replay offers the model the same tools without them.
+as the effect ``tools.list``: a replay offers the model the same tools without them. A
+start that fails fails that message with its cause, and the next message tries again.
+:meth:`ModelAgent.stop` closes them once no handling uses them, and they are never started
+again by a stopping agent: a message that needs them after that fails with
+:class:`AgentStopping`, which a resume runs again live rather than serving.
 
 Bounds, each a setting: ``max_turns`` model calls per message, ``max_tool_errors`` failed
 tool calls, ``max_output_retries`` answers that do not fit. Past one, the message fails with
@@ -31,7 +35,8 @@ Errors (a branch of :class:`agents.AgentError`)::
     ├── TooManyTurns               ``max_turns`` model calls without a final answer
     ├── TooManyToolErrors          more tool calls failed than ``max_tool_errors``
     ├── TemplateError              the instructions or prompt name a field the message lacks
-    └── OutputSchemaInvalid        an inline JSON schema ``output`` the answer check cannot honour
+    ├── OutputSchemaInvalid        an inline JSON schema ``output`` the answer check cannot honour
+    └── AgentStopping              a message needed the tool sources after the agent's stop
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from agents._tools import (
 from bus import Envelope
 
 __all__ = [
+    "AgentStopping",
     "AnswerInvalid",
     "ModelAgent",
     "ModelAgentError",
@@ -95,6 +101,13 @@ class TooManyToolErrors(ModelAgentError):
 
 class TemplateError(ModelAgentError, ValueError):
     """A template is malformed, or names a field the message does not have."""
+
+
+class AgentStopping(ModelAgentError):
+    """A message needed the agent's tool sources after its :meth:`~ModelAgent.stop` closed
+    them (or before any was started): a stopping agent starts none again. An artifact of
+    the shutdown, not an answer of the tools: a resume runs the call again, live, instead of
+    serving the recorded failure."""
 
 
 class Template:
@@ -530,6 +543,10 @@ class ModelAgent(Agent):
         #: The sources' tools by name once they are started (on the first live listing).
         self._source_tools: dict[str, Tool] | None = None
         self._starting = asyncio.Lock()
+        #: Handlings under way: the sources are closed only once none is (see :meth:`stop`).
+        self._handling = 0
+        #: Set by :meth:`stop`, cleared by :meth:`start`: no source is started meanwhile.
+        self._stopping = False
         self._through_sources = _SourceCalls(self)
 
     def _add(self, into: dict[str, Tool], t: Tool) -> None:
@@ -537,25 +554,59 @@ class ModelAgent(Agent):
             raise ToolError(f"model agent {self.name!r} has two tools named {t.name!r}")
         into[t.name] = t
 
+    async def start(self) -> None:
+        """Ready to handle messages; after a :meth:`stop`, the next message handled live
+        starts the tool sources again."""
+        self._stopping = False
+        await super().start()
+
     async def stop(self) -> None:
-        """Close the tool sources that were started."""
+        """Close the tool sources it started, once no handling uses them, and start none
+        again until :meth:`start`.
+
+        The runtime stops the agents and then drains the bus, so a handling may be under way
+        (a node whose driver died stops with messages in flight): it keeps the sources open
+        to its end, its tool calls answered, and the last such handling closes them (the
+        drain waits for it). With none under way they are closed before this returns. A
+        message that needs the sources once they are closed fails at once with
+        :class:`AgentStopping` rather than starting them again (nothing would close them)."""
+        self._stopping = True
+        if not self._handling:
+            await self._close_sources()
+
+    async def _close_sources(self) -> None:
         if self._source_tools is None:
             return
+        # Unset before the first await: a handling that starts meanwhile finds them closed.
         self._source_tools = None
-        for source in reversed(self._sources):
-            await source.aclose()
+        await _close_all(self._sources)
 
     async def _started(self) -> dict[str, Tool]:
         """The sources' tools, starting the sources on first use. Not at :meth:`start`: a
         replay serves the listing and every call from the record, and must not need the
-        sources' servers at all."""
+        sources' servers at all. A start that fails closes those it had started (nothing is
+        left running) and raises its error, which the next message's start tries again."""
         async with self._starting:
             if self._source_tools is None:
+                if self._stopping:
+                    raise AgentStopping(
+                        f"model agent {self.name!r} is stopping: its tool sources are closed "
+                        "and a stopping agent does not start them again"
+                    )
                 found: dict[str, Tool] = {}
-                for source in self._sources:
-                    await source.start()
-                    for t in source.tools():
-                        self._add(found, t)
+                started: list[ToolSource] = []
+                try:
+                    for source in self._sources:
+                        await source.start()
+                        started.append(source)
+                        for t in source.tools():
+                            self._add(found, t)
+                except BaseException:
+                    try:
+                        await _close_all(started)
+                    except Exception:
+                        self.log.warning("closing the tool sources failed", exc_info=True)
+                    raise
                 self._source_tools = found
             return self._source_tools
 
@@ -601,6 +652,21 @@ class ModelAgent(Agent):
         return out
 
     async def handle(self, env: Envelope) -> Any:
+        self._handling += 1
+        try:
+            return await self._converse(env)
+        finally:
+            self._handling -= 1
+            if self._stopping and not self._handling:
+                # The last handling of a stopping agent: the sources' time is up.
+                try:
+                    await self._close_sources()
+                except Exception:
+                    # Not this message's failure: it has its outcome already.
+                    self.log.warning("closing the tool sources failed", exc_info=True)
+
+    async def _converse(self, env: Envelope) -> Any:
+        """One message's conversation (see the module docstring)."""
         s = self.settings
         messages = self.messages(env)
         options: dict[str, Any] = {}
@@ -716,9 +782,10 @@ class ModelAgent(Agent):
             else:
                 have = ", ".join([*self._tools, *sorted(listed)]) or "none"
                 return f"Error: there is no tool named {name!r} (tools: {have})", True
-        except MCPServerUnavailable:
-            # The server is gone: no answer the model could act on, and every later call
-            # would fail alike. The message fails, dead-lettered with this reason.
+        except (MCPServerUnavailable, AgentStopping):
+            # The server is gone (or closed for the agent's stop): no answer the model could
+            # act on, and every later call would fail alike. The message fails, dead-lettered
+            # with this reason.
             raise
         except Exception as exc:
             # Named by the type's own name and message, which a replay rebuilds the same
@@ -781,6 +848,19 @@ class _SourceCalls:
 
     async def call(self, name: str, arguments: dict[str, Any]) -> Any:
         return await self._agent._call_source_tool(name, arguments)
+
+
+async def _close_all(sources: Sequence[ToolSource]) -> None:
+    """Close ``sources`` in reverse order, each even if one before it failed to close; the
+    first failure is raised after."""
+    failed: BaseException | None = None
+    for source in reversed(sources):
+        try:
+            await source.aclose()
+        except Exception as exc:
+            failed = failed or exc
+    if failed is not None:
+        raise failed
 
 
 def _assistant(result: ChatResult) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from agents import BUDGET_EFFECT
+from agents import BUDGET_EFFECT, AgentStopping
 from pantheon._errors import DriverGone
 from pantheon.sessions import StoredEffect
 from pantheon.sessions.internals import (
@@ -200,7 +200,10 @@ class Resume(Policy):
     counted in ``mismatched`` rather than failing a run whose point is to finish. A failure a
     node recorded only because the driver had died (:class:`~pantheon._errors.DriverGone`:
     an approval or a budget admission nobody could answer) is asked again, live, and counted
-    in ``asked_again``: serving it would dead-letter work a person is still to decide."""
+    in ``asked_again``: serving it would dead-letter work a person is still to decide. So is
+    a model agent's tool listing or call that failed because the agent was stopping
+    (:class:`agents.AgentStopping`: its tool servers closed as its node left), which says
+    nothing of what the tools would answer."""
 
     def __init__(self) -> None:
         self.mismatched = 0
@@ -210,7 +213,7 @@ class Resume(Policy):
         if call.matches_record():
             rec = call.record
             assert rec is not None
-            if rec.flag == EFFECT_ERROR and _driver_gone(rec):
+            if rec.flag == EFFECT_ERROR and _interrupted(rec):
                 self.asked_again += 1
                 return LIVE
             return SERVE
@@ -218,9 +221,11 @@ class Resume(Policy):
         return LIVE
 
 
-def _driver_gone(rec: StoredEffect) -> bool:
-    """Whether ``rec`` failed with a :class:`~pantheon._errors.DriverGone` error, rebuilt as
+def _interrupted(rec: StoredEffect) -> bool:
+    """Whether ``rec`` failed only because its run was going away: a
+    :class:`~pantheon._errors.DriverGone` or :class:`agents.AgentStopping` error, rebuilt as
     a replay rebuilds a recorded error (the nodes' relays that define them are loaded: a
     resume runs the team). A session recorded before these existed has the plain
     ``ApprovalUnavailable`` there: it is served, as it was then."""
-    return isinstance(rebuild_error(rec.error_type or "", rec.error or ""), DriverGone)
+    error = rebuild_error(rec.error_type or "", rec.error or "")
+    return isinstance(error, DriverGone | AgentStopping)

@@ -236,7 +236,8 @@ class ResumeResult:
     mismatched: int
     differences: tuple[str, ...]
     #: Effects a node recorded as failed only because the driver had died (approvals,
-    #: budget admissions): asked again rather than served.
+    #: budget admissions) or its model agent was stopping (tool listings and calls): asked
+    #: again rather than served.
     asked_again: int = 0
 
     def to_dict(self) -> dict[str, Any]:

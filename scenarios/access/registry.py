@@ -2,9 +2,9 @@
 started over stdio by :class:`agents.MCPServer` when the reviewer first handles a request
 live, and stopped with it.
 
-An :class:`agents.MCPServer` starts once; this source makes a new one at every start, so the
-same team can run, then be what-if replayed, in one process (a test's), each time against a
-freshly seeded server."""
+Each start is a new server process, so the same team can run, then be what-if replayed, in
+one process (a test's), each time against a freshly seeded server; the source names the
+server by its script and seed file (:meth:`Registry.request_identity`)."""
 
 from __future__ import annotations
 

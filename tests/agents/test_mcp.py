@@ -177,10 +177,166 @@ async def test_a_server_that_exits_at_start_is_unavailable_with_its_stderr() -> 
     assert "its stderr ends:\nno such database: /nope" in str(failed.value)
 
 
-async def test_a_missing_program_is_unavailable(tmp_path: Path) -> None:
-    server = MCPServer(command=[str(tmp_path / "no-such-server")])
-    with pytest.raises(MCPServerUnavailable, match="could not be started: FileNotFoundError"):
+async def test_a_missing_program_is_named_with_where_it_was_looked_for(tmp_path: Path) -> None:
+    absolute = MCPServer(command=[str(tmp_path / "no-such-server")], name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await absolute.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: there is no program {tmp_path}/no-such-server"
+    )
+    # A bare name is looked for on the PATH the server gets (its env's, else the run's).
+    bare = MCPServer(command=["no-such-server"], env={"PATH": f"{tmp_path}:/nowhere"}, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await bare.start()
+    assert str(failed.value) == (
+        "MCP server 'fleet' could not be started: no program 'no-such-server' was found on "
+        f"PATH ({tmp_path}:/nowhere)"
+    )
+    # A relative path, in the server's working directory.
+    relative = MCPServer(command=["bin/no-such-server"], cwd=tmp_path, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await relative.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: there is no program "
+        f"{tmp_path}/bin/no-such-server ('bin/no-such-server' resolved in the working "
+        f"directory {tmp_path})"
+    )
+    nowhere = tmp_path / "gone"
+    no_cwd = MCPServer(command=[sys.executable, "server.py"], cwd=nowhere, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
+        await no_cwd.start()
+    assert str(failed.value) == (
+        f"MCP server 'fleet' could not be started: its working directory {nowhere} cannot be "
+        f"used (FileNotFoundError: [Errno 2] No such file or directory: {nowhere!r})"
+    )
+
+
+async def test_a_relative_script_path_that_names_nothing_says_where_it_was_resolved(
+    tmp_path: Path,
+) -> None:
+    """The command is run as written, in ``cwd`` (else the process's own working directory),
+    not beside the module that made the server: the error says so and where it looked."""
+    server = MCPServer(command=[sys.executable, "fleet_server.py"], cwd=tmp_path, name="fleet")
+    with pytest.raises(MCPServerUnavailable) as failed:
         await server.start()
+    assert str(failed.value) == (
+        "MCP server 'fleet' could not be started: its process closed the connection before it "
+        f"listed its tools; it ran {sys.executable} fleet_server.py in {tmp_path}, which has no "
+        "'fleet_server.py' (a relative path in the command resolves in the server's working "
+        "directory, cwd= or else the process's; give an absolute path, e.g. built from "
+        "Path(__file__).parent); its stderr ends:\n"
+        f"{sys.executable}: can't open file '{tmp_path}/fleet_server.py': [Errno 2] No such "
+        "file or directory"
+    )
+
+
+def notes_script(path: Path) -> None:
+    """Write a script at ``path`` that serves the notes server (``--db`` as its argument)."""
+    path.write_text("from pantheon.testing.mcp_notes import main\n\nmain()\n", encoding="utf-8")
+
+
+async def test_a_closed_server_starts_again_as_a_new_process(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    server = MCPServer(command=notes_command(db), timeout=20, start_timeout=UP_WITHIN)
+    await server.start()
+    [first] = processes_with(db)
+    [add, find, _] = server.tools()
+    assert await add({"title": "Refunds", "text": "within 30 days"}) == {"id": 1}
+    await server.aclose()
+    assert processes_with(db) == []
+    with pytest.raises(MCPServerUnavailable) as closed:
+        await find({"query": "refund"})
+    assert str(closed.value) == (
+        "MCP server 'notes' cannot call 'find_notes': the server was closed"
+    )
+
+    await server.start()  # a new session and process; the old tools reach it
+    [second] = processes_with(db)
+    assert second != first
+    assert [n["id"] for n in (await find({"query": "refund"}))["notes"]] == [1]
+    await server.aclose()
+    await server.aclose()  # closing a closed server does nothing
+    assert processes_with(db) == []
+
+
+async def test_a_failed_start_is_tried_again_by_the_next_start(tmp_path: Path) -> None:
+    db = tmp_path / "notes.sqlite"
+    script = tmp_path / "notes_server.py"  # not written yet: a typo'd path, as it were
+    server = MCPServer(
+        command=[sys.executable, str(script), "--db", str(db)], name="notes", start_timeout=60
+    )
+    expected = (
+        "MCP server 'notes' could not be started: its process closed the connection before "
+        f"it listed its tools; it ran {sys.executable} {script} --db {db} in {os.getcwd()}; "
+        f"its stderr ends:\n{sys.executable}: can't open file '{script}': [Errno 2] No such "
+        "file or directory"
+    )
+    for _ in range(2):  # each start tries again, and says the same real cause
+        with pytest.raises(MCPServerUnavailable) as failed:
+            await server.start()
+        assert str(failed.value) == expected
+    with pytest.raises(MCPServerUnavailable) as never:
+        await server.call_tool("find_notes", {"query": "x"})
+    assert str(never.value) == "MCP server 'notes' cannot call 'find_notes': its start failed"
+    notes_script(script)
+    async with server:
+        assert await server.call_tool("find_notes", {"query": "x"}) == {"notes": []}
+    assert processes_with(db) == []
+
+
+async def test_starts_share_one_session_until_the_last_close(tmp_path: Path) -> None:
+    """Two agents may share one server: their starts (racing) make one process, which the
+    first agent's close leaves running for the other."""
+    db = tmp_path / "notes.sqlite"
+    server = MCPServer(command=notes_command(db), timeout=20, start_timeout=UP_WITHIN)
+    await asyncio.gather(server.start(), server.start())
+    assert len(processes_with(db)) == 1
+    await server.start()  # a third, once it runs: joins it
+    assert len(processes_with(db)) == 1
+    for _ in range(2):
+        await server.aclose()
+        assert await server.call_tool("add_note", {"title": "t", "text": "x"}) in (
+            {"id": 1},
+            {"id": 2},
+        )
+    await server.aclose()
+    assert processes_with(db) == []
+
+
+async def test_racing_starts_of_a_failing_server_share_one_try_and_its_error(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "stderr.log"
+    missing = tmp_path / "missing_server.py"
+    with log.open("w", encoding="utf-8") as stderr:
+        server = MCPServer(command=[sys.executable, str(missing)], name="fleet", stderr=stderr)
+        both = await asyncio.gather(server.start(), server.start(), return_exceptions=True)
+    assert [type(e) for e in both] == [MCPServerUnavailable, MCPServerUnavailable]
+    assert str(both[0]) == str(both[1])
+    assert str(both[0]).startswith(
+        "MCP server 'fleet' could not be started: its process closed the connection"
+    )
+    # One process was started, which said so once.
+    assert log.read_text(encoding="utf-8").count("can't open file") == 1
+
+
+async def _use_once(server: MCPServer, *, close: bool = True) -> object:
+    await server.start()
+    answer = await server.call_tool("find_notes", {"query": "x"})
+    if close:
+        await server.aclose()
+    return answer
+
+
+def test_one_server_object_serves_one_event_loop_after_another(tmp_path: Path) -> None:
+    """A module-level server, as a scenario's tools module makes one, in a process that runs
+    the team twice (``asyncio.run`` each time), the first run ending without closing it."""
+    db = tmp_path / "notes.sqlite"
+    server = MCPServer(command=notes_command(db), timeout=20, start_timeout=UP_WITHIN)
+    assert asyncio.run(_use_once(server, close=False)) == {"notes": []}
+    assert asyncio.run(_use_once(server)) == {"notes": []}
+    assert asyncio.run(_use_once(server)) == {"notes": []}
+    assert processes_with(db) == []
 
 
 async def test_a_server_that_never_answers_fails_the_start_within_its_bound(
@@ -327,7 +483,7 @@ async def test_a_header_whose_variable_is_not_set_fails_the_start_naming_it(
         "takes its value from the environment variable NOTES_TOKEN, which is not set"
     )
     # Nothing was started: setting the variable and starting again is a plain start.
-    assert server._holder is None
+    assert server._session is None
 
 
 def test_a_server_without_headers_keeps_its_identity() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pantheon
-from pantheon.scenario import parse_scenario
+from pantheon.scenario import Scenario, parse_scenario
 from pantheon.sessions import SessionStore
 from pantheon.testing import ModelServer, Reply
 
@@ -106,11 +106,12 @@ def conversation(request: dict[str, Any]) -> Reply:
     return Reply(json.dumps({"action": action, "amount": amount, "note": note}))
 
 
-async def test_python_tools_and_an_mcp_server_replay_with_both_servers_stopped(
-    tmp_path: Path,
-) -> None:
+def _desk(tmp_path: Path, module: str = "ma_mcp_mod") -> Path:
+    """The desk's files in ``tmp_path``: its module (whose notes server keeps its SQLite file
+    there; named otherwise by each test, as a process keeps the module it imported first),
+    its asks and its scenario; the notes file's path."""
     notes_db = tmp_path / "notes.db"
-    (tmp_path / "ma_mcp_mod.py").write_text(
+    (tmp_path / f"{module}.py").write_text(
         MODULE.replace("NOTES_DB", repr(str(notes_db))), encoding="utf-8"
     )
     asks = [
@@ -118,14 +119,23 @@ async def test_python_tools_and_an_mcp_server_replay_with_both_servers_stopped(
         {"ticket": "T-2", "customer": "Bo", "order": "A-2"},
     ]
     (tmp_path / "asks.jsonl").write_text("".join(json.dumps(a) + "\n" for a in asks))
-    (tmp_path / "desk.yaml").write_text(SCENARIO, encoding="utf-8")
+    (tmp_path / "desk.yaml").write_text(SCENARIO.replace("ma_mcp_mod", module), encoding="utf-8")
+    return notes_db
+
+
+def _scenario(tmp_path: Path, server: ModelServer) -> Scenario:
+    text = (tmp_path / "desk.yaml").read_text(encoding="utf-8")
+    text += f"provider: {{kind: openai, base_url: '{server.base_url}', model: stand-in}}\n"
+    return parse_scenario(text, str(tmp_path / "desk.yaml"), tmp_path)
+
+
+async def test_python_tools_and_an_mcp_server_replay_with_both_servers_stopped(
+    tmp_path: Path,
+) -> None:
+    notes_db = _desk(tmp_path)
     store = tmp_path / "sessions.db"
     with ModelServer(conversation) as server:
-        text = SCENARIO + (
-            f"provider: {{kind: openai, base_url: '{server.base_url}', model: stand-in}}\n"
-        )
-        scenario = parse_scenario(text, str(tmp_path / "desk.yaml"), tmp_path)
-        summary = await pantheon.run(scenario, store=store)
+        summary = await pantheon.run(_scenario(tmp_path, server), store=store)
         assert len(server.requests) == 6  # three turns for each of the two asks
     assert summary.passed, summary.expectations
 
@@ -156,3 +166,21 @@ async def test_python_tools_and_an_mcp_server_replay_with_both_servers_stopped(
     assert report.effects_called == 0 and report.effects_served == 14
     with sqlite3.connect(notes_db) as conn:
         assert conn.execute("SELECT count(*) FROM notes").fetchone() == (2,)
+
+
+async def test_the_team_runs_twice_in_one_process_on_its_module_level_server(
+    tmp_path: Path,
+) -> None:
+    """The module's one ``MCPServer`` is started by the first run and closed with its agent;
+    the second run (a test helper's, or a what-if after the run) starts it again."""
+    notes_db = _desk(tmp_path, "ma_mcp_twice")
+    with ModelServer(conversation) as server:
+        first = await pantheon.run(_scenario(tmp_path, server), record=False)
+        second = await pantheon.run(_scenario(tmp_path, server), record=False)
+        assert len(server.requests) == 12
+    for summary in (first, second):
+        assert summary.passed, (summary.expectations, summary.dead_letters)
+        assert summary.dlq == {}
+    with sqlite3.connect(notes_db) as conn:  # both runs' notes, the second's numbered on
+        notes = conn.execute("SELECT title FROM notes ORDER BY title").fetchall()
+    assert notes == [("T-1",), ("T-1",), ("T-2",), ("T-2",)]

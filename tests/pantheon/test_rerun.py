@@ -13,7 +13,7 @@ from cli_run import pantheon as cli
 
 import pantheon
 import pantheon.rerun
-from agents import ApprovalUnavailable
+from agents import AgentStopping, ApprovalUnavailable, MCPServerUnavailable
 from pantheon.rerun import EffectCall, ExactReplay, Resume, Verdict, WhatIf
 from pantheon.rerun._engine import dangling
 from pantheon.sessions import StoredDelivery, StoredEffect, StoredEnvelope
@@ -129,6 +129,31 @@ def test_resume_asks_again_what_a_node_failed_only_because_its_driver_had_died()
     refused = failed("human.approval", ApprovalUnavailable)  # e.g. a request too large
     assert policy.decide(call("human.approval", refused)).action == "serve"
     assert (policy.asked_again, policy.mismatched) == (2, 0)
+
+
+def test_resume_runs_again_what_failed_only_because_the_model_agent_was_stopping() -> None:
+    """A model agent whose node left with messages queued (its driver died) fails those that
+    need its closed tool servers with AgentStopping: no answer of the tools, so resume runs
+    them live. A tool server's own failure stays served, as recorded."""
+
+    def failed(name: str, cls: type[Exception], message: str) -> StoredEffect:
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        return dataclasses.replace(
+            effect(name), flag=EFFECT_ERROR, error_type=qualified, error=message
+        )
+
+    assert AgentStopping.__module__ == "agents._model_agent"  # the name records keep
+    policy = Resume()
+    stopping = failed(
+        "tools.list",
+        AgentStopping,
+        "model agent 'triage' is stopping: its tool sources are closed and a stopping "
+        "agent does not start them again",
+    )
+    assert policy.decide(call("tools.list", stopping)) == Verdict("live")
+    gone = failed("tool.find", MCPServerUnavailable, "MCP server 'fleet' is gone (calling ...)")
+    assert policy.decide(call("tool.find", gone)) == Verdict("serve")
+    assert (policy.asked_again, policy.mismatched) == (1, 0)
 
 
 MODULE = """
