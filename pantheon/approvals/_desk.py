@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pantheon.approvals._relay import LOST_BY
 from pantheon.scenario import ApprovalsConfig, Scenario, recorded_scenario
 from pantheon.sessions import (
     AlreadyDecided,
@@ -173,6 +174,9 @@ class StoreDesk:
                 timeout=cfg.timeout,
                 default_approve=cfg.default == "approve",
                 node=node,
+                # A lost node's cancellation said nobody in that run acts on the answer;
+                # it answered nothing, so a run asking again (a resume) asks a person.
+                reopen=(LOST_BY,),
             )
         )
         self.asked += 1
@@ -198,7 +202,9 @@ class StoreDesk:
     async def cancel(self, approval: Approval, *, by: str, note: str) -> Approval:
         """Decide a pending request ``rejected`` (``by``, ``note``) because nobody can act
         on its decision any more: the process that asked is gone. A decision made before
-        stands. Whoever waits for it (:meth:`wait`) gets the decision at once."""
+        stands. Whoever waits for it (:meth:`wait`) gets the decision at once. No person's
+        answer: a later run asking the same request again (``pantheon resume``) reopens a
+        request cancelled by :data:`~pantheon.approvals._relay.LOST_BY` (:meth:`put`)."""
         decided = await asyncio.to_thread(
             lambda: self._decide(self._open(), approval, False, note, by)
         )

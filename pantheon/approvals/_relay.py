@@ -27,9 +27,17 @@ death:
   node's requests still pending is decided ``rejected`` by ``node-lost`` with a note naming
   the node, since the handler that would act on the decision is gone. Why rejected and not
   a status of its own: a reader of the row (a person, a dashboard, an audit) must see that
-  nothing was approved, and every reader already knows ``rejected``. A message the lost
-  node held and the transport redelivers to another member is asked again there as a new
-  request (the desk numbers identical requests by occurrence).
+  nothing was approved in that run, and every reader already knows ``rejected``. A message
+  the lost node held and the transport redelivers to another member is asked again there
+  as a new request (the desk numbers identical requests by occurrence). It is a
+  cancellation, not anyone's answer: a run that asks the same request again later
+  (``pantheon resume``) reopens the row and waits for a decision
+  (:meth:`~pantheon.approvals._desk.StoreDesk.put`).
+* **the driver stops its nodes because the run was interrupted** (a second Ctrl-C, a
+  cancelled run: :meth:`DeskRelay.interrupted`): no node died, and nobody decided their
+  requests, so their rows stay ``pending``, as those of a run in one process do and those
+  of a run whose driver was killed: a person may decide them meanwhile, and
+  ``pantheon resume`` asks them again (answered at once where someone decided).
 
 The wire, one JSON object per line:
 
@@ -195,6 +203,8 @@ class DeskRelay:
         self._losses: set[asyncio.Task[None]] = set()
         self._rows: dict[str, dict[int, Approval]] = {}
         self._lost: set[str] = set()
+        #: The run was interrupted: the nodes ending now were stopped, not lost.
+        self._interrupted = False
 
     def on_request(
         self, node: str, send: Callable[[Mapping[str, Any]], Awaitable[bool]]
@@ -270,14 +280,30 @@ class DeskRelay:
             rows.pop(approval.id, None)
         return None if node in self._lost else decision
 
+    def interrupted(self) -> None:
+        """The run is being cut short (its driver's task cancelled: a second Ctrl-C): the
+        nodes the driver ends from now on are stopped, not lost, and their pending requests
+        stay ``pending`` (nobody decided them; ``pantheon resume`` asks them again) instead
+        of being cancelled by :data:`LOST_BY`."""
+        self._interrupted = True
+
     async def lost(self, node: str) -> None:
-        """``node`` is gone: decide its pending requests ``rejected`` by :data:`LOST_BY`."""
+        """``node`` is gone: decide its pending requests ``rejected`` by :data:`LOST_BY`
+        (left pending once the run is :meth:`interrupted`)."""
         self._lost.add(node)
         for approval in list(self._rows.get(node, {}).values()):
             await self._cancel(node, approval)
 
     async def _cancel(self, node: str, approval: Approval) -> None:
         if self.desk is None or not approval.pending:
+            return
+        if self._interrupted:
+            log.warning(
+                "approval %d left pending: the run was interrupted before a decision reached "
+                "node %r; nobody decided it",
+                approval.id,
+                node,
+            )
             return
         note = f"node {node!r} ended before a decision reached it; nobody acts on this request"
         try:

@@ -31,7 +31,10 @@ What resuming does, exactly:
 4. Approval requests the dead run had asked keep their number and their deadline: asked
    again (live, step 3), each finds its row in the store. A request decided while no process
    was running is answered at once; a pending one waits for a person, the scripted person
-   or its original deadline. Its decision is recorded in the new session.
+   or its original deadline. One its run cancelled because the asking node died (``rejected``
+   by ``node-lost``: nobody in that run could act on an answer, which is no answer) is
+   reopened, pending with a new deadline, and waits the same way
+   (:meth:`pantheon.approvals.StoreDesk.put`). Its decision is recorded in the new session.
 5. The inputs the original never published follow, live: the Observer skips as many
    items of its source as the recording holds inputs and goes on at the scenario's rate.
 6. The run ends like ``pantheon run``: drained, summarized over the whole story (every

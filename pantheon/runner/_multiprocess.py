@@ -1794,6 +1794,11 @@ async def run_cluster(
         desk.serve(driver.team)
     try:
         return await driver.run(attach, on_progress)
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        # Cut short (a second Ctrl-C): close() ends nodes that did not die, and a request
+        # they wait on is nobody's decision, left pending for a person or a resume.
+        driver.approvals.interrupted()
+        raise
     finally:
         await driver.close()
         await bus.aclose(drain=False)

@@ -12,7 +12,9 @@ something is pending): one indexed read.
 Rows are numbered per *origin*: the session that first asked. A session resumed from a
 crashed one (kind ``resume``) shares its original's origin, so request 3 is request 3
 whichever of the two a person names, and a resumed run asking again for a request it asked
-before the crash (same key) gets that row back, decided or still pending, never a second one.
+before the crash (same key) gets that row back, decided or still pending, never a second one;
+a row that was only cancelled, not decided (see :meth:`ApprovalBook.ask`), comes back
+reopened, pending.
 
 A request asked by an agent on another process of a multi-process run (a ZeroMQ or NATS
 node) names that process in ``node`` (None: the process that runs the scenario); the
@@ -28,7 +30,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -277,10 +279,20 @@ class ApprovalBook:
         default_approve: bool,
         node: str | None = None,
         now: float | None = None,
+        reopen: Collection[str] = (),
     ) -> Approval:
         """The request with ``key`` in ``origin``: created pending (numbered next, with a
         deadline ``timeout`` seconds from now), or the existing one, taken over by
-        ``session`` and ``node`` (a resumed run asking again keeps the original deadline)."""
+        ``session`` and ``node`` (a resumed run asking again keeps the original deadline).
+
+        ``reopen`` names who "decides" a request without deciding it: a cancellation that
+        only said nobody in that run would act on the answer (``node-lost``, the driver's
+        note for the requests of a node it lost). An existing row decided by one of them is
+        reopened: ``pending`` again, its note and decider cleared, with a new deadline
+        ``timeout`` seconds from now (nobody could decide it while it stood cancelled), so
+        the run asking again waits for a real decision instead of taking the cancellation
+        for one. In the same transaction as the read: a person deciding meanwhile decides
+        the reopened row, or finds it cancelled still."""
         now = time.time() if now is None else now
         text = json.dumps(dict(request), sort_keys=True, default=repr)
         summary = str(request.get("summary", ""))
@@ -288,6 +300,14 @@ class ApprovalBook:
             row = conn.execute(
                 f"SELECT {_COLS} FROM approvals WHERE origin = ? AND key = ?", (origin, key)
             ).fetchone()
+            if row is not None and row[10] != "pending" and row[12] in reopen:
+                conn.execute(
+                    "UPDATE approvals SET session = ?, node = ?, status = 'pending', note = '', "
+                    "decided_by = NULL, decided = NULL, deadline = ? WHERE origin = ? AND key = ?",
+                    (session, node, now + timeout, origin, key),
+                )
+                return _row((*row[:3], session, *row[4:8], now + timeout, row[9], "pending",
+                             "", None, None, node))  # fmt: skip
             if row is not None:
                 conn.execute(
                     "UPDATE approvals SET session = ?, node = ? WHERE origin = ? AND key = ?",

@@ -346,6 +346,39 @@ def test_a_decision_is_made_once_whoever_comes_second(tmp_path: Path) -> None:
             book.decide("o", 2, approved=True, by="ann")
 
 
+def test_a_request_only_cancelled_is_reopened_when_asked_again(tmp_path: Path) -> None:
+    """A cancellation (``reopen`` names its decider: ``node-lost``) answered nothing: the run
+    asking again gets the row back pending, same number, with a new deadline, and a person
+    decides it. A real decision, a person's or the timeout's, stands."""
+    lost = "node-lost"
+
+    def ask(key: str, session: str, now: float) -> Any:
+        return book.ask(origin="o", session=session, agent="g", key=key, request={"summary": key},
+                        timeout=5, default_approve=False, node=None, now=now,
+                        reopen=(lost,))  # fmt: skip
+
+    with SessionStore(tmp_path / "s.db") as st:
+        book = ApprovalBook(st)
+        for n, key in enumerate(("cut#0", "no#0", "late#0"), 1):
+            assert ask(key, "o", 100.0).id == n
+        book.decide("o", 1, approved=False, note="node 'a' ended", by=lost)
+        book.decide("o", 2, approved=False, note="too much", by="ann")
+        book.decide("o", 3, approved=False, by="timeout")
+        again = ask("cut#0", "r", 200.0)
+        assert (again.id, again.status, again.decided_by, again.decided, again.note) == (
+            1, "pending", None, None, "",
+        )  # fmt: skip
+        assert (again.session, again.asked, again.deadline) == ("r", 100.0, 205.0)
+        assert book.get("o", 1) == again
+        stood = [ask("no#0", "r", 200.0), ask("late#0", "r", 200.0)]
+        assert [(a.status, a.decided_by) for a in stood] == [
+            ("rejected", "ann"),
+            ("rejected", "timeout"),
+        ]
+        assert book.decide("o", 1, approved=True, by="ann").status == "approved"
+        assert ask("cut#0", "r2", 300.0).decided_by == "ann"
+
+
 # -- the scenario section ----------------------------------------------------------------------
 
 

@@ -131,6 +131,32 @@ async def test_a_lost_nodes_pending_requests_are_rejected_by_node_lost(relay: De
     assert action.commands == [] and other.commands == []
 
 
+async def test_an_interrupted_run_leaves_its_stopped_nodes_requests_pending(
+    relay: DeskRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cut short (a second Ctrl-C), the driver ends its nodes itself: none died, and nobody
+    decided what they wait on, so nothing is cancelled; a request read after the node ended
+    is written and left pending too."""
+    action = Sent()
+    relay.on_request("action", action)(ask(1, "refund 450"))
+    relay.on_request("action", action)(ask(2, "refund 600"))
+    await until("two rows", lambda: len(rows(relay)) == 2)
+    relay.interrupted()
+    await relay.lost("action")
+    relay.on_request("action", action)(ask(3, "refund 800"))
+    await until("the late row", lambda: "refund 800" in rows(relay))
+    await until("every request's fate said", lambda: caplog.text.count("left pending") == 3)
+    got = rows(relay)
+    assert {s: (a.status, a.decided_by, a.note) for s, a in got.items()} == {
+        s: ("pending", None, "") for s in ("refund 450", "refund 600", "refund 800")
+    }
+    assert (
+        f"approval {got['refund 450'].id} left pending: the run was interrupted before a "
+        "decision reached node 'action'; nobody decided it"
+    ) in caplog.text
+    assert action.commands == []
+
+
 def test_an_approvals_table_made_before_nodes_gets_the_column(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
     SessionStore(path).close()
