@@ -522,9 +522,15 @@ class _Session:
                     root = _root_of(e)
                     named = [k for k, roots in self.items.items() if root in roots]
                     return (named[0] if named else None), [root]
-        keys = list(self.items)
-        closest = difflib.get_close_matches(ref, keys, n=HINTS, cutoff=0.5) or keys[:HINTS]
-        raise ItemNotFound(self.info.id, ref, self.spec.noun, closest)
+        raise ItemNotFound(self.info.id, ref, self.spec.noun, closest(ref, list(self.items)))
+
+
+def closest(ref: str, keys: list[str], n: int = HINTS) -> list[str]:
+    """The ``n`` keys most like ``ref`` (ties in the keys' order), or the first ``n`` when
+    none is much like it."""
+    scored = [(difflib.SequenceMatcher(None, ref, k).ratio(), i, k) for i, k in enumerate(keys)]
+    near = sorted((-r, i, k) for r, i, k in scored if r >= 0.5)
+    return [k for _, _, k in near[:n]] or keys[:n]
 
 
 def _outcomes(store: SessionStore, info: SessionInfo) -> Any:
@@ -534,16 +540,24 @@ def _outcomes(store: SessionStore, info: SessionInfo) -> Any:
 
 
 def _decision(outcomes: Any, item: str) -> tuple[str | None, str | None, bool | None]:
-    """(outcome, expected, right) of ``item`` as the team words them."""
+    """(outcome, expected, right) of ``item`` as the team words them; a team that names
+    no decision fields (the default outcome: what its last message changed) gets each
+    field named, ``invoice_id=INV-04``, not a bare value."""
     fields = outcomes.spec.fields
+
+    def text(d: Mapping[str, str]) -> str:
+        if fields:
+            return decision_text(d, fields)
+        return ", ".join(f"{k}={v}" for k, v in d.items()) or "(nothing changed)"
+
     decision = outcomes.decisions.get(item)
     expected = outcomes.expected(item) if item in outcomes.labels else None
     right = None
     if expected is not None:
         right = decision is not None and all(decision.get(f) == v for f, v in expected.items())
     return (
-        None if decision is None else decision_text(decision, fields),
-        None if expected is None else decision_text(expected, fields),
+        None if decision is None else text(decision),
+        None if expected is None else text(expected),
         right,
     )
 

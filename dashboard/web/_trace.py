@@ -38,15 +38,20 @@ def _read(path: Path, info: SessionInfo, fn: str, *args: str) -> Any:
     return _cached(fn, str(path), info.id, (info.status, info.ended), *args)
 
 
+def _n(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _label(row: ItemRow) -> str:
+    """``T-3 · none (expected refund) · 3 effect calls · 1 error``."""
     parts = [row.item, row.outcome or "no outcome"]
     if row.right is False:
         parts[-1] += f" (expected {row.expected})"
-    parts.append(f"{row.effects} effect calls")
+    parts.append(_n(row.effects, "effect call"))
     if row.errors:
-        parts.append(f"{row.errors} errors")
+        parts.append(_n(row.errors, "error"))
     if row.dead_letters:
-        parts.append(f"{row.dead_letters} dead letters")
+        parts.append(_n(row.dead_letters, "dead letter"))
     return " · ".join(parts)
 
 
