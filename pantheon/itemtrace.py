@@ -306,6 +306,9 @@ class ItemTrace:
     expected: str | None
     right: bool | None
     multi_process: bool = False
+    numbered: bool = False
+    """The item is named by its input's place (``#2``): the input has no ``key`` field, so
+    no outcome can name it."""
 
     @property
     def handlings(self) -> list[Handling]:
@@ -328,6 +331,11 @@ class ItemTrace:
         item."""
         if self.item is None:
             return None
+        if self.numbered:
+            return (
+                f"outcome: none can name it (its input has no {self.key!r} field; the "
+                "scenario's input.key names the field that does)"
+            )
         if self.outcome is None:
             return f"outcome: none (the {self.noun} reached no outcome)"
         if self.expected is None:
@@ -383,7 +391,8 @@ class ItemRow:
 
 @dataclass(frozen=True, slots=True)
 class ItemList:
-    """A session's items, in the order their inputs came in."""
+    """A session's items, in the order their inputs came in. ``numbered`` of them are
+    named ``#N`` (the session's Nth input), their input having no ``key`` field."""
 
     session: str
     kind: str
@@ -391,6 +400,7 @@ class ItemList:
     key: str
     noun: str
     items: tuple[ItemRow, ...]
+    numbered: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -480,8 +490,22 @@ class _Session:
             self.trees[_root_of(e)].append(e)
         #: item -> the roots of its trees, in the order they started.
         self.items: dict[str, list[int]] = {}
+        #: Items named by their input's place (``#2``): the input has no key field.
+        self.numbered = 0
+        self.keyed: set[str] = set()
+        inputs = 0
         for root, group in self.trees.items():
-            for item in dict.fromkeys(self._names(root, group)):
+            first = group[0]
+            is_input = first.id == root and first.causation_id is None and first.source is None
+            if is_input and not first.topic.startswith("system."):
+                inputs += 1
+            names = list(dict.fromkeys(self._names(root, group)))
+            if names:
+                self.keyed.update(names)
+            elif is_input and not first.topic.startswith("system."):
+                names = [f"#{inputs}"]
+                self.numbered += 1
+            for item in names:
                 self.items.setdefault(item, []).append(root)
         self.multi = bool(info.summary.get("nodes")) or bool(store.node_journals(info.id))
 
@@ -607,7 +631,9 @@ def item_list(store: SessionStore, sid: str) -> ItemList:
             )
         )
     rows.sort(key=lambda r: r.start_ms)
-    return ItemList(info.id, info.kind, info.scenario, s.spec.key, s.spec.noun, tuple(rows))
+    return ItemList(
+        info.id, info.kind, info.scenario, s.spec.key, s.spec.noun, tuple(rows), s.numbered
+    )
 
 
 def item_trace(store: SessionStore, sid: str, ref: str) -> ItemTrace:
@@ -657,6 +683,7 @@ def item_trace(store: SessionStore, sid: str, ref: str) -> ItemTrace:
         expected=expected,
         right=right,
         multi_process=s.multi,
+        numbered=item is not None and item not in s.keyed,
     )
 
 

@@ -90,9 +90,11 @@ def item_table(items: ItemList, store: str = "") -> list[str]:
         rows.append([r.item, r.outcome or "-", *expected, *map(str, counts)])
     n = len(items.items)
     noun = items.noun + ("" if n == 1 else "s")
+    by = f"by {items.key}"
+    if items.numbered:
+        by += f" (#N: the Nth input, which has no {items.key})"
     lines = [
-        f"{n} {noun} in session {items.session} ({items.kind} of {items.scenario or '?'}), "
-        f"by {items.key}:"
+        f"{n} {noun} in session {items.session} ({items.kind} of {items.scenario or '?'}), {by}:"
     ]
     if not rows:
         return lines

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from cli_run import pantheon
 from invoice_team import recorded_run
-from refund_trace_team import recorded_refunds
+from refund_trace_team import recorded_refunds, write_refunds
 
 from pantheon.sessions import SessionStore
 
@@ -306,3 +306,24 @@ def test_a_multi_process_session_says_where_each_hop_ran(node_sessions: Any) -> 
     text = pantheon("trace", node_sessions.three, troubled, "--store", str(store), cwd=store.parent)
     assert re.search(r"^ *actor on action: started \+", text.stdout, re.M), text.stdout
     assert re.search(r"^ *dead letter #\d+: failed after", text.stdout, re.M), text.stdout
+
+
+def test_inputs_without_a_key_are_named_by_their_place(tmp_path: Path) -> None:
+    scenario = write_refunds(tmp_path)
+    text = scenario.read_text()
+    start, end = text.index("outcome:"), text.index("approvals:")
+    scenario.write_text((text[:start] + text[end:]).replace("  key: ticket\n", ""))
+    run = pantheon("run", str(scenario), "--store", "s.db", cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    done = pantheon("trace", "latest", "--store", "s.db", cwd=tmp_path)
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith("by id (#N: the Nth input, which has no id):"), lines[0]
+    assert [line.split()[0] for line in lines[2:5]] == ["#1", "#2", "#3"]
+    done = pantheon("trace", "latest", "#2", "--store", "s.db", cwd=tmp_path)
+    assert done.returncode == 0
+    lines = done.stdout.splitlines()
+    assert lines[2] == '    {"ticket": "T-2", "customer": "Bo", "order": "A-2", "text": "Lost?"}'
+    assert lines[-1] == (
+        "outcome: none can name it (its input has no 'id' field; the scenario's input.key "
+        "names the field that does)"
+    )
