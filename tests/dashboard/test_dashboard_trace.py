@@ -59,7 +59,7 @@ def test_the_trace_tab_shows_a_picked_item_s_story(
     # Each handling's block is the CLI's text of it, from the same story.
     with SessionStore(path, create=False) as st:
         story = item_trace(st, sid, "T-2")
-    blocks = [c.value for c in at.code]
+    blocks = [c.value for c in at.code if c.language == "plaintext"]
     assert blocks == ["\n".join(h.lines(400)) for h in story.handlings]
     model, payout = blocks
     assert '  1 tool.order_status(order_id="A-2")' in model
