@@ -11,6 +11,7 @@
     ├── RunStuck                 a run's team finished nothing for its drain timeout
     ├── SessionError             the session store, recording and replay (pantheon.sessions)
     │   ├── StoreError → SchemaVersionError, StoreReadOnly, SessionNotFound
+    │   ├── ItemNotFound         no item by that key in a session (pantheon.itemtrace)
     │   ├── RecordingError
     │   ├── ReplayDivergence
     │   └── ApprovalError → ApprovalNotFound, AlreadyDecided

@@ -1,5 +1,5 @@
 """One session's page: header, replay, and tabs for throughput, latency, breakers, dead
-letters, outcomes, requests and model usage."""
+letters, outcomes, requests, model usage and an item's trace."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dashboard.web import _charts
 from dashboard.web._app import LIVE_REFRESH_S, USD_COLUMN, cost_of, open_session, store, when
 from dashboard.web._approvals import approvals_panel
 from dashboard.web._jobs import JobRegistry, RedriveJob, ReplayJob, redrive_bound
+from dashboard.web._trace import trace_panel
 from dashboard.web._whatif import whatif_panel
 from pantheon import readmodel
 from pantheon.approvals import ApprovalBook, redrive_desk
@@ -98,6 +99,7 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
             "Outcomes",
             "Requests",
             f"Model usage ({row.usage.calls})",
+            "Trace",
         ]
     )
     with tabs[0]:
@@ -114,6 +116,8 @@ def _session_body(path: Path, sid: str, *, live: bool) -> None:
         _requests(path, info)
     with tabs[6]:
         _usage(path, info)
+    with tabs[7]:
+        trace_panel(path, info)
 
 
 # -- header -----------------------------------------------------------------------------------

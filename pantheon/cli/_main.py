@@ -17,6 +17,7 @@ from pantheon.cli._cmd_monitor import register as register_monitor
 from pantheon.cli._cmd_new import register as register_new
 from pantheon.cli._cmd_run import register as register_run
 from pantheon.cli._cmd_sessions import register as register_sessions
+from pantheon.cli._cmd_trace import register as register_trace
 
 __all__ = ["app", "main"]
 
@@ -53,6 +54,7 @@ def _main(
 
 
 register_sessions(app)
+register_trace(app)
 register_cluster(app)
 register_dashboard(app)
 register_monitor(app)

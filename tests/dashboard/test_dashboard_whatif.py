@@ -68,7 +68,8 @@ def test_try_a_change_form_runs_the_what_if_and_names_the_moved_emails(
     assert f"What-if of {session}" in subheaders
     (table,) = [d.value for d in at.dataframe if "items" in d.value.columns]
     assert set(table.loc[0, "items"].split(", ")) == expected
-    assert [c.value for c in at.code] == [FIX.strip()]
+    # The overlay as YAML (the Trace tab's blocks beside it are the items' stories).
+    assert [c.value for c in at.code if c.language == "yaml"] == [FIX.strip()]
     # Its own form starts from its own policy, not from the text typed on the other page.
     assert "refund_limit: 200.0" in at.text_area(key=f"whatif_overlay_{whatif.id}").value
     assert at.text_area(key=f"whatif_overlay_{whatif.id}").value.startswith("# Changes")
