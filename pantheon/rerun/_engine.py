@@ -442,9 +442,10 @@ class RerunEffects(RecordingEffects):
         #: Handlings (new envelope, subscriber) with a call not served: what they did
         #: next may differ from the record for that reason. At most one per live call.
         self.unserved: set[tuple[int, str | None]] = set()
-        #: (new envelope, subscriber) -> when its last served call was written, for the
-        #: calls recorded inside that one (:meth:`_past_inner`). The newest handlings only.
-        self._last_served: dict[tuple[int, str | None], int] = {}
+        #: (new envelope, subscriber) -> its last served call: when it was written and its
+        #: position, for the calls recorded inside that one (:meth:`_past_inner`). The
+        #: newest handlings only.
+        self._last_served: dict[tuple[int, str | None], tuple[int, int]] = {}
 
     async def effect(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         env_id, sub, n = self._key()
@@ -506,22 +507,26 @@ class RerunEffects(RecordingEffects):
         n: int,
         name: str,
     ) -> tuple[int, StoredEffect]:
-        """Where the record at this call's position is a call made *inside* an earlier one
-        (a tool whose function asks for approval: the tool's call holds the approval's),
-        and that earlier one was served, the inner calls never happen again: they are
-        served as recorded, the handling's count moves past them, and the call is matched
-        with the record after them. Only when that record is this call's: two calls made
-        at once (``asyncio.gather``) also lie one inside the other by time, and match in
-        order, so a call that still meets another name is left to the policy.
+        """Where the record at this call's position is a call made *inside* the one this
+        handling had served last (a tool whose function asks for approval: the tool's call
+        holds the approval's), the inner calls never happen again: they are served as
+        recorded, the handling's count moves past them, and the call is matched with the
+        record after them. Only when that record is this call's: two calls made at once
+        (``asyncio.gather``) also lie one inside the other by time, and match in order, so
+        a call that still meets another name is left to the policy. An outer call that ran
+        live made its inner calls itself, or none (a what-if changed it): nothing to serve.
 
         Served calls are written with no duration; the inner ones get the time of the call
         served before them, so the new record holds them inside it, as the original did."""
+        last = self._last_served.get((env_id, sub))
+        if last is None or last[1] >= n:
+            return n, records[n]
+        at, outer = last[0], records[last[1]]
         k = n
-        while k < len(records) and any(_inside(records[k], o) for o in records[:k]):
+        while k < len(records) and _inside(records[k], outer):
             k += 1
         if k == n or k == len(records) or records[k].name != name:
             return n, records[n]
-        at = self._last_served.get((env_id, sub), time.monotonic_ns())
         for ordinal in range(n, k):
             inner = records[ordinal]
             self.served += 1
@@ -553,7 +558,7 @@ class RerunEffects(RecordingEffects):
             self._desk.count(agent.name, args[0])
         now_ns = time.monotonic_ns()
         last = self._last_served
-        last[(call.envelope_id, call.subscriber)] = now_ns
+        last[(call.envelope_id, call.subscriber)] = (now_ns, call.ordinal)
         if len(last) > _SERVED_KEPT:
             del last[next(iter(last))]
         self._sink(

@@ -26,7 +26,7 @@ AGENTS = """
 import asyncio
 from pathlib import Path
 
-from agents import Agent
+from agents import Agent, AgentSettings
 
 LOG = Path(__file__).with_name("restarts.log")
 
@@ -41,10 +41,14 @@ async def ping(host, delay):
 
 
 class Fixer(Agent):
+    class Settings(AgentSettings):
+        careful: bool = True
+
     async def restart(self, host):
-        answer = await self.approve({"summary": f"restart {host}", "host": host})
-        if not answer.approved:
-            return "refused"
+        if self.settings.careful:
+            answer = await self.approve({"summary": f"restart {host}", "host": host})
+            if not answer.approved:
+                return "refused"
         with LOG.open("a") as log:
             log.write(host + "\\n")
         return "restarted"
@@ -115,5 +119,28 @@ def test_a_replay_serves_a_tool_that_asked_for_approval_inside(
     # The replay's own record replays too: it holds the nested approvals where they were.
     again = _json(
         pantheon("replay", replay["new_session_id"], "--store", "s.db", "--json", cwd=tmp_path)
+    )
+    assert (again["matched"], again["effects_called"]) == (True, 0), again
+
+
+def test_a_whatif_whose_tool_no_longer_asks_records_no_approval(tmp_path: Path) -> None:
+    """The Fixer changed to restart without asking: its restarts run live (the agent
+    changed), and ask nobody. The approvals recorded inside the original's restarts are
+    not written into the what-if as if served (review: they were, "approved by auto", and
+    a replay of the what-if then diverged on them)."""
+    _team(tmp_path, "")
+    run = _json(pantheon("run", "maintenance.yaml", "--store", "s.db", "--json", cwd=tmp_path))
+    (tmp_path / "bold.yaml").write_text("agents:\n  fixer:\n    settings:\n      careful: false\n")
+    whatif = _json(
+        pantheon("replay", run["session_id"], "--with", "bold.yaml", "--store", "s.db", "--json",
+                 cwd=tmp_path)
+    )  # fmt: skip
+    assert whatif["called_by_name"].get("tool.restart") == COUNT, whatif
+    assert "human.approval" not in whatif["served_by_name"], whatif
+    with SessionStore(tmp_path / "s.db", create=False) as st:
+        names = [e.name for e in st.effects(whatif["new_session_id"])]
+    assert "human.approval" not in names and names.count("tool.note") == COUNT
+    again = _json(
+        pantheon("replay", whatif["new_session_id"], "--store", "s.db", "--json", cwd=tmp_path)
     )
     assert (again["matched"], again["effects_called"]) == (True, 0), again
