@@ -261,7 +261,9 @@ class _Explainer:
         for (name_a, digest_a, *answer_a), (name_b, digest_b, *answer_b) in zip(a, b, strict=False):
             if name_a != name_b:
                 break
-            if reconfigured and digest_a and digest_b and digest_a != digest_b:
+            # An agent configured otherwise asked something else, or may have: a call with
+            # no digest (a closure, the agent's own method) cannot show it asked the same.
+            if reconfigured and (not digest_a or not digest_b or digest_a != digest_b):
                 break
             if answer_a != answer_b:
                 names.append(name_a)
@@ -436,7 +438,10 @@ def diff_sessions(
     # its change (a what-if's overlay) reached: every difference between a session and its
     # re-run is the change's doing, never what got there first.
     rerun = any(
-        y.kind in ("replay", "whatif") and x.id in (y.replay_of, y.forked_from)
+        y.kind in ("replay", "whatif")
+        and x.id in (y.replay_of, y.forked_from)
+        # A --live-effects replay called everything for real: its answers are timing's.
+        and not (y.summary.get("replay") or {}).get("live_effects")
         for x, y in ((sa, sb), (sb, sa))
     )
     for div in [] if rerun else divergences:

@@ -77,6 +77,7 @@ def _team(folder: Path) -> None:
         ("plain", 1.0, "false"),
         ("dearer", 2.0, "false"),
         ("closure", 1.0, "true"),
+        ("closure_dearer", 2.0, "true"),
     ):
         text = SCENARIO.format(markup=markup, closure=closure)
         (folder / f"{name}.yaml").write_text(text)
@@ -135,12 +136,28 @@ def test_only_another_answer_to_the_same_request_is_timing(tmp_path: Path) -> No
     assert (code, diff["timing_only"]) == (1, False)
 
 
-def test_a_whatif_of_a_call_with_no_digest_diverges_too(tmp_path: Path) -> None:
-    """A closure's request has no digest: the what-if runs it live because the agent's
-    settings changed, and its other answer is the change's, not timing's."""
+def test_a_call_with_no_digest_by_an_agent_configured_otherwise_diverges_too(
+    tmp_path: Path,
+) -> None:
+    """A closure's request has no digest: nothing shows it asked the same. Run on its own
+    with other settings, or re-run as a what-if of them, its other answer is the change's,
+    not timing's."""
     _team(tmp_path)
     a = _run(tmp_path, "run", "closure.yaml")["session_id"]
     whatif = _run(tmp_path, "replay", a, "--with", "dearer_overlay.yaml")
     code, diff = _diff(tmp_path, a, whatif["new_session_id"])
     assert (code, diff["timing_only"], diff["timing_effects"]) == (1, False, [])
     assert diff["differences"] >= 6
+    dearer = _run(tmp_path, "run", "closure_dearer.yaml")["session_id"]
+    code, diff = _diff(tmp_path, a, dearer)
+    assert (code, diff["timing_only"], diff["timing_effects"]) == (1, False, [])
+
+
+def test_a_replay_with_live_effects_differs_by_timing_only(tmp_path: Path) -> None:
+    """``--live-effects`` calls every effect for real: a stamp answered otherwise there is
+    what got there first, as between two runs, though the replay re-ran the session."""
+    _team(tmp_path)
+    a = _run(tmp_path, "run", "plain.yaml")["session_id"]
+    live = _run(tmp_path, "replay", a, "--live-effects")
+    code, diff = _diff(tmp_path, a, live["new_session_id"])
+    assert (code, diff["timing_only"], diff["timing_effects"]) == (0, True, ["tool.stamp"])
