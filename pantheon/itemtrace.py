@@ -518,9 +518,9 @@ class _Session:
             if not isinstance(p, Mapping):
                 continue
             if e.id == root and e.causation_id is None:
+                # Only the team's input key: any ``*_id`` field (a customer's) would merge
+                # the trees of different inputs into one "item"; those are numbered (#N).
                 key = p.get(spec.input_key)
-                if key is None:
-                    key = next((p[f] for f in p if isinstance(f, str) and f.endswith("_id")), None)
                 if key is not None:
                     yield str(key)
             elif e.topic == spec.malformed_topic and p.get("key") is not None:

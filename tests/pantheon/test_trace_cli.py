@@ -313,6 +313,11 @@ def test_inputs_without_a_key_are_named_by_their_place(tmp_path: Path) -> None:
     text = scenario.read_text()
     start, end = text.index("outcome:"), text.index("approvals:")
     scenario.write_text((text[:start] + text[end:]).replace("  key: ticket\n", ""))
+    # Every input from one shop: a shared ``*_id`` field names no item (review: the trace
+    # took it for one, and merged every input's tree into "S1").
+    asks = tmp_path / "asks.jsonl"
+    records = [json.loads(line) for line in asks.read_text().splitlines()]
+    asks.write_text("".join(json.dumps({**r, "shop_id": "S1"}) + "\n" for r in records))
     run = pantheon("run", str(scenario), "--store", "s.db", cwd=tmp_path)
     assert run.returncode == 0, run.stdout + run.stderr
     done = pantheon("trace", "latest", "--store", "s.db", cwd=tmp_path)
@@ -322,7 +327,9 @@ def test_inputs_without_a_key_are_named_by_their_place(tmp_path: Path) -> None:
     done = pantheon("trace", "latest", "#2", "--store", "s.db", cwd=tmp_path)
     assert done.returncode == 0
     lines = done.stdout.splitlines()
-    assert lines[2] == '    {"ticket": "T-2", "customer": "Bo", "order": "A-2", "text": "Lost?"}'
+    assert lines[2] == (
+        '    {"ticket": "T-2", "customer": "Bo", "order": "A-2", "text": "Lost?", "shop_id": "S1"}'
+    )
     assert lines[-1] == (
         "outcome: none can name it (its input has no 'id' field; the scenario's input.key "
         "names the field that does)"
