@@ -258,7 +258,7 @@ class AnthropicProvider(_Provider):
         except sdk.APIStatusError as exc:
             raise ProviderResponseError(
                 f"model server at {self.url} answered HTTP {exc.status_code}"
-                f"{_after(self.max_retries, exc.status_code)}: {_excerpt(_error_text(exc))}",
+                f"{_after(self.max_retries, exc)}: {_excerpt(_error_text(exc))}",
                 url=self.url,
                 status=exc.status_code,
             ) from exc
@@ -440,8 +440,16 @@ def _usage(usage: Any) -> Usage:
     return Usage(int(read), int(usage.output_tokens or 0))
 
 
-def _after(max_retries: int, status: int) -> str:
-    retried = status in (408, 409, 429) or status >= 500
+def _after(max_retries: int, exc: Any) -> str:
+    """How many times the SDK asked, as its retry rule decides: by status, unless the
+    server said otherwise (``x-should-retry``, as the stand-in does for a reply that
+    raised: it fails the same way again)."""
+    status = exc.status_code
+    response = getattr(exc, "response", None)
+    said = response.headers.get("x-should-retry", "") if response is not None else ""
+    retried = said.lower() == "true" or (
+        said.lower() != "false" and (status in (408, 409, 429) or status >= 500)
+    )
     return f" after {max_retries + 1} attempts" if retried and max_retries else ""
 
 

@@ -24,6 +24,7 @@ import itertools
 import json
 import re
 import socket
+import sysconfig
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any, Self
 
 __all__ = [
@@ -329,7 +331,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
                 # Where in the reply function: the 500 is all the caller ever sees of it.
                 # The same request fails the same way again, so no client should retry it
                 # (``x-should-retry``, which the OpenAI and Anthropic clients honour too).
-                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                frame = _user_frame(exc)
                 message = (
                     f"the reply failed: {type(exc).__name__}: {exc} "
                     f"(at {frame.filename}:{frame.lineno}, in {frame.name})"
@@ -753,3 +755,19 @@ def _retry_headers(retry_after: float | None, should_retry: bool) -> dict[str, s
     if not should_retry:
         headers["x-should-retry"] = "false"
     return headers
+
+
+#: Where Python's own modules and installed packages live: not where a reply went wrong.
+_LIBRARY_DIRS = tuple(
+    {sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    | {str(Path(__file__).resolve().parents[1])}  # pantheon itself
+)
+
+
+def _user_frame(exc: BaseException) -> traceback.FrameSummary:
+    """The innermost frame of the reply function's own code (a ``json.loads`` that failed
+    inside it names the reply's line, not ``json/decoder.py``); the innermost of all when
+    every frame is a library's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = [f for f in frames if not str(Path(f.filename).resolve()).startswith(_LIBRARY_DIRS)]
+    return (own or frames)[-1]

@@ -163,6 +163,16 @@ async def test_a_reply_function_that_raises_is_named_where_and_not_asked_again()
     assert server is not None and len(server.requests) == 1  # asked once, not five times
     await provider.aclose()
 
+    def parses(request: Any) -> Reply:
+        return Reply(json.loads("host=web9"))  # fails inside json: the line is this one
+
+    provider = StandInProvider(parses, "stand-in", max_retries=0)
+    with pytest.raises(ProviderResponseError) as caught:
+        await provider.chat([{"role": "user", "content": "status of web9?"}])
+    line = parses.__code__.co_firstlineno + 1
+    assert f"(at {__file__}:{line}, in parses)" in str(caught.value), caught.value
+    await provider.aclose()
+
 
 #: ``python -m pantheon.testing`` on any free port, answering at once, with a reply function.
 SERVE = ("--port", "0", "--delay", "0", "--reply")
@@ -215,3 +225,22 @@ def test_python_m_pantheon_testing_refuses_a_reply_that_does_not_resolve(team: P
     )
     assert proc.returncode == 2
     assert "--reply: module 'shout_model' has no attribute 'nope'" in proc.stderr
+
+
+async def test_the_anthropic_route_says_it_asked_once_for_a_reply_that_raised() -> None:
+    """The Anthropic SDK honours ``x-should-retry: false``; the error says it asked once,
+    not "after 3 attempts" (review)."""
+    from agents import AnthropicProvider
+
+    def reply(request: Any) -> Reply:
+        return Reply(json.loads(request["messages"][-1]["content"])["host"])
+
+    with ModelServer(reply) as server:
+        provider = AnthropicProvider(server.anthropic_base_url, model="claude-test", max_retries=2)
+        with pytest.raises(ProviderResponseError) as caught:
+            await provider.chat([{"role": "user", "content": "not json"}])
+        await provider.aclose()
+        assert len(server.requests) == 1
+    message = str(caught.value)
+    assert "answered HTTP 500: the reply failed: JSONDecodeError" in message, message
+    assert "attempts" not in message and f"(at {__file__}:" in message
