@@ -403,8 +403,7 @@ class _Comparison:
 @st.cache_data(max_entries=16, show_spinner="Comparing the replay with the original …")
 def _compare(path: str, original: str, replay: str) -> _Comparison:
     with store(Path(path)) as s:
-        cut, _ = left_out_inputs(s, original, replay)  # the replay never has a cut of its own
-        diff = diff_sessions(s, original, replay, left_out=cut)
+        diff = diff_sessions(s, original, replay, left_out=left_out_inputs(s, original, replay))
         env_a, env_b = s.envelopes(original), s.envelopes(replay)
         summary = s.session(replay).summary.get("replay") or {}
     div = diff.divergence

@@ -431,10 +431,10 @@ def diff(
     first). A session and its replay or what-if, or two teams configured otherwise, that
     differ have diverged."""
     from pantheon.cli._cmd_whatif import decision_lines
-    from pantheon.rerun import changed_agents, diff_outcomes, left_out_inputs
+    from pantheon.rerun import changed_agents, diff_outcomes, left_out_both
 
     with _open(store) as st:
-        cut_a, cut_b = left_out_inputs(st, a, b)
+        cut_a, cut_b = left_out_both(st, a, b)
         decisions = diff_outcomes(st, a, b)
         result = diff_sessions(
             st, a, b, left_out=cut_a, left_out_b=cut_b, changed=changed_agents(st, a, b),

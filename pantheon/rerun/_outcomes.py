@@ -252,19 +252,21 @@ def session_outcomes(
     return SessionOutcomes(info.id, spec, outcomes.decisions(leaf), labels, outcomes.unnamed)
 
 
-def left_out_inputs(store: SessionStore, a: str, b: str) -> tuple[frozenset[int], frozenset[int]]:
-    """The input ids of ``a`` and of ``b`` whose trees the other did not re-run: when ``b``
-    is an exact replay or a what-if of ``a``, the ones a node of ``a`` died in the middle
-    of (:func:`~pantheon.rerun._engine.cut_inputs`), and the same of ``b`` when ``a`` is the
-    re-run (``pantheon diff`` takes the two either way round). ``pantheon diff`` and the
-    dashboard leave them out of the hop comparison (``diff_sessions(left_out=...,
-    left_out_b=...)``) as the replay did."""
-    sa, sb = store.session(a), store.session(b)
-    found_a, found_b = _cut_trees(store, sa, sb), _cut_trees(store, sb, sa)
-    return (
-        frozenset() if found_a is None else frozenset(found_a[1]),
-        frozenset() if found_b is None else frozenset(found_b[1]),
-    )
+def left_out_inputs(store: SessionStore, a: str, b: str) -> frozenset[int]:
+    """The input ids of session ``a`` whose trees ``b``, an exact replay or a what-if of
+    ``a``, did not re-run: the ones a node of ``a`` died in the middle of
+    (:func:`~pantheon.rerun._engine.cut_inputs`). ``pantheon diff`` and the dashboard leave
+    them out of the hop comparison (``diff_sessions(left_out=...)``) as the replay did.
+    :func:`left_out_both` is the same either way round."""
+    found = _cut_trees(store, store.session(a), store.session(b))
+    return frozenset() if found is None else frozenset(found[1])
+
+
+def left_out_both(store: SessionStore, a: str, b: str) -> tuple[frozenset[int], frozenset[int]]:
+    """:func:`left_out_inputs` of ``a`` (``b`` re-ran it) and of ``b`` (``a`` re-ran it):
+    ``pantheon diff`` takes a session and its re-run in either order
+    (``diff_sessions(left_out=..., left_out_b=...)``)."""
+    return left_out_inputs(store, a, b), left_out_inputs(store, b, a)
 
 
 def changed_agents(store: SessionStore, a: str, b: str) -> frozenset[str] | None:
