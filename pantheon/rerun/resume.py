@@ -159,7 +159,9 @@ def resume_refusal(store: SessionStore, info: SessionInfo) -> str | None:
     """Why ``pantheon resume`` refuses session ``info``, or None when it takes it: the
     refusals of step 1 of the module docstring, read from the store alone (nothing is run
     or connected to), so that a page can say what the command would before anyone runs
-    it. :func:`resume` raises exactly these."""
+    it. :func:`resume` raises these; it also reads the scenario's files again (its input,
+    the checks of its fields), which a page that imports no team's code does not, so a
+    moved input file is said only by the command."""
     refused = resumable(info)
     if refused is not None:
         return refused
