@@ -26,8 +26,8 @@ def test_browser_traces_an_item(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     path, sid = recorded_refunds(tmp_path_factory.mktemp("refunds"))
-    with _dashboard(path, tmp_path) as url:
-        browser.get(f"{url}/?session={sid}")
+    with _dashboard(path, tmp_path) as served:
+        browser.get(f"{served.url}/?session={sid}")
         _click(browser, "Trace", css="[role=tab]")
         _wait_for(
             browser,
