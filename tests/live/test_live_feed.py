@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from live_watch import find_feed
+from live_watch import watch_feed
 
 import pantheon.live
 from bus import Bus, Envelope, Retry
@@ -51,9 +51,9 @@ class Watched:
 
 
 async def _watch(store: Path, child: subprocess.Popen[bytes]) -> Watched:
-    info, sock = await find_feed(store, child, DEADLINE)
+    info, a = await watch_feed(store, child, DEADLINE)
     watched = Watched(store, info.id)
-    a, b = await connect(sock), await connect(sock)  # several clients at once
+    b = await connect(socket_path(store, info.id))  # several clients at once
     assert a.session_id == b.session_id == info.id
 
     async def follow_a() -> None:

@@ -13,18 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from live_watch import find_feed
+from live_watch import watch_feed
 from untimed import copy_untimed
 
-from pantheon.live import Snapshot, connect
+from pantheon.live import Snapshot
 from pantheon.sessions import SessionStore
 
 DEADLINE = 120.0
 
 
 async def _watch(store: Path, child: subprocess.Popen[bytes]) -> list[Snapshot]:
-    _, sock = await find_feed(store, child, DEADLINE)
-    client = await connect(sock)
+    _, client = await watch_feed(store, child, DEADLINE)
     async with asyncio.timeout(DEADLINE):
         seen = [snap async for snap in client]
     await client.aclose()
@@ -124,8 +123,7 @@ class Picky(Agent):
 async def _redrive_first(store: Path, child: subprocess.Popen[bytes]) -> tuple[Any, int]:
     """Attach to the run's feed, wait for a dead letter from node ``work`` and redrive it:
     (the answer, the id the snapshot showed)."""
-    _, sock = await find_feed(store, child, DEADLINE)
-    client = await connect(sock)
+    _, client = await watch_feed(store, child, DEADLINE)
     try:
         async with asyncio.timeout(DEADLINE):
             async for snap in client:
