@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from agents import OutcomeSpec, decision_text
+from agents import APPROVAL_EFFECT, ChatResult, OutcomeSpec, decision_text
 from bus import matches
 from pantheon.readmodel import DRIVER
 from pantheon.sessions import (
@@ -764,7 +764,7 @@ def _kind(name: str) -> str:
         return "tools"
     if name.startswith("tool."):
         return "tool"
-    if name == "human.approval":
+    if name == APPROVAL_EFFECT:
         return "approval"
     return "effect"
 
@@ -785,18 +785,15 @@ def _steps(
         status = _STATUS.get(f.flag, "unencodable")
         value = f.value if f.flag not in (EFFECT_ERROR, EFFECT_DIVERGED) else None
         extra: dict[str, Any] = {}
-        if kind == "model" and status == "ok" and isinstance(value, Mapping):
-            asks = tuple(_asks(value.get("tool_calls")))
+        if kind == "model" and status == "ok" and (chat := _chat(value)) is not None:
+            asks = tuple(ToolAsk(c.name, c.arguments, c.id) for c in chat.tool_calls)
             asked.extend(asks)
-            raw = value.get("usage")
-            usage: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
-            content = value.get("content")
             extra = {
-                "text": None if content is None else str(content),
+                "text": None if chat.content is None else str(chat.content),
                 "asks": asks,
-                "model": str(value.get("model") or "") or None,
-                "input_tokens": int(usage.get("input_tokens", 0)),
-                "output_tokens": int(usage.get("output_tokens", 0)),
+                "model": chat.model or None,
+                "input_tokens": chat.usage.input_tokens,
+                "output_tokens": chat.usage.output_tokens,
             }
         elif kind == "tool":
             tool = f.name.removeprefix("tool.")
@@ -834,10 +831,15 @@ def _steps(
     return tuple(out)
 
 
-def _asks(calls: Any) -> Iterable[ToolAsk]:
-    for c in calls if isinstance(calls, list) else ():
-        if isinstance(c, Mapping) and c.get("name") is not None:
-            yield ToolAsk(str(c["name"]), c.get("arguments"), str(c.get("id") or ""))
+def _chat(value: Any) -> ChatResult | None:
+    """A recorded model answer, read as a replay reads it (:meth:`ChatResult.from_dict`);
+    None for one that is not (a record from elsewhere): the trace shows the rest."""
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return ChatResult.from_dict(value)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _handlings(
