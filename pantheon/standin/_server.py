@@ -20,6 +20,7 @@ provider it runs on.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import re
@@ -313,7 +314,7 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             that saw the answer also sees the request)."""
             route = self.path.rstrip("/")
             anthropic = route == "/v1/messages"
-            error = self._anthropic_error if anthropic else self._error
+            error = functools.partial(self._error, anthropic=anthropic)
             if not anthropic and route != "/v1/chat/completions":
                 return 404, lambda: self._error(404, f"no route {self.path}")
             if not isinstance(body, dict):
@@ -351,23 +352,17 @@ def _handler(state: _State) -> type[BaseHTTPRequestHandler]:
             retry_after: float | None = None,
             *,
             should_retry: bool = True,
+            anthropic: bool = False,
         ) -> None:
+            """An error in the shape each API's clients read: OpenAI's or Anthropic's."""
             extra = _retry_headers(retry_after, should_retry)
-            self._send(status, {"error": {"message": message, "code": status}}, extra)
-
-        def _anthropic_error(
-            self,
-            status: int,
-            message: str,
-            retry_after: float | None = None,
-            *,
-            should_retry: bool = True,
-        ) -> None:
-            extra = _retry_headers(retry_after, should_retry)
-            kind = _ANTHROPIC_ERRORS.get(status, "api_error")
-            self._send(
-                status, {"type": "error", "error": {"type": kind, "message": message}}, extra
-            )
+            if anthropic:
+                kind = _ANTHROPIC_ERRORS.get(status, "api_error")
+                error = {"type": kind, "message": message}
+                body: dict[str, Any] = {"type": "error", "error": error}
+            else:
+                body = {"error": {"message": message, "code": status}}
+            self._send(status, body, extra)
 
         def _send(self, status: int, payload: Any, extra: Mapping[str, str] | None = None) -> None:
             data = json.dumps(payload).encode()
